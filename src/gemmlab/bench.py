@@ -1,0 +1,146 @@
+"""Benchmarks as data: time kernels against cuBLAS with the one timer and return JSON-able records.
+
+A record holds the git sha, GPU, driver, SM clock / power / temperature during the run, the kernel
+and its config, the shape, both times, TFLOP/s, the ratio to cuBLAS (> 1 is faster) and the
+correctness error measured before timing. ``append_records`` writes them as JSON lines.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .gpu import gpu_info
+from .registry import LADDERS, KernelSpec
+from .timer import sets_for, time_interleaved
+
+SCHEMA = 1
+MAX_SET_BYTES = 8 * 2**30  # all rotating input sets together stay under this
+
+
+def git_sha() -> str:
+    env = os.environ.get("GEMMLAB_GIT_SHA")
+    if env:
+        return env
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=Path(__file__).parent, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN or Inf anywhere gives inf (never passes)."""
+    o = out.double()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float(torch.linalg.vector_norm(o - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-300))
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill with NaN so an element the kernel forgot to write fails the check."""
+    return t.fill_(float("nan"))
+
+
+def flops(M: int, N: int, K: int) -> float:
+    return 2.0 * M * N * K
+
+
+def bench_shape(ladder: str, M: int, N: int, K: int, steps: list[tuple[KernelSpec, dict | None]], *,
+                suite: str = "adhoc", rounds: int = 15, replay_ms: float = 20.0,
+                extra: dict | None = None) -> list[dict]:
+    """Time each (step, config) and cuBLAS on one shape, interleaved in one process. One record per step."""
+    lad = LADDERS[ladder]
+    info = gpu_info()
+    elem = 4 if lad.dtype == "fp32" else 2
+    per_set = elem * (M * K + K * N + M * N)
+    n_sets = max(1, min(sets_for(per_set, info.l2_bytes), MAX_SET_BYTES // max(per_set, 1)))
+    gen = torch.Generator(device="cuda").manual_seed(1234 + M + 7 * N + 13 * K)
+    sets = [lad.make_inputs(M, N, K, "cuda", gen) for _ in range(n_sets)]
+
+    # Correctness first, on fresh inputs with a poisoned output.
+    a0, b0, c0 = sets[0]
+    ref = lad.reference(a0, b0, c0, 1.0, 0.0)
+    errors: dict[str, float] = {}
+    runnable = []
+    for spec, cfg in steps:
+        out = poison_(torch.empty_like(c0))
+        spec.run(a0, b0, out, config=cfg)
+        torch.cuda.synchronize()
+        errors[spec.name] = rel_error(out, ref)
+        if errors[spec.name] <= lad.rel_tolerance:
+            runnable.append((spec, cfg))
+    outs = [torch.empty_like(c) for _, _, c in sets]
+
+    def step_fn(spec, cfg) -> Callable[[int], None]:
+        def fn(i):
+            a, b, _ = sets[i]
+            spec.run(a, b, outs[i], config=cfg)
+        return fn
+
+    def cublas(i):
+        a, b, _ = sets[i]
+        if lad.layout == "TN":
+            torch.mm(a, b.t(), out=outs[i])
+        else:
+            torch.mm(a, b, out=outs[i])
+
+    candidates = {"cublas": cublas}
+    for spec, cfg in runnable:
+        candidates[spec.name] = step_fn(spec, cfg)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 cuBLAS is measured as true SGEMM
+    try:
+        res = time_interleaved(candidates, n_sets, replay_ms=replay_ms, rounds=rounds)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    base = res.timings["cublas"]
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    common = {
+        "schema": SCHEMA, "time": now, "git_sha": git_sha(), "gpu": info.name, "sm_count": info.sm_count,
+        "driver": info.driver, "torch": info.torch, "suite": suite, "ladder": ladder, "dtype": lad.dtype,
+        "layout": lad.layout, "M": M, "N": N, "K": K, "n_sets": n_sets,
+        "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz,
+        "power_w": res.clocks.power_w, "temp_c": res.clocks.temp_c,
+        "baseline": "cublas(torch.mm)", "baseline_ms": base.median_ms,
+        "baseline_tflops": flops(M, N, K) / base.median_ms / 1e9, "baseline_spread": base.spread,
+    }
+    records = []
+    for spec, cfg in steps:
+        rec = dict(common, kernel=spec.name, config=spec.resolve(cfg), rel_error=errors[spec.name],
+                   correct=errors[spec.name] <= lad.rel_tolerance, **(extra or {}))
+        t = res.timings.get(spec.name)
+        if t is not None:
+            rec.update(time_ms=t.median_ms, tflops=flops(M, N, K) / t.median_ms / 1e9,
+                       ratio=base.median_ms / t.median_ms, spread=t.spread,
+                       launches_per_replay=t.launches_per_replay)
+        records.append(rec)
+    del sets, outs
+    torch.cuda.empty_cache()
+    return records
+
+
+def append_records(path: str | Path, records: list[dict]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+
+
+def load_records(path: str | Path) -> list[dict]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line:
+            out.append(json.loads(line))
+    return out

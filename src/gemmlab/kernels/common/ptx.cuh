@@ -1,0 +1,58 @@
+// Small PTX helpers every Hopper step uses: shared-memory addresses, fences, cluster ids.
+// Citations are to the PTX ISA (version 8.x/9.x), section names.
+#pragma once
+#include <cuda_bf16.h>
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// The driver's opaque TMA descriptor (cuda.h's CUtensorMap). cuda.h does not compile under NVRTC,
+// so declare the same 128-byte, 64-byte-aligned struct here. Passed by value as
+// `const __grid_constant__ CUtensorMap` so the TMA unit can read it from parameter space.
+struct alignas(64) CUtensorMap {
+    u64 opaque[16];
+};
+
+// Generic -> shared::cta 32-bit address (PTX "cvta", state-space conversion).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+// Memory consistency model, "fence.proxy.async": shared memory written by ordinary stores that the
+// async proxy (TMA, wgmma) reads next must be fenced by the writing threads before the barrier.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// "bar.sync" with an id and a thread count: a barrier for one warpgroup (or a few) only.
+__device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Special registers %cluster_ctarank / %cluster_nctarank (PTX "Special Registers").
+__device__ __forceinline__ u32 cluster_ctarank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// "barrier.cluster.arrive" + "barrier.cluster.wait": all threads of all CTAs in the cluster.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// "setmaxnreg" (sm_90a): move registers between warpgroups. Takes effect only with a register cap at
+// entry (__launch_bounds__(threads, 1)) and when each role is one branch of one if/else.
+template <u32 N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <u32 N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<u32*>(&v);
+}

@@ -1,0 +1,51 @@
+// TMA (bulk tensor copy) wrappers, PTX ISA "Data Movement: cp.async.bulk.tensor" and
+// "cp.async.bulk.commit_group / wait_group". Coordinates are innermost first: (column, row).
+#pragma once
+#include "ptx.cuh"
+
+// Global -> shared, completion signalled on `bar` as transaction bytes (mbarrier::complete_tx).
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u64* bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];"
+        ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+
+// Same, delivered to the same smem offset in every CTA of the cluster whose bit is set in `mask`;
+// each destination CTA's barrier (same offset) gets the complete_tx for its copy.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, u64* bar, int c0,
+                                                      int c1, unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%3, %4}], [%2], %5;"
+        ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(mask)
+        : "memory");
+}
+
+// Shared -> global bulk tensor store. Writes made by ordinary stores (st.shared, stmatrix) must be
+// fenced with fence.proxy.async by the writing threads first.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+                 ::"l"(map), "r"(smem_u32(src)), "r"(c0), "r"(c1) : "memory");
+}
+
+__device__ __forceinline__ void tma_store_commit() {
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Wait until at most N committed store groups are still reading their shared-memory source.
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void tma_store_wait_all() {
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// "prefetch.tensormap": pull the descriptor into the cache before the first copy uses it.
+__device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}

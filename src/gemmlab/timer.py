@@ -1,0 +1,107 @@
+"""gemmlab's one timer, used by the tests' benchmarks, the CLI, the benchmark suites and the MCP server.
+
+Protocol (the brief's): inputs rotate over several sets totalling at least 2x the L2, so no launch
+reads a cache-warm operand; back-to-back launches are captured in one CUDA graph of about
+``replay_ms``; each replay is timed with CUDA events; candidates are interleaved round by round (the
+order rotates each round), so clock drift and thermal state hit all of them alike; the result is the
+median per-launch time over the rounds. The SM clock, power and temperature are sampled every round.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .gpu import ClockSample, median_sample, sample_clocks
+
+
+@dataclass
+class Timing:
+    name: str
+    median_ms: float  # per launch
+    min_ms: float
+    max_ms: float
+    launches_per_replay: int
+    samples_ms: list[float] = field(default_factory=list)
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median over the rounds: how much to trust a difference."""
+        return (self.max_ms - self.min_ms) / self.median_ms if self.median_ms else math.inf
+
+
+@dataclass
+class TimingResult:
+    timings: dict[str, Timing]
+    clocks: ClockSample
+
+
+def sets_for(bytes_per_set: int, l2_bytes: int, *, max_sets: int = 64) -> int:
+    """How many input sets to rotate through so their total is at least twice the L2."""
+    return max(1, min(max_sets, math.ceil(2 * l2_bytes / max(1, bytes_per_set))))
+
+
+def _per_call_ms(fn: Callable[[int], None], n_sets: int, calls: int = 5) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(calls):
+        fn(i % n_sets)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, *, replay_ms: float = 20.0,
+                     rounds: int = 15, warmup_rounds: int = 2, max_launches: int = 4096) -> TimingResult:
+    """Median per-launch time of each candidate. ``fn(i)`` launches one op on input set ``i``."""
+    graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
+    side = torch.cuda.Stream()
+    for name, fn in candidates.items():
+        # Warm up outside capture (module load, cuBLAS handles and workspaces), on a side stream.
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(min(3, n_sets)):
+                fn(i)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        per = _per_call_ms(fn, n_sets)
+        n = max(1, min(max_launches, round(replay_ms / max(per, 1e-4))))
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(n):
+                fn(i % n_sets)
+        graphs[name] = (g, n)
+    torch.cuda.synchronize()
+    for _ in range(warmup_rounds):
+        for g, _n in graphs.values():
+            g.replay()
+    torch.cuda.synchronize()
+
+    names = list(graphs)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    clocks: list[ClockSample] = []
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        events = []
+        for name in order:
+            g, n = graphs[name]
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            events.append((name, n, s, e))
+        clocks.append(sample_clocks())  # sampled while the round's replays run
+        torch.cuda.synchronize()
+        for name, n, s, e in events:
+            samples[name].append(s.elapsed_time(e) / n)
+    out = {}
+    for name in names:
+        xs = samples[name]
+        out[name] = Timing(name=name, median_ms=statistics.median(xs), min_ms=min(xs), max_ms=max(xs),
+                           launches_per_replay=graphs[name][1], samples_ms=xs)
+    del graphs
+    return TimingResult(timings=out, clocks=median_sample(clocks))

@@ -1,0 +1,26 @@
+import os
+import tempfile
+
+import pytest
+import torch
+
+# Tests never touch the user's cache: every session compiles into its own folder.
+os.environ.setdefault("GEMMLAB_CACHE_DIR", tempfile.mkdtemp(prefix="gemmlab-test-cache-"))
+
+
+def _has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def _has_hopper() -> bool:
+    return _has_gpu() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    skip_hopper = pytest.mark.skip(reason="needs a Hopper (sm_90) GPU")
+    for item in items:
+        if "gpu" in item.keywords and not _has_gpu():
+            item.add_marker(skip_gpu)
+        elif "hopper" in item.keywords and not _has_hopper():
+            item.add_marker(skip_hopper)

@@ -1,0 +1,116 @@
+"""The JIT pipeline: compile without a GPU, the disk cache (hit, miss, corruption, concurrency), resources."""
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+from gemmlab import registry
+from gemmlab.errors import CompileError
+from gemmlab.jit import cache as jcache
+from gemmlab.jit.compiler import clear_memory_cache, compile_kernel, parse_resources
+from gemmlab.jit.toolchain import cuda_include_dir, nvdisasm_path, nvrtc_version
+
+SRC = "sgemm/k01_naive.cu"
+EXPR = "sgemm_naive<16>"
+
+
+def _entries(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file() and "tmp" not in p.name]
+
+
+def test_toolchain_found():
+    assert Path(cuda_include_dir(), "cuda_bf16.h").is_file()
+    assert os.access(nvdisasm_path(), os.X_OK)
+    major, minor = nvrtc_version()
+    assert major >= 12
+
+
+def test_cache_miss_then_hit(tmp_path):
+    clear_memory_cache()
+    first = compile_kernel(SRC, EXPR, arch="sm_90", cache_path=tmp_path)
+    assert first.cache_status == "miss"
+    assert first.cubin[:4] == b"\x7fELF"
+    assert len(_entries(tmp_path)) == 1
+    clear_memory_cache()
+    second = compile_kernel(SRC, EXPR, arch="sm_90", cache_path=tmp_path)
+    assert second.cache_status == "hit"
+    assert second.cubin == first.cubin
+    assert second.mangled_name == first.mangled_name
+    assert second.resources == first.resources
+
+
+def test_cache_key_depends_on_inputs():
+    base = dict(sources={"a.cu": "x"}, options=("o",), arch="sm_90", name_expression="k<1>",
+                nvrtc_version=(13, 0))
+    k0 = jcache.cache_key(**base)
+    for change in (dict(sources={"a.cu": "y"}), dict(sources={"a.cu": "x", "h.cuh": "z"}), dict(options=("p",)),
+                   dict(arch="sm_90a"), dict(name_expression="k<2>"), dict(nvrtc_version=(13, 1))):
+        assert jcache.cache_key(**{**base, **change}) != k0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])
+def test_corrupted_entry_is_rebuilt(tmp_path, damage):
+    clear_memory_cache()
+    good = compile_kernel(SRC, EXPR, arch="sm_90", cache_path=tmp_path)
+    (entry,) = _entries(tmp_path)
+    blob = entry.read_bytes()
+    if damage == "truncate":
+        entry.write_bytes(blob[: len(blob) // 2])
+    elif damage == "flip":
+        entry.write_bytes(blob[:-10] + bytes(b ^ 0xFF for b in blob[-10:]))
+    elif damage == "garbage":
+        entry.write_bytes(b"not a cache entry at all")
+    else:
+        entry.write_bytes(b"")
+    clear_memory_cache()
+    again = compile_kernel(SRC, EXPR, arch="sm_90", cache_path=tmp_path)
+    assert again.cache_status == "rebuilt"
+    assert again.cubin == good.cubin
+    clear_memory_cache()
+    assert compile_kernel(SRC, EXPR, arch="sm_90", cache_path=tmp_path).cache_status == "hit"
+
+
+def _compile_in_child(path: str) -> bytes:
+    from gemmlab.jit.compiler import compile_kernel as ck
+
+    return ck(SRC, EXPR, arch="sm_90", cache_path=Path(path)).cubin
+
+
+def test_concurrent_compiles_do_not_corrupt(tmp_path):
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        cubins = pool.map(_compile_in_child, [str(tmp_path)] * 3)
+    assert len(set(cubins)) == 1
+    clear_memory_cache()
+    again = compile_kernel(SRC, EXPR, arch="sm_90", cache_path=tmp_path)
+    assert again.cache_status == "hit"
+    assert again.cubin == cubins[0]
+
+
+def test_compile_error_names_kernel(tmp_path, monkeypatch):
+    bad = Path(registry.__file__).parent / "kernels" / "sgemm" / "_broken_for_test.cu"
+    bad.write_text("__global__ void broken() { this is not C++; }\n")
+    try:
+        with pytest.raises(CompileError, match="broken_kernel_name"):
+            compile_kernel("sgemm/_broken_for_test.cu", "broken", arch="sm_90", name="broken_kernel_name",
+                           cache_path=tmp_path)
+    finally:
+        bad.unlink()
+
+
+def test_missing_source_is_clear():
+    with pytest.raises(CompileError, match="not found"):
+        compile_kernel("sgemm/does_not_exist.cu", "x", arch="sm_90", use_disk_cache=False)
+
+
+def test_parse_resources():
+    log = ("ptxas info    : Compiling entry function '_Zfoo' for 'sm_90a'\n"
+           "ptxas info    : Function properties for _Zfoo\n"
+           "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers, 16 bytes smem, 400 bytes cmem[0]\n")
+    r = parse_resources(log, "_Zfoo")
+    assert (r.registers, r.stack_frame, r.spill_stores, r.spill_loads, r.static_shared, r.barriers) == \
+        (168, 8, 4, 4, 16, 1)
+    assert r.spills

@@ -1,0 +1,61 @@
+"""Every registered kernel compiles for its target without a GPU and its SASS meets its expectations."""
+
+import pytest
+
+from gemmlab import registry, sass
+from gemmlab.errors import UnsupportedProblem
+
+KERNELS = registry.all_kernels()
+
+
+def test_both_ladders_registered():
+    assert {k.ladder for k in KERNELS} == {"sgemm", "hopper"}
+    for lad in ("sgemm", "hopper"):
+        steps = [k.step for k in registry.all_kernels(lad)]
+        assert steps == sorted(set(steps)), f"{lad}: steps must be unique"
+
+
+@pytest.mark.parametrize("spec", KERNELS, ids=lambda s: s.name)
+def test_kernel_compiles_and_meets_sass_expectations(spec):
+    ck = spec.compile()
+    assert ck.cubin[:4] == b"\x7fELF"
+    assert ck.arch == spec.arch
+    summary = sass.kernel_summary(ck)
+    assert summary.instructions, "empty disassembly"
+    assert sass.check(spec.sass, summary, ck.resources) == []
+    assert "serialized" not in ck.log, f"ptxas serialized wgmma:\n{ck.log}"
+
+
+@pytest.mark.parametrize("spec", KERNELS, ids=lambda s: s.name)
+def test_spec_facts_are_complete(spec):
+    assert spec.technique and spec.constraints and spec.source.endswith(".cu")
+    cfg = spec.default_config()
+    assert spec.resolve(cfg) == cfg
+    assert spec.threads(cfg) > 0 and spec.smem_bytes(cfg) >= 0
+    bm, bn, bk = spec.tile(cfg)
+    assert bm > 0 and bn > 0 and bk > 0
+    assert spec.configs(), "no valid config"
+    assert spec.smem_bytes(cfg) <= 227 * 1024
+
+
+def test_lookup_by_short_names():
+    assert registry.get("k01").name == "sgemm.k01_naive"
+    assert registry.get("h01_tma_wgmma").name == "hopper.h01_tma_wgmma"
+    with pytest.raises(KeyError, match="no kernel named"):
+        registry.get("k99_nope")
+
+
+def test_bad_config_rejected():
+    spec = registry.get("k01")
+    with pytest.raises(UnsupportedProblem, match="not in"):
+        spec.resolve({"BLOCK": 7})
+    with pytest.raises(UnsupportedProblem, match="unknown parameter"):
+        spec.resolve({"NOPE": 1})
+
+
+def test_sass_checker_catches_failures():
+    ck = registry.get("k01").compile()
+    summ = sass.kernel_summary(ck)
+    fails = sass.check(sass.SassExpect(contains=(r"^HGMMA",), absent=(r"^FFMA",), min_loop_ffma=10_000), summ,
+                       ck.resources)
+    assert len(fails) == 3
