@@ -111,7 +111,7 @@ class CompiledKernel:
             from cuda.core import ObjectCode
 
             obj = ObjectCode.from_cubin(self.cubin, name=self.name,
-                                        symbol_mapping={self.name_expression: self.mangled_name})
+                                        symbol_mapping={self.name_expression: self.mangled_name.encode()})
             try:
                 kern = obj.get_kernel(self.name_expression)
             except Exception as e:  # noqa: BLE001 - re-raised with context

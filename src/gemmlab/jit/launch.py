@@ -151,7 +151,8 @@ def tensor_map_2d(t: torch.Tensor, box: tuple[int, int], *, swizzle_bytes: int =
     dtypes = {torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16, torch.float32: np.float32}
     swz = {0: TensorMapSwizzle.NONE, 32: TensorMapSwizzle.SWIZZLE_32B, 64: TensorMapSwizzle.SWIZZLE_64B,
            128: TensorMapSwizzle.SWIZZLE_128B}[swizzle_bytes]
-    view = StridedMemoryView(t, stream_ptr=-1)
+    from_dlpack = getattr(StridedMemoryView, "from_dlpack", None)
+    view = from_dlpack(t, stream_ptr=-1) if from_dlpack else StridedMemoryView(t, stream_ptr=-1)
     try:
         desc = view.as_tensor_map(box_dim=tuple(box), data_type=dtypes[t.dtype], swizzle=swz)
     except Exception as e:  # noqa: BLE001
