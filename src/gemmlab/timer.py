@@ -45,14 +45,31 @@ def sets_for(bytes_per_set: int, l2_bytes: int, *, max_sets: int = 64) -> int:
     return max(1, min(max_sets, math.ceil(2 * l2_bytes / max(1, bytes_per_set))))
 
 
-def _per_call_ms(fn: Callable[[int], None], n_sets: int, calls: int = 5) -> float:
+def _capture(fn: Callable[[int], None], n_sets: int, launches: int) -> torch.cuda.CUDAGraph:
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(launches):
+            fn(i % n_sets)
+    return g
+
+
+def _replay_ms(g: torch.cuda.CUDAGraph) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for i in range(calls):
-        fn(i % n_sets)
+    g.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / calls
+    return start.elapsed_time(end)
+
+
+def _per_launch_ms(fn: Callable[[int], None], n_sets: int) -> float:
+    """GPU time of one launch, from a small graph (eager timing would measure Python's launch overhead)."""
+    n = max(8, n_sets)
+    g = _capture(fn, n_sets, n)
+    g.replay()
+    ms = min(_replay_ms(g) for _ in range(3)) / n
+    del g
+    return ms
 
 
 def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, *, replay_ms: float = 20.0,
@@ -68,13 +85,9 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
                 fn(i)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        per = _per_call_ms(fn, n_sets)
+        per = _per_launch_ms(fn, n_sets)
         n = max(1, min(max_launches, round(replay_ms / max(per, 1e-4))))
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(n):
-                fn(i % n_sets)
-        graphs[name] = (g, n)
+        graphs[name] = (_capture(fn, n_sets, n), n)
     torch.cuda.synchronize()
     for _ in range(warmup_rounds):
         for g, _n in graphs.values():

@@ -122,6 +122,7 @@ class CompiledKernel:
 
 
 _MEMORY: dict[str, CompiledKernel] = {}
+_FAST: dict[tuple, CompiledKernel] = {}
 _LOCK = threading.Lock()
 
 
@@ -135,8 +136,13 @@ def compile_kernel(source: str, name_expression: str, *, arch: str, name: str | 
     from cuda.core import Program, ProgramOptions
 
     name = name or name_expression
-    sources = collect_sources(source)
     defines = dict(sorted((defines or {}).items()))
+    # Fast path for launches: one dict lookup. (Sources edited while a process runs are not re-read.)
+    fast_key = (source, name_expression, arch, tuple(defines.items()), str(cache_path), use_disk_cache)
+    hit = _FAST.get(fast_key)
+    if hit is not None:
+        return hit
+    sources = collect_sources(source)
     options = ProgramOptions(
         name=source,
         arch=arch,
@@ -152,6 +158,7 @@ def compile_kernel(source: str, name_expression: str, *, arch: str, name: str | 
     with _LOCK:
         hit = _MEMORY.get(mem_key)
     if hit is not None:
+        _FAST[fast_key] = hit
         return hit
 
     t0 = time.perf_counter()
@@ -187,6 +194,7 @@ def compile_kernel(source: str, name_expression: str, *, arch: str, name: str | 
     )
     with _LOCK:
         _MEMORY[mem_key] = compiled
+        _FAST[fast_key] = compiled
     return compiled
 
 
@@ -194,3 +202,4 @@ def clear_memory_cache() -> None:
     """Forget in-process compiled kernels (tests use this to reach the disk cache)."""
     with _LOCK:
         _MEMORY.clear()
+        _FAST.clear()
