@@ -94,3 +94,195 @@ register(KernelSpec(
     launcher=_launch_h01, supports=lambda cfg, M, N, K: tile_multiple(cfg, M, N, K, 64, cfg["BN"]),
     threads=lambda c: 128, smem_bytes=_smem_h01, tile=lambda c: (64, c["BN"], BK),
 ))
+
+
+# Shared launch helpers for h02 on --------------------------------------------------------------
+
+def _mnk(a, b):
+    return a.shape[0], b.shape[0], a.shape[1]
+
+
+def _ring_smem(bm: int, bn: int, qsize: int, extra: int = 0) -> int:
+    """QSIZE stages of an A slab (bm x 64) and a B slab (bn x 64), plus ``extra``, plus 1 KB for alignment."""
+    return qsize * (bm + bn) * BK * 2 + extra + 1024
+
+
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_CLUSTER_SLOTS: dict = {}
+
+
+def _max_clusters(compiled, threads: int, smem: int, cluster: int, device) -> int:
+    """How many clusters fit on the GPU at once (cuda-core's occupancy query; GPCs can strand SMs)."""
+    key = (compiled.name, threads, smem, cluster, device.index)
+    if key not in _CLUSTER_SLOTS:
+        n = _sm_count(device) // cluster
+        try:
+            from cuda.core import LaunchConfig
+
+            from ..jit.launch import torch_stream
+
+            kern = compiled.load(device.index)
+            cfg = LaunchConfig(grid=1, cluster=cluster, block=threads, shmem_size=smem)
+            n = int(kern.occupancy.max_active_clusters(cfg, stream=torch_stream()))
+        except Exception:  # noqa: BLE001 - older cuda-core or driver: fall back to SMs / cluster size
+            pass
+        _CLUSTER_SLOTS[key] = max(1, n)
+    return _CLUSTER_SLOTS[key]
+
+
+def _grid_tiles(spec, cfg, a, b, c, alpha, beta, bm, bn, threads, smem):
+    """Launch a one-CTA-per-tile step: grid (N/bn, M/bm)."""
+    _plain_only(spec, alpha, beta)
+    M, N, K = _mnk(a, b)
+    return (N // bn, M // bm), (tensor_map_2d(a, (bm, BK)), tensor_map_2d(b, (bn, BK)), c,
+                                np.int32(M), np.int32(N), np.int32(K))
+
+
+def _tiles_fn(bm, bn):
+    return lambda cfg, M, N, K: tile_multiple(cfg, M, N, K, bm, bn)
+
+
+# h02 ---------------------------------------------------------------------------------------------
+
+def _launch_h02(spec, compiled, cfg, a, b, c, alpha, beta):
+    smem = _ring_smem(128, cfg["BN"], 1)
+    grid, args = _grid_tiles(spec, cfg, a, b, c, alpha, beta, 128, cfg["BN"], 128, smem)
+    launch(compiled, grid=grid, block=128, smem=smem, args=args)
+
+
+register(KernelSpec(
+    name="hopper.h02_tile_128", ladder="hopper", step=2,
+    technique="128-row tile: one warpgroup issues two m64 wgmmas per k16 against the same B slab",
+    source="hopper/h02_tile_128.cu", template="hopper_h02",
+    params=(Param("BN", (128, 64), "tile width (wgmma N)"),),
+    arch="sm_90a", constraints="M % 128 == 0, N % BN == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(**HOPPER_SASS),
+    launcher=_launch_h02, supports=lambda cfg, M, N, K: tile_multiple(cfg, M, N, K, 128, cfg["BN"]),
+    threads=lambda c: 128, smem_bytes=lambda c: _ring_smem(128, c["BN"], 1), tile=lambda c: (128, c["BN"], BK),
+))
+
+
+# h03 ---------------------------------------------------------------------------------------------
+
+def _launch_h03(spec, compiled, cfg, a, b, c, alpha, beta):
+    smem = _ring_smem(128, cfg["BN"], cfg["QSIZE"])
+    grid, args = _grid_tiles(spec, cfg, a, b, c, alpha, beta, 128, cfg["BN"], 256, smem)
+    launch(compiled, grid=grid, block=256, smem=smem, args=args)
+
+
+register(KernelSpec(
+    name="hopper.h03_warp_specialized", ladder="hopper", step=3,
+    technique="producer warpgroup (TMA) + consumer warpgroup (wgmma) around a multi-stage mbarrier ring",
+    source="hopper/h03_warp_specialized.cu", template="hopper_h03",
+    params=(Param("BN", (128, 64), "tile width (wgmma N)"), Param("QSIZE", (4, 3, 5), "pipeline stages")),
+    arch="sm_90a", constraints="M % 128 == 0, N % BN == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(**HOPPER_SASS),
+    launcher=_launch_h03, supports=lambda cfg, M, N, K: tile_multiple(cfg, M, N, K, 128, cfg["BN"]),
+    threads=lambda c: 256, smem_bytes=lambda c: _ring_smem(128, c["BN"], c["QSIZE"]),
+    tile=lambda c: (128, c["BN"], BK),
+))
+
+
+# h04 ---------------------------------------------------------------------------------------------
+
+def _launch_h04(spec, compiled, cfg, a, b, c, alpha, beta):
+    smem = _ring_smem(128, 256, cfg["QSIZE"])
+    grid, args = _grid_tiles(spec, cfg, a, b, c, alpha, beta, 128, 256, 384, smem)
+    launch(compiled, grid=grid, block=384, smem=smem, args=args)
+
+
+# Consumers hold 128 fp32 accumulators; setmaxnreg must leave them room (no spills, no local memory).
+WS_SASS = dict(contains=HOPPER_SASS["contains"] + (r"^USETMAXREG",), absent=HOPPER_SASS["absent"],
+               no_local_memory=True)
+
+register(KernelSpec(
+    name="hopper.h04_two_consumers", ladder="hopper", step=4,
+    technique="128x256 tile, two consumer warpgroups (m64n256k16 each); setmaxnreg gives the producer's "
+              "registers to the consumers",
+    source="hopper/h04_two_consumers.cu", template="hopper_h04",
+    params=(Param("QSIZE", (4, 3), "pipeline stages"),),
+    arch="sm_90a", constraints="M % 128 == 0, N % 256 == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(**WS_SASS),
+    launcher=_launch_h04, supports=_tiles_fn(128, 256),
+    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"]), tile=lambda c: (128, 256, BK),
+))
+
+
+# h05, h06: persistent -----------------------------------------------------------------------------
+
+def _launch_persistent(spec, compiled, cfg, a, b, c, alpha, beta):
+    smem = _ring_smem(128, 256, cfg["QSIZE"])
+    _, args = _grid_tiles(spec, cfg, a, b, c, alpha, beta, 128, 256, 384, smem)
+    M, N, _ = _mnk(a, b)
+    tiles = (M // 128) * (N // 256)
+    launch(compiled, grid=min(_sm_count(a.device), tiles), block=384, smem=smem, args=args)
+
+
+register(KernelSpec(
+    name="hopper.h05_persistent", ladder="hopper", step=5,
+    technique="persistent kernel: one CTA per SM (SM count read from the device) walks the tiles; "
+              "the ring runs on across tiles",
+    source="hopper/h05_persistent.cu", template="hopper_h05",
+    params=(Param("QSIZE", (4, 3), "pipeline stages"),),
+    arch="sm_90a", constraints="M % 128 == 0, N % 256 == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(**WS_SASS),
+    launcher=_launch_persistent, supports=_tiles_fn(128, 256),
+    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"]), tile=lambda c: (128, 256, BK),
+))
+
+register(KernelSpec(
+    name="hopper.h06_ptx_barriers", ladder="hopper", step=6,
+    technique="parity-wait mbarriers (waiters don't arrive; one arrival per consumer) and one wgmma "
+              "group kept in flight",
+    source="hopper/h06_ptx_barriers.cu", template="hopper_h06",
+    params=(Param("QSIZE", (4, 3), "pipeline stages"),),
+    arch="sm_90a", constraints="M % 128 == 0, N % 256 == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(**WS_SASS),
+    launcher=_launch_persistent, supports=_tiles_fn(128, 256),
+    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"]), tile=lambda c: (128, 256, BK),
+))
+
+
+# h07, h08: clusters of two sharing B ----------------------------------------------------------------
+
+def _launch_cluster(spec, compiled, cfg, a, b, c, alpha, beta, *, store_tma: bool):
+    _plain_only(spec, alpha, beta)
+    M, N, K = _mnk(a, b)
+    smem = _ring_smem(128, 256, cfg["QSIZE"], extra=2 * 64 * 256 * 2 if store_tma else 0)
+    ta, tb = tensor_map_2d(a, (128, BK)), tensor_map_2d(b, (128, BK))  # B: each CTA loads half of 256
+    cargs = (tensor_map_2d(c, (64, 64)),) if store_tma else (c,)
+    clusters = min(_max_clusters(compiled, 384, smem, 2, a.device), (M // 256) * (N // 256))
+    launch(compiled, grid=2 * clusters, cluster=2, block=384, smem=smem,
+           args=(ta, tb) + cargs + (np.int32(M), np.int32(N), np.int32(K)))
+
+
+CLUSTER_SASS = dict(contains=WS_SASS["contains"] + (r"\.MULTICAST",), absent=HOPPER_SASS["absent"],
+                    no_local_memory=True)
+
+register(KernelSpec(
+    name="hopper.h07_cluster_multicast", ladder="hopper", step=7,
+    technique="clusters of 2 CTAs on vertically adjacent tiles; each loads half of B and TMA-multicasts it",
+    source="hopper/h07_cluster_multicast.cu", template="hopper_h07",
+    params=(Param("QSIZE", (4, 3), "pipeline stages"),),
+    arch="sm_90a", constraints="M % 256 == 0, N % 256 == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(**CLUSTER_SASS),
+    launcher=lambda *a: _launch_cluster(*a, store_tma=False), supports=_tiles_fn(256, 256),
+    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"]), tile=lambda c: (128, 256, BK),
+))
+
+register(KernelSpec(
+    name="hopper.h08_async_store", ladder="hopper", step=8,
+    technique="epilogue through stmatrix into 128B-swizzled smem and TMA bulk stores, overlapped with "
+              "the next tile",
+    source="hopper/h08_async_store.cu", template="hopper_h08",
+    params=(Param("QSIZE", (3, 2), "pipeline stages (the C slabs take 64 KB)"),),
+    arch="sm_90a", constraints="M % 256 == 0, N % 256 == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(contains=CLUSTER_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
+                    no_local_memory=True),
+    launcher=lambda *a: _launch_cluster(*a, store_tma=True), supports=_tiles_fn(256, 256),
+    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"], extra=2 * 64 * 256 * 2),
+    tile=lambda c: (128, 256, BK),
+))

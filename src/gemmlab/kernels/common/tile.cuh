@@ -23,3 +23,28 @@ __device__ __forceinline__ void store_fragment_bf16(const float (&d)[N / 2], __n
         bot[4 * j] = pack_bf16x2(d[4 * j + 2], d[4 * j + 3]);
     }
 }
+
+#include "stmatrix.cuh"
+
+// Byte offset of element (row, col) of a 64-row slab stored as 64-column boxes in the TMA 128-byte
+// swizzle: each box is 64 rows x 128 B; the 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+__device__ __forceinline__ u32 sw128_offset(int row, int col) {
+    const int box = col / 64, chunk = (col % 64) / 8;
+    return box * (64 * 128) + row * 128 + ((chunk ^ (row % 8)) * 16) + (col % 8) * 2;
+}
+
+// A 64 x N fp32 accumulator fragment -> bf16 in a swizzled shared-memory slab (for a TMA store), with
+// stmatrix: one instruction per 16 x 16 piece. The swizzle sends the 8 rows of each 8x8 matrix to 8
+// different 16-byte chunks, so the stores are free of bank conflicts.
+template <int N>
+__device__ __forceinline__ void store_fragment_smem_sw128(const float (&d)[N / 2], __nv_bfloat16* slab, int t) {
+    const int warp = t / 32, lane = t % 32, m = lane / 8;
+    const int row = warp * 16 + (m & 1) * 8 + lane % 8;
+    const u32 base = smem_u32(slab);
+#pragma unroll
+    for (int j = 0; j < N / 8; j += 2) {
+        const u32 addr = base + sw128_offset(row, 8 * (j + (m >> 1)));
+        stmatrix_x4(addr, pack_bf16x2(d[4 * j + 0], d[4 * j + 1]), pack_bf16x2(d[4 * j + 2], d[4 * j + 3]),
+                    pack_bf16x2(d[4 * j + 4], d[4 * j + 5]), pack_bf16x2(d[4 * j + 6], d[4 * j + 7]));
+    }
+}
