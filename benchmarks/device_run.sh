@@ -19,3 +19,7 @@ for r in "${runs[@]}"; do
   # shellcheck disable=SC2086
   timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/ladder_run.py $r --out "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.txt" | grep -v "^[│┃┏┡└━]" | tail -30
 done
+for tool in ${SANITIZE:-}; do
+  echo "== compute-sanitizer --tool $tool" | tee -a "$OUT/sanitizer.txt"
+  timeout "${SAN_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --print-limit 20 python3 benchmarks/sanitize.py ${SAN_ARGS:-} 2>&1 | tee -a "$OUT/sanitizer.txt" | tail -15
+done

@@ -24,6 +24,7 @@ class Param:
     choices: tuple[int, ...]
     doc: str = ""
     default: int | None = None
+    template: bool = True  # False: a launch-time option (no recompile), e.g. the tile order
 
     @property
     def value(self) -> int:
@@ -103,9 +104,8 @@ class KernelSpec:
 
     def name_expression(self, config: dict | None = None) -> str:
         cfg = self.resolve(config)
-        if not self.params:
-            return self.template
-        return f"{self.template}<{', '.join(str(cfg[p.name]) for p in self.params)}>"
+        targs = [str(cfg[p.name]) for p in self.params if p.template]
+        return f"{self.template}<{', '.join(targs)}>" if targs else self.template
 
     def compile(self, config: dict | None = None, **kwargs):
         """Compile (or load from cache) this step for ``config``. Works without a GPU."""

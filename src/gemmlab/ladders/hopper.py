@@ -248,12 +248,14 @@ register(KernelSpec(
 
 # h07, h08: clusters of two sharing B ----------------------------------------------------------------
 
-def _launch_cluster(spec, compiled, cfg, a, b, c, alpha, beta, *, store_tma: bool):
+def _launch_cluster(spec, compiled, cfg, a, b, c, alpha, beta, *, store_tma: bool, ordered: bool = False):
     _plain_only(spec, alpha, beta)
     M, N, K = _mnk(a, b)
     smem = _ring_smem(128, 256, cfg["QSIZE"], extra=2 * 64 * 256 * 2 if store_tma else 0)
     ta, tb = tensor_map_2d(a, (128, BK)), tensor_map_2d(b, (128, BK))  # B: each CTA loads half of 256
     cargs = (tensor_map_2d(c, (64, 64)),) if store_tma else (c,)
+    if ordered:
+        cargs += (order_table(ORDER_NAMES[cfg["ORDER"]], M // 256, N // 256, cfg["GROUP_M"], a.device),)
     clusters = min(_max_clusters(compiled, 384, smem, 2, a.device), (M // 256) * (N // 256))
     launch(compiled, grid=2 * clusters, cluster=2, block=384, smem=smem,
            args=(ta, tb) + cargs + (np.int32(M), np.int32(N), np.int32(K)))
@@ -283,6 +285,43 @@ register(KernelSpec(
     sass=SassExpect(contains=CLUSTER_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
                     no_local_memory=True),
     launcher=lambda *a: _launch_cluster(*a, store_tma=True), supports=_tiles_fn(256, 256),
+    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"], extra=2 * 64 * 256 * 2),
+    tile=lambda c: (128, 256, BK),
+))
+
+
+# h09: tile order -------------------------------------------------------------------------------------
+
+ORDER_NAMES = {0: "row_major", 1: "grouped", 2: "hilbert"}
+_ORDER_TABLES: dict = {}
+
+
+def order_table(name: str, tiles_m: int, tiles_n: int, group_m: int, device) -> torch.Tensor:
+    """The tile order as a device int32 table of (m << 16 | n), built once per grid and order."""
+    from .. import schedule
+
+    key = (name, tiles_m, tiles_n, group_m if name == "grouped" else 0, device)
+    t = _ORDER_TABLES.get(key)
+    if t is None:
+        kw = {"group_m": group_m} if name == "grouped" else {}
+        table = schedule.order_table(schedule.tile_order(name, tiles_m, tiles_n, **kw))
+        t = torch.from_numpy(table).to(device)
+        _ORDER_TABLES[key] = t
+    return t
+
+
+register(KernelSpec(
+    name="hopper.h09_tile_order", ladder="hopper", step=9,
+    technique="tile order for L2 reuse (row-major, grouped or Hilbert curve), read from a table",
+    source="hopper/h09_tile_order.cu", template="hopper_h09",
+    params=(Param("QSIZE", (3, 2), "pipeline stages (the C slabs take 64 KB)"),
+            Param("ORDER", (2, 1, 0), "tile order: 0 row-major, 1 grouped, 2 Hilbert", template=False),
+            Param("GROUP_M", (8, 4, 16), "cluster-tile rows per group (grouped order)", template=False)),
+    arch="sm_90a", constraints="M % 256 == 0, N % 256 == 0, K % 64 == 0, M/256 and N/256 < 65536; "
+                               "alpha=1, beta=0",
+    sass=SassExpect(contains=CLUSTER_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
+                    no_local_memory=True),
+    launcher=lambda *a: _launch_cluster(*a, store_tma=True, ordered=True), supports=_tiles_fn(256, 256),
     threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"], extra=2 * 64 * 256 * 2),
     tile=lambda c: (128, 256, BK),
 ))
