@@ -125,7 +125,8 @@ def _max_clusters(compiled, threads: int, smem: int, cluster: int, device) -> in
             from ..jit.launch import torch_stream
 
             kern = compiled.load(device.index)
-            cfg = LaunchConfig(grid=1, cluster=cluster, block=threads, shmem_size=smem)
+            # The query counts co-resident clusters of the *launch* described, so describe a full grid.
+            cfg = LaunchConfig(grid=n, cluster=cluster, block=threads, shmem_size=smem)
             n = int(kern.occupancy.max_active_clusters(cfg, stream=torch_stream()))
         except Exception:  # noqa: BLE001 - older cuda-core or driver: fall back to SMs / cluster size
             pass
