@@ -79,6 +79,18 @@ def _set_max_dynamic_smem(kernel, nbytes: int, device_id: int, name: str) -> Non
 _SMEM_SET: set[tuple[int, int, int]] = set()
 
 
+def prepare(compiled, smem: int, device_id: int):
+    """The loaded kernel, allowed ``smem`` bytes of dynamic shared memory (needed above 48 KB, and before
+    an occupancy query about such a launch)."""
+    kernel = compiled.load(device_id)
+    if smem > 48 * 1024:
+        key = (id(kernel), device_id, smem)
+        if key not in _SMEM_SET:
+            _set_max_dynamic_smem(kernel, smem, device_id, compiled.name)
+            _SMEM_SET.add(key)
+    return kernel
+
+
 def launch(compiled, *, grid, block, args, smem: int = 0, cluster=None) -> None:
     """Launch ``compiled`` (a ``CompiledKernel``) on torch's current stream.
 
@@ -90,12 +102,7 @@ def launch(compiled, *, grid, block, args, smem: int = 0, cluster=None) -> None:
     from cuda.core import launch as _cc_launch
 
     dev = current_device()
-    kernel = compiled.load(dev.device_id)
-    if smem > 48 * 1024:
-        key = (id(kernel), dev.device_id, smem)
-        if key not in _SMEM_SET:
-            _set_max_dynamic_smem(kernel, smem, dev.device_id, compiled.name)
-            _SMEM_SET.add(key)
+    kernel = prepare(compiled, smem, dev.device_id)
     grid = tuple(grid) if isinstance(grid, (tuple, list)) else (int(grid),)
     if cluster is not None:
         cluster = tuple(cluster) if isinstance(cluster, (tuple, list)) else (int(cluster),)

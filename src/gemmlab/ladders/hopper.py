@@ -122,15 +122,20 @@ def _max_clusters(compiled, threads: int, smem: int, cluster: int, device) -> in
         try:
             from cuda.core import LaunchConfig
 
-            from ..jit.launch import torch_stream
+            from ..jit.launch import prepare, torch_stream
 
-            kern = compiled.load(device.index)
+            kern = prepare(compiled, smem, device.index)
             # The query counts co-resident clusters of the *launch* described, so describe a full grid.
             cfg = LaunchConfig(grid=n, cluster=cluster, block=threads, shmem_size=smem)
             n = int(kern.occupancy.max_active_clusters(cfg, stream=torch_stream()))
         except Exception:  # noqa: BLE001 - older cuda-core or driver: fall back to SMs / cluster size
             pass
-        _CLUSTER_SLOTS[key] = max(1, n)
+        if n < 1:
+            from ..errors import LaunchError
+
+            raise LaunchError(f"{compiled.name}: no cluster of {cluster} CTAs with {smem} B of shared memory "
+                              "fits on this GPU")
+        _CLUSTER_SLOTS[key] = n
     return _CLUSTER_SLOTS[key]
 
 
