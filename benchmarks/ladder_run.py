@@ -18,6 +18,8 @@ def main() -> None:
     p.add_argument("--steps", default="", help="comma-separated step names (default: all)")
     p.add_argument("--sizes", default="4096", help="comma-separated square sizes")
     p.add_argument("--shapes", default="", help="semicolon-separated M,N,K shapes")
+    p.add_argument("--configs", default="", help="semicolon-separated K=V,K=V configs tried for each step "
+                   "that has those parameters (the default config is always included)")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--suite", default="ladder")
     p.add_argument("--out", required=True)
@@ -29,7 +31,15 @@ def main() -> None:
     for col in ("shape", "kernel", "TFLOP/s", "cuBLAS", "ratio", "err", "SM MHz"):
         table.add_column(col)
     for M, N, K in shapes:
-        todo = [(s, None) for s in steps if not s.why_unsupported(M, N, K)]
+        todo = []
+        for s in steps:
+            if s.why_unsupported(M, N, K):
+                continue
+            todo.append((s, None))
+            for c in (c for c in args.configs.split(";") if c):
+                cfg = dict(kv.split("=") for kv in c.split(","))
+                if set(cfg) <= set(s.param_names()) and s.resolve(cfg) != s.resolve(None):
+                    todo.append((s, cfg))
         if not todo:
             continue
         recs = bench_shape(args.ladder, M, N, K, todo, suite=args.suite, rounds=args.rounds)
@@ -38,7 +48,7 @@ def main() -> None:
             table.add_row(f"{M}x{N}x{K}", r["kernel"], f"{r.get('tflops', float('nan')):.1f}",
                           f"{r['baseline_tflops']:.1f}", f"{r.get('ratio', float('nan')):.3f}",
                           f"{r['rel_error']:.1e}", f"{r['sm_clock_mhz']}")
-            print(r["kernel"], M, N, K, r.get("tflops"), r["baseline_tflops"], r.get("ratio"), r["rel_error"],
+            print(r["kernel"], r["config"], M, N, K, r.get("tflops"), r["baseline_tflops"], r.get("ratio"), r["rel_error"],
                   r["sm_clock_mhz"], flush=True)
     Console(width=140).print(table)
 

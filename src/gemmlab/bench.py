@@ -70,14 +70,17 @@ def bench_shape(ladder: str, M: int, N: int, K: int, steps: list[tuple[KernelSpe
     # Correctness first, on fresh inputs with a poisoned output.
     a0, b0, c0 = sets[0]
     ref = lad.reference(a0, b0, c0, 1.0, 0.0)
+    def label(spec, cfg):
+        return spec.name + spec._config_tag(cfg)
+
     errors: dict[str, float] = {}
     runnable = []
     for spec, cfg in steps:
         out = poison_(torch.empty_like(c0))
         spec.run(a0, b0, out, config=cfg)
         torch.cuda.synchronize()
-        errors[spec.name] = rel_error(out, ref)
-        if errors[spec.name] <= lad.rel_tolerance:
+        errors[label(spec, cfg)] = rel_error(out, ref)
+        if errors[label(spec, cfg)] <= lad.rel_tolerance:
             runnable.append((spec, cfg))
     outs = [torch.empty_like(c) for _, _, c in sets]
 
@@ -96,7 +99,7 @@ def bench_shape(ladder: str, M: int, N: int, K: int, steps: list[tuple[KernelSpe
 
     candidates = {"cublas": cublas}
     for spec, cfg in runnable:
-        candidates[spec.name] = step_fn(spec, cfg)
+        candidates[label(spec, cfg)] = step_fn(spec, cfg)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 cuBLAS is measured as true SGEMM
     try:
@@ -116,9 +119,10 @@ def bench_shape(ladder: str, M: int, N: int, K: int, steps: list[tuple[KernelSpe
     }
     records = []
     for spec, cfg in steps:
-        rec = dict(common, kernel=spec.name, config=spec.resolve(cfg), rel_error=errors[spec.name],
-                   correct=errors[spec.name] <= lad.rel_tolerance, **(extra or {}))
-        t = res.timings.get(spec.name)
+        err = errors[label(spec, cfg)]
+        rec = dict(common, kernel=spec.name, config=spec.resolve(cfg), rel_error=err,
+                   correct=err <= lad.rel_tolerance, **(extra or {}))
+        t = res.timings.get(label(spec, cfg))
         if t is not None:
             rec.update(time_ms=t.median_ms, tflops=flops(M, N, K) / t.median_ms / 1e9,
                        ratio=base.median_ms / t.median_ms, spread=t.spread,
