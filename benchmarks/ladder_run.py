@@ -10,6 +10,7 @@ from rich.table import Table
 
 from gemmlab import registry
 from gemmlab.bench import append_records, bench_shape
+from gemmlab.errors import UnsupportedProblem
 
 
 def main() -> None:
@@ -38,8 +39,11 @@ def main() -> None:
             todo.append((s, None))
             for c in (c for c in args.configs.split(";") if c):
                 cfg = dict(kv.split("=") for kv in c.split(","))
-                if set(cfg) <= set(s.param_names()) and s.resolve(cfg) != s.resolve(None):
-                    todo.append((s, cfg))
+                try:
+                    if set(cfg) <= set(s.param_names()) and s.resolve(cfg) != s.resolve(None):
+                        todo.append((s, cfg))
+                except UnsupportedProblem:
+                    pass  # a value this step does not offer
         if not todo:
             continue
         recs = bench_shape(args.ladder, M, N, K, todo, suite=args.suite, rounds=args.rounds)
