@@ -56,6 +56,23 @@ def any_shape(cfg, M, N, K):
     return None
 
 
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y
+
+
+def grid_y_fits(dim: str, tile_of):
+    """``supports`` for a step whose gridDim.y counts tiles of ``tile_of(cfg)`` along ``dim`` ("M" or
+    "N"): any shape up to MAX_GRID_Y such tiles (8.3 million rows for 128-row tiles)."""
+    def supports(cfg, M, N, K):
+        why = any_shape(cfg, M, N, K)
+        if why:
+            return why
+        extent, tile = {"M": M, "N": N}[dim], tile_of(cfg)
+        if _cdiv(extent, tile) > MAX_GRID_Y:
+            return f"{dim}={extent} needs more than {MAX_GRID_Y} tiles of {tile} on gridDim.y"
+        return None
+    return supports
+
+
 def _args(a, b, c, alpha, beta):
     M, K = a.shape
     N = b.shape[1]
@@ -77,6 +94,164 @@ register(KernelSpec(
     params=(Param("BLOCK", (32, 16), "threads per block side"),),
     arch="sm_90", constraints="any M, N, K >= 1",
     sass=SassExpect(contains=(r"^FFMA", r"^LDG"), no_local_memory=True),
-    launcher=_launch_k01, supports=any_shape,
+    launcher=_launch_k01, supports=grid_y_fits("N", lambda c: c["BLOCK"]),
     threads=lambda c: c["BLOCK"] ** 2, smem_bytes=lambda c: 0, tile=lambda c: (c["BLOCK"], c["BLOCK"], 1),
+))
+
+
+# k02 -----------------------------------------------------------------------------------------------
+
+def _launch_k02(spec, compiled, cfg, a, b, c, alpha, beta):
+    bs = cfg["BLOCK"]
+    M, N = c.shape
+    launch(compiled, grid=(_cdiv(N, bs), _cdiv(M, bs)), block=(bs, bs), args=_args(a, b, c, alpha, beta))
+
+
+register(KernelSpec(
+    name="sgemm.k02_coalesced", ladder="sgemm", step=2,
+    technique="threadIdx.x walks columns: a warp reads one A value and 128 contiguous bytes of B",
+    source="sgemm/k02_coalesced.cu", template="sgemm_coalesced",
+    params=(Param("BLOCK", (32, 16), "threads per block side"),),
+    arch="sm_90", constraints="any M, N, K >= 1",
+    sass=SassExpect(contains=(r"^FFMA", r"^LDG"), no_local_memory=True),
+    launcher=_launch_k02, supports=grid_y_fits("M", lambda c: c["BLOCK"]),
+    threads=lambda c: c["BLOCK"] ** 2, smem_bytes=lambda c: 0, tile=lambda c: (c["BLOCK"], c["BLOCK"], 1),
+))
+
+
+# k03 -----------------------------------------------------------------------------------------------
+
+def _launch_k03(spec, compiled, cfg, a, b, c, alpha, beta):
+    t = cfg["TILE"]
+    M, N = c.shape
+    launch(compiled, grid=(_cdiv(N, t), _cdiv(M, t)), block=(t, t), args=_args(a, b, c, alpha, beta))
+
+
+register(KernelSpec(
+    name="sgemm.k03_smem_tiling", ladder="sgemm", step=3,
+    technique="TILE x TILE tiles of A and B staged in shared memory, each global value loaded once per block",
+    source="sgemm/k03_smem_tiling.cu", template="sgemm_smem_tiling",
+    params=(Param("TILE", (32, 16), "tile side = threads per block side"),),
+    arch="sm_90", constraints="any M, N, K >= 1",
+    sass=SassExpect(contains=(r"^LDS", r"^STS", r"^BAR"), min_loop_ffma=16, no_local_memory=True),
+    launcher=_launch_k03, supports=grid_y_fits("M", lambda c: c["TILE"]),
+    threads=lambda c: c["TILE"] ** 2, smem_bytes=lambda c: 0, tile=lambda c: (c["TILE"], c["TILE"], c["TILE"]),
+))
+
+
+# k04 onwards: a 1-D block of threads, grid = (column tiles, row tiles) -------------------------------
+
+def _tiled_launcher(threads_of):
+    def launcher(spec, compiled, cfg, a, b, c, alpha, beta):
+        M, N = c.shape
+        bm, bn, _ = spec.tile(cfg)
+        launch(compiled, grid=(_cdiv(N, bn), _cdiv(M, bm)), block=(threads_of(cfg),),
+               args=_args(a, b, c, alpha, beta))
+    return launcher
+
+
+def _tile_bmbnbk(c):
+    return c["BM"], c["BN"], c["BK"]
+
+
+def _loads_divide(cfg, threads, vec):
+    """The tile loads of k04..k07 give every thread the same number of elements (float4s if vec)."""
+    width = 4 if vec else 1
+    for what, n in (("A", cfg["BM"] * cfg["BK"]), ("B", cfg["BK"] * cfg["BN"])):
+        if (n // width) % threads:
+            return f"{threads} threads do not divide the {n // width} loads of the {what} tile"
+    return None
+
+
+def _threads_k04(c):
+    return c["BM"] // c["TM"] * c["BN"]
+
+
+def _check_k04(c):
+    if c["BM"] % c["TM"]:
+        return "TM must divide BM"
+    if _threads_k04(c) > 1024:
+        return f"{_threads_k04(c)} threads per block > 1024"
+    return _loads_divide(c, _threads_k04(c), vec=False)
+
+
+register(KernelSpec(
+    name="sgemm.k04_blocktile_1d", ladder="sgemm", step=4,
+    technique="each thread computes TM results down a column, reusing one B value from a register",
+    source="sgemm/k04_blocktile_1d.cu", template="sgemm_blocktile_1d",
+    params=(Param("BM", (64, 128), "block tile rows"), Param("BN", (64, 128), "block tile columns"),
+            Param("BK", (8, 16), "block tile depth"), Param("TM", (8, 16), "results per thread (rows)")),
+    arch="sm_90", constraints="any M, N, K >= 1",
+    sass=SassExpect(contains=(r"^LDS", r"^STS", r"^BAR"), min_loop_ffma=64, no_local_memory=True),
+    launcher=_tiled_launcher(_threads_k04), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_k04, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_k04,
+))
+
+
+def _threads_2d(c):
+    return (c["BM"] // c["TM"]) * (c["BN"] // c["TN"])
+
+
+def _check_2d(vec):
+    def check(c):
+        if c["BM"] % c["TM"] or c["BN"] % c["TN"]:
+            return "TM must divide BM and TN must divide BN"
+        t = _threads_2d(c)
+        if t > 1024 or t % 32:
+            return f"{t} threads per block: need a multiple of 32 up to 1024"
+        return _loads_divide(c, t, vec)
+    return check
+
+
+_PARAMS_2D = (Param("BM", (128, 64), "block tile rows"), Param("BN", (128, 64), "block tile columns"),
+              Param("BK", (8, 16), "block tile depth"), Param("TM", (8, 4), "thread tile rows"),
+              Param("TN", (8, 4), "thread tile columns"))
+
+register(KernelSpec(
+    name="sgemm.k05_blocktile_2d", ladder="sgemm", step=5,
+    technique="each thread computes a TM x TN outer product per k from register fragments of A and B",
+    source="sgemm/k05_blocktile_2d.cu", template="sgemm_blocktile_2d",
+    params=_PARAMS_2D,
+    arch="sm_90", constraints="any M, N, K >= 1",
+    sass=SassExpect(contains=(r"^LDS", r"^STS", r"^BAR"), min_loop_ffma=512, no_local_memory=True),
+    launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_2d(vec=False),
+))
+
+
+# The vectorized steps' SASS: 128-bit global loads and 128-bit shared loads.
+VEC_SASS = (r"LDG\.E\.128", r"LDS\.128")
+
+register(KernelSpec(
+    name="sgemm.k06_vectorized", ladder="sgemm", step=6,
+    technique="float4 global loads/stores; A tile stored transposed so both operands load with LDS.128",
+    source="sgemm/k06_vectorized.cu", template="sgemm_vectorized",
+    params=_PARAMS_2D,
+    arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
+    sass=SassExpect(contains=VEC_SASS, min_loop_ffma=512, no_local_memory=True),
+    launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_2d(vec=True),
+))
+
+
+def _check_conflict_free(c):
+    why = _check_2d(vec=True)(c)
+    if why:
+        return why
+    if c["TM"] % 4 or c["TN"] % 4:
+        return "TM and TN must be multiples of 4 (float4 groups)"
+    if c["BK"] not in (8, 16, 32) or c["BM"] % 32:
+        return "the A-tile swizzle needs BK in (8, 16, 32) and BM a multiple of 32"
+    return None
+
+
+register(KernelSpec(
+    name="sgemm.k07_bank_conflicts", ladder="sgemm", step=7,
+    technique="XOR-swizzled A tile and float4-strided thread tiles: conflict-free shared stores and loads",
+    source="sgemm/k07_bank_conflicts.cu", template="sgemm_bank_conflicts",
+    params=_PARAMS_2D,
+    arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
+    sass=SassExpect(contains=VEC_SASS, min_loop_ffma=512, no_local_memory=True),
+    launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_conflict_free,
 ))
