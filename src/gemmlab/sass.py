@@ -114,10 +114,11 @@ def classify(ins: Instruction) -> str:
 
 @dataclass(frozen=True)
 class Loop:
-    start: int
-    end: int
+    start: int  # address of the loop header
+    end: int  # highest address in the body
     instructions: int
     mix: dict
+    addresses: frozenset = frozenset()  # every instruction address in the body
 
 
 @dataclass
@@ -150,20 +151,81 @@ def summarize(instructions: list[Instruction]) -> SassSummary:
     return s
 
 
-def find_loops(instructions: list[Instruction]) -> list[Loop]:
-    """Loops as backward branches: a ``BRA`` whose target lies at or before it."""
+def _blocks(instructions: list[Instruction]):
+    """Basic blocks (lists of instruction indices) and their successor blocks."""
     by_label = {lab: i for i, ins in enumerate(instructions) for lab in ins.labels}
-    loops = []
+    leaders = {0}
     for i, ins in enumerate(instructions):
-        if ins.base != "BRA":
-            continue
-        m = re.search(r"(\.L_x_\d+)", ins.operands)
-        start = by_label.get(m.group(1)) if m else None
-        if start is not None and start <= i:
-            body = instructions[start:i + 1]
-            mix = Counter(classify(b) for b in body)
-            loops.append(Loop(start=instructions[start].address, end=ins.address, instructions=len(body),
-                              mix=dict(mix)))
+        if ins.base in ("BRA", "EXIT", "RET", "BRX", "JMP"):
+            leaders.add(i + 1)
+            m = re.search(r"(\.L_x_\d+)", ins.operands)
+            if m and m.group(1) in by_label:
+                leaders.add(by_label[m.group(1)])
+        if ins.labels:
+            leaders.add(i)
+    starts = sorted(x for x in leaders if x < len(instructions))
+    blocks = [list(range(a, b)) for a, b in zip(starts, starts[1:] + [len(instructions)])]
+    block_of = {blk[0]: n for n, blk in enumerate(blocks)}
+    succ: list[set[int]] = []
+    for n, blk in enumerate(blocks):
+        last = instructions[blk[-1]]
+        out = set()
+        falls = n + 1 < len(blocks)
+        if last.base == "BRA":
+            m = re.search(r"(\.L_x_\d+)", last.operands)
+            if m and m.group(1) in by_label:
+                out.add(block_of[by_label[m.group(1)]])
+            falls = falls and bool(last.predicate)
+        elif last.base in ("EXIT", "RET", "BRX", "JMP"):
+            falls = falls and bool(last.predicate)
+        if falls:
+            out.add(n + 1)
+        succ.append(out)
+    return blocks, succ
+
+
+def find_loops(instructions: list[Instruction]) -> list[Loop]:
+    """Natural loops of the control-flow graph: a back edge u -> h whose target h dominates u.
+
+    Out-of-line slow paths that jump back (an mbarrier retry placed at the end of the function) make
+    backward branches that are not loop bodies by address range; the CFG view gets them right.
+    """
+    if not instructions:
+        return []
+    blocks, succ = _blocks(instructions)
+    n = len(blocks)
+    pred: list[set[int]] = [set() for _ in range(n)]
+    for u, vs in enumerate(succ):
+        for v in vs:
+            pred[v].add(u)
+    everything = set(range(n))
+    dom = [everything.copy() for _ in range(n)]
+    dom[0] = {0}
+    changed = True
+    while changed:
+        changed = False
+        for v in range(1, n):
+            ps = [dom[p] for p in pred[v]]
+            new = (set.intersection(*ps) if ps else set()) | {v}
+            if new != dom[v]:
+                dom[v], changed = new, True
+    loops = []
+    for u in range(n):
+        for h in succ[u]:
+            if h not in dom[u]:
+                continue
+            body, todo = {h, u}, ([u] if u != h else [])
+            while todo:
+                x = todo.pop()
+                for p in pred[x]:
+                    if p not in body:
+                        body.add(p)
+                        todo.append(p)
+            idx = sorted(i for b in body for i in blocks[b])
+            ins = [instructions[i] for i in idx]
+            loops.append(Loop(start=instructions[blocks[h][0]].address, end=max(x.address for x in ins),
+                              instructions=len(ins), mix=dict(Counter(classify(x) for x in ins)),
+                              addresses=frozenset(x.address for x in ins)))
     return loops
 
 
@@ -183,6 +245,7 @@ class SassExpect:
     min_loop_ffma: int = 0
     max_registers: int | None = None
     no_local_memory: bool = False
+    loop_absent: tuple[str, ...] = ()  # opcode regexes that must not appear inside any loop body
 
     def describe(self) -> list[str]:
         out = [f"contains {p}" for p in self.contains] + [f"lacks {p}" for p in self.absent]
@@ -192,6 +255,7 @@ class SassExpect:
             out.append(f"<= {self.max_registers} registers")
         if self.no_local_memory:
             out.append("no local memory (no LDL/STL, no stack)")
+        out += [f"no {p} inside a loop" for p in self.loop_absent]
         return out
 
 
@@ -214,6 +278,12 @@ def check(expect: SassExpect, summary: SassSummary, resources=None) -> list[str]
         if resources is not None and (resources.stack_frame or resources.spills):
             fails.append(f"stack frame {resources.stack_frame} B, spills "
                          f"{resources.spill_stores}/{resources.spill_loads} B")
+    for p in expect.loop_absent:
+        rx = re.compile(p)
+        hits = {ins.opcode for lp in summary.loops for ins in summary.instructions
+                if ins.address in lp.addresses and rx.search(ins.opcode)}
+        if hits:
+            fails.append(f"{', '.join(sorted(hits))} inside a loop (matches {p!r})")
     if expect.max_registers is not None and resources is not None and resources.registers > expect.max_registers:
         fails.append(f"{resources.registers} registers > {expect.max_registers}")
     return fails

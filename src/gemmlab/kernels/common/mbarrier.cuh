@@ -68,9 +68,12 @@ __device__ __forceinline__ void mbar_arrive_notoken(u64* bar) {
 }
 
 // Arrive on the barrier at the same shared-memory offset in CTA `cta` of this cluster
-// ("mapa" to get its shared::cluster address, then "mbarrier.arrive.release.cluster").
+// ("mapa" to get its shared::cluster address, then "mbarrier.arrive.relaxed.cluster").
+// Relaxed, not release: what the arrival announces is that this warpgroup's wgmma reads of the stage
+// are done, and wgmma.wait_group already guarantees that; a release would order this thread's ordinary
+// memory accesses too, which ptxas implements with MEMBAR.ALL.GPU in the middle of the k-loop.
 __device__ __forceinline__ void mbar_arrive_cluster(u64* bar, u32 cta) {
     asm volatile("{\n\t.reg .b32 remote;\n\tmapa.shared::cluster.u32 remote, %0, %1;\n\t"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n\t}"
+                 "mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [remote];\n\t}"
                  ::"r"(smem_u32(bar)), "r"(cta) : "memory");
 }
