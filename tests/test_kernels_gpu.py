@@ -51,3 +51,31 @@ def test_sgemm_beta_zero_ignores_poisoned_c(spec):
     spec.run(a, b, c, alpha=1.0, beta=0.0)
     torch.cuda.synchronize()
     assert rel_error(c, a.double() @ b.double()) <= 1e-5
+
+
+def _config_cases(limit: int = 12):
+    shapes = {"sgemm": (255, 257, 129), "hopper": (1024, 2048, 768)}
+    for spec in registry.all_kernels():
+        cfgs = spec.configs()
+        step = max(1, len(cfgs) // limit)
+        for cfg in cfgs[::step][:limit]:
+            tag = ",".join(f"{k}={v}" for k, v in cfg.items())
+            yield pytest.param(spec, cfg, shapes[spec.ladder], id=f"{spec.name}[{tag}]")
+
+
+@pytest.mark.parametrize("spec,cfg,shape", list(_config_cases()))
+def test_every_config_matches_reference(spec, cfg, shape):
+    """Each step's tunable configs (up to 12 of them, evenly spread) on one shape."""
+    if spec.arch.startswith("sm_90") and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs sm_90")
+    M, N, K = shape
+    why = spec.why_unsupported(M, N, K, cfg)
+    if why:
+        pytest.skip(why)
+    lad = registry.ladders()[spec.ladder]
+    a, b, c = lad.make_inputs(M, N, K, "cuda")
+    out = poison_(torch.empty_like(c))
+    spec.run(a, b, out, config=cfg)
+    torch.cuda.synchronize()
+    err = rel_error(out, lad.reference(a, b, c, 1.0, 0.0))
+    assert err <= lad.rel_tolerance, f"{spec.name} {cfg}: relative error {err:.3e}"

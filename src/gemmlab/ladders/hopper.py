@@ -254,17 +254,27 @@ register(KernelSpec(
 
 # h07, h08: clusters of two sharing B ----------------------------------------------------------------
 
-def _launch_cluster(spec, compiled, cfg, a, b, c, alpha, beta, *, store_tma: bool, ordered: bool = False):
+def _launch_cluster(spec, compiled, cfg, a, b, c, alpha, beta, *, store_tma: bool, ordered: bool = False,
+                    cluster: int = 2, c_slab_bytes: int | None = None):
+    """Persistent warp-specialized steps from h07 on: clusters of ``cluster`` CTAs along M, B multicast."""
     _plain_only(spec, alpha, beta)
     M, N, K = _mnk(a, b)
-    smem = _ring_smem(128, 256, cfg["QSIZE"], extra=2 * 64 * 256 * 2 if store_tma else 0)
-    ta, tb = tensor_map_2d(a, (128, BK)), tensor_map_2d(b, (128, BK))  # B: each CTA loads half of 256
+    if c_slab_bytes is None:
+        c_slab_bytes = 2 * 64 * 256 * 2 if store_tma else 0
+    smem = _ring_smem(128, 256, cfg["QSIZE"], extra=c_slab_bytes)
+    # With multicast each CTA loads half of the 256 B rows; alone it loads all of them.
+    ta, tb = tensor_map_2d(a, (128, BK)), tensor_map_2d(b, (256 // cluster, BK))
     cargs = (tensor_map_2d(c, (64, 64)),) if store_tma else (c,)
+    tiles = (M // (128 * cluster)) * (N // 256)
     if ordered:
-        cargs += (order_table(ORDER_NAMES[cfg["ORDER"]], M // 256, N // 256, cfg["GROUP_M"], a.device),)
-    clusters = min(_max_clusters(compiled, 384, smem, 2, a.device), (M // 256) * (N // 256))
-    launch(compiled, grid=2 * clusters, cluster=2, block=384, smem=smem,
-           args=(ta, tb) + cargs + (np.int32(M), np.int32(N), np.int32(K)))
+        cargs += (order_table(ORDER_NAMES[cfg["ORDER"]], M // (128 * cluster), N // 256, cfg["GROUP_M"], a.device),)
+    if cluster > 1:
+        groups = min(_max_clusters(compiled, 384, smem, cluster, a.device), tiles)
+        launch(compiled, grid=cluster * groups, cluster=cluster, block=384, smem=smem,
+               args=(ta, tb) + cargs + (np.int32(M), np.int32(N), np.int32(K)))
+    else:
+        launch(compiled, grid=min(_sm_count(a.device), tiles), block=384, smem=smem,
+               args=(ta, tb) + cargs + (np.int32(M), np.int32(N), np.int32(K)))
 
 
 # Cluster steps: multicast TMA, and no GPU-wide fence in the k-loop (a release-ordered remote arrive
@@ -329,5 +339,33 @@ register(KernelSpec(
     sass=SassExpect(**{**CLUSTER_SASS, "contains": CLUSTER_SASS["contains"] + (r"^UTMASTG", r"^STSM")}),
     launcher=lambda *a: _launch_cluster(*a, store_tma=True, ordered=True), supports=_tiles_fn(256, 256),
     threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"], extra=2 * 64 * 256 * 2),
+    tile=lambda c: (128, 256, BK),
+))
+
+
+# h10: a deeper ring (half-width C slab), with or without the cluster --------------------------------
+
+H10_SLAB = 2 * 64 * 128 * 2  # two consumers x one 64 x 128 bf16 slab
+
+
+def _supports_h10(cfg, M, N, K):
+    return tile_multiple(cfg, M, N, K, 128 * cfg["CLUSTER"], 256)
+
+
+register(KernelSpec(
+    name="hopper.h10_deep_pipeline", ladder="hopper", step=10,
+    technique="four stages next to the async-store slab (C stored in two halves); cluster optional",
+    source="hopper/h10_deep_pipeline.cu", template="hopper_h10",
+    params=(Param("QSIZE", (4, 3), "pipeline stages"),
+            Param("CLUSTER", (1, 2), "CTAs per cluster sharing B by multicast"),
+            Param("ORDER", (2, 1, 0), "tile order: 0 row-major, 1 grouped, 2 Hilbert", template=False),
+            Param("GROUP_M", (8, 4, 16), "cluster-tile rows per group (grouped order)", template=False)),
+    arch="sm_90a", constraints="M % (128*CLUSTER) == 0, N % 256 == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(contains=WS_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
+                    no_local_memory=True, loop_absent=(r"^MEMBAR\.ALL\.GPU",)),
+    launcher=lambda *a: _launch_cluster(*a, store_tma=True, ordered=True, cluster=a[2]["CLUSTER"],
+                                        c_slab_bytes=H10_SLAB),
+    supports=_supports_h10,
+    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"], extra=H10_SLAB),
     tile=lambda c: (128, 256, BK),
 ))

@@ -36,14 +36,16 @@ __device__ __forceinline__ u32 sw128_offset(int row, int col) {
 // A 64 x N fp32 accumulator fragment -> bf16 in a swizzled shared-memory slab (for a TMA store), with
 // stmatrix: one instruction per 16 x 16 piece. The swizzle sends the 8 rows of each 8x8 matrix to 8
 // different 16-byte chunks, so the stores are free of bank conflicts.
-template <int N>
+// COLS columns starting at fragment column COL0 (default: all N) go to a slab COLS wide.
+template <int N, int COLS = N, int COL0 = 0>
 __device__ __forceinline__ void store_fragment_smem_sw128(const float (&d)[N / 2], __nv_bfloat16* slab, int t) {
+    static_assert(COL0 % 16 == 0 && COLS % 64 == 0 && COL0 + COLS <= N, "whole 16-column pieces, whole boxes");
     const int warp = t / 32, lane = t % 32, m = lane / 8;
     const int row = warp * 16 + (m & 1) * 8 + lane % 8;
     const u32 base = smem_u32(slab);
 #pragma unroll
-    for (int j = 0; j < N / 8; j += 2) {
-        const u32 addr = base + sw128_offset(row, 8 * (j + (m >> 1)));
+    for (int j = COL0 / 8; j < (COL0 + COLS) / 8; j += 2) {
+        const u32 addr = base + sw128_offset(row, 8 * (j + (m >> 1)) - COL0);
         stmatrix_x4(addr, pack_bf16x2(d[4 * j + 0], d[4 * j + 1]), pack_bf16x2(d[4 * j + 2], d[4 * j + 3]),
                     pack_bf16x2(d[4 * j + 4], d[4 * j + 5]), pack_bf16x2(d[4 * j + 6], d[4 * j + 7]));
     }
