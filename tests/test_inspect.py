@@ -95,7 +95,7 @@ def test_unrolled_vs_not():
     assert [lp.mix.get("ffma", 0) for lp in rolled.loops] == [1]
     assert "not unrolled" in rolled.loops[0].unrolled
     best = max(unrolled.loops, key=lambda lp: lp.compute)
-    assert best.mix["ffma"] == 8 and best.unrolled.startswith("unrolled: 8 FFMA")
+    assert best.own["ffma"] == 8 and best.unrolled.startswith("unrolled: 8 FFMA")
     d = gi.diff(rolled, unrolled)
     assert ("FFMA in the busiest loop", 1, 8) in d.loops
 
@@ -104,8 +104,9 @@ def test_annotated_listing_marks_loops():
     r = report("dot<1>")
     lines = gi.annotate(r)
     assert len([ln for ln in lines if "┌ loop" in ln]) == len(r.loops) == 1
-    assert any(ln.startswith("│ ") and "ffma" in ln and "FFMA" in ln for ln in lines)
-    assert len([ln for ln in lines if ln.lstrip("│ ")[:1].isdigit()]) == len(r.summary.instructions)
+    assert any(" L0 " in ln and " ffma " in ln and "FFMA" in ln for ln in lines)
+    assert any(ln.endswith("↰ loop L0") and "BRA" in ln for ln in lines)
+    assert len([ln for ln in lines if not ln.startswith("┌")]) == len(r.summary.instructions)
 
 
 def test_ptx_of_a_source_and_of_a_step():
@@ -142,9 +143,10 @@ def test_registered_step_report():
     assert r.checks == [] and r.claims
     assert r.summary.class_counts["hgmma"] > 0
     best = max(r.loops, key=lambda lp: lp.compute)
-    assert best.mix.get("hgmma", 0) >= 1
+    assert best.own.get("hgmma", 0) >= 1
     assert r.dynamic_smem and r.threads == 128
-    assert any(t.startswith("barrier.mbarrier") for t in map(gi.tag, r.summary.instructions))
+    assert any(t == "barrier.mbarrier" for t in map(gi.tag, r.summary.instructions))
+    assert r.barrier_kinds()["mbarrier"] > 0
 
 
 def test_step_diff_between_ladder_neighbours():

@@ -57,3 +57,31 @@ def test_chunk_map_rows_are_permutations():
     # each logical chunk lands in every physical column once per atom: no column is a hot spot
     for c in range(8):
         assert sorted(int(p) for r in range(8) for p in range(8) if cm[r, p] == c) == list(range(8))
+
+
+@pytest.mark.parametrize("wt", [layouts.WarpTiling(), layouts.WarpTiling(BM=64, BN=128, WM=32, WN=64, WNITER=2, TM=4, TN=4),
+                                layouts.WarpTiling(BM=128, BN=64, WM=64, WN=32, WNITER=1, TM=8, TN=4, threads=128)],
+                         ids=["default", "wmiter2", "wniter1"])
+def test_warptiling_owns_every_element_once(wt):
+    assert wt.check() is None
+    warp, lane = wt.owner_map()
+    assert (warp >= 0).all() and (lane >= 0).all()
+    per_thread = wt.TM * wt.TN * wt.WMITER * wt.WNITER
+    assert per_thread * wt.threads == wt.BM * wt.BN
+    for w in range(wt.warps):
+        for t in (0, 17, 31):
+            els = wt.elements(w, t)
+            assert len(els) == len(set(els)) == per_thread
+            assert all(warp[r, c] == w and lane[r, c] == t for r, c in els)
+
+
+def test_warptiling_hand_case_and_checks():
+    wt = layouts.WarpTiling()  # 128x128, warps 64x64, WNITER 4, TM 8, TN 4, 128 threads
+    assert (wt.WMITER, wt.WSUBM, wt.WSUBN) == (1, 64, 16)
+    # lane 5: row 1 of lanes (4 per row), column 1 -> rows 8..15, columns 4..7 of each 16-wide sub-tile
+    assert wt.elements(0, 5)[:2] == [(8, 4), (8, 5)]
+    assert (8, 4 + 16) in wt.elements(0, 5)
+    assert wt.elements(3, 0)[0] == (64, 64)  # warp 3: bottom-right warp tile
+    assert layouts.WarpTiling(threads=256).check() is not None
+    assert layouts.WarpTiling.from_config({"BM": 64, "WM": 32, "NUM_THREADS": 256}) == \
+        layouts.WarpTiling(BM=64, WM=32, threads=256)

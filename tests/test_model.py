@@ -157,3 +157,21 @@ def test_occupancy_matches_cuda_core():
         if theirs is None:
             pytest.skip("cuda-core cannot load this cubin here")
         assert ours.blocks_per_sm == theirs, spec.name
+
+
+def test_ffma_issue_share_and_step_efficiency():
+    import dataclasses
+
+    from gemmlab import sass
+
+    summ = sass.SassSummary(instructions=[], loops=[sass.Loop(0, 10, 10, {"ffma": 2, "other": 8}),
+                                                    sass.Loop(20, 100, 80, {"ffma": 64, "other": 16})])
+    assert model.ffma_issue_share(summ) == pytest.approx(0.8)
+    assert model.ffma_issue_share(sass.SassSummary(instructions=[])) is None
+    fp32 = registry.all_kernels("sgemm")[0]
+    assert model.step_efficiency(fp32, summ) == (0.8, "FFMA share of the main loop's instructions (80%)")
+    assert model.step_efficiency(fp32, None)[1] == "default"
+    stated = dataclasses.replace(fp32, extra={"model_efficiency": 0.42})
+    assert model.step_efficiency(stated, summ) == (0.42, "stated by the step")
+    bf16 = registry.all_kernels("hopper")[0]
+    assert model.step_efficiency(bf16, summ) == (model.DEFAULT_EFFICIENCY, "default")

@@ -1,56 +1,679 @@
-"""The ``gemmlab`` command. ``gemmlab`` alone walks both ladders (the static view without a GPU)."""
+"""gemmlab: matmul kernels for NVIDIA GPUs, and the tools to inspect, model and time them.
+
+Without a subcommand, ``gemmlab`` walks both kernel ladders (``gemmlab ladder``). Everything except
+``bench`` (and the measured columns of ``ladder``) works on a machine without a GPU.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+EXAMPLES = """\
+examples:
+  gemmlab                                   walk both ladders (static view without a GPU)
+  gemmlab inspect k06 --sass                annotated SASS of an fp32 step
+  gemmlab inspect h03 --diff h04            what changed between two Hopper steps
+  gemmlab inspect --file my.cu --expr 'my_kernel<128>'
+  gemmlab model --shape 4096,4096,4096 --kernel h04 --clock 1320
+  gemmlab bench --suite ladder              time every step against cuBLAS (GPU)
+  gemmlab plot benchmarks/results/ladder.jsonl --out benchmarks/plots
+  gemmlab figures docs/figures
+"""
+
+
+# Argument helpers -------------------------------------------------------------------------------------
+
+class UsageError(Exception):
+    """Arguments that parse but do not make sense together (exit status 2, like argparse)."""
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """``M,N,K`` (or ``MxNxK``; a single number means a cube)."""
+    parts = [p for p in text.replace("x", ",").split(",") if p.strip()]
+    try:
+        vals = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape {text!r}: expected M,N,K integers") from None
+    if len(vals) == 1:
+        vals *= 3
+    if len(vals) != 3 or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"shape {text!r}: expected three positive integers M,N,K")
+    return vals[0], vals[1], vals[2]
+
+
+def parse_config(items: list[str] | None) -> dict[str, int] | None:
+    """``["BN=128", "QSIZE=3,BM=64"]`` -> ``{"BN": 128, "QSIZE": 3, "BM": 64}``."""
+    if not items:
+        return None
+    cfg = {}
+    for item in items:
+        for kv in item.split(","):
+            if not kv.strip():
+                continue
+            k, sep, v = kv.partition("=")
+            if not sep:
+                raise UsageError(f"--config {kv!r}: expected NAME=VALUE")
+            try:
+                cfg[k.strip()] = int(v)
+            except ValueError:
+                raise UsageError(f"--config {kv!r}: value must be an integer") from None
+    return cfg
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _shape_str(shape) -> str:
+    return "x".join(str(int(v)) for v in shape)
+
+
+# gemmlab ladder -----------------------------------------------------------------------------------------
 
 def _cmd_ladder(args) -> int:
-    from rich.console import Console
+    from rich.progress import Progress
     from rich.table import Table
 
-    from . import registry, sass
-    from .jit.launch import torch
+    from . import model, registry, sass
+    from .errors import GemmlabError
 
-    console = Console()
-    has_gpu = torch.cuda.is_available()
-    for lad_name, lad in registry.ladders().items():
-        if args.ladder and lad_name != args.ladder:
-            continue
+    console = _console()
+    has_gpu = _has_gpu()
+    measure = has_gpu and not args.no_time
+    shape = args.shape
+    profile = model.device_profile()
+    lads = {n: lad for n, lad in registry.ladders().items() if not args.ladder or n == args.ladder}
+    specs = [s for n in lads for s in registry.all_kernels(n)]
+
+    static, broken = {}, {}
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task("compiling", total=len(specs))
+        for spec in specs:
+            prog.update(task, description=f"compiling {spec.short}")
+            try:
+                ck = spec.compile()
+                summ = sass.kernel_summary(ck)
+                static[spec.name] = (ck, summ, sass.check(spec.sass, summ, ck.resources))
+            except GemmlabError as e:  # one broken step must not hide the others
+                broken[spec.name] = str(e).splitlines()[0]
+            prog.advance(task)
+    specs = [s for s in specs if s.name in static]
+
+    measured: dict[str, dict] = {}
+    if measure:
+        from . import suites
+        from .bench import append_records
+
+        jobs = suites.ladder_suite(shape, list(lads), exclude=set(broken))
+        with Progress(console=console, transient=True) as prog:
+            task = prog.add_task("timing", total=len(jobs))
+            for job in jobs:
+                prog.update(task, description=f"timing {job.describe()}")
+                recs = _run_job(job, "ladder", args.rounds, console)
+                for r in recs:
+                    _add_model(r)
+                    measured[r["kernel"]] = r
+                prog.advance(task)
+        if args.out:
+            append_records(args.out, list(measured.values()))
+
+    for lad_name, lad in lads.items():
         table = Table(title=f"{lad_name}: {lad.title} ({lad.layout}: {lad.layout_doc})")
-        for col in ("step", "technique", "regs", "smem KB", "spills", "SASS checks"):
-            table.add_column(col)
+        cols = ["step", "technique", "regs", "smem KB", "blocks/SM", "spills", "SASS checks",
+                f"model TFLOP/s {_shape_str(shape)}"]
+        if measure:
+            cols += ["TFLOP/s", "x cuBLAS", "meas/model"]
+        for col in cols:
+            table.add_column(col, overflow="fold")
         for spec in registry.all_kernels(lad_name):
-            ck = spec.compile()
-            summ = sass.kernel_summary(ck)
-            fails = sass.check(spec.sass, summ, ck.resources)
-            smem = (spec.smem_bytes(spec.default_config()) + ck.resources.static_shared) / 1024
-            table.add_row(spec.short, spec.technique, str(ck.resources.registers), f"{smem:.1f}",
-                          "yes" if ck.resources.spills else "no",
-                          "ok" if not fails else "FAIL: " + "; ".join(fails))
+            if spec.name in broken:
+                table.add_row(spec.short, spec.technique, *["-"] * 5, f"[red]ERROR: {broken[spec.name]}[/red]",
+                              *["-"] * (len(cols) - 8))
+                continue
+            ck, summ, fails = static[spec.name]
+            cfg = spec.default_config()
+            smem = spec.smem_bytes(cfg) + ck.resources.static_shared
+            rec = measured.get(spec.name)
+            clock = rec.get("sm_clock_mhz") if rec else None
+            mshape = shape if spec.why_unsupported(*shape) is None else None
+            pred = model.predict_step(spec, *mshape, profile=profile, clock_mhz=clock or args.clock,
+                                      compiled=ck, summary=summ) if mshape else None
+            occ = model.occupancy(spec.threads(cfg), ck.resources.registers, smem, profile)
+            row = [spec.short, spec.technique, str(ck.resources.registers), f"{smem / 1024:.1f}",
+                   f"{occ.blocks_per_sm} ({occ.limiter})", "yes" if ck.resources.spills else "no",
+                   "ok" if not fails else "FAIL: " + "; ".join(fails),
+                   f"{pred.tflops:.1f}" if pred else "n/a"]
+            if measure:
+                if rec and rec.get("tflops"):
+                    row += [f"{rec['tflops']:.1f}", f"{rec['ratio']:.3f}",
+                            f"{rec['tflops'] / pred.tflops:.2f}" if pred else "-"]
+                elif rec:
+                    row += [f"wrong (err {rec['rel_error']:.1e})", "-", "-"]
+                else:
+                    row += ["-", "-", "-"]
+            table.add_row(*row)
         console.print(table)
+    clock_note = f"{args.clock or profile.sm_clock_mhz:.0f} MHz" if not measure else "the recorded SM clock"
+    console.print(f"Model: {profile.name} profile ({profile.sm_count} SMs), speed of light at {clock_note}; "
+                  "see `gemmlab model --help`.")
     if not has_gpu:
         console.print("[yellow]No GPU visible: timings (TFLOP/s, ratio to cuBLAS) need an NVIDIA GPU; "
-                      "this is the static view (compile, resources, SASS checks).[/yellow]")
+                      "this is the static view (compile, resources, SASS checks, model).[/yellow]")
+    elif measure and measured:
+        from .plots import ladder_plot
+        from .figures import save
+
+        fig = ladder_plot(list(measured.values()))
+        if fig is not None:
+            paths = save(fig, args.plot_dir, "ladder")
+            console.print(f"ladder plot: {', '.join(map(str, paths))}")
     return 0
 
 
+# gemmlab inspect ----------------------------------------------------------------------------------------
+
+def _report_for(args, kernel: str | None, config):
+    from . import inspect as gi
+
+    if args.file:
+        if not args.expr:
+            raise UsageError("--file needs --expr 'kernel_name<...>' (the kernel or template instantiation to build)")
+        return gi.inspect_compiled(gi.compile_file(args.file, args.expr, args.arch))
+    if not kernel:
+        raise UsageError("name a kernel (e.g. k05, h04) or give --file and --expr")
+    return gi.inspect_step(kernel, config)
+
+
+def _widths_str(widths: dict) -> str:
+    return ", ".join(f"{n} x {w}-bit" for w, n in sorted(widths.items(), reverse=True))
+
+
+def _print_report(console, rep) -> None:
+    from rich.table import Table
+
+    from . import model
+    from .inspect import CLASS_ORDER
+
+    r = rep.resources
+    facts = Table(title=f"{rep.name}  ({rep.arch}, {rep.name_expression})", show_header=False)
+    facts.add_column("what", style="bold")
+    facts.add_column("value")
+    facts.add_row("registers / thread", str(r.registers))
+    smem = f"{_fmt_bytes(r.static_shared)} static"
+    if rep.dynamic_smem is not None:
+        smem += f" + {_fmt_bytes(rep.dynamic_smem)} dynamic"
+    facts.add_row("shared memory / block", smem)
+    facts.add_row("stack frame", f"{r.stack_frame} B")
+    facts.add_row("spills (stores / loads)", f"{r.spill_stores} B / {r.spill_loads} B")
+    facts.add_row("named barriers", str(r.barriers))
+    if rep.threads:
+        occ = model.occupancy(rep.threads, r.registers, rep.smem_bytes)
+        facts.add_row("threads / block", str(rep.threads))
+        facts.add_row("occupancy (model, H200 limits)",
+                      f"{occ.blocks_per_sm} blocks/SM ({occ.warps_per_sm} warps, {occ.fraction:.0%}), "
+                      f"limited by {occ.limiter}")
+    facts.add_row("instructions", str(len(rep.summary.instructions)))
+    for h in rep.highlights():
+        facts.add_row("highlight", h)
+    console.print(facts)
+
+    mix = Table(title="instruction mix")
+    for col in ("class", "count", "detail"):
+        mix.add_column(col)
+    widths = rep.widths()
+    for cls in CLASS_ORDER:
+        n = rep.summary.class_counts.get(cls, 0)
+        if n:
+            detail = _widths_str(widths.get(cls, {}))
+            if cls == "barrier":
+                detail = ", ".join(f"{k} {v}" for k, v in rep.barrier_kinds().items())
+            mix.add_row(cls, str(n), detail)
+    console.print(mix)
+
+    if rep.loops:
+        lt = Table(title="loops (FFMA/HGMMA: in the body outside nested loops)")
+        for col in ("loop", "header..last", "instructions", "depth", "FFMA", "HGMMA", "body"):
+            lt.add_column(col)
+        for lp in rep.loops:
+            lt.add_row(f"L{lp.index}", f"{lp.start:05x}..{lp.end:05x}", str(lp.instructions),
+                       str(lp.depth) + (" (innermost)" if lp.innermost else ""), str(lp.own.get("ffma", 0)),
+                       str(lp.own.get("hgmma", 0)), lp.unrolled)
+        console.print(lt)
+    else:
+        console.print("no loops")
+    if rep.checks is not None:
+        if rep.checks:
+            console.print("[red]SASS claims failed:[/red] " + "; ".join(rep.checks))
+        else:
+            console.print("SASS claims met: " + "; ".join(rep.claims))
+
+
+def _print_diff(console, d) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{d.a.name}  ->  {d.b.name}")
+    for col in ("what", "A", "B", "change"):
+        t.add_column(col)
+
+    def delta(a, b):
+        try:
+            return f"{b - a:+d}"
+        except TypeError:
+            return ""
+
+    for what, a, b in d.resources:
+        t.add_row(what, str(a), str(b), delta(a, b))
+    for cls, a, b in d.mix:
+        t.add_row(f"{cls} instructions", str(a), str(b), delta(a, b))
+    for cls, w, a, b in d.widths:
+        t.add_row(f"{cls} {w}-bit", str(a), str(b), delta(a, b))
+    for what, a, b in d.loops:
+        t.add_row(what, str(a), str(b), delta(a, b))
+    if d.empty:
+        t.add_row("(no difference)", "", "", "")
+    console.print(t)
+    if d.opcodes_added:
+        console.print("new opcodes: " + ", ".join(f"{op} x{n}" for op, n in d.opcodes_added.items()))
+    if d.opcodes_removed:
+        console.print("gone opcodes: " + ", ".join(f"{op} x{n}" for op, n in d.opcodes_removed.items()))
+
+
+def _cmd_inspect(args) -> int:
+    from . import inspect as gi
+
+    console = _console()
+    config = parse_config(args.config)
+    rep = _report_for(args, args.kernel, config)
+    if args.diff:
+        other = gi.inspect_step(args.diff, parse_config(args.diff_config))
+        _print_diff(console, gi.diff(rep, other))
+    else:
+        _print_report(console, rep)
+    if args.sass:
+        console.rule("annotated SASS")
+        for line in gi.annotate(rep):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if args.ptx:
+        console.rule("PTX")
+        if args.file:
+            ptx = gi.ptx_for_source(Path(args.file).read_text(), args.expr, args.arch)
+        else:
+            from . import registry
+
+            ptx = gi.ptx_for_step(registry.get(args.kernel), config)
+        console.print(ptx, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+# gemmlab model ------------------------------------------------------------------------------------------
+
+def _cmd_model(args) -> int:
+    from rich.table import Table
+
+    from . import model, registry
+    from .errors import GemmlabError
+
+    console = _console()
+    M, N, K = args.shape
+    profile = model.device_profile(args.profile)
+    clock = args.clock or profile.sm_clock_mhz
+    bw = profile.hbm_bytes_per_s
+
+    prob = Table(title=f"{M}x{N}x{K} on {profile.name} ({profile.sm_count} SMs, "
+                       f"{'from the GPU' if profile.source == 'gpu' else 'named profile'}) at {clock:.0f} MHz")
+    for col in ("dtype", "FLOPs", "min bytes", "FLOP/B", "speed of light", "roofline bound", "min time"):
+        prob.add_column(col)
+    for dtype in ("bf16", "fp32"):
+        peak = profile.peak_flops(dtype, clock)
+        ai = model.arithmetic_intensity(M, N, K, dtype)
+        bound = model.roofline(ai, peak, bw)
+        prob.add_row(dtype, f"{model.flops(M, N, K):.3e}", _fmt_bytes(model.min_bytes(M, N, K, dtype)), f"{ai:.1f}",
+                     f"{peak / 1e12:.1f} TFLOP/s", f"{bound / 1e12:.1f} TFLOP/s "
+                     f"({'compute' if ai * bw >= peak else 'memory'})",
+                     f"{model.flops(M, N, K) / bound * 1e6:.1f} us")
+    console.print(prob)
+
+    if args.kernel:
+        spec = registry.get(args.kernel)
+        cfg = spec.resolve(parse_config(args.config))
+        why = spec.why_unsupported(M, N, K, cfg)
+        if why:
+            console.print(f"[yellow]{spec.name} does not support {M}x{N}x{K}: {why}; modelling it anyway.[/yellow]")
+        ck = spec.compile(cfg)
+        p = model.predict_step(spec, M, N, K, cfg, profile=profile, clock_mhz=clock, compiled=ck)
+        t = Table(title=f"{spec.name} {cfg}", show_header=False)
+        t.add_column("what", style="bold")
+        t.add_column("value")
+        bm, bn, bk = p.tile
+        o, w = p.occupancy, p.waves
+        t.add_row("tile (BM, BN, BK)", f"{bm} x {bn} x {bk}; intensity {p.tile_intensity:.1f} FLOP/B")
+        t.add_row("threads, registers, smem", f"{spec.threads(cfg)}, {ck.resources.registers}, "
+                                              f"{_fmt_bytes(spec.smem_bytes(cfg) + ck.resources.static_shared)}")
+        t.add_row("occupancy", f"{o.blocks_per_sm} blocks/SM ({o.warps_per_sm} warps, {o.fraction:.0%}), limited "
+                               f"by {o.limiter} [threads {o.by_threads}, registers {o.by_registers}, smem "
+                               f"{o.by_smem}, blocks {o.by_blocks}]")
+        gpu_occ = model.gpu_occupancy(ck, spec.threads(cfg), spec.smem_bytes(cfg))
+        if gpu_occ is not None:
+            mark = "agrees" if gpu_occ == o.blocks_per_sm else "DIFFERS"
+            t.add_row("occupancy (cuda-core)", f"{gpu_occ} blocks/SM ({mark})")
+        t.add_row("tiles and waves", f"{w.tiles_m} x {w.tiles_n} = {w.tiles} tiles on {w.slots} slots: "
+                                     f"{w.waves:.2f} waves, last wave {w.last_wave_tiles} tiles "
+                                     f"({w.last_wave_utilization:.0%} full), efficiency {w.efficiency:.1%}")
+        t.add_row("tile quantization", f"{model.tile_quantization(M, N, bm, bn):.1%} of computed area is useful")
+        t.add_row("global traffic", f"{_fmt_bytes(p.traffic_bytes)} tile loads + C; with L2 hit {p.l2_hit:.0%}: "
+                                    f"{_fmt_bytes(p.hbm_bytes)} from HBM")
+        t.add_row("compute time", f"{p.t_compute_s * 1e6:.1f} us at {p.efficiency:.0%} of "
+                                  f"{p.peak_tflops:.1f} TFLOP/s (efficiency: {p.efficiency_source})")
+        t.add_row("memory time", f"{p.t_memory_s * 1e6:.1f} us at {bw / 1e12:.1f} TB/s")
+        t.add_row("predicted", f"{p.time_s * 1e6:.1f} us = {p.tflops:.1f} TFLOP/s ({p.sol_fraction:.0%} of speed "
+                               f"of light), {p.bound} bound")
+        console.print(t)
+    else:
+        t = Table(title=f"predicted per step at {M}x{N}x{K}, {clock:.0f} MHz (default configs)")
+        for col in ("step", "tile", "blocks/SM", "waves", "last wave", "efficiency", "bound", "model TFLOP/s",
+                    "% of SOL"):
+            t.add_column(col)
+        for spec in registry.all_kernels():
+            try:
+                if spec.why_unsupported(M, N, K):
+                    t.add_row(spec.short, "-", "-", "-", "-", "-", "unsupported shape", "-", "-")
+                    continue
+                p = model.predict_step(spec, M, N, K, profile=profile, clock_mhz=clock)
+            except GemmlabError as e:  # one broken step must not hide the others
+                t.add_row(spec.short, *["-"] * 5, f"[red]ERROR: {str(e).splitlines()[0]}[/red]", "-", "-")
+                continue
+            t.add_row(spec.short, "x".join(map(str, p.tile)), str(p.occupancy.blocks_per_sm), f"{p.waves.waves:.2f}",
+                      f"{p.waves.last_wave_utilization:.0%}", f"{p.efficiency:.0%}", p.bound, f"{p.tflops:.1f}",
+                      f"{p.sol_fraction:.0%}")
+        console.print(t)
+    console.print(f"Model: t = max(FLOPs / (SOL x efficiency), HBM bytes / {bw / 1e12:.1f} TB/s) / wave efficiency. "
+                  f"Efficiency {model.DEFAULT_EFFICIENCY:.0%} and L2 hit {model.DEFAULT_L2_HIT:.0%} unless the step "
+                  "states its own (KernelSpec.extra); fp32 steps are capped by the FFMA share of their main loop.")
+    return 0
+
+
+# gemmlab bench / plot -----------------------------------------------------------------------------------
+
+def _add_model(rec: dict) -> dict:
+    """Add the model's prediction and the speed of light at the record's SM clock to a bench record."""
+    from . import model, registry
+
+    try:
+        spec = registry.get(rec["kernel"])
+    except KeyError:
+        return rec
+    prof = model.device_profile()
+    clock = rec.get("sm_clock_mhz") or prof.sm_clock_mhz
+    try:
+        p = model.predict_step(spec, rec["M"], rec["N"], rec["K"], rec.get("config"), profile=prof, clock_mhz=clock)
+    except Exception:  # noqa: BLE001 - a record of a config that no longer resolves: no prediction
+        return rec
+    rec.update(model_tflops=p.tflops, model_time_ms=p.time_s * 1e3, model_clock_mhz=clock,
+               sol_tflops=prof.peak_flops(rec.get("dtype", "bf16"), clock) / 1e12)
+    return rec
+
+
+def records_table(records: list[dict], title: str):
+    from rich.table import Table
+
+    from . import model
+
+    t = Table(title=title)
+    for col in ("kernel", "shape", "TFLOP/s", "cuBLAS", "x cuBLAS", "% SOL", "GB/s", "model", "meas/model", "SM MHz",
+                "rel err"):
+        t.add_column(col)
+    for r in records:
+        M, N, K = r["M"], r["N"], r["K"]
+        tf = r.get("tflops")
+        sol = r.get("sol_tflops")
+        if sol is None and r.get("sm_clock_mhz"):
+            prof = model.H200 if not r.get("sm_count") else model.DeviceProfile(
+                **{**model.H200.__dict__, "sm_count": int(r["sm_count"])})
+            sol = prof.peak_flops(r.get("dtype", "bf16"), r["sm_clock_mhz"]) / 1e12
+        gbs = model.min_bytes(M, N, K, r.get("dtype", "bf16")) / (r["time_ms"] * 1e-3) / 1e9 if r.get("time_ms") else None
+        mt = r.get("model_tflops")
+        t.add_row(str(r["kernel"]).split(".", 1)[-1], f"{M}x{N}x{K}",
+                  f"{tf:.1f}" if tf else "[red]wrong[/red]" if not r.get("correct", True) else "-",
+                  f"{r['baseline_tflops']:.1f}", f"{r['ratio']:.3f}" if r.get("ratio") else "-",
+                  f"{tf / sol:.0%}" if tf and sol else "-", f"{gbs:.0f}" if gbs else "-",
+                  f"{mt:.1f}" if mt else "-", f"{tf / mt:.2f}" if tf and mt else "-",
+                  f"{r['sm_clock_mhz']:.0f}" if r.get("sm_clock_mhz") else "-", f"{r['rel_error']:.1e}")
+    return t
+
+
+def _run_job(job, suite: str, rounds: int, console) -> list[dict]:
+    """``bench_shape`` for one job; if a step fails (launch error, ...), time the others one by one."""
+    from .bench import bench_shape
+
+    try:
+        return bench_shape(job.ladder, *job.shape, job.steps, suite=suite, rounds=rounds)
+    except Exception as e:  # noqa: BLE001 - reported, then the steps are retried alone
+        if len(job.steps) == 1:
+            console.print(f"[red]{job.steps[0][0].name} at {_shape_str(job.shape)} failed: {e}[/red]")
+            return []
+        console.print(f"[yellow]{job.describe()} failed ({type(e).__name__}); timing its steps one by one[/yellow]")
+    out = []
+    for step in job.steps:
+        try:
+            out += bench_shape(job.ladder, *job.shape, [step], suite=suite, rounds=rounds)
+        except Exception as e:  # noqa: BLE001
+            console.print(f"[red]{step[0].name} at {_shape_str(job.shape)} failed: {e}[/red]")
+    return out
+
+
+def _cmd_bench(args) -> int:
+    from rich.progress import Progress
+
+    from . import suites
+
+    if not _has_gpu():
+        print("gemmlab bench: timing needs an NVIDIA GPU, and torch sees none. The static tools work without "
+              "one: `gemmlab`, `gemmlab inspect`, `gemmlab model`, `gemmlab plot RECORDS.jsonl`.", file=sys.stderr)
+        return 2
+    from .bench import append_records
+    from .plots import plot_records
+
+    console = _console()
+    config = parse_config(args.config)
+    if args.shape:
+        suite = "explicit"
+        jobs = suites.explicit(args.shape, args.kernel, config)
+    elif args.suite == "ladder":
+        suite = "ladder"
+        jobs = suites.ladder_suite()
+    else:
+        suite = "square"
+        jobs = suites.square_suite(kernels=args.kernel, config=config)
+    if not jobs:
+        console.print("nothing to run: no registered step supports the requested shapes")
+        return 1
+    out = Path(args.out or f"benchmarks/results/{suite}.jsonl")
+    records = []
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task("bench", total=len(jobs))
+        for job in jobs:
+            prog.update(task, description=f"timing {job.describe()}")
+            recs = [_add_model(r) for r in _run_job(job, suite, args.rounds, console)]
+            append_records(out, recs)
+            records += recs
+            prog.advance(task)
+    console.print(records_table(records, f"{suite}: {len(records)} records appended to {out}"))
+    paths = plot_records(records, args.plots or f"benchmarks/plots/{suite}")
+    if paths:
+        console.print("plots: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from .bench import load_records
+    from .plots import plot_records
+
+    console = _console()
+    records = []
+    for path in args.records:
+        records += load_records(path)
+    if not records:
+        console.print(f"no records in {', '.join(args.records)}")
+        return 1
+    console.print(records_table(records, f"{len(records)} records from {', '.join(args.records)}"))
+    paths = plot_records(records, args.out, formats=tuple(args.format))
+    console.print("plots: " + (", ".join(str(p) for p in paths) or "none (no timed records)"))
+    return 0
+
+
+# gemmlab figures ----------------------------------------------------------------------------------------
+
+def _cmd_figures(args) -> int:
+    from .figures import make_figures
+
+    paths = make_figures(args.out, args.only, formats=tuple(args.format))
+    _console().print(f"{len(paths)} files: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+# The parser ---------------------------------------------------------------------------------------------
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gemmlab", description=__doc__)
-    sub = p.add_subparsers(dest="command")
-    lad = sub.add_parser("ladder", help="walk the kernel ladders: technique, resources, SASS checks")
+    from .figures import FIGURES
+
+    p = argparse.ArgumentParser(prog="gemmlab", description=__doc__, epilog=EXAMPLES, formatter_class=_Formatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    lad = sub.add_parser(
+        "ladder", formatter_class=_Formatter, help="walk the kernel ladders (the default command)",
+        description="Walk both ladders step by step: the technique each step adds, registers, shared memory, "
+                    "occupancy, spills, whether its SASS meets the step's claims, and the model's predicted "
+                    "TFLOP/s. On a GPU, also time every step against cuBLAS (one interleaved run per ladder, "
+                    "the project's timer) and save a ladder plot.")
     lad.add_argument("--ladder", choices=("sgemm", "hopper"), help="only this ladder")
+    lad.add_argument("--shape", type=parse_shape, default=(4096, 4096, 4096), metavar="M,N,K",
+                     help="problem for the model and the timings")
+    lad.add_argument("--clock", type=float, metavar="MHZ",
+                     help="SM clock for the model without a GPU (default: the profile's sustained clock)")
+    lad.add_argument("--no-time", action="store_true", help="on a GPU, skip the timings")
+    lad.add_argument("--rounds", type=int, default=7, help="timing rounds per step (median reported)")
+    lad.add_argument("--out", metavar="RECORDS.jsonl", help="also append the timing records here")
+    lad.add_argument("--plot-dir", default="benchmarks/plots", metavar="DIR", help="where the ladder plot goes")
     lad.set_defaults(func=_cmd_ladder)
+
+    ins = sub.add_parser(
+        "inspect", formatter_class=_Formatter, help="resources, instruction mix, loops, SASS/PTX of a kernel",
+        description="Compile a ladder step (or a .cu file) without a GPU and read what the compiler made: "
+                    "registers, shared memory, stack and spills from ptxas; the SASS instruction mix by class "
+                    "(global/shared loads and stores with their widths, FFMA, HGMMA, TMA, barriers, branches, "
+                    "LDL/STL); every loop and how much math its body holds (unrolled or not); the step's SASS "
+                    "claims. --sass prints the listing with each instruction tagged by class; --diff shows what "
+                    "changed between two steps.",
+        epilog="examples:\n  gemmlab inspect k05 --config BM=64,BN=64\n  gemmlab inspect h04 --sass\n"
+               "  gemmlab inspect k05 --diff k06\n  gemmlab inspect --file my.cu --expr 'scale<4>' --arch sm_90 --ptx")
+    ins.add_argument("kernel", nargs="?", metavar="KERNEL", help="step name: k05, h04, sgemm.k05_blocktile_2d, ...")
+    ins.add_argument("--config", action="append", metavar="K=V", help="template parameters (repeat or comma-separate)")
+    ins.add_argument("--sass", action="store_true", help="print the annotated SASS listing")
+    ins.add_argument("--ptx", action="store_true", help="print the PTX")
+    ins.add_argument("--diff", metavar="OTHER", help="compare with another step (KERNEL -> OTHER)")
+    ins.add_argument("--diff-config", action="append", metavar="K=V", help="config of the --diff step")
+    ins.add_argument("--file", metavar="PATH.cu", help="inspect a CUDA C++ file instead of a ladder step")
+    ins.add_argument("--expr", metavar="NAME<...>", help="with --file: the kernel (template instantiation) to build")
+    ins.add_argument("--arch", default="sm_90a", help="with --file: target architecture")
+    ins.set_defaults(func=_cmd_inspect)
+
+    mod = sub.add_parser(
+        "model", formatter_class=_Formatter, help="FLOPs, roofline, waves, occupancy and predicted time",
+        description="Analytic model of a GEMM: FLOPs, minimum bytes, arithmetic intensity, the roofline bound and "
+                    "speed of light at an SM clock; with --kernel, the step's tile intensity, occupancy (from "
+                    "ptxas registers, cross-checked with cuda-core on a GPU), tiles, waves and last-wave "
+                    "utilization, global traffic, and the predicted time and TFLOP/s. Without --kernel, a "
+                    "prediction for every step. The device is the visible GPU, else the named profile.")
+    mod.add_argument("--shape", type=parse_shape, required=True, metavar="M,N,K", help="problem size")
+    mod.add_argument("--kernel", metavar="STEP", help="model this step in detail")
+    mod.add_argument("--config", action="append", metavar="K=V", help="the step's template parameters")
+    mod.add_argument("--clock", type=float, metavar="MHZ",
+                     help="SM clock for the speed of light (default: the profile's sustained 1320 MHz)")
+    mod.add_argument("--profile", choices=("H200",), help="use this device profile even when a GPU is visible")
+    mod.set_defaults(func=_cmd_model)
+
+    ben = sub.add_parser(
+        "bench", formatter_class=_Formatter, help="time steps against cuBLAS on a GPU; JSON-line records",
+        description="Time ladder steps against cuBLAS with the project's one timer (rotating inputs over 2x L2, "
+                    "CUDA-graph replays, candidates interleaved, correctness checked first, SM clock recorded). "
+                    "Appends JSON lines (one per step and shape, with the model's prediction) to --out, prints "
+                    "a table (TFLOP/s, ratio to cuBLAS, % of speed of light at the recorded clock, GB/s, model) "
+                    "and draws plots. Needs a GPU; exits with status 2 without one.",
+        epilog="suites:\n  ladder   every step of both ladders at 4096^3\n"
+               "  square   1024..8192 cubes for the last step of each ladder (or --kernel)\n"
+               "  --shape M,N,K [--kernel STEP ...]   one explicit shape")
+    ben.add_argument("--suite", choices=("ladder", "square"), default="ladder", help="which suite")
+    ben.add_argument("--shape", type=parse_shape, metavar="M,N,K", help="an explicit shape instead of a suite")
+    ben.add_argument("--kernel", action="append", metavar="STEP", help="steps to time (repeatable)")
+    ben.add_argument("--config", action="append", metavar="K=V", help="template parameters for --kernel")
+    ben.add_argument("--rounds", type=int, default=15, help="timing rounds (median reported)")
+    ben.add_argument("--out", metavar="RECORDS.jsonl", help="default: benchmarks/results/<suite>.jsonl")
+    ben.add_argument("--plots", metavar="DIR", help="default: benchmarks/plots/<suite>")
+    ben.set_defaults(func=_cmd_bench)
+
+    plo = sub.add_parser(
+        "plot", formatter_class=_Formatter, help="table and plots from benchmark records (no GPU needed)",
+        description="Read JSON-line benchmark records and draw the ladder plot (TFLOP/s per step, cuBLAS as a "
+                    "line), TFLOP/s against size, and the roofline with the measured points.")
+    plo.add_argument("records", nargs="+", metavar="RECORDS.jsonl")
+    plo.add_argument("--out", default="benchmarks/plots", metavar="DIR", help="output folder")
+    plo.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"))
+    plo.set_defaults(func=_cmd_plot)
+
+    fig = sub.add_parser(
+        "figures", formatter_class=_Formatter, help="the subject's figures (swizzle, tile order, roofline...)",
+        description="Draw the figures of the subject from the same functions the kernels and models use: "
+                    + ", ".join(FIGURES) + ".")
+    fig.add_argument("out", metavar="OUT", help="output folder")
+    fig.add_argument("--only", nargs="+", choices=list(FIGURES), metavar="NAME", help="only these figures")
+    fig.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"))
+    fig.set_defaults(func=_cmd_figures)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .errors import GemmlabError
+
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["ladder"] + argv
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["ladder"] + (argv or []))
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"gemmlab {args.command}: {e}", file=sys.stderr)
+        return 2
+    except GemmlabError as e:
+        print(f"gemmlab {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyError as e:  # registry.get: an unknown step name
+        if not (e.args and str(e.args[0]).startswith("no kernel named")):
+            raise
+        print(f"gemmlab {args.command}: {e.args[0]}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ CLASS_ORDER = ("global_load", "global_store", "shared_load", "shared_store", "lo
                "tma", "barrier", "branch", "other")
 WIDTH_CLASSES = ("global_load", "global_store", "shared_load", "shared_store", "local")
 COMPUTE_CLASSES = ("ffma", "hgmma", "hmma")
+BARRIER_KINDS = {"BAR": "bar.sync", "SYNCS": "mbarrier", "BSSY": "convergence", "BSYNC": "convergence",
+                 "WARPSYNC": "convergence", "MEMBAR": "fence", "FENCE": "fence", "DEPBAR": "depbar"}
 
 
 # Compiling a source string -------------------------------------------------------------------------
@@ -121,27 +123,33 @@ def ptx_for_step(spec, config: dict | None = None) -> str:
 
 @dataclass(frozen=True)
 class LoopInfo:
-    """A loop in the SASS (a backward branch) and what its body holds."""
+    """A loop in the SASS (all the back edges to one header, merged) and what its body holds."""
 
     index: int
-    start: int
-    end: int
+    start: int  # the header's address
+    end: int  # the highest address in the body
     instructions: int
     depth: int  # 0 = outermost
     innermost: bool
-    mix: dict
+    mix: dict  # the whole body, nested loops included
+    own: dict  # the body outside nested loops
+    addresses: frozenset = frozenset()
 
     @property
     def compute(self) -> int:
-        return sum(self.mix.get(c, 0) for c in COMPUTE_CLASSES)
+        """Math instructions in the body outside nested loops."""
+        return sum(self.own.get(c, 0) for c in COMPUTE_CLASSES)
 
     @property
     def unrolled(self) -> str:
         """What the body says about unrolling. SASS does not say how many source iterations one trip covers;
         several FFMA/HGMMA in one body means the compiler (or a pragma) replicated the loop's work."""
-        parts = [f"{self.mix[c]} {c.upper()}" for c in COMPUTE_CLASSES if self.mix.get(c)]
+        parts = [f"{self.own[c]} {c.upper()}" for c in COMPUTE_CLASSES if self.own.get(c)]
         if not parts:
-            return "no math"
+            if any(self.mix.get(c) for c in COMPUTE_CLASSES):
+                return "math only in nested loops"
+            rest = [f"{n} {c}" for c, n in self.own.items() if c not in ("other", "branch")]
+            return "no math" + (f" ({', '.join(rest)})" if rest else "")
         return ("unrolled: " if self.compute > 1 else "not unrolled: ") + ", ".join(parts) + " per trip"
 
 
@@ -169,6 +177,15 @@ class Report:
     def widths(self) -> dict[str, dict[int, int]]:
         return {c: dict(sorted(self.summary.widths[c].items())) for c in WIDTH_CLASSES if c in self.summary.widths}
 
+    def barrier_kinds(self) -> dict[str, int]:
+        """The ``barrier`` class split by kind: bar.sync, mbarrier (SYNCS), convergence (BSSY/BSYNC/
+        WARPSYNC: the compiler's reconvergence points, not memory barriers), fence, depbar."""
+        out: Counter = Counter()
+        for ins in self.summary.instructions:
+            if sass.classify(ins) == "barrier":
+                out[BARRIER_KINDS.get(ins.base, ins.base.lower())] += 1
+        return dict(out.most_common())
+
     def highlights(self) -> list[str]:
         """One-line facts a reader looks for first."""
         s, r = self.summary, self.resources
@@ -184,7 +201,7 @@ class Report:
                 out.append(f"{s.class_counts[cls]} {what}")
         best = max(self.loops, key=lambda lp: lp.compute, default=None)
         if best is not None and best.compute:
-            out.append(f"main loop {best.unrolled}")
+            out.append(f"main loop (L{best.index}) {best.unrolled}")
         if s.class_counts.get("local") or r.stack_frame or r.spills:
             out.append(f"LOCAL MEMORY: {s.class_counts.get('local', 0)} LDL/STL, stack {r.stack_frame} B, "
                        f"spills {r.spill_stores}/{r.spill_loads} B")
@@ -192,14 +209,27 @@ class Report:
 
 
 def loops_of(summary: sass.SassSummary) -> list[LoopInfo]:
-    """The loops with nesting depth; drops nvdisasm's one-instruction trap (``BRA`` to itself after EXIT)."""
-    loops = sorted((lp for lp in summary.loops if lp.instructions > 1), key=lambda lp: (lp.start, -lp.end))
+    """The loops of a summary, one per header (back edges to the same header merged), with nesting.
+
+    Uses each loop's body addresses where ``gemmlab.sass`` gives them (natural loops of the control-flow
+    graph), else its address range. Drops one-instruction bodies: nvdisasm's trap after the last EXIT
+    (a ``BRA`` to itself)."""
+    bodies: dict[int, set[int]] = {}
+    for lp in summary.loops:
+        body = set(getattr(lp, "addresses", ()) or
+                   (i.address for i in summary.instructions if lp.start <= i.address <= lp.end))
+        bodies.setdefault(lp.start, set()).update(body)
+    heads = sorted(h for h, b in bodies.items() if len(b) > 1)
     out = []
-    for i, lp in enumerate(loops):
-        depth = sum(1 for o in loops if o is not lp and o.start <= lp.start and lp.end <= o.end)
-        inner = not any(o is not lp and lp.start <= o.start and o.end <= lp.end for o in loops)
-        out.append(LoopInfo(index=i, start=lp.start, end=lp.end, instructions=lp.instructions, depth=depth,
-                            innermost=inner, mix=dict(lp.mix)))
+    for idx, h in enumerate(heads):
+        body = bodies[h]
+        nested = set().union(*(bodies[o] for o in heads if o != h and bodies[o] < body))
+        ins = [i for i in summary.instructions if i.address in body]
+        depth = sum(1 for o in heads if o != h and bodies[o] > body)
+        out.append(LoopInfo(index=idx, start=h, end=max(body), instructions=len(body), depth=depth,
+                            innermost=not nested, mix=dict(Counter(sass.classify(i) for i in ins)),
+                            own=dict(Counter(sass.classify(i) for i in ins if i.address not in nested)),
+                            addresses=frozenset(body)))
     return out
 
 
@@ -229,34 +259,43 @@ def inspect_step(name_or_spec, config: dict | None = None) -> Report:
 # The annotated listing --------------------------------------------------------------------------------
 
 def tag(ins: sass.Instruction) -> str:
-    """``global_load.128``-style tag: the class, and the access width for memory instructions
-    (``barrier.mbarrier`` for the ``SYNCS`` ops that implement mbarriers)."""
+    """``global_load.128``-style tag: the class, and the access width for memory instructions or the kind
+    of barrier (``barrier.mbarrier`` for the ``SYNCS`` ops that implement mbarriers)."""
     cls = sass.classify(ins)
     if cls in WIDTH_CLASSES:
         return f"{cls}.{sass._width(ins.opcode)}"
-    if cls == "barrier" and ins.base == "SYNCS":
-        return "barrier.mbarrier"
+    if cls == "barrier":
+        return f"barrier.{BARRIER_KINDS.get(ins.base, ins.base.lower())}"
     return cls
 
 
 def annotate(report: Report) -> list[str]:
-    """The SASS, one line per instruction: address, class tag, the instruction; loop starts and ends marked
-    (``┌ loop 2 (innermost, 16 FFMA)`` ... ``└ loop 2``)."""
-    width = max((len(tag(i)) for i in report.summary.instructions), default=8)
+    """The SASS, one line per instruction: address, the loops it belongs to, its class tag, the instruction.
+    A line ``┌ loop i (...)`` precedes each loop header; a branch back to a header ends with ``↰ loop i``."""
+    member = {}
+    for lp in report.loops:
+        for a in lp.addresses:
+            member.setdefault(a, []).append(lp.index)
+    heads = {lp.start: lp for lp in report.loops}
+    label_of = {lab: ins.address for ins in report.summary.instructions for lab in ins.labels}
+    tag_w = max((len(tag(i)) for i in report.summary.instructions), default=8)
+    loop_w = max((len(",".join(f"L{x}" for x in v)) for v in member.values()), default=0)
     lines = []
-    depth = 0
     for ins in report.summary.instructions:
-        # Outer loops open first (the longer body), inner ones close first.
-        for lp in sorted((lp for lp in report.loops if lp.start == ins.address), key=lambda lp: -lp.instructions):
-            what = ", ".join(f"{lp.mix[c]} {c.upper()}" for c in COMPUTE_CLASSES if lp.mix.get(c)) or "no math"
-            lines.append(f"{'│ ' * depth}┌ loop {lp.index} ({lp.instructions} instructions, {what}"
-                         f"{', innermost' if lp.innermost else ''})")
-            depth += 1
+        lp = heads.get(ins.address)
+        if lp is not None:
+            what = lp.unrolled.split(": ", 1)[-1]
+            lines.append(f"┌ loop L{lp.index}: {lp.instructions} instructions, {what}"
+                         f"{', innermost' if lp.innermost else ''}, depth {lp.depth}")
+        loops = ",".join(f"L{x}" for x in sorted(member.get(ins.address, [])))
         pred = f"{ins.predicate} " if ins.predicate else ""
-        lines.append(f"{'│ ' * depth}{ins.address:05x}  {tag(ins):<{width}}  {pred}{ins.opcode} {ins.operands}".rstrip())
-        for lp in sorted((lp for lp in report.loops if lp.end == ins.address), key=lambda lp: lp.instructions):
-            depth = max(0, depth - 1)
-            lines.append(f"{'│ ' * depth}└ loop {lp.index}")
+        line = f"{ins.address:05x}  {loops:<{loop_w}}  {tag(ins):<{tag_w}}  {pred}{ins.opcode} {ins.operands}".rstrip()
+        if ins.base == "BRA":
+            m = re.search(r"(\.L_x_\d+)", ins.operands)
+            target = heads.get(label_of.get(m.group(1))) if m else None
+            if target is not None and ins.address in target.addresses:
+                line += f"   ↰ loop L{target.index}"
+        lines.append(line)
     return lines
 
 
@@ -285,8 +324,8 @@ def _loop_facts(rep: Report) -> dict[str, object]:
     return {
         "loops": len(rep.loops),
         "max nesting": 1 + max((lp.depth for lp in rep.loops), default=-1),
-        "FFMA in the busiest loop": best.mix.get("ffma", 0) if best else 0,
-        "HGMMA in the busiest loop": best.mix.get("hgmma", 0) if best else 0,
+        "FFMA in the busiest loop": best.own.get("ffma", 0) if best else 0,
+        "HGMMA in the busiest loop": best.own.get("hgmma", 0) if best else 0,
         "instructions in the busiest loop": best.instructions if best else 0,
         "innermost loops": len(inner),
     }

@@ -13,9 +13,11 @@ The prediction for a step (``predict``) is deliberately simple:
     t         = max(t_compute, t_memory) * wave_inefficiency          (ceil(waves) / waves)
 
 ``efficiency`` is the fraction of the tensor-core (or FFMA) peak the step's main loop sustains and
-``l2_hit`` the fraction of the tile loads served by L2. Both are inputs, not derived: a step states its own
-in the registry (``KernelSpec.extra["model_efficiency"]``, ``extra["l2_hit"]``), otherwise the defaults
-below apply. ``tile_traffic`` counts A re-read once per column of tiles and B once per row of tiles.
+``l2_hit`` the fraction of the tile loads served by L2. A step may state its own in the registry
+(``KernelSpec.extra["model_efficiency"]``, ``extra["l2_hit"]``). Otherwise the defaults below apply, except
+that a CUDA-core step's efficiency is capped by the FFMA share of its main loop's SASS (every other
+instruction there takes an issue slot an FFMA could have used). ``tile_traffic`` counts A re-read once
+per column of tiles and B once per row of tiles.
 """
 
 from __future__ import annotations
@@ -300,6 +302,7 @@ class Prediction:
     clock_mhz: float
     peak_tflops: float  # speed of light at the clock
     efficiency: float
+    efficiency_source: str
     l2_hit: float
     occupancy: Occupancy
     waves: Waves
@@ -323,7 +326,8 @@ class Prediction:
 def predict(M: int, N: int, K: int, *, tile: tuple[int, int, int], threads: int, registers: int, smem_bytes: int,
             dtype: str = "bf16", out_dtype: str | None = None, read_c: bool = False,
             profile: DeviceProfile = H200, clock_mhz: float | None = None, efficiency: float = DEFAULT_EFFICIENCY,
-            l2_hit: float = DEFAULT_L2_HIT, blocks_per_sm: int | None = None) -> Prediction:
+            l2_hit: float = DEFAULT_L2_HIT, blocks_per_sm: int | None = None,
+            efficiency_source: str = "given") -> Prediction:
     """Predicted time of a tiled GEMM (see the module docstring for the formula).
 
     ``tile`` is (BM, BN, BK); ``registers`` per thread and ``smem_bytes`` per block (static + dynamic) set
@@ -343,10 +347,35 @@ def predict(M: int, N: int, K: int, *, tile: tuple[int, int, int], threads: int,
     t_memory = hbm / profile.hbm_bytes_per_s
     t = max(t_compute, t_memory) / waves.efficiency
     return Prediction(M=M, N=N, K=K, dtype=dtype, tile=(BM, BN, BK), clock_mhz=clock, peak_tflops=peak / 1e12,
-                      efficiency=efficiency, l2_hit=l2_hit, occupancy=occ, waves=waves,
+                      efficiency=efficiency, efficiency_source=efficiency_source, l2_hit=l2_hit,
+                      occupancy=occ, waves=waves,
                       tile_intensity=tile_intensity(BM, BN, BK, dtype), traffic_bytes=traffic, hbm_bytes=hbm,
                       t_compute_s=t_compute, t_memory_s=t_memory, time_s=t,
                       bound="compute" if t_compute >= t_memory else "memory")
+
+
+def ffma_issue_share(summary) -> float | None:
+    """FFMA / instructions in the loop that holds the most FFMA (a ``gemmlab.sass.SassSummary``), or None
+    without FFMA loops. Each SM quarter issues one warp instruction per clock and the FFMA peak needs every
+    issue slot to be an FFMA, so this share bounds a CUDA-core kernel's fraction of the FFMA peak."""
+    loops = [lp for lp in summary.loops if lp.mix.get("ffma", 0)]
+    if not loops:
+        return None
+    best = max(loops, key=lambda lp: (lp.mix["ffma"], -lp.instructions))  # the tightest loop holding them
+    return best.mix["ffma"] / best.instructions
+
+
+def step_efficiency(spec, summary=None) -> tuple[float, str]:
+    """The efficiency ``predict`` uses for a step, and where it comes from: the step's own
+    ``extra["model_efficiency"]``; for CUDA-core (fp32) steps, min(default, FFMA issue share of the main
+    loop); else the default."""
+    if "model_efficiency" in spec.extra:
+        return float(spec.extra["model_efficiency"]), "stated by the step"
+    if ladder_dtype(spec) == "fp32" and summary is not None:
+        share = ffma_issue_share(summary)
+        if share is not None and share < DEFAULT_EFFICIENCY:
+            return share, f"FFMA share of the main loop's instructions ({share:.0%})"
+    return DEFAULT_EFFICIENCY, "default"
 
 
 def ladder_dtype(spec) -> str:
@@ -357,15 +386,20 @@ def ladder_dtype(spec) -> str:
 
 def predict_step(spec, M: int, N: int, K: int, config: dict | None = None, *,
                  profile: DeviceProfile | None = None, clock_mhz: float | None = None,
-                 compiled=None) -> Prediction:
+                 compiled=None, summary=None) -> Prediction:
     """``predict`` for a registered step: its tile, threads and shared memory from the registry, its
-    registers from ptxas (compiles the step; no GPU needed), its efficiency and L2 hit from ``spec.extra``."""
+    registers from ptxas and its SASS from nvdisasm (compiles the step; no GPU needed), its efficiency
+    from ``step_efficiency`` and its L2 hit from ``spec.extra["l2_hit"]`` (else the default)."""
+    from .sass import kernel_summary
+
     cfg = spec.resolve(config)
     ck = compiled or spec.compile(cfg)
     dtype = ladder_dtype(spec)
+    eff, why = step_efficiency(spec, summary if summary is not None else
+                               (kernel_summary(ck) if dtype == "fp32" else None))
     return predict(M, N, K, tile=tuple(spec.tile(cfg)), threads=spec.threads(cfg), registers=ck.resources.registers,
                    smem_bytes=spec.smem_bytes(cfg) + ck.resources.static_shared, dtype=dtype,
                    profile=profile or device_profile(),
-                   clock_mhz=clock_mhz, efficiency=float(spec.extra.get("model_efficiency", DEFAULT_EFFICIENCY)),
+                   clock_mhz=clock_mhz, efficiency=eff, efficiency_source=why,
                    l2_hit=float(spec.extra.get("l2_hit", DEFAULT_L2_HIT)),
                    blocks_per_sm=spec.extra.get("blocks_per_sm"))
