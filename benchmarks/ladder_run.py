@@ -11,6 +11,7 @@ from rich.table import Table
 from gemmlab import registry
 from gemmlab.bench import append_records, bench_shape
 from gemmlab.errors import UnsupportedProblem
+from gemmlab.gpu import gpu_info
 
 
 def main() -> None:
@@ -31,16 +32,21 @@ def main() -> None:
     table = Table(title=f"{args.ladder} vs cuBLAS")
     for col in ("shape", "kernel", "TFLOP/s", "cuBLAS", "ratio", "err", "SM MHz"):
         table.add_column(col)
+    sm_count = gpu_info().sm_count
     for M, N, K in shapes:
         todo = []
         for s in steps:
-            if s.why_unsupported(M, N, K):
+            base = s.config_for(M, N, K, sm_count) if s.heuristic else None
+            if s.why_unsupported(M, N, K, base):
                 continue
-            todo.append((s, None))
+            todo.append((s, base))
             for c in (c for c in args.configs.split(";") if c):
-                cfg = dict(kv.split("=") for kv in c.split(","))
+                extra = dict(kv.split("=") for kv in c.split(","))
+                if not set(extra) <= set(s.param_names()):
+                    continue
+                cfg = {**(base or {}), **{k: int(v) for k, v in extra.items()}}
                 try:
-                    if set(cfg) <= set(s.param_names()) and s.resolve(cfg) != s.resolve(None):
+                    if s.resolve(cfg) != s.resolve(base) and not s.why_unsupported(M, N, K, cfg):
                         todo.append((s, cfg))
                 except UnsupportedProblem:
                     pass  # a value this step does not offer

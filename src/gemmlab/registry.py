@@ -64,6 +64,7 @@ class KernelSpec:
     smem_bytes: Callable  # config -> dynamic shared memory per block
     tile: Callable  # config -> (BM, BN, BK) block tile
     check_config: Callable | None = None  # config -> None or a reason string (cross-parameter rules)
+    heuristic: Callable | None = None  # (M, N, K, sm_count) -> config overrides chosen for that shape
     notes: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -119,6 +120,13 @@ class KernelSpec:
             return ""
         cfg = self.resolve(config)
         return "[" + ",".join(f"{k}={v}" for k, v in cfg.items()) + "]"
+
+    def config_for(self, M: int, N: int, K: int, sm_count: int) -> dict[str, int]:
+        """The config this step would pick for a shape (its heuristic over the defaults, if it has one)."""
+        cfg = self.default_config()
+        if self.heuristic is not None:
+            cfg.update(self.heuristic(M, N, K, sm_count))
+        return self.resolve(cfg)
 
     def why_unsupported(self, M: int, N: int, K: int, config: dict | None = None) -> str | None:
         return self.supports(self.resolve(config), M, N, K)

@@ -343,29 +343,75 @@ register(KernelSpec(
 ))
 
 
-# h10: a deeper ring (half-width C slab), with or without the cluster --------------------------------
+# h10: a deeper ring (C stored in pieces), a choice of tile width, cluster optional -----------------
 
-H10_SLAB = 2 * 64 * 128 * 2  # two consumers x one 64 x 128 bf16 slab
+def _h10_piece(bn: int) -> int:
+    return 128 if bn % 128 == 0 else 64
+
+
+def _h10_smem(cfg) -> int:
+    return _ring_smem(128, cfg["BN"], cfg["QSIZE"], extra=2 * 64 * _h10_piece(cfg["BN"]) * 2)
 
 
 def _supports_h10(cfg, M, N, K):
-    return tile_multiple(cfg, M, N, K, 128 * cfg["CLUSTER"], 256)
+    return tile_multiple(cfg, M, N, K, 128 * cfg["CLUSTER"], cfg["BN"])
+
+
+def _check_h10(cfg):
+    if _h10_smem(cfg) > 227 * 1024 - 64:
+        return f"{_h10_smem(cfg)} B of shared memory is more than a block can have"
+    return None
+
+
+def h10_heuristic(M: int, N: int, K: int, sm_count: int) -> dict:
+    """Pick BN by wave quantization: the most work per wave of persistent CTAs, wider tiles on ties.
+
+    Per-tile efficiency falls a little with BN (less B reuse per A byte); the weights are rough
+    measurements from the ladder runs (see docs/worklog.md), the wave term is exact.
+    """
+    from ..model import wave_quantization
+
+    best, best_score = None, -1.0
+    for bn, weight in ((256, 1.0), (192, 0.97), (128, 0.92)):
+        if N % bn or M % 128:
+            continue
+        score = wave_quantization(M, N, 128, bn, sm_count).efficiency * weight
+        if score > best_score:
+            best, best_score = bn, score
+    return {"BN": best or 256}
+
+
+def _launch_h10(spec, compiled, cfg, a, b, c, alpha, beta):
+    _plain_only(spec, alpha, beta)
+    M, N, K = _mnk(a, b)
+    bn, cluster = cfg["BN"], cfg["CLUSTER"]
+    smem = _h10_smem(cfg)
+    ta, tb = tensor_map_2d(a, (128, BK)), tensor_map_2d(b, (bn // cluster, BK))
+    tc = tensor_map_2d(c, (64, 64))
+    order = order_table(ORDER_NAMES[cfg["ORDER"]], M // (128 * cluster), N // bn, cfg["GROUP_M"], a.device)
+    tiles = (M // (128 * cluster)) * (N // bn)
+    args = (ta, tb, tc, order, np.int32(M), np.int32(N), np.int32(K))
+    if cluster > 1:
+        groups = min(_max_clusters(compiled, 384, smem, cluster, a.device), tiles)
+        launch(compiled, grid=cluster * groups, cluster=cluster, block=384, smem=smem, args=args)
+    else:
+        launch(compiled, grid=min(_sm_count(a.device), tiles), block=384, smem=smem, args=args)
 
 
 register(KernelSpec(
     name="hopper.h10_deep_pipeline", ladder="hopper", step=10,
-    technique="four stages next to the async-store slab (C stored in two halves); cluster optional",
+    technique="four stages next to a small C slab (stored in pieces); tile width chosen for wave "
+              "quantization; cluster optional",
     source="hopper/h10_deep_pipeline.cu", template="hopper_h10",
-    params=(Param("QSIZE", (4, 3), "pipeline stages"),
+    params=(Param("QSIZE", (4, 3, 5), "pipeline stages (5 fits with BN <= 192)"),
             Param("CLUSTER", (1, 2), "CTAs per cluster sharing B by multicast"),
+            Param("BN", (256, 192, 128), "tile width (wgmma N)"),
             Param("ORDER", (2, 1, 0), "tile order: 0 row-major, 1 grouped, 2 Hilbert", template=False),
             Param("GROUP_M", (8, 4, 16), "cluster-tile rows per group (grouped order)", template=False)),
-    arch="sm_90a", constraints="M % (128*CLUSTER) == 0, N % 256 == 0, K % 64 == 0; alpha=1, beta=0",
+    arch="sm_90a", constraints="M % (128*CLUSTER) == 0, N % BN == 0, K % 64 == 0; alpha=1, beta=0",
     sass=SassExpect(contains=WS_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
                     no_local_memory=True, loop_absent=(r"^MEMBAR\.ALL\.GPU",)),
-    launcher=lambda *a: _launch_cluster(*a, store_tma=True, ordered=True, cluster=a[2]["CLUSTER"],
-                                        c_slab_bytes=H10_SLAB),
-    supports=_supports_h10,
-    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"], extra=H10_SLAB),
-    tile=lambda c: (128, 256, BK),
+    launcher=_launch_h10, supports=_supports_h10, check_config=_check_h10,
+    threads=lambda c: 384, smem_bytes=_h10_smem, tile=lambda c: (128, c["BN"], BK),
+    heuristic=h10_heuristic,
 ))
