@@ -345,12 +345,11 @@ register(KernelSpec(
 
 # h10: a deeper ring (C stored in pieces), a choice of tile width, cluster optional -----------------
 
-def _h10_piece(bn: int) -> int:
-    return 128 if bn % 128 == 0 else 64
+H10_SLABS = 2 * 2 * 64 * 64 * 2  # two consumers x two 64 x 64 bf16 slabs
 
 
 def _h10_smem(cfg) -> int:
-    return _ring_smem(128, cfg["BN"], cfg["QSIZE"], extra=2 * 64 * _h10_piece(cfg["BN"]) * 2)
+    return _ring_smem(128, cfg["BN"], cfg["QSIZE"], extra=H10_SLABS)
 
 
 def _supports_h10(cfg, M, N, K):

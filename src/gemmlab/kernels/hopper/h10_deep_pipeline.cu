@@ -1,6 +1,6 @@
 // hopper.h10_deep_pipeline: h09 with a deeper ring and a choice of tile width. h08/h09 gave 64 KB to
-// the C slabs and so ran three stages; here each consumer stores its 64 x BN tile in pieces (128
-// columns, or 64 when BN = 192) through one small slab (each piece waits until the TMA has read the
+// the C slabs and so ran three stages; here each consumer stores its 64 x BN tile as 64-column pieces
+// through two 8 KB slabs used in turn (a piece waits only until the TMA has read the piece before the
 // previous one), which leaves room for four stages (4 x 48 KB + 32 KB = 224 KB at BN = 256).
 // BN = 192 or 128 trades a little per-tile efficiency for better wave quantization (3072^3: 288 tiles
 // of 128 x 256 fill 2.2 waves of 132 SMs; 384 tiles of 128 x 192 fill 2.9).
@@ -13,22 +13,23 @@
 #include "common/tma.cuh"
 
 
-// Store the fragment's columns [COL0, BN) as PIECE-wide pieces through `slab`, one TMA store group each.
-template <int COL0, int BN, int PIECE>
-__device__ __forceinline__ void store_pieces_impl(const float (&d)[BN / 2], __nv_bfloat16* slab,
+// Store the fragment's columns [COL0, BN) as 64-column pieces through two 8 KB slabs used in turn: a
+// piece only waits for the TMA to have read the piece before the previous one (wait_group.read 1).
+template <int COL0, int BN>
+__device__ __forceinline__ void store_pieces_impl(const float (&d)[BN / 2], __nv_bfloat16* slabs,
                                                   const CUtensorMap* tmC, int n0, int m0, int t, int consumer) {
     if constexpr (COL0 < BN) {
-        if (t == 0) tma_store_wait_read<0>();
+        __nv_bfloat16* slab = slabs + ((COL0 / 64) % 2) * 64 * 64;
+        if (t == 0) tma_store_wait_read<1>();
         named_barrier_sync(1 + consumer, 128);
-        store_fragment_smem_sw128<BN, PIECE, COL0>(d, slab, t);
+        store_fragment_smem_sw128<BN, 64, COL0>(d, slab, t);
         fence_proxy_async_smem();  // stmatrix writes -> visible to the TMA (async proxy)
         named_barrier_sync(1 + consumer, 128);
         if (t == 0) {
-#pragma unroll
-            for (int b = 0; b < PIECE / 64; ++b) tma_store_2d(tmC, slab + b * 64 * 64, n0 + COL0 + 64 * b, m0);
+            tma_store_2d(tmC, slab, n0 + COL0, m0);
             tma_store_commit();
         }
-        store_pieces_impl<COL0 + PIECE, BN, PIECE>(d, slab, tmC, n0, m0, t, consumer);
+        store_pieces_impl<COL0 + 64, BN>(d, slabs, tmC, n0, m0, t, consumer);
     }
 }
 
@@ -36,13 +37,13 @@ template <int QSIZE, int CLUSTER, int BN>
 __global__ void __launch_bounds__(384, 1)
 hopper_h10(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
            const __grid_constant__ CUtensorMap tmC, const int* __restrict__ order, int M, int N, int K) {
-    constexpr int BM = 128, BK = 64, CONSUMERS = 2, PIECE = BN % 128 == 0 ? 128 : 64;
+    constexpr int BM = 128, BK = 64, CONSUMERS = 2, PIECE = 64, SLABS = 2;
     constexpr u32 STAGE_BYTES = (BM + BN) * BK * sizeof(__nv_bfloat16);
     static_assert(CLUSTER == 1 || CLUSTER == 2, "pairs of CTAs at most");
     extern __shared__ unsigned char smem_raw[];
     __nv_bfloat16* sA = reinterpret_cast<__nv_bfloat16*>(align_1024(smem_raw));
     __nv_bfloat16* sB = sA + QSIZE * BM * BK;
-    __nv_bfloat16* sC = sB + QSIZE * BN * BK;  // CONSUMERS slabs of 64 x PIECE
+    __nv_bfloat16* sC = sB + QSIZE * BN * BK;  // CONSUMERS x SLABS slabs of 64 x PIECE
     __shared__ u64 full[QSIZE], empty[QSIZE];
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
@@ -84,7 +85,7 @@ hopper_h10(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     } else {
         setmaxnreg_inc<232>();
         const int consumer = wg - 1, row = consumer * 64;
-        __nv_bfloat16* slab = sC + consumer * 64 * PIECE;
+        __nv_bfloat16* slab = sC + consumer * SLABS * 64 * PIECE;
         int s = 0, prev = 0;
         u32 phase = 0;
         float d[BN / 2];
@@ -114,7 +115,7 @@ hopper_h10(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             release(prev);
 
             // Piece by piece through one slab: wait for the TMA to have read it, fill it, fence, store.
-            store_pieces_impl<0, BN, PIECE>(d, slab, &tmC, n0, m0 + row, t, consumer);
+            store_pieces_impl<0, BN>(d, slab, &tmC, n0, m0 + row, t, consumer);
         }
         if (t == 0) tma_store_wait_all<0>();
     }
