@@ -122,3 +122,26 @@ def test_figures_and_plot_commands(capsys, tmp_path):
     assert (tmp_path / "p" / "ladder.png").is_file() and (tmp_path / "p" / "roofline.png").is_file()
     flat = " ".join(out.split())
     assert "42%" in flat  # 300 of 713.7 TFLOP/s at the recorded 1320 MHz
+
+
+@pytest.mark.gpu
+def test_bench_explicit_shape_on_gpu(capsys, tmp_path):
+    out = tmp_path / "r.jsonl"
+    rc, text, _ = run(capsys, "bench", "--shape", "512,512,512", "--kernel", "k01", "--rounds", "3",
+                      "--out", str(out), "--plots", str(tmp_path / "p"))
+    assert rc == 0
+    (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rec["kernel"] == "sgemm.k01_naive" and rec["correct"] and rec["suite"] == "explicit"
+    assert rec["tflops"] > 0 and rec["model_tflops"] > 0 and rec["sol_tflops"] > 0
+    assert (tmp_path / "p" / "ladder.png").is_file() and (tmp_path / "p" / "roofline.png").is_file()
+
+
+@pytest.mark.hopper
+def test_ladder_measures_on_gpu(capsys, tmp_path):
+    rc, text, _ = run(capsys, "ladder", "--ladder", "hopper", "--shape", "1024", "--rounds", "3",
+                      "--plot-dir", str(tmp_path), "--out", str(tmp_path / "l.jsonl"))
+    assert rc == 0
+    assert (tmp_path / "ladder.png").is_file()
+    recs = [json.loads(line) for line in (tmp_path / "l.jsonl").read_text().splitlines()]
+    assert {r["kernel"] for r in recs} >= {"hopper.h01_tma_wgmma"}
+    assert all(r.get("tflops") for r in recs if r["correct"])

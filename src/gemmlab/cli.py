@@ -82,6 +82,9 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+_LIMITER = {"registers": "(regs)", "shared memory": "(smem)", "threads": "(thr)", "blocks": "(blk)"}
+
+
 def _shape_str(shape) -> str:
     return "x".join(str(int(v)) for v in shape)
 
@@ -135,18 +138,22 @@ def _cmd_ladder(args) -> int:
         if args.out:
             append_records(args.out, list(measured.values()))
 
+    clock_note = f"{args.clock or profile.sm_clock_mhz:.0f} MHz" if not measure else "the recorded SM clock"
     for lad_name, lad in lads.items():
-        table = Table(title=f"{lad_name}: {lad.title} ({lad.layout}: {lad.layout_doc})")
-        cols = ["step", "technique", "regs", "smem KB", "blocks/SM", "spills", "SASS checks",
-                f"model TFLOP/s {_shape_str(shape)}"]
+        table = Table(title=f"{lad_name}: {lad.title} ({lad.layout}: {lad.layout_doc})\n"
+                            f"model = predicted TFLOP/s at {_shape_str(shape)}, {clock_note}", expand=False)
+        table.add_column("step", no_wrap=True)
+        table.add_column("technique", ratio=1, min_width=24)
+        for col in ("regs", "smem KB", "blocks /SM", "spills", "SASS", "model"):
+            table.add_column(col, justify="right" if col != "SASS" else "left")
         if measure:
-            cols += ["TFLOP/s", "x cuBLAS", "meas/model"]
-        for col in cols:
-            table.add_column(col, overflow="fold")
+            for col in ("TFLOP/s", "x cuBLAS", "meas /model"):
+                table.add_column(col, justify="right")
+        cols = table.columns
         for spec in registry.all_kernels(lad_name):
             if spec.name in broken:
-                table.add_row(spec.short, spec.technique, *["-"] * 5, f"[red]ERROR: {broken[spec.name]}[/red]",
-                              *["-"] * (len(cols) - 8))
+                table.add_row(spec.short, spec.technique, *["-"] * 4, f"[red]ERROR: {broken[spec.name]}[/red]",
+                              *["-"] * (len(cols) - 7))
                 continue
             ck, summ, fails = static[spec.name]
             cfg = spec.default_config()
@@ -158,7 +165,8 @@ def _cmd_ladder(args) -> int:
                                       compiled=ck, summary=summ) if mshape else None
             occ = model.occupancy(spec.threads(cfg), ck.resources.registers, smem, profile)
             row = [spec.short, spec.technique, str(ck.resources.registers), f"{smem / 1024:.1f}",
-                   f"{occ.blocks_per_sm} ({occ.limiter})", "yes" if ck.resources.spills else "no",
+                   f"{occ.blocks_per_sm} {_LIMITER.get(occ.limiter, occ.limiter)}",
+                   "yes" if ck.resources.spills else "no",
                    "ok" if not fails else "FAIL: " + "; ".join(fails),
                    f"{pred.tflops:.1f}" if pred else "n/a"]
             if measure:
@@ -171,7 +179,6 @@ def _cmd_ladder(args) -> int:
                     row += ["-", "-", "-"]
             table.add_row(*row)
         console.print(table)
-    clock_note = f"{args.clock or profile.sm_clock_mhz:.0f} MHz" if not measure else "the recorded SM clock"
     console.print(f"Model: {profile.name} profile ({profile.sm_count} SMs), speed of light at {clock_note}; "
                   "see `gemmlab model --help`.")
     if not has_gpu:
@@ -387,10 +394,10 @@ def _cmd_model(args) -> int:
                                f"of light), {p.bound} bound")
         console.print(t)
     else:
-        t = Table(title=f"predicted per step at {M}x{N}x{K}, {clock:.0f} MHz (default configs)")
-        for col in ("step", "tile", "blocks/SM", "waves", "last wave", "efficiency", "bound", "model TFLOP/s",
-                    "% of SOL"):
-            t.add_column(col)
+        t = Table(title=f"model: predicted per step at {M}x{N}x{K}, {clock:.0f} MHz (default configs)")
+        t.add_column("step", no_wrap=True)
+        for col in ("tile", "blk/SM", "waves", "last wave", "eff.", "bound", "TFLOP/s", "% SOL"):
+            t.add_column(col, justify="left" if col in ("tile", "bound") else "right")
         for spec in registry.all_kernels():
             try:
                 if spec.why_unsupported(M, N, K):

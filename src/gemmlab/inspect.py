@@ -258,6 +258,10 @@ def inspect_step(name_or_spec, config: dict | None = None) -> Report:
 
 # The annotated listing --------------------------------------------------------------------------------
 
+# Instructions of the "other" class worth naming in the listing.
+_OTHER_TAGS = {"WARPGROUP": "other.wgmma_sync", "USETMAXREG": "other.setmaxnreg", "ELECT": "other.elect"}
+
+
 def tag(ins: sass.Instruction) -> str:
     """``global_load.128``-style tag: the class, and the access width for memory instructions or the kind
     of barrier (``barrier.mbarrier`` for the ``SYNCS`` ops that implement mbarriers)."""
@@ -266,7 +270,7 @@ def tag(ins: sass.Instruction) -> str:
         return f"{cls}.{sass._width(ins.opcode)}"
     if cls == "barrier":
         return f"barrier.{BARRIER_KINDS.get(ins.base, ins.base.lower())}"
-    return cls
+    return _OTHER_TAGS.get(ins.base, cls)
 
 
 def annotate(report: Report) -> list[str]:
