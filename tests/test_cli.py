@@ -122,6 +122,9 @@ def test_figures_and_plot_commands(capsys, tmp_path):
     assert (tmp_path / "p" / "ladder.png").is_file() and (tmp_path / "p" / "roofline.png").is_file()
     flat = " ".join(out.split())
     assert "42%" in flat  # 300 of 713.7 TFLOP/s at the recorded 1320 MHz
+    added = cli._add_model(dict(rec))  # what plot adds to records written without a prediction
+    assert added["model_tflops"] > 0 and added["model_clock_mhz"] == 1320.0
+    assert added["sol_tflops"] == pytest.approx(713.7, abs=0.1)
 
 
 @pytest.mark.gpu

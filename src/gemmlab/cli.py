@@ -7,6 +7,7 @@ Without a subcommand, ``gemmlab`` walks both kernel ladders (``gemmlab ladder``)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -428,6 +429,8 @@ def _add_model(rec: dict) -> dict:
     except KeyError:
         return rec
     prof = model.device_profile()
+    if rec.get("sm_count"):
+        prof = dataclasses.replace(prof, sm_count=int(rec["sm_count"]))
     clock = rec.get("sm_clock_mhz") or prof.sm_clock_mhz
     try:
         p = model.predict_step(spec, rec["M"], rec["N"], rec["K"], rec.get("config"), profile=prof, clock_mhz=clock)
@@ -540,6 +543,8 @@ def _cmd_plot(args) -> int:
     if not records:
         console.print(f"no records in {', '.join(args.records)}")
         return 1
+    if not args.no_model:  # records written before the model existed: predict them now (compiles, no GPU)
+        records = [r if r.get("model_tflops") else _add_model(dict(r)) for r in records]
     console.print(records_table(records, f"{len(records)} records from {', '.join(args.records)}"))
     paths = plot_records(records, args.out, formats=tuple(args.format))
     console.print("plots: " + (", ".join(str(p) for p in paths) or "none (no timed records)"))
@@ -642,11 +647,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     plo = sub.add_parser(
         "plot", formatter_class=_Formatter, help="table and plots from benchmark records (no GPU needed)",
-        description="Read JSON-line benchmark records and draw the ladder plot (TFLOP/s per step, cuBLAS as a "
-                    "line), TFLOP/s against size, and the roofline with the measured points.")
+        description="Read JSON-line benchmark records, print the table (TFLOP/s, ratio to cuBLAS, % of speed of "
+                    "light at each record's SM clock, the model's prediction at that clock and measured/model) and "
+                    "draw the ladder plot (TFLOP/s per step, cuBLAS as a line, the model as markers), TFLOP/s "
+                    "against size, and the roofline with the measured points.")
     plo.add_argument("records", nargs="+", metavar="RECORDS.jsonl")
     plo.add_argument("--out", default="benchmarks/plots", metavar="DIR", help="output folder")
     plo.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"))
+    plo.add_argument("--no-model", action="store_true",
+                     help="do not add the model's prediction to records that lack one")
     plo.set_defaults(func=_cmd_plot)
 
     fig = sub.add_parser(
