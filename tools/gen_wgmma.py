@@ -31,13 +31,18 @@ def wrapper(n: int, dtype: str, ptx_type: str) -> str:
 template <>
 struct Wgmma<{n}, {dtype}> {{
     static constexpr int kRegs = {regs};
-    __device__ __forceinline__ static void mma(float (&d)[{regs}], u64 desc_a, u64 desc_b, int scale_d) {{
+    // TRANS_A / TRANS_B = 1: that operand is MN-major in shared memory (imm-trans-a / imm-trans-b).
+    template <int TRANS_A, int TRANS_B>
+    __device__ __forceinline__ static void mma_t(float (&d)[{regs}], u64 desc_a, u64 desc_b, int scale_d) {{
         asm volatile(
             "{{\\n\\t.reg .pred p;\\n\\tsetp.ne.b32 p, %{regs + 2}, 0;\\n\\t"
             "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx_type}.{ptx_type} "
-            "{{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n\\t}}"
+            "{{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1, %{regs + 3}, %{regs + 4};\\n\\t}}"
             : {constraints}
-            : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+            : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_A), "n"(TRANS_B));
+    }}
+    __device__ __forceinline__ static void mma(float (&d)[{regs}], u64 desc_a, u64 desc_b, int scale_d) {{
+        mma_t<0, 0>(d, desc_a, desc_b, scale_d);
     }}
 }};
 """

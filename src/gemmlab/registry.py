@@ -65,6 +65,8 @@ class KernelSpec:
     tile: Callable  # config -> (BM, BN, BK) block tile
     check_config: Callable | None = None  # config -> None or a reason string (cross-parameter rules)
     heuristic: Callable | None = None  # (M, N, K, sm_count) -> config overrides chosen for that shape
+    template_prefix: tuple[str, ...] = ()  # fixed template arguments before the parameters (e.g. types)
+    template_suffix: tuple[str, ...] = ()  # fixed template arguments after them
     notes: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -105,7 +107,8 @@ class KernelSpec:
 
     def name_expression(self, config: dict | None = None) -> str:
         cfg = self.resolve(config)
-        targs = [str(cfg[p.name]) for p in self.params if p.template]
+        targs = [*self.template_prefix, *(str(cfg[p.name]) for p in self.params if p.template),
+                 *self.template_suffix]
         return f"{self.template}<{', '.join(targs)}>" if targs else self.template
 
     def compile(self, config: dict | None = None, **kwargs):

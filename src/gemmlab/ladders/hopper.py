@@ -319,6 +319,11 @@ def order_table(name: str, tiles_m: int, tiles_n: int, group_m: int, device) -> 
 
     key = (name, tiles_m, tiles_n, group_m if name == "grouped" else 0, device)
     t = _ORDER_TABLES.get(key)
+    if t is None and torch.cuda.is_current_stream_capturing():
+        # A host-to-device copy cannot be captured in a CUDA graph: build row-major order on the
+        # device instead (not cached, so an uncaptured call later still gets the order asked for).
+        idx = torch.arange(tiles_m * tiles_n, device=device, dtype=torch.int32)
+        return (idx // tiles_n) * 65536 + idx % tiles_n
     if t is None:
         kw = {"group_m": group_m} if name == "grouped" else {}
         table = schedule.order_table(schedule.tile_order(name, tiles_m, tiles_n, **kw))
@@ -413,4 +418,31 @@ register(KernelSpec(
     launcher=_launch_h10, supports=_supports_h10, check_config=_check_h10,
     threads=lambda c: 384, smem_bytes=_h10_smem, tile=lambda c: (128, c["BN"], BK),
     heuristic=h10_heuristic,
+))
+
+
+# h11: general (the engine of gemmlab.matmul) --------------------------------------------------------
+
+def _launch_h11(spec, compiled, cfg, a, b, c, alpha, beta):
+    """The ladder view of h11: TN bf16, C = alpha * A @ B^T (+ beta * C). gemmlab.engine drives the rest."""
+    from .. import engine
+
+    engine.gemm(a, b.t(), c, alpha=alpha, beta=beta, c=c.clone() if beta != 0.0 else None)
+
+
+register(KernelSpec(
+    name="hopper.h11_general", ladder="hopper", step=11,
+    technique="any M, N, K (TMA bounds), K- or MN-major operands, fused alpha/beta/bias/activation "
+              "epilogue: the engine of gemmlab.matmul",
+    source="hopper/h11_general.cu", template="hopper_h11",
+    params=(Param("BN", (256, 192, 128), "tile width (wgmma N)"), Param("QSIZE", (4, 3), "pipeline stages")),
+    template_prefix=("__nv_bfloat16", "__nv_bfloat16", "float"), template_suffix=("0", "0", "0"),
+    arch="sm_90a", constraints="any M, N, K >= 1 (16-byte aligned rows; gemmlab.matmul copies others); "
+                               "alpha, beta any",
+    sass=SassExpect(contains=WS_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
+                    no_local_memory=True, loop_absent=(r"^MEMBAR\.ALL\.GPU",)),
+    launcher=_launch_h11,
+    supports=lambda cfg, M, N, K: None if min(M, N, K) >= 1 and max(M, N) < 2**23 else "sizes out of range",
+    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, c["BN"], c["QSIZE"], extra=H10_SLABS),
+    tile=lambda c: (128, c["BN"], BK),
 ))

@@ -1,0 +1,145 @@
+"""The Hopper engine behind ``gemmlab.matmul``: the ladder's general step (h11) for any shape and layout.
+
+``gemm`` takes validated tensors (``gemmlab.ops`` validates) and works out, per call: which operand is
+K-major or MN-major (no copy for either), whether a leading dimension breaks TMA's 16-byte rule (then
+that operand, or the output, goes through an aligned copy), the tile width for the shape (wave
+quantization), the pipeline depth that fits, and the fused epilogue variant. Compiled variants and TMA
+descriptors are cached, so a repeated call is a few dictionary lookups and one launch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .errors import UnsupportedProblem
+from .jit.compiler import compile_kernel
+from .jit.launch import launch, tensor_map_2d
+from .ladders.hopper import order_table
+from .model import wave_quantization
+
+SOURCE = "hopper/h11_general.cu"
+BM, BK = 128, 64
+SMEM_LIMIT = 227 * 1024 - 128  # dynamic smem per block, less the kernel's static barriers
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+_CTYPE = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.float32: "float"}
+
+
+def hopper_available(device: torch.device) -> str | None:
+    """None if the engine can run on ``device``; otherwise what is missing."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    if device.type != "cuda":
+        return f"tensors are on {device}, not a CUDA device"
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        return f"the Hopper engine needs compute capability 9.0 (sm_90a); this GPU is {cap[0]}.{cap[1]}"
+    return None
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """2-D, unit inner stride, 16-byte aligned rows and base: what a TMA descriptor accepts."""
+    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+            and t.stride(0) >= t.shape[1])
+
+
+def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of 2-D ``t`` whose rows start on 16-byte boundaries (the view hides the padding)."""
+    rows, cols = t.shape
+    per16 = 16 // t.element_size()
+    buf = torch.empty(rows, math.ceil(cols / per16) * per16, dtype=t.dtype, device=t.device)
+    view = buf[:, :cols]
+    view.copy_(t)
+    return view
+
+
+def _operand(x: torch.Tensor, k_dim: int) -> tuple[torch.Tensor, bool]:
+    """The 2-D tensor TMA reads for one operand and whether it is MN-major.
+
+    ``x`` is A (M,K) with k_dim=1, or B (K,N) with k_dim=0. K-major means K is the contiguous dimension.
+    """
+    k_major = x.t() if k_dim == 0 else x  # (MN, K) view
+    mn_major = x if k_dim == 0 else x.t()  # (K, MN) view
+    if k_major.stride(1) == 1 and _tma_ok(k_major):
+        return k_major, False
+    if mn_major.stride(1) == 1 and _tma_ok(mn_major):
+        return mn_major, True
+    # Neither view is TMA-legal as it stands: copy in whichever order is contiguous already (cheapest),
+    # else K-major.
+    if mn_major.stride(1) == 1 and k_major.stride(1) != 1:
+        return _aligned_copy(mn_major), True
+    return _aligned_copy(k_major), False
+
+
+def choose_bn(M: int, N: int, sm_count: int) -> int:
+    """Tile width by wave quantization (h10's heuristic with ceil-divided tiles)."""
+    best, best_score = 256, -1.0
+    for bn, weight in ((256, 1.0), (192, 0.97), (128, 0.92)):
+        waste = N / (math.ceil(N / bn) * bn)  # columns computed past N are lost work
+        score = wave_quantization(M, N, BM, bn, sm_count).efficiency * weight * waste
+        if score > best_score:
+            best, best_score = bn, score
+    return best
+
+
+def _qsize(bn: int, in_bytes: int) -> int:
+    slabs = 2 * 2 * 64 * 64 * 2  # two consumers x two 8 KB output slabs (any output dtype)
+    for q in (5, 4, 3, 2):
+        if q * (BM + bn) * BK * in_bytes + slabs + 1024 <= SMEM_LIMIT:
+            return q
+    raise UnsupportedProblem(f"no pipeline depth fits BN={bn}")
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None = None,
+         activation: str | None = None, alpha: float = 1.0, beta: float = 0.0,
+         c: torch.Tensor | None = None) -> None:
+    """out = act(alpha * a @ b + beta * c + bias), see the module docstring. Inputs are validated by the caller.
+
+    a: (M, K), b: (K, N), any strides, both bf16 or both fp16. out: (M, N) contiguous, bf16/fp16/fp32.
+    c: (M, N) in out's dtype, any strides (used when beta != 0). bias: (N,) contiguous, a's dtype or fp32.
+    """
+    M, K = a.shape
+    N = b.shape[1]
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        raise UnsupportedProblem(f"the Hopper engine takes bf16 or fp16 operands of one dtype, got {a.dtype}, {b.dtype}")
+    if activation not in ACTIVATIONS:
+        raise UnsupportedProblem(f"unknown activation {activation!r}; known: {[k for k in ACTIVATIONS if k]}")
+    ta, a_mn = _operand(a, 1)
+    tb, b_mn = _operand(b, 0)
+    store = out if _tma_ok(out) else torch.empty(M, math.ceil(N / 8) * 8, dtype=out.dtype, device=out.device)[:, :N]
+    has_c = c is not None and beta != 0.0
+    has_bias = bias is not None
+    epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2)
+    bn = choose_bn(M, N, _sm_count(a.device))
+    q = _qsize(bn, a.element_size())
+    tbias = _CTYPE[bias.dtype] if has_bias else "float"
+    expr = (f"hopper_h11<{_CTYPE[a.dtype]}, {_CTYPE[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
+            f"{int(b_mn)}, {epi}>")
+    compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
+
+    map_a = tensor_map_2d(ta, (BK, 64) if a_mn else (BM, BK))
+    map_b = tensor_map_2d(tb, (BK, 64) if b_mn else (bn, BK))
+    piece = 32 if out.element_size() == 4 else 64
+    map_c = tensor_map_2d(store, (64, piece))
+    tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
+    order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
+    smem = q * (BM + bn) * BK * a.element_size() + 2 * 2 * 64 * 64 * 2 + 1024
+    cin = c if has_c else out
+    args = (map_a, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
+            np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
+            bias if has_bias else out)
+    launch(compiled, grid=min(_sm_count(a.device), tiles_m * tiles_n), block=384, smem=smem, args=args)
+    if store is not out:
+        out.copy_(store)

@@ -1,0 +1,174 @@
+// hopper.h11_general: h10 (CLUSTER = 1) made general; this is the engine behind gemmlab.matmul.
+//  * Any M, N, K: tiles are ceil-divided; the TMA zero-fills loads that fall outside the tensor and
+//    clips stores, so edges need no code. (Leading dimensions must be 16-byte multiples: the Python side
+//    copies operands that are not.)
+//  * Either operand K-major or MN-major: an MN-major slab is loaded as 64 x 64 boxes and handed to
+//    wgmma with its transpose flag and an MN-major descriptor (PTX ISA "Matrix Descriptor Format":
+//    LBO = stride between 64-element MN blocks, SBO = stride between 8-deep K groups).
+//  * Fused epilogue: out = act(alpha * acc + beta * C + bias) in fp32, stored as bf16, fp16 or fp32
+//    through swizzled smem pieces and TMA stores.
+//  * fp16 or bf16 inputs.
+#include "common/epilogue.cuh"
+#include "common/mbarrier.cuh"
+#include "common/tile.cuh"
+#include "common/tma.cuh"
+
+// MN-major matrix descriptor for a 64-deep K slab stored as 64 x 64 boxes (one box = 64 K rows of 128 B).
+__device__ __forceinline__ u64 desc_sw128_mn(const void* smem) {
+    const u64 addr = smem_u32(smem);
+    return ((addr & 0x3FFFF) >> 4) | ((u64)(8192 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// fp32 output: two floats at (row, col) of a 64 x 32 fp32 slab in the TMA 128-byte swizzle.
+__device__ __forceinline__ void store_f32x2_sw128(float* slab, int row, int col, float x, float y) {
+    const u32 off = row * 128 + ((((col * 4) / 16) ^ (row % 8)) * 16) + (col * 4) % 16;
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_u32(slab) + off), "f"(x), "f"(y) : "memory");
+}
+
+template <typename T, typename TO, typename TBIAS, int BN, int QSIZE, int A_MN, int B_MN, int EPI>
+__global__ void __launch_bounds__(384, 1)
+hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
+           const __grid_constant__ CUtensorMap tmC, const int* __restrict__ order, int M, int N, int K,
+           float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row, long long ldc_col,
+           const TBIAS* __restrict__ bias) {
+    constexpr int BM = 128, BK = 64, CONSUMERS = 2;
+    constexpr bool HAS_BIAS = EPI & 1, HAS_C = EPI & 2;
+    constexpr int ACT = (EPI >> 2) & 7;
+    constexpr int PIECE = sizeof(TO) == 4 ? 32 : 64;  // one 128-byte swizzle row per piece row
+    constexpr u32 STAGE_BYTES = (BM + BN) * BK * sizeof(T);
+    extern __shared__ unsigned char smem_raw[];
+    T* sA = reinterpret_cast<T*>(align_1024(smem_raw));
+    T* sB = sA + QSIZE * BM * BK;
+    TO* sC = reinterpret_cast<TO*>(sB + QSIZE * BN * BK);  // CONSUMERS x 2 slabs of 64 x PIECE
+    __shared__ u64 full[QSIZE], empty[QSIZE];
+
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
+    const int k_iters = (K + BK - 1) / BK;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < QSIZE; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], CONSUMERS);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        if (t == 0) {
+            int s = 0;
+            u32 phase = 0;
+            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+                const int packed = order[tile];
+                const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
+                for (int kt = 0; kt < k_iters; ++kt) {
+                    mbar_wait_parity(&empty[s], phase ^ 1);
+                    // The full box bytes arrive even where the box hangs over the tensor's edge (zero-filled).
+                    mbar_expect_tx(&full[s], STAGE_BYTES);
+                    if constexpr (A_MN) {  // A stored (K, M): two 64 x 64 boxes per 128 rows
+                        tma_load_2d(sA + s * BM * BK, &tmA, &full[s], m0, kt * BK);
+                        tma_load_2d(sA + s * BM * BK + 64 * BK, &tmA, &full[s], m0 + 64, kt * BK);
+                    } else {
+                        tma_load_2d(sA + s * BM * BK, &tmA, &full[s], kt * BK, m0);
+                    }
+                    if constexpr (B_MN) {  // B stored (K, N): BN / 64 boxes
+#pragma unroll
+                        for (int b = 0; b < BN / 64; ++b)
+                            tma_load_2d(sB + s * BN * BK + b * 64 * BK, &tmB, &full[s], n0 + 64 * b, kt * BK);
+                    } else {
+                        tma_load_2d(sB + s * BN * BK, &tmB, &full[s], kt * BK, n0);
+                    }
+                    if (++s == QSIZE) { s = 0; phase ^= 1; }
+                }
+            }
+        }
+    } else {
+        setmaxnreg_inc<232>();
+        const int consumer = wg - 1, row = consumer * 64;
+        TO* slabs = sC + consumer * 2 * 64 * PIECE;
+        int s = 0, prev = 0;
+        u32 phase = 0;
+        float d[BN / 2];
+        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+            const int packed = order[tile];
+            const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
+            for (int kt = 0; kt < k_iters; ++kt) {
+                mbar_wait_parity(&full[s], phase);
+                const T* a = sA + s * BM * BK + row * BK;  // this consumer's 64 rows (one 64 x 64 box if MN)
+                const T* b = sB + s * BN * BK;
+                wgmma_fence();
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const u64 da = A_MN ? desc_sw128_mn(a + 16 * 64 * k) : desc_sw128(a + 16 * k);
+                    const u64 db = B_MN ? desc_sw128_mn(b + 16 * 64 * k) : desc_sw128(b + 16 * k);
+                    Wgmma<BN, T>::template mma_t<A_MN, B_MN>(d, da, db, (kt == 0 && k == 0) ? 0 : 1);
+                }
+                wgmma_commit();
+                if (kt > 0) {
+                    wgmma_wait<1>();
+                    if (t == 0) mbar_arrive_notoken(&empty[prev]);
+                }
+                prev = s;
+                if (++s == QSIZE) { s = 0; phase ^= 1; }
+            }
+            wgmma_wait<0>();
+            if (t == 0) mbar_arrive_notoken(&empty[prev]);
+
+            // Epilogue, PIECE columns at a time through two alternating slabs.
+            const int r_top = m0 + row + frag_row(t), r_bot = r_top + 8;
+#pragma unroll
+            for (int p = 0; p < BN / PIECE; ++p) {
+                TO* slab = slabs + (p % 2) * 64 * PIECE;
+                if (t == 0) tma_store_wait_read<1>();
+                named_barrier_sync(1 + consumer, 128);
+                float v[PIECE / 2];  // this thread's values of the piece, in fragment order
+#pragma unroll
+                for (int j = 0; j < PIECE / 8; ++j) {
+                    const int jj = p * (PIECE / 8) + j;
+                    const int c = n0 + 8 * jj + frag_col(t);
+#pragma unroll
+                    for (int h = 0; h < 4; ++h) {
+                        const int r = h < 2 ? r_top : r_bot, cc = c + (h & 1);
+                        float x = alpha * d[4 * jj + h];
+                        if constexpr (HAS_C) {
+                            if (r < M && cc < N) x += beta * to_float(Cin[r * ldc_row + cc * ldc_col]);
+                        }
+                        if constexpr (HAS_BIAS) {
+                            if (cc < N) x += to_float(bias[cc]);
+                        }
+                        v[4 * j + h] = activate<ACT>(x);
+                    }
+                }
+                if constexpr (sizeof(TO) == 4) {
+                    // fp32: each thread writes float2 pairs into the 128B-swizzled 64 x 32 slab.
+#pragma unroll
+                    for (int j = 0; j < PIECE / 8; ++j) {
+                        const int col = 8 * j + frag_col(t), rt = frag_row(t);
+                        store_f32x2_sw128(slab, rt, col, v[4 * j], v[4 * j + 1]);
+                        store_f32x2_sw128(slab, rt + 8, col, v[4 * j + 2], v[4 * j + 3]);
+                    }
+                } else {
+                    const int warp = t / 32, lane = t % 32, mi = lane / 8;
+                    const int srow = warp * 16 + (mi & 1) * 8 + lane % 8;
+                    const u32 base = smem_u32(slab);
+#pragma unroll
+                    for (int j = 0; j < PIECE / 8; j += 2) {
+                        const u32 addr = base + sw128_offset(srow, 8 * (j + (mi >> 1)));
+                        stmatrix_x4(addr, pack2(v[4 * j + 0], v[4 * j + 1], (TO*)nullptr),
+                                    pack2(v[4 * j + 2], v[4 * j + 3], (TO*)nullptr),
+                                    pack2(v[4 * j + 4], v[4 * j + 5], (TO*)nullptr),
+                                    pack2(v[4 * j + 6], v[4 * j + 7], (TO*)nullptr));
+                    }
+                }
+                fence_proxy_async_smem();
+                named_barrier_sync(1 + consumer, 128);
+                if (t == 0) {
+                    tma_store_2d(&tmC, slab, n0 + p * PIECE, m0 + row);
+                    tma_store_commit();
+                }
+            }
+        }
+        if (t == 0) tma_store_wait_all<0>();
+    }
+}

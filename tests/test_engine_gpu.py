@@ -1,0 +1,75 @@
+"""The Hopper engine (h11) on the GPU: every operand layout, unaligned sizes, dtypes and epilogues
+against a float64 reference, on fresh random inputs with a poisoned output."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gemmlab.bench import poison_, rel_error
+
+pytestmark = pytest.mark.hopper
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3, torch.float32: 5e-3}
+
+
+def _operands(M, N, K, dtype, layout):
+    """A (M,K) and B (K,N) in the layout named by two letters: N = K contiguous for A / N contiguous for B
+    ("row-major"), T = the other way round."""
+    a = torch.randn(M, K, device="cuda", dtype=dtype) if layout[0] == "N" else \
+        torch.randn(K, M, device="cuda", dtype=dtype).t()
+    b = torch.randn(K, N, device="cuda", dtype=dtype) if layout[1] == "N" else \
+        torch.randn(N, K, device="cuda", dtype=dtype).t()
+    return a, b
+
+
+def _reference(a, b, bias=None, act=None, alpha=1.0, beta=0.0, c=None):
+    ref = alpha * (a.double() @ b.double())
+    if c is not None and beta != 0.0:
+        ref = ref + beta * c.double()
+    if bias is not None:
+        ref = ref + bias.double()
+    return {None: lambda x: x, "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[act](ref)
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT", "TN", "TT"])
+@pytest.mark.parametrize("shape", [(256, 512, 192), (1000, 1001, 999), (17, 33, 65), (1, 1, 1), (4096, 4096, 4095)])
+def test_layouts_and_ragged_shapes(layout, shape):
+    from gemmlab import engine
+
+    M, N, K = shape
+    a, b = _operands(M, N, K, torch.bfloat16, layout)
+    out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+    engine.gemm(a, b, out)
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("out_dtype", [None, torch.float32])
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "gelu_tanh", "silu"])
+def test_epilogue(dtype, out_dtype, act):
+    from gemmlab import engine
+
+    M, N, K = 384, 520, 256
+    a, b = _operands(M, N, K, dtype, "NT")
+    od = out_dtype or dtype
+    bias = torch.randn(N, device="cuda", dtype=dtype)
+    c = torch.randn(N, M, device="cuda", dtype=od).t()  # strided C
+    out = poison_(torch.empty(M, N, device="cuda", dtype=od))
+    engine.gemm(a, b, out, bias=bias, activation=act, alpha=0.5, beta=-0.75, c=c)
+    torch.cuda.synchronize()
+    ref = _reference(a, b, bias, act, 0.5, -0.75, c)
+    assert rel_error(out, ref) <= TOL[od]
+
+
+def test_unaligned_output_and_fp32_bias():
+    from gemmlab import engine
+
+    M, N, K = 300, 301, 302  # N*2 bytes is not a multiple of 16: the output goes through a copy
+    a, b = _operands(M, N, K, torch.bfloat16, "NN")
+    bias = torch.randn(N, device="cuda", dtype=torch.float32)
+    out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+    engine.gemm(a, b, out, bias=bias)
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(a, b, bias)) <= TOL[torch.bfloat16]
