@@ -59,9 +59,11 @@ def test_chunk_map_rows_are_permutations():
         assert sorted(int(p) for r in range(8) for p in range(8) if cm[r, p] == c) == list(range(8))
 
 
-@pytest.mark.parametrize("wt", [layouts.WarpTiling(), layouts.WarpTiling(BM=64, BN=128, WM=32, WN=64, WNITER=2, TM=4, TN=4),
-                                layouts.WarpTiling(BM=128, BN=64, WM=64, WN=32, WNITER=1, TM=8, TN=4, threads=128)],
-                         ids=["default", "wmiter2", "wniter1"])
+TILINGS = [layouts.WarpTiling(), layouts.WarpTiling(BM=64, BN=128, WM=32, WN=64, WNITER=2, TM=4, TN=4),
+           layouts.WarpTiling(BM=128, BN=64, WM=64, WN=32, WNITER=1, TM=8, TN=4, threads=128)]
+
+
+@pytest.mark.parametrize("wt", TILINGS, ids=["default", "wmiter2", "wniter1"])
 def test_warptiling_owns_every_element_once(wt):
     assert wt.check() is None
     warp, lane = wt.owner_map()

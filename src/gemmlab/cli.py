@@ -1,7 +1,7 @@
 """gemmlab: matmul kernels for NVIDIA GPUs, and the tools to inspect, model and time them.
 
-Without a subcommand, ``gemmlab`` walks both kernel ladders (``gemmlab ladder``). Everything except
-``bench`` (and the measured columns of ``ladder``) works on a machine without a GPU.
+Without a subcommand, 'gemmlab' walks both kernel ladders ('gemmlab ladder'). Everything except
+'bench' (and the measured columns of 'ladder') works on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -458,7 +458,8 @@ def records_table(records: list[dict], title: str):
             prof = model.H200 if not r.get("sm_count") else model.DeviceProfile(
                 **{**model.H200.__dict__, "sm_count": int(r["sm_count"])})
             sol = prof.peak_flops(r.get("dtype", "bf16"), r["sm_clock_mhz"]) / 1e12
-        gbs = model.min_bytes(M, N, K, r.get("dtype", "bf16")) / (r["time_ms"] * 1e-3) / 1e9 if r.get("time_ms") else None
+        gbs = (model.min_bytes(M, N, K, r.get("dtype", "bf16")) / (r["time_ms"] * 1e-3) / 1e9
+               if r.get("time_ms") else None)
         mt = r.get("model_tflops")
         t.add_row(str(r["kernel"]).split(".", 1)[-1], f"{M}x{N}x{K}",
                   f"{tf:.1f}" if tf else "[red]wrong[/red]" if not r.get("correct", True) else "-",
@@ -563,24 +564,39 @@ def _cmd_figures(args) -> int:
 
 # The parser ---------------------------------------------------------------------------------------------
 
-class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the hand-laid-out epilogs; shows a default only where it says something."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" not in text and action.default not in (None, False, argparse.SUPPRESS) \
+                and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _para(text: str) -> str:
+    """A description as paragraphs wrapped to 88 columns (the formatter keeps them as given)."""
+    import textwrap
+
+    return "\n\n".join(textwrap.fill(" ".join(p.split()), 88) for p in text.split("\n\n"))
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .figures import FIGURES
 
-    p = argparse.ArgumentParser(prog="gemmlab", description=__doc__, epilog=EXAMPLES, formatter_class=_Formatter)
+    p = argparse.ArgumentParser(prog="gemmlab", description=_para(__doc__), epilog=EXAMPLES,
+                                formatter_class=_Formatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     lad = sub.add_parser(
         "ladder", formatter_class=_Formatter, help="walk the kernel ladders (the default command)",
-        description="Walk both ladders step by step: the technique each step adds, registers, shared memory, "
-                    "occupancy, spills, whether its SASS meets the step's claims, and the model's predicted "
-                    "TFLOP/s. On a GPU, also time every step against cuBLAS (one interleaved run per ladder, "
-                    "the project's timer) and save a ladder plot.")
+        description=_para("Walk both ladders step by step: the technique each step adds, registers, shared memory, "
+                          "occupancy, spills, whether its SASS meets the step's claims, and the model's predicted "
+                          "TFLOP/s. On a GPU, also time every step against cuBLAS (one interleaved run per ladder, "
+                          "the project's timer) and save a ladder plot."))
     lad.add_argument("--ladder", choices=("sgemm", "hopper"), help="only this ladder")
-    lad.add_argument("--shape", type=parse_shape, default=(4096, 4096, 4096), metavar="M,N,K",
+    lad.add_argument("--shape", type=parse_shape, default="4096,4096,4096", metavar="M,N,K",
                      help="problem for the model and the timings")
     lad.add_argument("--clock", type=float, metavar="MHZ",
                      help="SM clock for the model without a GPU (default: the profile's sustained clock)")
@@ -592,12 +608,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     ins = sub.add_parser(
         "inspect", formatter_class=_Formatter, help="resources, instruction mix, loops, SASS/PTX of a kernel",
-        description="Compile a ladder step (or a .cu file) without a GPU and read what the compiler made: "
-                    "registers, shared memory, stack and spills from ptxas; the SASS instruction mix by class "
-                    "(global/shared loads and stores with their widths, FFMA, HGMMA, TMA, barriers, branches, "
-                    "LDL/STL); every loop and how much math its body holds (unrolled or not); the step's SASS "
-                    "claims. --sass prints the listing with each instruction tagged by class; --diff shows what "
-                    "changed between two steps.",
+        description=_para("Compile a ladder step (or a .cu file) without a GPU and read what the compiler made: "
+                          "registers, shared memory, stack and spills from ptxas; the SASS instruction mix by class "
+                          "(global/shared loads and stores with their widths, FFMA, HGMMA, TMA, barriers, branches, "
+                          "LDL/STL); every loop and how much math its body holds (unrolled or not); the step's SASS "
+                          "claims. --sass prints the listing with each instruction tagged by class; --diff shows what "
+                          "changed between two steps."),
         epilog="examples:\n  gemmlab inspect k05 --config BM=64,BN=64\n  gemmlab inspect h04 --sass\n"
                "  gemmlab inspect k05 --diff k06\n  gemmlab inspect --file my.cu --expr 'scale<4>' --arch sm_90 --ptx")
     ins.add_argument("kernel", nargs="?", metavar="KERNEL", help="step name: k05, h04, sgemm.k05_blocktile_2d, ...")
@@ -613,11 +629,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     mod = sub.add_parser(
         "model", formatter_class=_Formatter, help="FLOPs, roofline, waves, occupancy and predicted time",
-        description="Analytic model of a GEMM: FLOPs, minimum bytes, arithmetic intensity, the roofline bound and "
-                    "speed of light at an SM clock; with --kernel, the step's tile intensity, occupancy (from "
-                    "ptxas registers, cross-checked with cuda-core on a GPU), tiles, waves and last-wave "
-                    "utilization, global traffic, and the predicted time and TFLOP/s. Without --kernel, a "
-                    "prediction for every step. The device is the visible GPU, else the named profile.")
+        description=_para("Analytic model of a GEMM: FLOPs, minimum bytes, arithmetic intensity, the roofline bound "
+                          "and speed of light at an SM clock; with --kernel, the step's tile intensity, occupancy "
+                          "(from ptxas registers, cross-checked with cuda-core on a GPU), tiles, waves and last-wave "
+                          "utilization, global traffic, and the predicted time and TFLOP/s. Without --kernel, a "
+                          "prediction for every step. The device is the visible GPU, else the named profile."))
     mod.add_argument("--shape", type=parse_shape, required=True, metavar="M,N,K", help="problem size")
     mod.add_argument("--kernel", metavar="STEP", help="model this step in detail")
     mod.add_argument("--config", action="append", metavar="K=V", help="the step's template parameters")
@@ -628,11 +644,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ben = sub.add_parser(
         "bench", formatter_class=_Formatter, help="time steps against cuBLAS on a GPU; JSON-line records",
-        description="Time ladder steps against cuBLAS with the project's one timer (rotating inputs over 2x L2, "
-                    "CUDA-graph replays, candidates interleaved, correctness checked first, SM clock recorded). "
-                    "Appends JSON lines (one per step and shape, with the model's prediction) to --out, prints "
-                    "a table (TFLOP/s, ratio to cuBLAS, % of speed of light at the recorded clock, GB/s, model) "
-                    "and draws plots. Needs a GPU; exits with status 2 without one.",
+        description=_para("Time ladder steps against cuBLAS with the project's one timer (rotating inputs over 2x L2, "
+                          "CUDA-graph replays, candidates interleaved, correctness checked first, SM clock recorded). "
+                          "Appends JSON lines (one per step and shape, with the model's prediction) to --out, prints "
+                          "a table (TFLOP/s, ratio to cuBLAS, % of speed of light at the recorded clock, GB/s, model) "
+                          "and draws plots. Needs a GPU; exits with status 2 without one."),
         epilog="suites:\n  ladder   every step of both ladders at 4096^3\n"
                "  square   1024..8192 cubes for the last step of each ladder (or --kernel)\n"
                "  --shape M,N,K [--kernel STEP ...]   one explicit shape")
@@ -641,30 +657,33 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--kernel", action="append", metavar="STEP", help="steps to time (repeatable)")
     ben.add_argument("--config", action="append", metavar="K=V", help="template parameters for --kernel")
     ben.add_argument("--rounds", type=int, default=15, help="timing rounds (median reported)")
-    ben.add_argument("--out", metavar="RECORDS.jsonl", help="default: benchmarks/results/<suite>.jsonl")
-    ben.add_argument("--plots", metavar="DIR", help="default: benchmarks/plots/<suite>")
+    ben.add_argument("--out", metavar="RECORDS.jsonl", help="append records here (default: "
+                     "benchmarks/results/<suite>.jsonl)")
+    ben.add_argument("--plots", metavar="DIR", help="plots go here (default: benchmarks/plots/<suite>)")
     ben.set_defaults(func=_cmd_bench)
 
     plo = sub.add_parser(
         "plot", formatter_class=_Formatter, help="table and plots from benchmark records (no GPU needed)",
-        description="Read JSON-line benchmark records, print the table (TFLOP/s, ratio to cuBLAS, % of speed of "
-                    "light at each record's SM clock, the model's prediction at that clock and measured/model) and "
-                    "draw the ladder plot (TFLOP/s per step, cuBLAS as a line, the model as markers), TFLOP/s "
-                    "against size, and the roofline with the measured points.")
-    plo.add_argument("records", nargs="+", metavar="RECORDS.jsonl")
+        description=_para("Read JSON-line benchmark records, print the table (TFLOP/s, ratio to cuBLAS, % of speed of "
+                          "light at each record's SM clock, the model's prediction at that clock and measured/model) "
+                          "and draw the ladder plot (TFLOP/s per step, cuBLAS as a line, the model as markers), "
+                          "TFLOP/s against size, and the roofline with the measured points."))
+    plo.add_argument("records", nargs="+", metavar="RECORDS.jsonl", help="benchmark records (JSON lines)")
     plo.add_argument("--out", default="benchmarks/plots", metavar="DIR", help="output folder")
-    plo.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"))
+    plo.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"),
+                     help="file formats")
     plo.add_argument("--no-model", action="store_true",
                      help="do not add the model's prediction to records that lack one")
     plo.set_defaults(func=_cmd_plot)
 
     fig = sub.add_parser(
         "figures", formatter_class=_Formatter, help="the subject's figures (swizzle, tile order, roofline...)",
-        description="Draw the figures of the subject from the same functions the kernels and models use: "
-                    + ", ".join(FIGURES) + ".")
+        description=_para("Draw the figures of the subject from the same functions the kernels and models use: "
+                          + ", ".join(FIGURES) + ". Each is written as OUT/<name>.png and .svg."))
     fig.add_argument("out", metavar="OUT", help="output folder")
     fig.add_argument("--only", nargs="+", choices=list(FIGURES), metavar="NAME", help="only these figures")
-    fig.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"))
+    fig.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"),
+                     help="file formats")
     fig.set_defaults(func=_cmd_figures)
     return p
 

@@ -69,7 +69,8 @@ def fig_swizzle(rows: int = 8):
         ax.set_xlabel("bank (4 bytes each; a 16-byte chunk spans 4 banks)")
         ax.set_yticks([r + 0.5 for r in range(rows)], [str(r) for r in range(rows)])
         ax.set_ylabel("row (128 bytes = 64 bf16)")
-    fig.suptitle("The 128-byte swizzle of TMA and wgmma: logical 16-byte chunk c of row r is stored at chunk c ^ (r % 8)")
+    fig.suptitle("The 128-byte swizzle of TMA and wgmma: logical 16-byte chunk c of row r is stored at chunk "
+                 "c ^ (r % 8)")
     fig.tight_layout()
     return fig
 
@@ -182,7 +183,8 @@ def fig_roofline(profile: model.DeviceProfile = model.H200, clocks=(1980.0, 1320
     ax.set_xlabel("arithmetic intensity (FLOP / byte of HBM traffic)")
     ax.set_ylabel("attainable TFLOP/s")
     ax.set_title(f"Roofline, {profile.name}: {profile.sm_count} SMs, HBM {bw / 1e12:.1f} TB/s. Dots: each ladder "
-                 "step's tile intensity\n(its bound if no tile load hit in L2); grey lines: problems at minimum traffic")
+                 "step's tile intensity\n(its bound if no tile load hit in L2); grey lines: problems at minimum "
+                 "traffic")
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
