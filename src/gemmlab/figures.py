@@ -194,18 +194,29 @@ def fig_roofline(profile: model.DeviceProfile = model.H200, clocks=(1980.0, 1320
 # Warp tiling --------------------------------------------------------------------------------------------
 
 def warptiling_config():
-    """The warptiling parameters of the registered fp32 step that has warp tiles (params WM and WN), or
-    the public ladder's defaults; and where they came from."""
+    """The warp tiling of the registered fp32 step that has warp tiles (params WM and WN) at its default
+    config, or the public ladder's defaults; and where it came from.
+
+    A step may state its lane layout in ``extra["warp_layout"]`` (``{"TM": .., "TN": .., "WNITER": ..}``);
+    otherwise the layout of ``k09_warptiling`` is assumed: warp sub-tiles of ``WARP_SUB_M x WARP_SUB_N``
+    (read from the sgemm ladder module) with the 32 lanes as 4 rows x 8 columns."""
     from . import registry
 
     for spec in registry.all_kernels("sgemm"):
-        names = set(spec.param_names())
-        if {"WM", "WN"} <= names:
-            cfg = dict(spec.default_config())
-            cfg.setdefault("THREADS", spec.threads(cfg))
-            wt = layouts.WarpTiling.from_config(cfg)
-            if wt.check() is None:
-                return wt, spec.name
+        if not {"WM", "WN"} <= set(spec.param_names()):
+            continue
+        cfg = dict(spec.default_config())
+        cfg.setdefault("THREADS", spec.threads(cfg))
+        layout = spec.extra.get("warp_layout")
+        if layout is None and not {"TM", "TN", "WNITER"} <= set(cfg):
+            from .ladders import sgemm as lad
+
+            sub_m, sub_n = getattr(lad, "WARP_SUB_M", 16), getattr(lad, "WARP_SUB_N", 32)
+            layout = {"TM": sub_m // 4, "TN": sub_n // 8, "WNITER": cfg["WN"] // sub_n}
+        cfg.update(layout or {})
+        wt = layouts.WarpTiling.from_config(cfg)
+        if wt.check() is None:
+            return wt, spec.name
     return layouts.WarpTiling(), "default warptiling parameters"
 
 
