@@ -148,3 +148,83 @@ def load_records(path: str | Path) -> list[dict]:
         if line:
             out.append(json.loads(line))
     return out
+
+
+# gemmlab.matmul against torch ----------------------------------------------------------------------
+
+def matmul_inputs(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bfloat16, generator=None):
+    """A (M,K) and B (K,N) for a layout: 'TN' = A row-major, B an (N,K) weight seen as ``w.t()``
+    (what nn.Linear computes); 'NN' = both row-major; 'NT' / 'TT' = A column-major with a row-major B /
+    a weight B."""
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype, generator=generator)
+    a_row_major, b_is_weight = {"TN": (True, True), "NN": (True, False), "NT": (False, False),
+                                "TT": (False, True)}[layout]
+    a = rnd(M, K) if a_row_major else rnd(K, M).t()
+    b = rnd(N, K).t() if b_is_weight else rnd(K, N)
+    return a, b
+
+
+def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bfloat16, bias: bool = False,
+                 activation: str | None = None, suite: str = "adhoc", rounds: int = 15,
+                 replay_ms: float = 20.0, extra: dict | None = None) -> dict:
+    """``gemmlab.matmul`` against what a PyTorch user writes for the same thing (``torch.mm``, or
+    ``torch.addmm`` + the activation for the epilogue), timed interleaved. Returns one record."""
+    import torch.nn.functional as F
+
+    from . import matmul
+
+    info = gpu_info()
+    per_set = 2 * (M * K + K * N + M * N)
+    n_sets = max(1, min(sets_for(per_set, info.l2_bytes), MAX_SET_BYTES // max(per_set, 1)))
+    gen = torch.Generator(device="cuda").manual_seed(4321 + M + 7 * N + 13 * K)
+    sets = [matmul_inputs(M, N, K, layout=layout, dtype=dtype, generator=gen) for _ in range(n_sets)]
+    biases = [torch.randn(N, device="cuda", dtype=dtype, generator=gen) if bias else None for _ in range(n_sets)]
+    outs = [torch.empty(M, N, device="cuda", dtype=dtype) for _ in range(n_sets)]
+    acts = {None: None, "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+    a0, b0 = sets[0]
+    ref = a0.double() @ b0.double()
+    if bias:
+        ref = ref + biases[0].double()
+    if activation:
+        ref = acts[activation](ref)
+    out = poison_(torch.empty(M, N, device="cuda", dtype=dtype))
+    matmul(a0, b0, bias=biases[0], activation=activation, out=out)
+    torch.cuda.synchronize()
+    err = rel_error(out, ref)
+
+    def ours(i):
+        a, b = sets[i]
+        matmul(a, b, bias=biases[i], activation=activation, out=outs[i])
+
+    def theirs(i):
+        a, b = sets[i]
+        if bias:
+            y = torch.addmm(biases[i], a, b, out=outs[i])
+        else:
+            y = torch.mm(a, b, out=outs[i])
+        if activation:
+            acts[activation](y)
+
+    res = time_interleaved({"torch": theirs, "gemmlab": ours}, n_sets, replay_ms=replay_ms, rounds=rounds)
+    t, base = res.timings["gemmlab"], res.timings["torch"]
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    rec = {
+        "schema": SCHEMA, "time": now, "git_sha": git_sha(), "gpu": info.name, "sm_count": info.sm_count,
+        "driver": info.driver, "torch": info.torch, "suite": suite, "kernel": "gemmlab.matmul",
+        "dtype": str(dtype).replace("torch.", ""), "layout": layout, "M": M, "N": N, "K": K,
+        "bias": bias, "activation": activation, "n_sets": n_sets,
+        "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz, "power_w": res.clocks.power_w,
+        "temp_c": res.clocks.temp_c, "baseline": "torch.mm" + ("/addmm+act" if bias or activation else ""),
+        "baseline_ms": base.median_ms, "baseline_tflops": flops(M, N, K) / base.median_ms / 1e9,
+        "time_ms": t.median_ms, "tflops": flops(M, N, K) / t.median_ms / 1e9, "ratio": base.median_ms / t.median_ms,
+        "spread": t.spread, "baseline_spread": base.spread, "rel_error": err, "correct": err <= 1e-2,
+        "min_bytes": 2 * (M * K + K * N + M * N),
+        "gbps": 2 * (M * K + K * N + M * N) / t.median_ms / 1e6,
+        "baseline_gbps": 2 * (M * K + K * N + M * N) / base.median_ms / 1e6,
+        **(extra or {}),
+    }
+    del sets, outs
+    return rec
