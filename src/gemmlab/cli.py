@@ -119,7 +119,6 @@ def _cmd_ladder(args) -> int:
             except GemmlabError as e:  # one broken step must not hide the others
                 broken[spec.name] = str(e).splitlines()[0]
             prog.advance(task)
-    specs = [s for s in specs if s.name in static]
 
     measured: dict[str, dict] = {}
     if measure:
