@@ -73,3 +73,39 @@ def test_unaligned_output_and_fp32_bias():
     engine.gemm(a, b, out, bias=bias)
     torch.cuda.synchronize()
     assert rel_error(out, _reference(a, b, bias)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("shape", [(1, 4096, 4096), (16, 4096, 4096), (128, 1024, 8192), (77, 3000, 2000)])
+def test_split_k_decode_shapes(shape):
+    """Few tiles and long K: the engine splits K and the last unit of each tile reduces the partials."""
+    from gemmlab import engine
+
+    M, N, K = shape
+    bn = engine.choose_bn(M, N, torch.cuda.get_device_properties(0).multi_processor_count)
+    tiles = -(-M // 128) * -(-N // bn)
+    assert engine.choose_splits(tiles, K, torch.cuda.get_device_properties(0).multi_processor_count) > 1
+    a, b = _operands(M, N, K, torch.bfloat16, "NT")
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):  # the per-tile counters must be back at zero after every launch
+        out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+        engine.gemm(a, b, out, bias=bias, activation="silu")
+        torch.cuda.synchronize()
+        assert rel_error(out, _reference(a, b, bias, "silu")) <= TOL[torch.bfloat16]
+
+
+def test_split_k_in_a_cuda_graph():
+    from gemmlab import engine
+
+    M, N, K = 16, 4096, 4096
+    a, b = _operands(M, N, K, torch.bfloat16, "NT")
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    engine.gemm(a, b, out)  # warm-up outside capture (compile, descriptors, buffers)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        engine.gemm(a, b, out)
+    for _ in range(3):
+        poison_(out)
+        a.copy_(torch.randn_like(a))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16]

@@ -114,3 +114,13 @@ def test_parse_resources():
     assert (r.registers, r.stack_frame, r.spill_stores, r.spill_loads, r.static_shared, r.barriers) == \
         (168, 8, 4, 4, 16, 1)
     assert r.spills
+
+
+def test_parse_resources_skips_warnings_that_name_the_function():
+    log = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+           "... in the function '_Zbar' in line 0\n"
+           "ptxas info    : Compiling entry function '_Zbar' for 'sm_90a'\n"
+           "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 16 barriers, 80 bytes smem\n")
+    r = parse_resources(log, "_Zbar")
+    assert (r.registers, r.barriers, r.static_shared) == (168, 16, 80)

@@ -92,6 +92,40 @@ def _qsize(bn: int, in_bytes: int) -> int:
     raise UnsupportedProblem(f"no pipeline depth fits BN={bn}")
 
 
+def choose_splits(tiles: int, K: int, sm_count: int) -> int:
+    """Split K when the tiles cannot fill half the SMs (decode shapes), keeping >= 4 k-steps per split.
+
+    The result never leaves a split without k-steps (the kernel's k ranges are ceil(k_iters / splits)).
+    """
+    k_iters = math.ceil(K / BK)
+    if tiles * 2 > sm_count or k_iters < 8:
+        return 1
+    splits = min(sm_count // tiles, k_iters // 4, 32)
+    if splits <= 1:
+        return 1
+    per = math.ceil(k_iters / splits)
+    return math.ceil(k_iters / per)
+
+
+_SPLIT_BUFFERS: dict = {}
+
+
+def _split_buffers(device, tiles: int, splits: int, bn: int):
+    """fp32 partials (rows < M of each unit are used) and per-tile counters, grown as needed, kept.
+
+    Counters start at zero and the kernel puts each back to zero, so one allocation serves every launch
+    (and CUDA-graph replays)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    need_ws, need_ctr = tiles * splits * BM * bn, tiles * 2
+    ws, ctr = _SPLIT_BUFFERS.get(idx, (None, None))
+    if ws is None or ws.numel() < need_ws:
+        ws = torch.empty(need_ws, dtype=torch.float32, device=device)
+    if ctr is None or ctr.numel() < need_ctr:
+        ctr = torch.zeros(max(need_ctr, 1024), dtype=torch.int32, device=device)
+    _SPLIT_BUFFERS[idx] = (ws, ctr)
+    return ws, ctr
+
+
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -137,9 +171,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
     smem = q * (BM + bn) * BK * a.element_size() + 2 * 2 * 64 * 64 * 2 + 1024
     cin = c if has_c else out
+    tiles = tiles_m * tiles_n
+    splits = choose_splits(tiles, K, _sm_count(a.device))
+    workspace, counters = _split_buffers(a.device, tiles, splits, bn) if splits > 1 else (out, out)
     args = (map_a, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
             np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
-            bias if has_bias else out)
-    launch(compiled, grid=min(_sm_count(a.device), tiles_m * tiles_n), block=384, smem=smem, args=args)
+            bias if has_bias else out, np.int32(splits), workspace, counters)
+    launch(compiled, grid=min(_sm_count(a.device), tiles * splits), block=384, smem=smem, args=args)
     if store is not out:
         out.copy_(store)

@@ -50,8 +50,9 @@ _RES_PATTERNS = {
 
 def parse_resources(log: str, mangled_name: str) -> Resources:
     """Read the ptxas ``-v`` lines that belong to ``mangled_name`` out of an NVRTC log."""
-    # ptxas prints one block per entry; keep the part after this entry's "Compiling entry" line.
-    start = log.find(f"'{mangled_name}'")
+    # ptxas prints one block per entry; keep the part after this entry's "Compiling entry" line
+    # (warnings that name the function can come before it).
+    start = log.find(f"Compiling entry function '{mangled_name}'")
     part = log[start:] if start >= 0 else log
     nxt = part.find("Compiling entry function", 1)
     if nxt > 0:

@@ -8,6 +8,11 @@
 //  * Fused epilogue: out = act(alpha * acc + beta * C + bias) in fp32, stored as bf16, fp16 or fp32
 //    through swizzled smem pieces and TMA stores.
 //  * fp16 or bf16 inputs.
+//  * Split-K for shapes with fewer tiles than SMs (decode: M <= 128): work unit u is (tile u / splits,
+//    k-range u % splits). Each unit writes its fp32 partial (rows < M only) to a workspace; the last
+//    unit of a tile to finish (an atomic counter per tile and consumer, reset by that unit for the next
+//    launch) adds the others' partials to its accumulators and runs the epilogue. One launch, no
+//    separate reduction kernel.
 #include "common/epilogue.cuh"
 #include "common/mbarrier.cuh"
 #include "common/tile.cuh"
@@ -30,7 +35,7 @@ __global__ void __launch_bounds__(384, 1)
 hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
            const __grid_constant__ CUtensorMap tmC, const int* __restrict__ order, int M, int N, int K,
            float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row, long long ldc_col,
-           const TBIAS* __restrict__ bias) {
+           const TBIAS* __restrict__ bias, int splits, float* __restrict__ workspace, int* __restrict__ counters) {
     constexpr int BM = 128, BK = 64, CONSUMERS = 2;
     constexpr bool HAS_BIAS = EPI & 1, HAS_C = EPI & 2;
     constexpr int ACT = (EPI >> 2) & 7;
@@ -45,6 +50,8 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
     const int k_iters = (K + BK - 1) / BK;
+    const int k_per = (k_iters + splits - 1) / splits, num_units = num_tiles * splits;
+    __shared__ int last_unit[2];
     if (threadIdx.x == 0) {
         for (int s = 0; s < QSIZE; ++s) {
             mbar_init(&full[s], 1);
@@ -59,10 +66,11 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
         if (t == 0) {
             int s = 0;
             u32 phase = 0;
-            for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-                const int packed = order[tile];
+            for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
+                const int packed = order[unit / splits], split = unit % splits;
                 const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
-                for (int kt = 0; kt < k_iters; ++kt) {
+                const int k_end = min(k_iters, (split + 1) * k_per);
+                for (int kt = split * k_per; kt < k_end; ++kt) {
                     mbar_wait_parity(&empty[s], phase ^ 1);
                     // The full box bytes arrive even where the box hangs over the tensor's edge (zero-filled).
                     mbar_expect_tx(&full[s], STAGE_BYTES);
@@ -90,10 +98,12 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
         int s = 0, prev = 0;
         u32 phase = 0;
         float d[BN / 2];
-        for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+        for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
+            const int tile = unit / splits, split = unit % splits;
             const int packed = order[tile];
             const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
-            for (int kt = 0; kt < k_iters; ++kt) {
+            const int k_begin = split * k_per, k_end = min(k_iters, k_begin + k_per);
+            for (int kt = k_begin; kt < k_end; ++kt) {
                 mbar_wait_parity(&full[s], phase);
                 const T* a = sA + s * BM * BK + row * BK;  // this consumer's 64 rows (one 64 x 64 box if MN)
                 const T* b = sB + s * BN * BK;
@@ -102,10 +112,10 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 for (int k = 0; k < 4; ++k) {
                     const u64 da = A_MN ? desc_sw128_mn(a + 16 * 64 * k) : desc_sw128(a + 16 * k);
                     const u64 db = B_MN ? desc_sw128_mn(b + 16 * 64 * k) : desc_sw128(b + 16 * k);
-                    Wgmma<BN, T>::template mma_t<A_MN, B_MN>(d, da, db, (kt == 0 && k == 0) ? 0 : 1);
+                    Wgmma<BN, T>::template mma_t<A_MN, B_MN>(d, da, db, (kt == k_begin && k == 0) ? 0 : 1);
                 }
                 wgmma_commit();
-                if (kt > 0) {
+                if (kt > k_begin) {
                     wgmma_wait<1>();
                     if (t == 0) mbar_arrive_notoken(&empty[prev]);
                 }
@@ -113,7 +123,35 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 if (++s == QSIZE) { s = 0; phase ^= 1; }
             }
             wgmma_wait<0>();
-            if (t == 0) mbar_arrive_notoken(&empty[prev]);
+            if (t == 0) mbar_arrive_notoken(&empty[prev]);  // the host never makes a split without k-steps
+
+            const float* partials = nullptr;  // split-K: where the other splits' partials of this tile are
+            if (splits > 1) {
+                // Split-K fixup. This consumer's 64 x BN partial goes to the workspace (rows < M only),
+                // then a counter says whether every other split of the tile has finished.
+                float* mine = workspace + ((size_t)unit * BM + row) * BN;
+                const int rl = frag_row(t);
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const int cl = 8 * j + frag_col(t);
+                    if (m0 + row + rl < M)
+                        __stcg(reinterpret_cast<float2*>(mine + rl * BN + cl), make_float2(d[4 * j], d[4 * j + 1]));
+                    if (m0 + row + rl + 8 < M)
+                        __stcg(reinterpret_cast<float2*>(mine + (rl + 8) * BN + cl), make_float2(d[4 * j + 2], d[4 * j + 3]));
+                }
+                __threadfence();  // partials visible device-wide before the counter moves
+                named_barrier_sync(1 + consumer, 128);
+                if (t == 0) {
+                    int* ctr = counters + tile * 2 + consumer;
+                    const int done = atomicAdd(ctr, 1);
+                    last_unit[consumer] = done == splits - 1;
+                    if (done == splits - 1) *ctr = 0;  // ready for the next launch
+                }
+                named_barrier_sync(1 + consumer, 128);
+                if (!last_unit[consumer]) continue;
+                __threadfence();
+                partials = workspace + ((size_t)tile * splits * BM + row) * BN;
+            }
 
             // Epilogue, PIECE columns at a time through two alternating slabs.
             const int r_top = m0 + row + frag_row(t), r_bot = r_top + 8;
@@ -130,7 +168,13 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
 #pragma unroll
                     for (int h = 0; h < 4; ++h) {
                         const int r = h < 2 ? r_top : r_bot, cc = c + (h & 1);
-                        float x = alpha * d[4 * jj + h];
+                        float acc = d[4 * jj + h];
+                        if (partials != nullptr && r < M) {  // the other splits' partials (split-K only)
+                            const int off = (r - m0 - row) * BN + (cc - n0);
+                            for (int o = 0; o < splits; ++o)
+                                if (o != split) acc += __ldcg(partials + (size_t)o * BM * BN + off);
+                        }
+                        float x = alpha * acc;
                         if constexpr (HAS_C) {
                             if (r < M && cc < N) x += beta * to_float(Cin[r * ldc_row + cc * ldc_col]);
                         }
