@@ -3,6 +3,7 @@
     import gemmlab
     gemmlab.kernels()                    # the registered ladder steps
     gemmlab.kernel("h01").run(a, b, c)   # one step on torch tensors
+    gemmlab.matmul(a, b, bias=bias, activation="gelu")   # the GEMM to call: any shape, layout, epilogue
 
 See the README for the ladders, the tools (``gemmlab --help``) and the benchmark records.
 """
@@ -13,3 +14,14 @@ from .registry import all_kernels as kernels  # noqa: F401
 from .registry import get as kernel  # noqa: F401
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # gemmlab.matmul / gemmlab.linear (gemmlab.ops) load torch and register the custom op on first use,
+    # so `import gemmlab` stays light for the static tools.
+    if name in ("matmul", "linear"):
+        from . import ops
+
+        globals()[name] = getattr(ops, name)
+        return globals()[name]
+    raise AttributeError(f"module 'gemmlab' has no attribute {name!r}")

@@ -1,0 +1,441 @@
+"""``gemmlab.matmul`` and ``gemmlab.linear``: the GEMM users call, on torch tensors, any shape and layout.
+
+    out[M, N] = act(alpha * a @ b + beta * c + bias)
+
+The public functions validate everything from tensor metadata first (before any device work, so every bad
+input gets a specific error, on any machine), then call the ``gemmlab::matmul`` custom op. The op's real
+implementation sends bf16/fp16 problems to the Hopper engine (``gemmlab.engine``, loaded lazily) and fp32
+problems to the best step of the fp32 CUDA-core ladder; its fake implementation only states the output's
+shape and dtype, which is what ``torch.compile(fullgraph=True)`` traces. Nothing in the launch path reads a
+device value back to the host (no ``.item()``, no synchronisation) and every buffer comes from torch's
+allocator, so the op can be captured in a CUDA graph (after one warm-up call has compiled the kernel).
+
+Which exception means what:
+
+- ``TypeError``: a non-tensor where a tensor belongs, an unsupported or mixed dtype (inputs, ``out_dtype``,
+  ``bias``, ``c``, ``out``), a non-number ``alpha``/``beta``, a non-string ``activation``.
+- ``gemmlab.errors.UnsupportedProblem`` (a ``ValueError``): wrong rank or shape, mismatched inner dimensions,
+  an unknown activation, ``c`` without ``beta`` (or ``beta`` without ``c``), sizes past the index limits,
+  mixed devices, CPU tensors on a machine with a GPU, ``out`` overlapping an input, a non-strided layout.
+- ``gemmlab.errors.NoGPUError``: torch sees no GPU (and the inputs are not CUDA tensors), or bf16/fp16 on a
+  GPU the Hopper engine cannot run on (fp32 inputs run on any CUDA GPU).
+
+Meta tensors are accepted and give a meta result (shape and dtype only), like any torch op.
+There is no autograd formula: the op is forward-only (inference). Backward through it raises torch's
+"no autograd formula was registered" error rather than returning a wrong gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import numbers
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .errors import GemmlabError, NoGPUError, UnsupportedProblem
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Index limits. Kernels index rows and columns with 32-bit integers and element offsets with 64-bit ones;
+# these bounds leave headroom for tile edges on both. Every dimension must be below MAX_DIM and no operand
+# (a, b, c, out: M*K, K*N, M*N elements when dense; the memory span for strided views) may reach MAX_SPAN.
+MAX_DIM = 2**31
+MAX_SPAN = 2**40
+
+_NAME = "gemmlab.matmul"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A validated matmul: sizes, dtypes and the device everything lives on."""
+
+    M: int
+    N: int
+    K: int
+    in_dtype: torch.dtype
+    out_dtype: torch.dtype
+    device: torch.device
+
+
+# Validation -----------------------------------------------------------------------------------------
+
+def _span(t: torch.Tensor) -> int:
+    """Elements between the first and one past the last element ``t`` addresses (0 if empty)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(x, bool)
+
+
+def _as_float(x):
+    """Plain real numbers (int, numpy scalars) as Python floats, which the op's schema takes; anything else
+    (symbolic values under torch.compile, or wrong types for _validate to refuse) unchanged."""
+    if isinstance(x, numbers.Real) and not isinstance(x, (bool, torch.SymInt, torch.SymFloat)):
+        return float(x)
+    return x
+
+
+def _check_device(device: torch.device) -> None:
+    """Accept CUDA (and meta) tensors; say what is missing otherwise. Tests replace this to run on CPU."""
+    if device.type in ("cuda", "meta"):
+        return
+    if not torch.cuda.is_available():
+        raise NoGPUError(f"{_NAME} runs on NVIDIA GPUs and torch sees none (torch {torch.__version__}, "
+                         f"CUDA build: {torch.version.cuda}); the inputs are on {device}. "
+                         "On the CPU use torch.matmul / torch.nn.functional.linear.")
+    raise UnsupportedProblem(f"{_NAME} takes CUDA tensors; the inputs are on {device}. "
+                             "Move them with .cuda() (or .to('cuda:N')).")
+
+
+def _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out=None) -> Problem:
+    """Every check that needs only metadata, in the order: types, ranks, dtypes, shapes, scalars, limits,
+    devices. Works on real, meta and fake tensors alike (nothing here touches device memory)."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{_NAME}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("bias", bias), ("c", c), ("out", out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{_NAME}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+    tensors = [(n, t) for n, t in (("a", a), ("b", b), ("bias", bias), ("c", c), ("out", out)) if t is not None]
+    for name, t in tensors:
+        if t.layout != torch.strided:
+            raise UnsupportedProblem(f"{_NAME}: {name} is a {t.layout} tensor; only dense (strided) tensors "
+                                     "are supported (convert with .to_dense())")
+
+    if a.dim() != 2 or b.dim() != 2:
+        bad, t = ("a", a) if a.dim() != 2 else ("b", b)
+        raise UnsupportedProblem(f"{_NAME}: a must be 2-D (M, K) and b 2-D (K, N); {bad} has shape "
+                                 f"{tuple(t.shape)}. For batched inputs (..., K) use gemmlab.linear.")
+
+    if a.dtype not in INPUT_DTYPES:
+        raise TypeError(f"{_NAME}: a has dtype {a.dtype}; supported: bfloat16, float16 (tensor cores) "
+                        "and float32 (CUDA-core path)")
+    if b.dtype != a.dtype:
+        raise TypeError(f"{_NAME}: a and b must share one dtype, got a {a.dtype} and b {b.dtype} "
+                        "(cast one of them first)")
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else a.dtype
+    elif not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"{_NAME}: out_dtype must be a torch.dtype or None, got {out_dtype!r}")
+    if out_dtype not in OUTPUT_DTYPES:
+        raise TypeError(f"{_NAME}: out_dtype {out_dtype} is not supported; use bfloat16, float16 or float32")
+    if out is not None and out.dtype != out_dtype:
+        raise TypeError(f"{_NAME}: out has dtype {out.dtype} but the result is {out_dtype} "
+                        "(out_dtype, or the inputs' dtype when out_dtype is None)")
+
+    M, K = a.shape
+    K_b, N = b.shape
+    if K != K_b:
+        raise UnsupportedProblem(f"{_NAME}: inner dimensions differ: a is (M, K) = {tuple(a.shape)}, b is "
+                                 f"(K, N) = {tuple(b.shape)}; a.shape[1] must equal b.shape[0] (for an "
+                                 "nn.Linear weight w of shape (N, K) pass b=w.t(), or use gemmlab.linear)")
+
+    if not _is_number(alpha) or not _is_number(beta):
+        bad = "alpha" if not _is_number(alpha) else "beta"
+        val = alpha if bad == "alpha" else beta
+        raise TypeError(f"{_NAME}: {bad} must be a Python number, got {type(val).__name__} (a tensor "
+                        "scalar would need a device-to-host read)")
+    if activation is not None and not isinstance(activation, str):
+        raise TypeError(f"{_NAME}: activation must be a string or None, got {type(activation).__name__}")
+    if activation is not None and activation not in ACTIVATIONS:
+        raise UnsupportedProblem(f"{_NAME}: unknown activation {activation!r}; choose one of "
+                                 f"{', '.join(ACTIVATIONS)} or None")
+
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != N:
+            raise UnsupportedProblem(f"{_NAME}: bias must have shape (N,) = ({N},), got {tuple(bias.shape)}")
+        if bias.dtype not in (a.dtype, torch.float32):
+            raise TypeError(f"{_NAME}: bias must be {a.dtype} (the inputs' dtype) or float32, got {bias.dtype}")
+    if c is not None:
+        if c.dim() != 2 or tuple(c.shape) != (M, N):
+            raise UnsupportedProblem(f"{_NAME}: c must have shape (M, N) = ({M}, {N}), got {tuple(c.shape)} "
+                                     "(broadcast it explicitly with c.expand(M, N))")
+        if c.dtype != out_dtype:
+            raise TypeError(f"{_NAME}: c must have the output's dtype {out_dtype}, got {c.dtype}")
+        if beta == 0:
+            raise UnsupportedProblem(f"{_NAME}: c is given but beta=0, so c would be ignored; pass beta "
+                                     "(e.g. beta=1.0) or drop c")
+    elif beta != 0:
+        raise UnsupportedProblem(f"{_NAME}: beta={beta} needs c (the (M, N) tensor it scales)")
+    if out is not None and (out.dim() != 2 or tuple(out.shape) != (M, N)):
+        raise UnsupportedProblem(f"{_NAME}: out must have shape (M, N) = ({M}, {N}), got {tuple(out.shape)}")
+
+    for dim_name, d in (("M", M), ("N", N), ("K", K)):
+        if d >= MAX_DIM:
+            raise UnsupportedProblem(f"{_NAME}: {dim_name}={d} is too large: every dimension must be below "
+                                     f"2^31 ({MAX_DIM}) for the kernels' 32-bit row/column indices")
+    if M * N >= MAX_SPAN:
+        raise UnsupportedProblem(f"{_NAME}: the output has M*N = {M * N} elements; the limit is 2^40")
+    for name, t in tensors:
+        if name != "bias" and _span(t) >= MAX_SPAN:
+            raise UnsupportedProblem(f"{_NAME}: {name} (shape {tuple(t.shape)}, strides {t.stride()}) spans "
+                                     f"{_span(t)} elements; the limit is 2^40")
+
+    devices = {t.device for _, t in tensors}
+    if len(devices) > 1:
+        where = ", ".join(f"{n} on {t.device}" for n, t in tensors)
+        raise UnsupportedProblem(f"{_NAME}: all tensors must be on one device; got {where}")
+    _check_device(a.device)
+    return Problem(M, N, K, a.dtype, out_dtype, a.device)
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    return start, start + _span(t) * t.element_size()
+
+
+def _same_view(x: torch.Tensor, y: torch.Tensor) -> bool:
+    return x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride()
+
+
+def _check_out_overlap(out: torch.Tensor, a, b, bias, c) -> None:
+    """``out`` must not share memory with an input (a conservative test on address ranges). The one
+    exception is ``out`` being exactly ``c`` (in-place ``beta * c`` accumulation), which is computed
+    into a temporary first."""
+    if out.numel() == 0:
+        return
+    o0, o1 = _byte_range(out)
+    for name, t in (("a", a), ("b", b), ("bias", bias), ("c", c)):
+        if t is None or t.numel() == 0:
+            continue
+        if name == "c" and _same_view(out, t):
+            continue
+        t0, t1 = _byte_range(t)
+        if o0 < t1 and t0 < o1:
+            raise UnsupportedProblem(f"{_NAME}: out overlaps {name} in memory (bytes [{o0:#x}, {o1:#x}) and "
+                                     f"[{t0:#x}, {t1:#x})); the kernel would read what it has overwritten. "
+                                     "Pass a separate out (out=c exactly is allowed).")
+
+
+# The paths ------------------------------------------------------------------------------------------
+
+def _activate_(x: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """The epilogue's activations as torch ops, in place (the reference the fused epilogue must match)."""
+    F = torch.nn.functional
+    if activation == "relu":
+        return F.relu(x, inplace=True)
+    if activation == "gelu":
+        return x.copy_(F.gelu(x))
+    if activation == "gelu_tanh":
+        return x.copy_(F.gelu(x, approximate="tanh"))
+    if activation == "silu":
+        return F.silu(x, inplace=True)
+    return x
+
+
+def best_sgemm_step(M: int, N: int, K: int, sm_count: int):
+    """The highest registered step of the fp32 ladder that supports (M, N, K), with the config its
+    heuristic picks: ``(KernelSpec, config)``. Falls back to lower steps; raises ``UnsupportedProblem``
+    with every step's reason when none fits. Needs no GPU (``sm_count`` is given)."""
+    from . import registry
+
+    reasons = []
+    for spec in sorted(registry.all_kernels("sgemm"), key=lambda s: s.step, reverse=True):
+        try:
+            cfg = spec.config_for(M, N, K, sm_count)
+        except UnsupportedProblem as e:
+            reasons.append(f"{spec.short}: {e}")
+            continue
+        why = spec.why_unsupported(M, N, K, cfg)
+        if why is None:
+            return spec, cfg
+        reasons.append(f"{spec.short}: {why}")
+    raise UnsupportedProblem(f"{_NAME}: no fp32 ladder step can run M={M} N={N} K={K} ("
+                             + ("; ".join(reasons) or "no sgemm steps are registered") + ")")
+
+
+def _on_device(device: torch.device):
+    """Make ``device`` current for a launch (kernels launch on the current device's stream)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _run_fp32(p: Problem, a, b, bias, activation, alpha, beta, c, out) -> None:
+    """fp32 inputs on the CUDA-core ladder's best step (any CUDA GPU). The kernel computes
+    ``alpha * a @ b + beta * c`` (c staged in an fp32 buffer); bias, activation and the cast to the
+    output dtype are separate torch ops after it (not fused). a and b are made contiguous (copied
+    when they are not), as the ladder's kernels take row-major operands."""
+    spec, cfg = best_sgemm_step(p.M, p.N, p.K, _sm_count(p.device))
+    direct = out.dtype == torch.float32 and out.stride() == (p.N, 1)
+    acc = out if direct else torch.empty((p.M, p.N), dtype=torch.float32, device=p.device)
+    if c is not None:
+        acc.copy_(c)
+    else:
+        beta = 0.0  # the kernel then never reads acc
+    with _on_device(p.device):
+        spec.run(a.contiguous(), b.contiguous(), acc, alpha=float(alpha), beta=float(beta), config=cfg)
+    if bias is not None:
+        acc.add_(bias)
+    _activate_(acc, activation)
+    if acc is not out:
+        out.copy_(acc)
+
+
+def _load_engine():
+    """The Hopper engine module (imported on first use; tests replace this with a fake engine)."""
+    try:
+        from . import engine
+    except ImportError as e:
+        raise GemmlabError(f"{_NAME}: bf16/fp16 need the Hopper engine (gemmlab.engine), which this build "
+                           f"lacks: {e}") from e
+    return engine
+
+
+def _run_engine(p: Problem, a, b, bias, activation, alpha, beta, c, out) -> None:
+    """bf16/fp16 inputs on the Hopper engine, with bias, activation, alpha and beta * c fused."""
+    eng = _load_engine()
+    why = eng.hopper_available(p.device)
+    if why:
+        raise NoGPUError(f"{_NAME} on {p.in_dtype} inputs needs the Hopper (sm_90) engine, which cannot run "
+                         f"here: {why}. float32 inputs run on any CUDA GPU (the CUDA-core path).")
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    with _on_device(p.device):
+        eng.gemm(a, b, out, bias=bias, activation=activation, alpha=float(alpha),
+                 beta=float(beta) if c is not None else 0.0, c=c)
+
+
+def _epilogue_only(p: Problem, bias, activation, c, beta, out) -> None:
+    """K == 0: a @ b is all zeros, so the result is act(beta * c + bias) (no kernel launch)."""
+    acc = torch.zeros((p.M, p.N), dtype=torch.float32, device=p.device)
+    if c is not None:
+        acc.add_(c.float(), alpha=beta)
+    if bias is not None:
+        acc.add_(bias.float())
+    _activate_(acc, activation)
+    out.copy_(acc)
+
+
+def _compute(p: Problem, a, b, bias, activation, alpha, beta, c, out) -> None:
+    """Write the result into ``out`` ((M, N), dtype ``p.out_dtype``, dense row-major, 16-byte aligned,
+    sharing no memory with the inputs)."""
+    if p.M == 0 or p.N == 0:
+        return
+    if p.K == 0:
+        _epilogue_only(p, bias, activation, c, beta, out)
+    elif p.in_dtype == torch.float32:
+        _run_fp32(p, a, b, bias, activation, alpha, beta, c, out)
+    else:
+        _run_engine(p, a, b, bias, activation, alpha, beta, c, out)
+
+
+# The custom op ----------------------------------------------------------------------------------------
+
+@torch.library.custom_op("gemmlab::matmul", mutates_args=())
+def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
+               alpha: float, beta: float, c: Optional[torch.Tensor],
+               out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    p = _validate(a, b, bias, activation, alpha, beta, c, out_dtype)
+    out = torch.empty((p.M, p.N), dtype=p.out_dtype, device=p.device)
+    _compute(p, a, b, bias, activation, alpha, beta, c, out)
+    return out
+
+
+@_matmul_op.register_fake
+def _matmul_fake(a, b, bias, activation, alpha, beta, c, out_dtype):
+    p = _validate(a, b, bias, activation, alpha, beta, c, out_dtype)
+    return a.new_empty((p.M, p.N), dtype=p.out_dtype)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    return is_fake(t)
+
+
+def _needs_temporary(out: torch.Tensor, p: Problem, c) -> bool:
+    """Whether the kernels cannot write ``out`` directly: not dense row-major, not 16-byte aligned
+    (TMA stores), or exactly ``c`` (read and written by one launch)."""
+    return (out.stride() != (p.N, 1) or out.data_ptr() % 16 != 0
+            or (c is not None and _same_view(out, c)))
+
+
+# Public API ---------------------------------------------------------------------------------------------
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
+           alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``act(alpha * a @ b + beta * c + bias)`` on a CUDA GPU, accumulated in fp32.
+
+    Args:
+        a: (M, K); b: (K, N). Any strides: ``w.t()`` of an nn.Linear weight, transposed views, row- or
+            column-major, unaligned leading dimensions or data pointers all work without the caller
+            copying. Both bfloat16 or both float16 (Hopper tensor cores, sm_90), or both float32.
+        bias: optional (N,), in the inputs' dtype or float32, added after ``beta * c``.
+        activation: None, "relu", "gelu" (erf), "gelu_tanh" or "silu", applied last.
+        alpha, beta: Python numbers. ``beta`` must be nonzero exactly when ``c`` is given.
+        c: optional (M, N) tensor in the output dtype, any strides.
+        out_dtype: bfloat16, float16 or float32; default the inputs' dtype (or ``out``'s dtype).
+        out: optional (M, N) tensor of the output dtype on the same device, sharing no memory with the
+            inputs, except that ``out=c`` (exactly the same view) is allowed for in-place accumulation.
+
+    Returns: (M, N), contiguous, ``out_dtype``; ``out`` itself when given.
+
+    Paths: bf16/fp16 run on the Hopper engine with the whole epilogue fused. float32 inputs run on the
+    best step of the fp32 CUDA-core ladder (any CUDA GPU): ``alpha`` and ``beta * c`` are applied by the
+    kernel, bias and activation by torch ops after it (not fused). Zero-size problems launch nothing: an
+    empty result when M or N is 0, ``act(beta * c + bias)`` when K is 0.
+
+    The result without ``out`` comes from the ``gemmlab::matmul`` custom op, so it traces under
+    ``torch.compile(fullgraph=True)`` and can be captured in a CUDA graph (warm up once first: the first
+    call compiles the kernel). ``out=`` is a plain Python path in eager mode (custom ops cannot return
+    an alias of an argument): the kernel writes ``out`` directly (through a temporary when ``out`` is not
+    dense row-major, not 16-byte aligned, or is ``c``); under torch.compile, or for fake/meta tensors, it
+    becomes the op followed by ``out.copy_``. Forward only: there is no autograd formula.
+
+    Raises: ``TypeError`` for dtype and argument-type problems; ``UnsupportedProblem`` (a ``ValueError``)
+    for shapes, limits (each dimension < 2^31, each operand < 2^40 elements), devices and overlap;
+    ``NoGPUError`` when no GPU, or no Hopper GPU for bf16/fp16, is available. See ``gemmlab.ops``.
+    """
+    alpha, beta = _as_float(alpha), _as_float(beta)
+    p = _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out)
+    if out is None:
+        return torch.ops.gemmlab.matmul(a, b, bias, activation, alpha, beta, c, p.out_dtype)
+    if torch.compiler.is_compiling() or p.device.type == "meta" or _is_fake(out) or _is_fake(a):
+        return out.copy_(torch.ops.gemmlab.matmul(a, b, bias, activation, alpha, beta, c, p.out_dtype))
+    _check_out_overlap(out, a, b, bias, c)
+    target = torch.empty((p.M, p.N), dtype=p.out_dtype, device=p.device) if _needs_temporary(out, p, c) else out
+    _compute(p, a, b, bias, activation, alpha, beta, c, target)
+    if target is not out:
+        out.copy_(target)
+    return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str | None = None) -> torch.Tensor:
+    """``act(x @ weight.T + bias)``, like ``torch.nn.functional.linear`` with a fused activation.
+
+    x: (..., K), any number of leading dimensions (also none: (K,) gives (N,)); weight: (N, K) (an
+    nn.Linear weight, any strides); bias: optional (N,). Returns (..., N) in x's dtype. The leading
+    dimensions are flattened with ``reshape`` (a view whenever x's strides allow, else one copy), and
+    the product is ``gemmlab.matmul(x2d, weight.t(), ...)``, whose rules and errors apply.
+    """
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        bad = x if not isinstance(x, torch.Tensor) else weight
+        raise TypeError(f"gemmlab.linear: x and weight must be torch.Tensors, got {type(bad).__name__}")
+    if x.dim() < 1:
+        raise UnsupportedProblem("gemmlab.linear: x must have at least one dimension (..., K), got a scalar")
+    if weight.dim() != 2:
+        raise UnsupportedProblem(f"gemmlab.linear: weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+    K = x.shape[-1]
+    if weight.shape[1] != K:
+        raise UnsupportedProblem(f"gemmlab.linear: x has {K} features (last dimension) but weight (N, K) has "
+                                 f"shape {tuple(weight.shape)}; weight.shape[1] must equal x.shape[-1]")
+    lead = tuple(x.shape[:-1])
+    rows = 1
+    for d in lead:
+        rows *= d
+    y = matmul(x.reshape(rows, K), weight.t(), bias=bias, activation=activation)
+    return y.reshape(*lead, weight.shape[0])
