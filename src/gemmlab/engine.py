@@ -9,6 +9,7 @@ descriptors are cached, so a repeated call is a few dictionary lookups and one l
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -28,12 +29,17 @@ _CTYPE = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.float3
 
 
 def hopper_available(device: torch.device) -> str | None:
-    """None if the engine can run on ``device``; otherwise what is missing."""
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible"
+    """None if the engine can run on ``device``; otherwise what is missing. Cheap after the first call."""
     if device.type != "cuda":
         return f"tensors are on {device}, not a CUDA device"
-    cap = torch.cuda.get_device_capability(device)
+    return _hopper_reason(device.index if device.index is not None else -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_reason(index: int) -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible"
+    cap = torch.cuda.get_device_capability(None if index < 0 else index)
     if cap != (9, 0):
         return f"the Hopper engine needs compute capability 9.0 (sm_90a); this GPU is {cap[0]}.{cap[1]}"
     return None
@@ -159,20 +165,20 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     bn = choose_bn(M, N, _sm_count(a.device))
     q = _qsize(bn, a.element_size())
     tbias = _CTYPE[bias.dtype] if has_bias else "float"
+    tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
+    splits = choose_splits(tiles_m * tiles_n, K, _sm_count(a.device))
     expr = (f"hopper_h11<{_CTYPE[a.dtype]}, {_CTYPE[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
-            f"{int(b_mn)}, {epi}>")
+            f"{int(b_mn)}, {epi}, {int(splits > 1)}>")
     compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
 
     map_a = tensor_map_2d(ta, (BK, 64) if a_mn else (BM, BK))
     map_b = tensor_map_2d(tb, (BK, 64) if b_mn else (bn, BK))
     piece = 32 if out.element_size() == 4 else 64
     map_c = tensor_map_2d(store, (64, piece))
-    tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
     order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
     smem = q * (BM + bn) * BK * a.element_size() + 2 * 2 * 64 * 64 * 2 + 1024
     cin = c if has_c else out
     tiles = tiles_m * tiles_n
-    splits = choose_splits(tiles, K, _sm_count(a.device))
     workspace, counters = _split_buffers(a.device, tiles, splits, bn) if splits > 1 else (out, out)
     args = (map_a, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
             np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),

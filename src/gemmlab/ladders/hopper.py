@@ -436,7 +436,7 @@ register(KernelSpec(
               "epilogue: the engine of gemmlab.matmul",
     source="hopper/h11_general.cu", template="hopper_h11",
     params=(Param("BN", (256, 192, 128), "tile width (wgmma N)"), Param("QSIZE", (4, 3), "pipeline stages")),
-    template_prefix=("__nv_bfloat16", "__nv_bfloat16", "float"), template_suffix=("0", "0", "0"),
+    template_prefix=("__nv_bfloat16", "__nv_bfloat16", "float"), template_suffix=("0", "0", "0", "0"),
     arch="sm_90a", constraints="any M, N, K >= 1 (16-byte aligned rows; gemmlab.matmul copies others); "
                                "alpha, beta any",
     sass=SassExpect(contains=WS_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],

@@ -30,7 +30,7 @@ __device__ __forceinline__ void store_f32x2_sw128(float* slab, int row, int col,
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_u32(slab) + off), "f"(x), "f"(y) : "memory");
 }
 
-template <typename T, typename TO, typename TBIAS, int BN, int QSIZE, int A_MN, int B_MN, int EPI>
+template <typename T, typename TO, typename TBIAS, int BN, int QSIZE, int A_MN, int B_MN, int EPI, int SPLIT>
 __global__ void __launch_bounds__(384, 1)
 hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
            const __grid_constant__ CUtensorMap tmC, const int* __restrict__ order, int M, int N, int K,
@@ -50,6 +50,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
     const int k_iters = (K + BK - 1) / BK;
+    if constexpr (!SPLIT) splits = 1;  // only the SPLIT instantiation carries the fixup code
     const int k_per = (k_iters + splits - 1) / splits, num_units = num_tiles * splits;
     __shared__ int last_unit[2];
     if (threadIdx.x == 0) {
@@ -126,7 +127,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             if (t == 0) mbar_arrive_notoken(&empty[prev]);  // the host never makes a split without k-steps
 
             const float* partials = nullptr;  // split-K: where the other splits' partials of this tile are
-            if (splits > 1) {
+            if (SPLIT && splits > 1) {
                 // Split-K fixup. This consumer's 64 x BN partial goes to the workspace (rows < M only),
                 // then a counter says whether every other split of the tile has finished.
                 float* mine = workspace + ((size_t)unit * BM + row) * BN;
@@ -169,10 +170,13 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     for (int h = 0; h < 4; ++h) {
                         const int r = h < 2 ? r_top : r_bot, cc = c + (h & 1);
                         float acc = d[4 * jj + h];
-                        if (partials != nullptr && r < M) {  // the other splits' partials (split-K only)
-                            const int off = (r - m0 - row) * BN + (cc - n0);
-                            for (int o = 0; o < splits; ++o)
-                                if (o != split) acc += __ldcg(partials + (size_t)o * BM * BN + off);
+                        if constexpr (SPLIT) {  // the other splits' partials
+                            if (partials != nullptr && r < M) {
+                                const int off = (r - m0 - row) * BN + (cc - n0);
+#pragma unroll 1
+                                for (int o = 0; o < splits; ++o)
+                                    if (o != split) acc += __ldcg(partials + (size_t)o * BM * BN + off);
+                            }
                         }
                         float x = alpha * acc;
                         if constexpr (HAS_C) {
