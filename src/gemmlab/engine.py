@@ -158,10 +158,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
         raise UnsupportedProblem(f"unknown activation {activation!r}; known: {[k for k in ACTIVATIONS if k]}")
     ta, a_mn = _operand(a, 1)
     tb, b_mn = _operand(b, 0)
-    store = out if _tma_ok(out) else torch.empty(M, math.ceil(N / 8) * 8, dtype=out.dtype, device=out.device)[:, :N]
+    # An output TMA cannot write (rows not 16-byte aligned) is stored straight from registers.
+    direct = not _tma_ok(out)
     has_c = c is not None and beta != 0.0
     has_bias = bias is not None
-    epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2)
+    epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2) | (int(direct) << 5)
     bn = choose_bn(M, N, _sm_count(a.device))
     q = _qsize(bn, a.element_size())
     tbias = _CTYPE[bias.dtype] if has_bias else "float"
@@ -174,7 +175,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     map_a = tensor_map_2d(ta, (BK, 64) if a_mn else (BM, BK))
     map_b = tensor_map_2d(tb, (BK, 64) if b_mn else (bn, BK))
     piece = 32 if out.element_size() == 4 else 64
-    map_c = tensor_map_2d(store, (64, piece))
+    map_c = map_a if direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C map
     order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
     smem = q * (BM + bn) * BK * a.element_size() + 2 * 2 * 64 * 64 * 2 + 1024
     cin = c if has_c else out
@@ -182,7 +183,5 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     workspace, counters = _split_buffers(a.device, tiles, splits, bn) if splits > 1 else (out, out)
     args = (map_a, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
             np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
-            bias if has_bias else out, np.int32(splits), workspace, counters)
+            bias if has_bias else out, np.int32(splits), workspace, counters, out, np.int64(out.stride(0)))
     launch(compiled, grid=min(_sm_count(a.device), tiles * splits), block=384, smem=smem, args=args)
-    if store is not out:
-        out.copy_(store)

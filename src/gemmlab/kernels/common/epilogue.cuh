@@ -29,3 +29,12 @@ __device__ __forceinline__ u32 pack2(float lo, float hi, __half*) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<u32*>(&v);
 }
+
+template <typename TO>
+__device__ __forceinline__ TO from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }

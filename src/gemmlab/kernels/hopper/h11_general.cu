@@ -35,10 +35,14 @@ __global__ void __launch_bounds__(384, 1)
 hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
            const __grid_constant__ CUtensorMap tmC, const int* __restrict__ order, int M, int N, int K,
            float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row, long long ldc_col,
-           const TBIAS* __restrict__ bias, int splits, float* __restrict__ workspace, int* __restrict__ counters) {
+           const TBIAS* __restrict__ bias, int splits, float* __restrict__ workspace, int* __restrict__ counters,
+           TO* __restrict__ Out, long long ldo) {
     constexpr int BM = 128, BK = 64, CONSUMERS = 2;
     constexpr bool HAS_BIAS = EPI & 1, HAS_C = EPI & 2;
     constexpr int ACT = (EPI >> 2) & 7;
+    // DIRECT: store straight from registers with bounds checks (an output whose rows are not 16-byte
+    // aligned, which a TMA store cannot write) instead of slab + TMA store.
+    constexpr bool DIRECT = EPI & 32;
     constexpr int PIECE = sizeof(TO) == 4 ? 32 : 64;  // one 128-byte swizzle row per piece row
     constexpr u32 STAGE_BYTES = (BM + BN) * BK * sizeof(T);
     extern __shared__ unsigned char smem_raw[];
@@ -159,8 +163,10 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
 #pragma unroll
             for (int p = 0; p < BN / PIECE; ++p) {
                 TO* slab = slabs + (p % 2) * 64 * PIECE;
-                if (t == 0) tma_store_wait_read<1>();
-                named_barrier_sync(1 + consumer, 128);
+                if constexpr (!DIRECT) {
+                    if (t == 0) tma_store_wait_read<1>();
+                    named_barrier_sync(1 + consumer, 128);
+                }
                 float v[PIECE / 2];  // this thread's values of the piece, in fragment order
 #pragma unroll
                 for (int j = 0; j < PIECE / 8; ++j) {
@@ -188,7 +194,18 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                         v[4 * j + h] = activate<ACT>(x);
                     }
                 }
-                if constexpr (sizeof(TO) == 4) {
+                if constexpr (DIRECT) {
+#pragma unroll
+                    for (int j = 0; j < PIECE / 8; ++j) {
+                        const int c = n0 + 8 * (p * (PIECE / 8) + j) + frag_col(t);
+#pragma unroll
+                        for (int h = 0; h < 4; ++h) {
+                            const int r = h < 2 ? r_top : r_bot, cc = c + (h & 1);
+                            if (r < M && cc < N) Out[r * ldo + cc] = from_float<TO>(v[4 * j + h]);
+                        }
+                    }
+                    continue;
+                } else if constexpr (sizeof(TO) == 4) {
                     // fp32: each thread writes float2 pairs into the 128B-swizzled 64 x 32 slab.
 #pragma unroll
                     for (int j = 0; j < PIECE / 8; ++j) {
@@ -217,6 +234,6 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 }
             }
         }
-        if (t == 0) tma_store_wait_all<0>();
+        if (!DIRECT && t == 0) tma_store_wait_all<0>();
     }
 }
