@@ -1,6 +1,6 @@
 """The fp32 CUDA-core ladder: C = alpha * A @ B + beta * C, row-major fp32, any M, N, K.
 
-Steps k01 to k09 (see ``docs/ladder.md`` and the README table). Each step is one ``.cu`` file under
+Steps k01 to k10 (see ``docs/ladder.md`` and the README table). Each step is one ``.cu`` file under
 ``gemmlab/kernels/sgemm`` and one ``register`` call here.
 """
 
@@ -51,8 +51,8 @@ def any_shape(cfg, M, N, K):
     """Every sgemm step handles any M, N, K >= 1 (edges are guarded in the kernels)."""
     if min(M, N, K) < 1:
         return "M, N and K must be >= 1"
-    if max(M * K, K * N, M * N) >= 2**31:
-        return "an operand has 2^31 or more elements (32-bit index math)"
+    if max(M * K, K * N, M * N) >= 2**31 - 1024:
+        return "an operand has 2^31 - 1024 or more elements (32-bit index math, tile edges included)"
     return None
 
 
@@ -254,4 +254,112 @@ register(KernelSpec(
     sass=SassExpect(contains=VEC_SASS, min_loop_ffma=512, no_local_memory=True),
     launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
     threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_conflict_free,
+))
+
+
+# k08 -----------------------------------------------------------------------------------------------
+
+REGS_PER_SM = 65536
+STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays cannot exceed 48 KB per block
+
+
+def _register_cap(threads: int, min_blocks: int) -> int:
+    """The per-thread register ceiling ptxas gets from __launch_bounds__(threads, min_blocks)."""
+    return min(255, REGS_PER_SM // (threads * min_blocks) // 8 * 8)
+
+
+def _fits_registers(c, threads, accumulators, fragments, prefetch=False):
+    """None if the accumulators, the fragments, the tile values a thread stages from global memory and
+    ~32 registers of addresses and loop state fit under the __launch_bounds__ cap (else ptxas spills).
+    With ``prefetch`` (k10) the staged values stay live across the FFMAs, and count twice: ptxas
+    hoists the next loads early and keeps both. A rule of thumb calibrated on ptxas 13.0 for sm_90:
+    no config it accepts spills (checked by compiling the whole search space of k08, k09 and k10)."""
+    staged = (c["BM"] + c["BN"]) * c["BK"] // threads * (2 if prefetch else 1)
+    need = accumulators + fragments + staged + 32
+    cap = _register_cap(threads, c["MIN_BLOCKS"])
+    if need > cap:
+        return f"~{need} registers needed, {cap} allowed by MIN_BLOCKS={c['MIN_BLOCKS']}"
+    return None
+
+
+def _check_k08(c):
+    if c["BM"] % c["TM"] or c["BN"] % c["TN"]:
+        return "TM must divide BM and TN must divide BN"
+    t = _threads_2d(c)
+    if t > 1024 or t < 64 or t % 32:
+        return f"{t} threads per block: need a multiple of 32 in 64..1024"
+    if (c["BM"] + c["BN"]) * c["BK"] * 4 > STATIC_SMEM_LIMIT:
+        return "the A and B tiles exceed 48 KB of static shared memory"
+    return _fits_registers(c, t, accumulators=c["TM"] * c["TN"], fragments=c["TM"] + c["TN"])
+
+
+register(KernelSpec(
+    name="sgemm.k08_autotuned", ladder="sgemm", step=8,
+    technique="k07 opened up for search: block/thread tile shapes and blocks per SM as template parameters",
+    source="sgemm/k08_autotuned.cu", template="sgemm_autotuned",
+    params=(Param("BM", (128, 64, 256), "block tile rows"), Param("BN", (128, 64, 256), "block tile columns"),
+            Param("BK", (16, 8, 32), "block tile depth"), Param("TM", (8, 4), "thread tile rows"),
+            Param("TN", (8, 4), "thread tile columns"),
+            Param("MIN_BLOCKS", (2, 1), "blocks per SM asked of __launch_bounds__ (caps registers)")),
+    arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
+    sass=SassExpect(contains=VEC_SASS, min_loop_ffma=1024, no_local_memory=True),
+    launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_k08,
+))
+
+
+# k09 -----------------------------------------------------------------------------------------------
+
+WARP_SUB_M, WARP_SUB_N = 16, 32  # a warp's sub-tile: lanes as 4 rows x 8 columns, 4 x 4 each
+
+
+def _threads_warps(c):
+    return (c["BM"] // c["WM"]) * (c["BN"] // c["WN"]) * 32
+
+
+def _check_warptiling(stages):
+    def check(c):
+        if c["BM"] % c["WM"] or c["BN"] % c["WN"]:
+            return "warp tiles (WM x WN) must tile the block tile (BM x BN)"
+        if c["WM"] % WARP_SUB_M or c["WN"] % WARP_SUB_N:
+            return f"WM must be a multiple of {WARP_SUB_M} and WN of {WARP_SUB_N}"
+        t = _threads_warps(c)
+        if t > 1024 or t < 128:
+            return f"{t} threads per block: need 128..1024 (4 to 32 warps)"
+        if stages * (c["BM"] + c["BN"]) * c["BK"] * 4 > STATIC_SMEM_LIMIT:
+            return "the A and B tiles exceed 48 KB of static shared memory"
+        frags = c["WM"] // WARP_SUB_M * 4 + c["WN"] // WARP_SUB_N * 4
+        return _fits_registers(c, t, accumulators=c["WM"] * c["WN"] // 32, fragments=frags, prefetch=stages > 1)
+    return check
+
+
+_PARAMS_WARP = (Param("BM", (128, 64, 256), "block tile rows"), Param("BN", (128, 64, 256), "block tile columns"),
+                Param("BK", (16, 8, 32), "block tile depth"),
+                Param("WM", (64, 32), "warp tile rows (multiple of 16)"),
+                Param("WN", (64, 32), "warp tile columns (multiple of 32)"),
+                Param("MIN_BLOCKS", (2, 1), "blocks per SM asked of __launch_bounds__ (caps registers)"))
+
+register(KernelSpec(
+    name="sgemm.k09_warptiling", ladder="sgemm", step=9,
+    technique="block tile -> warp tiles -> 4x4 lane pieces: compact per-warp smem footprint, all in registers",
+    source="sgemm/k09_warptiling.cu", template="sgemm_warptiling",
+    params=_PARAMS_WARP,
+    arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
+    sass=SassExpect(contains=VEC_SASS, min_loop_ffma=1024, no_local_memory=True),
+    launcher=_tiled_launcher(_threads_warps), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_warps, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_warptiling(stages=1),
+))
+
+
+# k10 -----------------------------------------------------------------------------------------------
+
+register(KernelSpec(
+    name="sgemm.k10_double_buffered", ladder="sgemm", step=10,
+    technique="two smem stages: the next tiles' global loads fly in registers while this tile's FFMAs run",
+    source="sgemm/k10_double_buffered.cu", template="sgemm_double_buffered",
+    params=_PARAMS_WARP,
+    arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
+    sass=SassExpect(contains=VEC_SASS, min_loop_ffma=1024, no_local_memory=True),
+    launcher=_tiled_launcher(_threads_warps), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_warps, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_warptiling(stages=2),
 ))

@@ -34,28 +34,29 @@ sgemm_vectorized(int M, int N, int K, float alpha, const float* __restrict__ A,
     const bool b_vec = is_vec4_friendly(B, N);
     const bool c_vec = is_vec4_friendly(C, N);
 
+    using SplitA = TileSplit<BM, BK, THREADS>;  // A tile: BK/4 neighbouring threads per row (coalesced)
+    using SplitB = TileSplit<BK, BN, THREADS>;  // B tile: neighbouring threads, neighbouring float4s
+    float4 a_regs[SplitA::PASSES], b_regs[SplitB::PASSES];
+
     float acc[TM][TN] = {};
     float a_frag[TM], b_frag[TN];
     for (int k0 = 0; k0 < K; k0 += BK) {
-        // A: BK/4 consecutive threads cover the BK floats of one row of the tile (coalesced), and
-        // each scatters its 4 values down a column of the transposed tile.
+        // Every global load of the tile first, then every shared store: the loads are in flight
+        // together instead of each waiting for the one before.
+        load_tile<BM, BK, THREADS>(a_regs, A, M, K, block_row, k0, a_vec, tid);
+        load_tile<BK, BN, THREADS>(b_regs, B, K, N, k0, block_col, b_vec, tid);
+        // A goes in transposed: each thread scatters its 4 k-values down a column of a_tile.
 #pragma unroll
-        for (int pass = 0; pass < BM * BK / 4 / THREADS; ++pass) {
-            const int i = pass * THREADS + tid;
-            const int r = i / (BK / 4), kq = i % (BK / 4);
-            const float4 v = load4_or_zero(A, M, K, block_row + r, k0 + kq * 4, a_vec);
-            a_tile[(kq * 4 + 0) * BM + r] = v.x;
-            a_tile[(kq * 4 + 1) * BM + r] = v.y;
-            a_tile[(kq * 4 + 2) * BM + r] = v.z;
-            a_tile[(kq * 4 + 3) * BM + r] = v.w;
+        for (int p = 0; p < SplitA::PASSES; ++p) {
+            const int r = SplitA::row(p, tid), k = SplitA::col(p, tid);
+            a_tile[(k + 0) * BM + r] = a_regs[p].x;
+            a_tile[(k + 1) * BM + r] = a_regs[p].y;
+            a_tile[(k + 2) * BM + r] = a_regs[p].z;
+            a_tile[(k + 3) * BM + r] = a_regs[p].w;
         }
-        // B: consecutive threads take consecutive float4s of a row; stored as they are (STS.128).
 #pragma unroll
-        for (int pass = 0; pass < BK * BN / 4 / THREADS; ++pass) {
-            const int i = pass * THREADS + tid;
-            const int r = i / (BN / 4), c4 = i % (BN / 4);
-            *reinterpret_cast<float4*>(&b_tile[r * BN + c4 * 4]) =
-                load4_or_zero(B, K, N, k0 + r, block_col + c4 * 4, b_vec);
+        for (int p = 0; p < SplitB::PASSES; ++p) {
+            *reinterpret_cast<float4*>(&b_tile[SplitB::row(p, tid) * BN + SplitB::col(p, tid)]) = b_regs[p];
         }
         __syncthreads();
 

@@ -56,26 +56,27 @@ sgemm_bank_conflicts(int M, int N, int K, float alpha, const float* __restrict__
     const bool b_vec = is_vec4_friendly(B, N);
     const bool c_vec = is_vec4_friendly(C, N);
 
+    using SplitA = TileSplit<BM, BK, THREADS>;
+    using SplitB = TileSplit<BK, BN, THREADS>;
+    float4 a_regs[SplitA::PASSES], b_regs[SplitB::PASSES];
+
     float acc[TM][TN] = {};
     float a_frag[TM], b_frag[TN];
     for (int k0 = 0; k0 < K; k0 += BK) {
+        load_tile<BM, BK, THREADS>(a_regs, A, M, K, block_row, k0, a_vec, tid);
+        load_tile<BK, BN, THREADS>(b_regs, B, K, N, k0, block_col, b_vec, tid);
 #pragma unroll
-        for (int pass = 0; pass < BM * BK / 4 / THREADS; ++pass) {
-            const int i = pass * THREADS + tid;
-            const int r = i / (BK / 4), kq = i % (BK / 4);
-            const float4 v = load4_or_zero(A, M, K, block_row + r, k0 + kq * 4, a_vec);
-            const int swizzled_row = r ^ (kq * SWIZZLE_STEP);
-            a_tile[(kq * 4 + 0) * BM + swizzled_row] = v.x;
-            a_tile[(kq * 4 + 1) * BM + swizzled_row] = v.y;
-            a_tile[(kq * 4 + 2) * BM + swizzled_row] = v.z;
-            a_tile[(kq * 4 + 3) * BM + swizzled_row] = v.w;
+        for (int p = 0; p < SplitA::PASSES; ++p) {
+            const int r = SplitA::row(p, tid), k = SplitA::col(p, tid);
+            const int swizzled_row = r ^ ((k / 4) * SWIZZLE_STEP);
+            a_tile[(k + 0) * BM + swizzled_row] = a_regs[p].x;
+            a_tile[(k + 1) * BM + swizzled_row] = a_regs[p].y;
+            a_tile[(k + 2) * BM + swizzled_row] = a_regs[p].z;
+            a_tile[(k + 3) * BM + swizzled_row] = a_regs[p].w;
         }
 #pragma unroll
-        for (int pass = 0; pass < BK * BN / 4 / THREADS; ++pass) {
-            const int i = pass * THREADS + tid;
-            const int r = i / (BN / 4), c4 = i % (BN / 4);
-            *reinterpret_cast<float4*>(&b_tile[r * BN + c4 * 4]) =
-                load4_or_zero(B, K, N, k0 + r, block_col + c4 * 4, b_vec);
+        for (int p = 0; p < SplitB::PASSES; ++p) {
+            *reinterpret_cast<float4*>(&b_tile[SplitB::row(p, tid) * BN + SplitB::col(p, tid)]) = b_regs[p];
         }
         __syncthreads();
 

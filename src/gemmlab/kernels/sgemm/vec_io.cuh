@@ -52,4 +52,45 @@ __device__ __forceinline__ void store4_epilogue(float* __restrict__ C, int M, in
     }
 }
 
+// The float4s of a ROWS x COLS tile, numbered row-major (COLS/4 per row), are dealt to THREADS
+// threads round-robin: float4 i goes to thread i % THREADS as its pass i / THREADS. These give
+// the tile coordinates of a thread's pass and the number of passes.
+template <int ROWS, int COLS, int THREADS>
+struct TileSplit {
+    // An enum, not static constexpr members: NVRTC would emit those as (unused) global variables.
+    enum : int { VECS = ROWS * COLS / 4, PASSES = (VECS + THREADS - 1) / THREADS };
+    static_assert(COLS % 4 == 0, "tile rows are whole float4s");
+    // False only for the idle threads of a last, partial pass (folds to true when THREADS | VECS).
+    __device__ static bool owns(int pass, int tid) { return VECS % THREADS == 0 || pass * THREADS + tid < VECS; }
+    __device__ static int row(int pass, int tid) { return (pass * THREADS + tid) / (COLS / 4); }
+    __device__ static int col(int pass, int tid) { return (pass * THREADS + tid) % (COLS / 4) * 4; }
+};
+
+// Load this thread's float4s of the tile at (row0, col0) of a rows x cols row-major matrix into
+// registers, zeros outside the matrix. All loads are issued before any is used, so they are in
+// flight together. A tile wholly inside an aligned matrix (the common case) takes the unguarded
+// branch: plain LDG.128, no per-element tests; the branch is the same for the whole block.
+template <int ROWS, int COLS, int THREADS>
+__device__ __forceinline__ void load_tile(float4 (&regs)[TileSplit<ROWS, COLS, THREADS>::PASSES],
+                                          const float* __restrict__ mat, int rows, int cols, int row0,
+                                          int col0, bool vec_ok, int tid) {
+    using S = TileSplit<ROWS, COLS, THREADS>;
+    if (vec_ok && row0 + ROWS <= rows && col0 + COLS <= cols) {
+#pragma unroll
+        for (int p = 0; p < S::PASSES; ++p) {
+            if (S::owns(p, tid)) {
+                regs[p] = *reinterpret_cast<const float4*>(mat + (size_t)(row0 + S::row(p, tid)) * cols + col0 +
+                                                           S::col(p, tid));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int p = 0; p < S::PASSES; ++p) {
+            if (S::owns(p, tid)) {
+                regs[p] = load4_or_zero(mat, rows, cols, row0 + S::row(p, tid), col0 + S::col(p, tid), vec_ok);
+            }
+        }
+    }
+}
+
 }  // namespace sgemm_vec_io
