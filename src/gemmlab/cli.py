@@ -561,6 +561,20 @@ def _cmd_figures(args) -> int:
     return 0
 
 
+# gemmlab mcp --------------------------------------------------------------------------------------------
+
+def _cmd_mcp(args) -> int:
+    try:
+        from .mcp_server import serve
+    except ModuleNotFoundError as e:
+        if not (e.name or "").startswith("mcp"):
+            raise
+        print("gemmlab mcp: the MCP server needs the `mcp` package: pip install 'gemmlab[mcp]'", file=sys.stderr)
+        return 2
+    serve(http=args.http, host=args.host, port=args.port)
+    return 0
+
+
 # The parser ---------------------------------------------------------------------------------------------
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -684,6 +698,18 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"),
                      help="file formats")
     fig.set_defaults(func=_cmd_figures)
+
+    mcp = sub.add_parser(
+        "mcp", formatter_class=_Formatter, help="serve the tools to coding agents over MCP (stdio or HTTP)",
+        description=_para("Run gemmlab's MCP server (the `mcp` extra) for agents in VS Code, Cursor or Claude "
+                          "Desktop: list_kernels, inspect_kernel, model_gemm, benchmark_gemm (GPU) and explain_gap, "
+                          "plus the gemmlab://brief and gemmlab://ladders resources. Speaks stdio by default (what "
+                          "editors launch); --http serves streamable HTTP at http://HOST:PORT/mcp, bound to "
+                          "127.0.0.1 unless --host says otherwise. See the README's MCP section."))
+    mcp.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="with --http: the address to bind")
+    mcp.add_argument("--port", type=int, default=8000, help="with --http: the port")
+    mcp.set_defaults(func=_cmd_mcp)
     return p
 
 
