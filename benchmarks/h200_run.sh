@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The session's closing H200 run: GPU tests for what changed last, then every benchmark whose records
+# the README tables are generated from. Usage (device tool): GEMMLAB_GIT_SHA=<sha> bash benchmarks/h200_run.sh
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GEMMLAB_CACHE_DIR=${GEMMLAB_CACHE_DIR:-/tmp/gemmlab-cache}
+log="$OUT/log.txt"
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv
+  python3 -c "import sys, torch, cuda.core; print(sys.version.split()[0], torch.__version__, cuda.core.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+step() {  # step SECONDS COMMAND...: run with a time limit, keep the output
+  local limit=$1; shift
+  echo "== $*" | tee -a "$log"
+  timeout "$limit" "$@" 2>&1 | tee -a "$log" | grep -v "^[│┃┏┡└━]" | tail -"${TAIL:-12}"
+}
+TAIL=25 step 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py -k "sgemm or h10 or h11" \
+  tests/test_engine_gpu.py -k "sgemm or h10 or h11 or layouts or unaligned or epilogue" tests/test_cli.py
+cp "$log" "$OUT/pytest.txt"
+step 90 python3 benchmarks/ladder_run.py --ladder hopper --sizes 4096,8192 --rounds 10 --suite ladder --out "$OUT/hopper_ladder.jsonl"
+step 60 python3 benchmarks/ladder_run.py --ladder hopper --steps h10 --sizes 2048,3072,4096,6144,8192,12288,16384 --rounds 10 --suite sweep --out "$OUT/hopper_sweep.jsonl"
+step 80 python3 benchmarks/ladder_run.py --ladder sgemm --sizes 4096,8192 --rounds 5 --suite ladder --out "$OUT/sgemm_ladder.jsonl"
+for s in unaligned square epilogue; do
+  step 60 python3 benchmarks/matmul_run.py --suite "$s" --rounds 10 --out "$OUT/matmul.jsonl"
+done
+TAIL=6 step 150 python3 benchmarks/matmul_run.py --suite llm --rounds 5 --out "$OUT/matmul.jsonl"
