@@ -99,14 +99,16 @@ def _qsize(bn: int, in_bytes: int) -> int:
 
 
 def choose_splits(tiles: int, K: int, sm_count: int) -> int:
-    """Split K when the tiles cannot fill half the SMs (decode shapes), keeping >= 4 k-steps per split.
+    """Split K when the tiles cannot fill half the SMs (decode shapes): at most 8 splits of >= 8 k-steps.
 
     The result never leaves a split without k-steps (the kernel's k ranges are ceil(k_iters / splits)).
     """
     k_iters = math.ceil(K / BK)
-    if tiles * 2 > sm_count or k_iters < 8:
+    if tiles * 2 > sm_count or k_iters < 16:
         return 1
-    splits = min(sm_count // tiles, k_iters // 4, 32)
+    # Each extra split costs the reducing unit one more round trip through L2 per output piece: keep
+    # them few and long (>= 8 k-steps each).
+    splits = min(sm_count // tiles, k_iters // 8, 8)
     if splits <= 1:
         return 1
     per = math.ceil(k_iters / splits)

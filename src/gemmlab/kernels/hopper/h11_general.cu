@@ -169,22 +169,39 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 }
                 float v[PIECE / 2];  // this thread's values of the piece, in fragment order
 #pragma unroll
+                for (int i = 0; i < PIECE / 2; ++i) v[i] = d[p * (PIECE / 2) + i];
+                if constexpr (SPLIT) {
+                    // Add the other splits' partials: per split, all of this piece's loads are independent
+                    // (one L2 round trip per split, not one per element).
+                    if (partials != nullptr) {
+                        for (int o = 0; o < splits; ++o) {
+                            if (o == split) continue;
+                            const float* part = partials + (size_t)o * BM * BN;
+#pragma unroll
+                            for (int j = 0; j < PIECE / 8; ++j) {
+                                const int cl = 8 * (p * (PIECE / 8) + j) + frag_col(t), rl = frag_row(t);
+                                if (r_top < M) {
+                                    const float2 x = __ldcg(reinterpret_cast<const float2*>(part + rl * BN + cl));
+                                    v[4 * j] += x.x;
+                                    v[4 * j + 1] += x.y;
+                                }
+                                if (r_bot < M) {
+                                    const float2 x = __ldcg(reinterpret_cast<const float2*>(part + (rl + 8) * BN + cl));
+                                    v[4 * j + 2] += x.x;
+                                    v[4 * j + 3] += x.y;
+                                }
+                            }
+                        }
+                    }
+                }
+#pragma unroll
                 for (int j = 0; j < PIECE / 8; ++j) {
                     const int jj = p * (PIECE / 8) + j;
                     const int c = n0 + 8 * jj + frag_col(t);
 #pragma unroll
                     for (int h = 0; h < 4; ++h) {
                         const int r = h < 2 ? r_top : r_bot, cc = c + (h & 1);
-                        float acc = d[4 * jj + h];
-                        if constexpr (SPLIT) {  // the other splits' partials
-                            if (partials != nullptr && r < M) {
-                                const int off = (r - m0 - row) * BN + (cc - n0);
-#pragma unroll 1
-                                for (int o = 0; o < splits; ++o)
-                                    if (o != split) acc += __ldcg(partials + (size_t)o * BM * BN + off);
-                            }
-                        }
-                        float x = alpha * acc;
+                        float x = alpha * v[4 * j + h];
                         if constexpr (HAS_C) {
                             if (r < M && cc < N) x += beta * to_float(Cin[r * ldc_row + cc * ldc_col]);
                         }
