@@ -41,7 +41,7 @@ def ladder_table(records: list[dict], sizes=(4096, 8192)) -> str:
         cells = []
         for n in sizes:
             r = by[name].get(n)
-            cells.append(f"{r['tflops']:.0f} ({r['ratio']:.2f}x)" if r else "")
+            cells.append(f"{r['tflops']:.{0 if r['tflops'] >= 10 else 1}f} ({r['ratio']:.2f}x)" if r else "")
         rows.append(f"| `{spec.short}` | {spec.technique} | " + " | ".join(cells) + " |")
     base = {n: next((r for r in records if r["M"] == n), None) for n in sizes}
     rows.append("| cuBLAS | `torch.mm` | " + " | ".join(
@@ -84,7 +84,8 @@ def matmul_table(records: list[dict]) -> str:
     for r in records:
         if r["suite"] in ("unaligned", "epilogue"):
             detail.append(f"| {r.get('case', r['M'])} | {r['tflops']:.0f} | {r['baseline_tflops']:.0f} | {r['ratio']:.2f} |")
-    return "\n".join(rows + detail) + "\n"
+    sha = sorted({r["git_sha"] for r in records})
+    return "\n".join(rows + detail) + f"\n\nRecords: git {', '.join(sha)}.\n"
 
 
 BLOCKS = {
