@@ -71,7 +71,7 @@ def bench_shape(ladder: str, M: int, N: int, K: int, steps: list[tuple[KernelSpe
     a0, b0, c0 = sets[0]
     ref = lad.reference(a0, b0, c0, 1.0, 0.0)
     def label(spec, cfg):
-        return spec.name + spec._config_tag(cfg)
+        return spec.name + spec.config_tag(cfg)
 
     errors: dict[str, float] = {}
     runnable = []

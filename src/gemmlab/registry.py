@@ -116,9 +116,10 @@ class KernelSpec:
         from .jit.compiler import compile_kernel
 
         return compile_kernel(self.source, self.name_expression(config), arch=self.arch,
-                              name=f"{self.name}{self._config_tag(config)}", **kwargs)
+                              name=f"{self.name}{self.config_tag(config)}", **kwargs)
 
-    def _config_tag(self, config) -> str:
+    def config_tag(self, config) -> str:
+        """``[K=V,...]`` for a config (empty for a step without parameters): names a compiled variant."""
         if not self.params:
             return ""
         cfg = self.resolve(config)
