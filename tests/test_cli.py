@@ -1,11 +1,15 @@
 """The gemmlab command: every subcommand's help, and the CPU paths end to end."""
 
+import argparse
 import json
 
 import pytest
 import torch
 
-from gemmlab import cli
+from gemmlab import cli, matmul_suites, registry, suites
+from gemmlab.errors import UnsupportedProblem
+
+_REAL_ADD_MODEL = cli._add_model
 
 SUBCOMMANDS = ("ladder", "inspect", "model", "bench", "plot", "figures")
 
@@ -47,6 +51,16 @@ def test_parse_helpers():
         cli.parse_config(["BN"])
     with pytest.raises(cli.UsageError):
         cli.parse_config(["BN=x"])
+
+
+def test_parse_bench_helpers():
+    assert cli.parse_sizes("2048,4096") == [(2048,) * 3, (4096,) * 3]
+    assert cli.parse_shapes("1,2,3;4x5x6;") == [(1, 2, 3), (4, 5, 6)]
+    assert cli.parse_configs("WM=32,WN=64;BK=8") == [{"WM": 32, "WN": 64}, {"BK": 8}]
+    for fn, text in ((cli.parse_sizes, "0"), (cli.parse_sizes, "a"), (cli.parse_shapes, ";"),
+                     (cli.parse_configs, "BN=x")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            fn(text)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
@@ -148,3 +162,221 @@ def test_ladder_measures_on_gpu(capsys, tmp_path):
     recs = [json.loads(line) for line in (tmp_path / "l.jsonl").read_text().splitlines()]
     assert {r["kernel"] for r in recs} >= {"hopper.h01_tma_wgmma"}
     assert all(r.get("tflops") for r in recs if r["correct"])
+
+
+# gemmlab bench on the CPU: the GPU, the timer and the checks are faked; what would be timed is asserted ----
+
+class FakeBench:
+    """Stands in for ``gemmlab.bench.bench_shape`` / ``bench_matmul``: records each call, returns records
+    shaped like the real ones (the fields the CLI, the table and the plots read)."""
+
+    def __init__(self):
+        self.jobs = []  # (ladder, (M, N, K), [(short name, resolved config)], suite, rounds)
+        self.cases = []  # bench_matmul keyword arguments
+
+    def bench_shape(self, ladder, M, N, K, steps, *, suite="adhoc", rounds=15, **_):
+        self.jobs.append((ladder, (M, N, K), [(s.short.split("_")[0], s.resolve(c)) for s, c in steps], suite,
+                          rounds))
+        common = dict(schema=1, gpu="FAKE H200", sm_count=132, suite=suite, ladder=ladder, M=M, N=N, K=K,
+                      dtype="fp32" if ladder == "sgemm" else "bf16", sm_clock_mhz=1500.0, baseline_tflops=100.0,
+                      baseline_ms=1.0, rel_error=1e-5, correct=True)
+        return [dict(common, kernel=s.name, config=s.resolve(c), time_ms=1.25, tflops=80.0, ratio=0.8)
+                for s, c in steps]
+
+    def bench_matmul(self, M, N, K, *, suite="adhoc", rounds=15, extra=None, **kw):
+        self.cases.append(dict(M=M, N=N, K=K, suite=suite, rounds=rounds, **kw, **(extra or {})))
+        return dict(schema=1, kernel="gemmlab.matmul", suite=suite, M=M, N=N, K=K, layout="TN", dtype="bfloat16",
+                    bias=kw.get("bias", False), activation=kw.get("activation"), sm_clock_mhz=1500.0,
+                    baseline_tflops=100.0, tflops=110.0, ratio=1.1, gbps=900.0, rel_error=1e-3, correct=True,
+                    **(extra or {}))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    import types
+
+    import gemmlab.bench
+    import gemmlab.gpu
+
+    fake = FakeBench()
+    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(gemmlab.gpu, "gpu_info", lambda *a: types.SimpleNamespace(sm_count=132, name="FAKE H200"))
+    monkeypatch.setattr(gemmlab.bench, "bench_shape", fake.bench_shape)
+    monkeypatch.setattr(gemmlab.bench, "bench_matmul", fake.bench_matmul)
+    monkeypatch.setattr(cli, "_add_model", lambda r: dict(r, model_tflops=90.0))  # compiles: tested below
+    return fake
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_bench_configs_in_one_interleaved_run(capsys, tmp_path, fake_gpu):
+    out = tmp_path / "r.jsonl"
+    rc, text, _ = run(capsys, "bench", "--steps", "k03,k09", "--kernel", "k10", "--sizes", "4096", "--rounds", "3",
+                      "--configs", "WM=32,WN=64;BK=8,WM=32,WN=64;BK=7;TILE=16;NOPE=1", "--out", str(out),
+                      "--no-plots")
+    assert rc == 0
+    ((ladder, shape, steps, suite, rounds),) = fake_gpu.jobs  # one job: every variant interleaved
+    assert (ladder, shape, suite, rounds) == ("sgemm", (4096, 4096, 4096), "explicit", 3)
+    k09, k10 = registry.get("k09").default_config(), registry.get("k10").default_config()
+    assert steps == [
+        ("k03", {"TILE": 32}), ("k03", {"TILE": 16}),  # only TILE=16 names a parameter k03 has
+        ("k09", k09), ("k09", {**k09, "WM": 32}), ("k09", {**k09, "BK": 8, "WM": 32}),  # BK=7 is not offered
+        ("k10", k10), ("k10", {**k10, "BK": 8, "WM": 32}),  # k10 rejects WM=32 with BK=16 (check_config)
+    ]
+    recs = read_jsonl(out)
+    assert [(r["kernel"].split(".")[1][:3], r["config"]) for r in recs] == steps
+    assert all(r["suite"] == "explicit" and r["model_tflops"] == 90.0 for r in recs)
+    assert "k09_warptiling [BM=128" in text  # a plain line per record as it arrives
+
+
+def test_bench_uses_the_step_heuristic_by_default(capsys, tmp_path, fake_gpu):
+    out = tmp_path / "sweep.jsonl"
+    out.write_text(json.dumps({"kernel": "earlier"}) + "\n")  # --out appends
+    rc, _, _ = run(capsys, "bench", "--ladder", "hopper", "--steps", "h10", "--sizes", "3072,4096", "--rounds", "10",
+                   "--suite-name", "sweep", "--out", str(out), "--no-plots")
+    assert rc == 0
+    assert [(shape[0], steps[0][1]["BN"]) for _, shape, steps, _, _ in fake_gpu.jobs] == [(3072, 192), (4096, 256)]
+    recs = read_jsonl(out)
+    assert recs[0] == {"kernel": "earlier"}
+    assert [(r["M"], r["config"]["BN"], r["suite"]) for r in recs[1:]] == [(3072, 192, "sweep"), (4096, 256, "sweep")]
+    # --config overrides parameters over the heuristic's choice; the rest stay as it picked them
+    fake_gpu.jobs.clear()
+    rc, _, _ = run(capsys, "bench", "--steps", "h10", "--shape", "3072", "--config", "QSIZE=3", "--out", str(out),
+                   "--no-plots")
+    assert rc == 0
+    ((_, _, [(_, cfg)], suite, _),) = fake_gpu.jobs
+    assert (cfg["BN"], cfg["QSIZE"], suite) == (192, 3, "explicit")
+
+
+def test_suites_pass_the_heuristic_config():
+    def h10_configs(jobs):
+        return [(j.shape[0], c["BN"]) for j in jobs for s, c in j.steps if s.short.startswith("h10")]
+
+    assert h10_configs(suites.ladder_suite([(3072,) * 3], ["hopper"], sm_count=132)) == [(3072, 192)]
+    assert h10_configs(suites.square_suite((3072, 4096), ["h10"], sm_count=132)) == [(3072, 192), (4096, 256)]
+    assert h10_configs(suites.explicit((3072, 3072, 3072), ["h10"], sm_count=132)) == [(3072, 192)]
+    (job,) = suites.square_suite((3072,), ladders=["hopper"], sm_count=132)  # the last Hopper step: no heuristic
+    assert [(s.short[:3], c) for s, c in job.steps] == [("h11", None)]
+    with pytest.raises(UnsupportedProblem, match="h10.*cannot run 3000x3072x3072"):
+        suites.explicit((3000, 3072, 3072), ["h10"], sm_count=132)
+
+
+def test_bench_shapes_sizes_and_ladder(capsys, tmp_path, fake_gpu):
+    out = tmp_path / "r.jsonl"
+    rc, text, _ = run(capsys, "bench", "--ladder", "hopper", "--shapes", "1024,2048,512;4096x1024x256",
+                      "--sizes", "2048", "--steps", "h01,h10", "--suite", "ladder", "--out", str(out), "--no-plots")
+    assert rc == 0
+    assert [(lad, shape, [n for n, _ in steps], suite) for lad, shape, steps, suite, _ in fake_gpu.jobs] == [
+        ("hopper", (1024, 2048, 512), ["h01", "h10"], "ladder"),
+        ("hopper", (4096, 1024, 256), ["h01", "h10"], "ladder"),
+        ("hopper", (2048, 2048, 2048), ["h01", "h10"], "ladder"),
+    ]
+    # every step of the ladder when none is named; steps that cannot run a shape are left out of it
+    fake_gpu.jobs.clear()
+    rc, _, _ = run(capsys, "bench", "--ladder", "sgemm", "--shape", "100,200,300", "--out", str(out), "--no-plots")
+    assert rc == 0
+    ((lad, shape, steps, _, _),) = fake_gpu.jobs
+    assert (lad, shape) == ("sgemm", (100, 200, 300))
+    assert [n for n, _ in steps] == [s.short[:3] for s in registry.all_kernels("sgemm")]
+    # a named step skipped at one shape says so; at no shape it is an error
+    fake_gpu.jobs.clear()
+    rc, text, _ = run(capsys, "bench", "--steps", "h10", "--shapes", "4096,4096,4096;4000,4096,4096",
+                      "--out", str(out), "--no-plots")
+    assert rc == 0 and [j[1] for j in fake_gpu.jobs] == [(4096, 4096, 4096)]
+    assert "h10_deep_pipeline skipped at 4000x4096x4096: needs M % 128 == 0" in " ".join(text.split())
+    rc, _, err = run(capsys, "bench", "--steps", "h10", "--shape", "4000,4096,4096", "--out", str(out))
+    assert rc == 1 and "cannot run 4000x4096x4096" in err
+
+
+def test_bench_suites_ladder_and_square(capsys, tmp_path, fake_gpu, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # default --out and --plots are relative to the working folder
+    rc, _, _ = run(capsys, "bench", "--rounds", "2")
+    assert rc == 0
+    assert [(lad, shape, len(steps), suite) for lad, shape, steps, suite, _ in fake_gpu.jobs] == [
+        ("hopper", (4096, 4096, 4096), len(registry.all_kernels("hopper")), "ladder"),
+        ("sgemm", (4096, 4096, 4096), len(registry.all_kernels("sgemm")), "ladder"),
+    ]
+    assert len(read_jsonl(tmp_path / "benchmarks/results/ladder.jsonl")) == len(registry.all_kernels())
+    assert (tmp_path / "benchmarks/plots/ladder/ladder.png").is_file()
+    fake_gpu.jobs.clear()
+    rc, _, _ = run(capsys, "bench", "--suite", "square", "--ladder", "hopper", "--suite-name", "sq",
+                   "--plots", str(tmp_path / "p"))
+    assert rc == 0
+    assert [(shape[0], [n for n, _ in steps], suite) for _, shape, steps, suite, _ in fake_gpu.jobs] == [
+        (n, ["h11"], "sq") for n in suites.SQUARE_SIZES]
+    assert len(read_jsonl(tmp_path / "benchmarks/results/sq.jsonl")) == len(suites.SQUARE_SIZES)
+    assert (tmp_path / "p" / "sizes.png").is_file()
+
+
+def test_bench_matmul_suites(capsys, tmp_path, fake_gpu, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, text, _ = run(capsys, "bench", "--suite", "matmul-epilogue", "--rounds", "10")
+    assert rc == 0
+    assert not fake_gpu.jobs
+    assert [(c["M"], c["N"], c["K"], c["bias"], c["activation"], c["case"], c["suite"], c["rounds"])
+            for c in fake_gpu.cases] == [(c.M, c.N, c.K, c.bias, c.activation, c.name, "epilogue", 10)
+                                         for c in matmul_suites.suite("epilogue")]
+    recs = read_jsonl(tmp_path / "benchmarks/results/matmul.jsonl")  # all matmul suites share one file
+    assert [r["case"] for r in recs] == [c.name for c in matmul_suites.suite("epilogue")]
+    assert all(r["suite"] == "epilogue" and "model_tflops" not in r for r in recs)
+    assert "epilogue: geomean x1.100" in text
+    assert not (tmp_path / "benchmarks/plots").exists()
+    fake_gpu.cases.clear()
+    rc, _, _ = run(capsys, "bench", "--suite", "matmul-decode", "--suite-name", "dec",
+                   "--out", str(tmp_path / "m.jsonl"))
+    assert rc == 0
+    assert len(fake_gpu.cases) == len(matmul_suites.suite("decode"))
+    assert {r["suite"] for r in read_jsonl(tmp_path / "m.jsonl")} == {"dec"}
+
+
+def test_bench_help_names_every_matmul_suite(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    text = capsys.readouterr().out
+    for name in matmul_suites.SUITES:
+        assert name in text
+    for opt in ("--configs", "--sizes", "--shapes", "--steps", "--suite-name", "--rounds", "matmul-NAME"):
+        assert opt in text
+
+
+def test_bench_usage_errors(capsys, fake_gpu):
+    for argv, needle in ((["--suite", "matmul-llm", "--sizes", "4096"], "--sizes"),
+                         (["--suite", "matmul-llm", "--steps", "h10"], "--steps"),
+                         (["--config", "BN=128"], "--steps"),
+                         (["--ladder", "sgemm", "--steps", "h10"], "not a step of the sgemm ladder")):
+        rc, _, err = run(capsys, "bench", *argv)
+        assert rc == 2 and needle in err, argv
+    for argv in (["--configs", "BN"], ["--sizes", "4096,x"], ["--shapes", "1,2"], ["--suite", "matmul-nope"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["bench", *argv])
+        assert e.value.code == 2, argv
+    rc, _, err = run(capsys, "bench", "--steps", "k99")
+    assert rc == 1 and "no kernel named" in err
+    assert not fake_gpu.jobs and not fake_gpu.cases
+
+
+def test_bench_retries_a_failing_job_step_by_step(capsys, tmp_path, fake_gpu, monkeypatch):
+    import gemmlab.bench
+
+    def flaky(ladder, M, N, K, steps, **kw):
+        if any(s.short.startswith("k02") for s, _ in steps):
+            raise RuntimeError("launch failed")
+        return fake_gpu.bench_shape(ladder, M, N, K, steps, **kw)
+
+    monkeypatch.setattr(gemmlab.bench, "bench_shape", flaky)
+    out = tmp_path / "r.jsonl"
+    rc, text, _ = run(capsys, "bench", "--steps", "k01,k02,k03", "--shape", "256", "--out", str(out), "--no-plots")
+    assert rc == 0
+    assert [r["kernel"] for r in read_jsonl(out)] == ["sgemm.k01_naive", "sgemm.k03_smem_tiling"]
+    assert "k02_coalesced at 256x256x256 failed" in " ".join(text.split())
+
+
+def test_bench_records_carry_the_model(capsys, tmp_path, fake_gpu, monkeypatch):
+    monkeypatch.setattr(cli, "_add_model", _REAL_ADD_MODEL)
+    out = tmp_path / "r.jsonl"
+    rc, _, _ = run(capsys, "bench", "--steps", "k01", "--shape", "512", "--out", str(out), "--no-plots")
+    assert rc == 0
+    (rec,) = read_jsonl(out)
+    assert rec["model_tflops"] > 0 and rec["sol_tflops"] > 0 and rec["model_clock_mhz"] == 1500.0

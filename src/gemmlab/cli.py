@@ -19,6 +19,7 @@ examples:
   gemmlab inspect --file my.cu --expr 'my_kernel<128>'
   gemmlab model --shape 4096,4096,4096 --kernel h04 --clock 1320
   gemmlab bench --suite ladder              time every step against cuBLAS (GPU)
+  gemmlab bench --suite matmul-llm          gemmlab.matmul against torch on LLM shapes (GPU)
   gemmlab plot benchmarks/results/ladder.jsonl --out benchmarks/plots
   gemmlab figures docs/figures
 """
@@ -44,7 +45,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return vals[0], vals[1], vals[2]
 
 
-def parse_config(items: list[str] | None) -> dict[str, int] | None:
+def parse_config(items: list[str] | None, option: str = "--config") -> dict[str, int] | None:
     """``["BN=128", "QSIZE=3,BM=64"]`` -> ``{"BN": 128, "QSIZE": 3, "BM": 64}``."""
     if not items:
         return None
@@ -55,12 +56,39 @@ def parse_config(items: list[str] | None) -> dict[str, int] | None:
                 continue
             k, sep, v = kv.partition("=")
             if not sep:
-                raise UsageError(f"--config {kv!r}: expected NAME=VALUE")
+                raise UsageError(f"{option} {kv!r}: expected NAME=VALUE")
             try:
                 cfg[k.strip()] = int(v)
             except ValueError:
-                raise UsageError(f"--config {kv!r}: value must be an integer") from None
+                raise UsageError(f"{option} {kv!r}: value must be an integer") from None
     return cfg
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"M,N,K;M,N,K"`` -> a list of shapes (each as ``parse_shape`` reads it)."""
+    shapes = [parse_shape(s) for s in text.split(";") if s.strip()]
+    if not shapes:
+        raise argparse.ArgumentTypeError(f"shapes {text!r}: expected M,N,K;M,N,K")
+    return shapes
+
+
+def parse_sizes(text: str) -> list[tuple[int, int, int]]:
+    """``"2048,4096"`` -> the cubes ``[(2048, 2048, 2048), (4096, 4096, 4096)]``."""
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes {text!r}: expected comma-separated integers") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"sizes {text!r}: expected positive integers")
+    return [(n, n, n) for n in sizes]
+
+
+def parse_configs(text: str) -> list[dict[str, int]]:
+    """``"WM=32,WN=64;BK=8"`` -> ``[{"WM": 32, "WN": 64}, {"BK": 8}]`` (one config per ';' group)."""
+    try:
+        return [parse_config([group], "--configs") for group in text.split(";") if group.strip()]
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _console():
@@ -82,6 +110,8 @@ def _fmt_bytes(n: float) -> str:
         n /= 1024
     return f"{n:.1f} TB"
 
+
+MATMUL_PREFIX = "matmul-"
 
 _LIMITER = {"registers": "(regs)", "shared memory": "(smem)", "threads": "(thr)", "blocks": "(blk)"}
 
@@ -122,10 +152,10 @@ def _cmd_ladder(args) -> int:
 
     measured: dict[str, dict] = {}
     if measure:
-        from . import suites
+        from . import gpu, suites
         from .bench import append_records
 
-        jobs = suites.ladder_suite(shape, list(lads), exclude=set(broken))
+        jobs = suites.ladder_suite([shape], list(lads), exclude=set(broken), sm_count=gpu.gpu_info().sm_count)
         with Progress(console=console, transient=True) as prog:
             task = prog.add_task("timing", total=len(jobs))
             for job in jobs:
@@ -489,46 +519,157 @@ def _run_job(job, suite: str, rounds: int, console) -> list[dict]:
     return out
 
 
+def _record_line(r: dict) -> str:
+    """One plain line per record as it arrives (logs of a run cut by a time limit still show it)."""
+    name = r.get("case") or str(r["kernel"]).split(".", 1)[-1]
+    cfg = ",".join(f"{k}={v}" for k, v in (r.get("config") or {}).items())
+    head = f"{name}{f' [{cfg}]' if cfg else ''} {r['M']}x{r['N']}x{r['K']}:"
+    clock = f"{r['sm_clock_mhz']:.0f} MHz" if r.get("sm_clock_mhz") else "clock unknown"
+    base = "torch" if r["kernel"] == "gemmlab.matmul" else "cuBLAS"
+    if not r.get("tflops"):
+        return f"{head} wrong (err {r['rel_error']:.1e}), {base} {r['baseline_tflops']:.1f} TFLOP/s"
+    gbps = f" ({r['gbps']:.0f} GB/s)" if r.get("gbps") else ""
+    return (f"{head} {r['tflops']:.1f} TFLOP/s{gbps}, {base} {r['baseline_tflops']:.1f}, x{r['ratio']:.3f}, "
+            f"err {r['rel_error']:.1e}, {clock}")
+
+
+def _geomean(xs: list[float]) -> float:
+    import math
+
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _no_gpu() -> int:
+    print("gemmlab bench: timing needs an NVIDIA GPU, and torch sees none. The static tools work without "
+          "one: `gemmlab`, `gemmlab inspect`, `gemmlab model`, `gemmlab plot RECORDS.jsonl`.", file=sys.stderr)
+    return 2
+
+
+def _skipped(jobs, specs, shapes, sm_count: int, config: dict | None) -> list[str]:
+    """Named steps left out at a shape (the suites skip what a step cannot run), with the reason.
+    ``shapes`` empty: the ladder suite's own shape for each step."""
+    from .suites import LADDER_SHAPE, base_config
+
+    timed = {(s.name, job.shape) for job in jobs for s, _ in job.steps}
+    notes = []
+    for spec in specs:
+        for shape in shapes or [tuple(spec.extra.get("bench_shape", LADDER_SHAPE))]:
+            if (spec.name, shape) not in timed:
+                why = spec.why_unsupported(*shape, base_config(spec, *shape, sm_count, config))
+                notes.append(f"{spec.short} skipped at {_shape_str(shape)}: {why}")
+    return notes
+
+
 def _cmd_bench(args) -> int:
     from rich.progress import Progress
 
-    from . import suites
+    from . import registry, suites
 
+    shapes = ([args.shape] if args.shape else []) + (args.shapes or []) + (args.sizes or [])
+    kernels = [k.strip() for item in args.kernel or [] for k in item.split(",") if k.strip()] or None
+    config = parse_config(args.config)
+    configs = args.configs or []
+    if args.suite and args.suite.startswith(MATMUL_PREFIX):
+        given = [opt for opt, val in (("--shape/--shapes/--sizes", shapes), ("--steps", kernels),
+                                      ("--ladder", args.ladder), ("--config", config), ("--configs", configs)) if val]
+        if given:
+            raise UsageError(f"{', '.join(given)}: not for --suite {args.suite} (its cases are fixed "
+                             "gemmlab.matmul problems; see gemmlab.matmul_suites)")
+        if not _has_gpu():
+            return _no_gpu()
+        return _bench_matmul(args, args.suite[len(MATMUL_PREFIX):])
+
+    specs = [registry.get(k) for k in kernels or []]
+    for spec in specs:
+        if args.ladder and spec.ladder != args.ladder:
+            raise UsageError(f"--steps {spec.short}: not a step of the {args.ladder} ladder")
+    if config and not kernels:
+        raise UsageError("--config sets parameters of the named steps: add --steps STEP (or use --configs, "
+                         "which every step that has the parameters tries)")
     if not _has_gpu():
-        print("gemmlab bench: timing needs an NVIDIA GPU, and torch sees none. The static tools work without "
-              "one: `gemmlab`, `gemmlab inspect`, `gemmlab model`, `gemmlab plot RECORDS.jsonl`.", file=sys.stderr)
-        return 2
+        return _no_gpu()
+    from . import gpu
     from .bench import append_records
     from .plots import plot_records
 
     console = _console()
-    config = parse_config(args.config)
-    if args.shape:
-        suite = "explicit"
-        jobs = suites.explicit(args.shape, args.kernel, config)
-    elif args.suite == "ladder":
-        suite = "ladder"
-        jobs = suites.ladder_suite()
+    sm_count = gpu.gpu_info().sm_count
+    ladders = [args.ladder] if args.ladder else None
+    suite = args.suite or ("explicit" if shapes else "ladder")
+    common = dict(ladders=ladders, configs=configs, sm_count=sm_count)
+    if suite == "square":
+        shapes = shapes or [(n, n, n) for n in suites.SQUARE_SIZES]
+        jobs = suites.square_suite(shapes, kernels, config, **common)
+    elif shapes:
+        jobs = suites.explicit(shapes, kernels, config, **common)
     else:
-        suite = "square"
-        jobs = suites.square_suite(kernels=args.kernel, config=config)
+        jobs = suites.ladder_suite(None, kernels=kernels, config=config, **common)
+    for note in _skipped(jobs, specs, shapes, sm_count, config):
+        console.print(f"[yellow]{note}[/yellow]")
     if not jobs:
         console.print("nothing to run: no registered step supports the requested shapes")
         return 1
-    out = Path(args.out or f"benchmarks/results/{suite}.jsonl")
+    label = args.suite_name or suite
+    out = Path(args.out or f"benchmarks/results/{label}.jsonl")
     records = []
     with Progress(console=console, transient=True) as prog:
         task = prog.add_task("bench", total=len(jobs))
         for job in jobs:
             prog.update(task, description=f"timing {job.describe()}")
-            recs = [_add_model(r) for r in _run_job(job, suite, args.rounds, console)]
+            recs = [_add_model(r) for r in _run_job(job, label, args.rounds, console)]
             append_records(out, recs)
+            for r in recs:
+                console.print(_record_line(r), markup=False, highlight=False, soft_wrap=True)
             records += recs
             prog.advance(task)
-    console.print(records_table(records, f"{suite}: {len(records)} records appended to {out}"))
-    paths = plot_records(records, args.plots or f"benchmarks/plots/{suite}")
-    if paths:
-        console.print("plots: " + ", ".join(str(p) for p in paths))
+    console.print(records_table(records, f"{label}: {len(records)} records appended to {out}"))
+    if not args.no_plots:
+        paths = plot_records(records, args.plots or f"benchmarks/plots/{label}")
+        if paths:
+            console.print("plots: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _bench_matmul(args, name: str) -> int:
+    """Time ``gemmlab.matmul`` against torch on every case of a ``gemmlab.matmul_suites`` suite."""
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .bench import append_records, bench_matmul
+    from .matmul_suites import suite as matmul_suite
+
+    console = _console()
+    label = args.suite_name or name
+    out = Path(args.out or "benchmarks/results/matmul.jsonl")
+    cases = matmul_suite(name)
+    records = []
+    with Progress(console=console, transient=True) as prog:
+        task = prog.add_task("bench", total=len(cases))
+        for case in cases:
+            prog.update(task, description=f"timing {case.name}")
+            try:
+                rec = bench_matmul(case.M, case.N, case.K, bias=case.bias, activation=case.activation,
+                                   suite=label, rounds=args.rounds, extra={"case": case.name})
+            except Exception as e:  # noqa: BLE001 - reported; the other cases still run
+                console.print(f"[red]{case.name} failed: {e}[/red]")
+            else:
+                append_records(out, [rec])
+                records.append(rec)
+                console.print(_record_line(rec), markup=False, highlight=False, soft_wrap=True)
+            prog.advance(task)
+    if not records:
+        console.print(f"{name}: no case ran")
+        return 1
+    t = Table(title=f"matmul {name}: {len(records)} records appended to {out}")
+    for col in ("case", "TFLOP/s", "GB/s", "torch TFLOP/s", "x torch", "rel err", "SM MHz"):
+        t.add_column(col)
+    for r in records:
+        t.add_row(r["case"], f"{r['tflops']:.1f}", f"{r['gbps']:.0f}", f"{r['baseline_tflops']:.1f}",
+                  f"{r['ratio']:.3f}", f"{r['rel_error']:.1e}",
+                  f"{r['sm_clock_mhz']:.0f}" if r.get("sm_clock_mhz") else "-")
+    console.print(t)
+    ratios = [r["ratio"] for r in records]
+    console.print(f"{name}: geomean x{_geomean(ratios):.3f}, min x{min(ratios):.3f} over {len(ratios)} cases")
     return 0
 
 
@@ -597,6 +738,7 @@ def _para(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from .figures import FIGURES
+    from .matmul_suites import SUITES as MATMUL_SUITES
 
     p = argparse.ArgumentParser(prog="gemmlab", description=_para(__doc__), epilog=EXAMPLES,
                                 formatter_class=_Formatter)
@@ -658,21 +800,54 @@ def build_parser() -> argparse.ArgumentParser:
     ben = sub.add_parser(
         "bench", formatter_class=_Formatter, help="time steps against cuBLAS on a GPU; JSON-line records",
         description=_para("Time ladder steps against cuBLAS with the project's one timer (rotating inputs over 2x L2, "
-                          "CUDA-graph replays, candidates interleaved, correctness checked first, SM clock recorded). "
-                          "Appends JSON lines (one per step and shape, with the model's prediction) to --out, prints "
-                          "a table (TFLOP/s, ratio to cuBLAS, % of speed of light at the recorded clock, GB/s, model) "
-                          "and draws plots. Needs a GPU; exits with status 2 without one."),
-        epilog="suites:\n  ladder   every step of both ladders at 4096^3\n"
-               "  square   1024..8192 cubes for the last step of each ladder (or --kernel)\n"
-               "  --shape M,N,K [--kernel STEP ...]   one explicit shape")
-    ben.add_argument("--suite", choices=("ladder", "square"), default="ladder", help="which suite")
-    ben.add_argument("--shape", type=parse_shape, metavar="M,N,K", help="an explicit shape instead of a suite")
-    ben.add_argument("--kernel", action="append", metavar="STEP", help="steps to time (repeatable)")
-    ben.add_argument("--config", action="append", metavar="K=V", help="template parameters for --kernel")
+                          "CUDA-graph replays, candidates interleaved, correctness checked first, SM clock recorded), "
+                          "or gemmlab.matmul against torch on a matmul suite. Appends JSON lines (one per step, "
+                          "config and shape, with the model's prediction; one per case for matmul suites) to --out, "
+                          "prints a line per record as it arrives, then a table (TFLOP/s, ratio to cuBLAS, % of "
+                          "speed of light at the recorded clock, GB/s, model) and draws plots. Needs a GPU; exits "
+                          "with status 2 without one."
+                          "\n\n"
+                          "Each job is one interleaved run of every (step, config) at one shape. A step with a shape "
+                          "heuristic (h10) runs the config it picks for each shape (as gemmlab.matmul would), the "
+                          "others their defaults; --config overrides parameters of that config for the named steps; "
+                          "--configs adds variants to the same run, each tried by every step that has its "
+                          "parameters and offers its values (the rest skip it)."),
+        epilog="suites (--suite):\n"
+               "  ladder            every step of both ladders at 4096^3 (the default)\n"
+               "  square            1024..8192 cubes for the last step of each ladder (or --steps)\n"
+               "  matmul-NAME       gemmlab.matmul against torch on a gemmlab.matmul_suites suite:\n"
+               "                    " + ", ".join(MATMUL_SUITES) + "; records labelled NAME,\n"
+               "                    appended to benchmarks/results/matmul.jsonl\n"
+               "  --shape/--shapes/--sizes replace a suite's shapes; without --suite they mean every step\n"
+               "  (or --steps) at those shapes, labelled 'explicit'\n\n"
+               "examples:\n"
+               "  gemmlab bench --suite ladder --ladder hopper --sizes 4096,8192 --rounds 10\n"
+               "  gemmlab bench --steps h10 --sizes 2048,3072,4096 --suite-name sweep --out sweep.jsonl\n"
+               "  gemmlab bench --ladder sgemm --shapes '4095,4097,1023' --sizes 4096 \\\n"
+               "                --configs 'WM=32,WN=64;BK=8,WM=32,WN=64;BK=8'\n"
+               "  gemmlab bench --shape 4096,4096,4096 --steps h10 --config BN=128\n"
+               "  gemmlab bench --suite matmul-llm --rounds 5")
+    ben.add_argument("--suite", choices=("ladder", "square", *(MATMUL_PREFIX + n for n in MATMUL_SUITES)),
+                     metavar="SUITE", help="which suite: ladder, square or matmul-NAME (see below; default: "
+                     "ladder, or 'explicit' with --shape/--shapes/--sizes)")
+    ben.add_argument("--ladder", choices=("sgemm", "hopper"), help="only the steps of this ladder")
+    ben.add_argument("--steps", "--kernel", dest="kernel", action="append", metavar="STEP[,STEP...]",
+                     help="only these steps (comma-separated or repeated; --kernel is the same option)")
+    ben.add_argument("--shape", type=parse_shape, metavar="M,N,K", help="one explicit shape")
+    ben.add_argument("--shapes", type=parse_shapes, metavar="M,N,K;M,N,K", help="explicit shapes")
+    ben.add_argument("--sizes", type=parse_sizes, metavar="N,N,...", help="square sizes (after --shapes)")
+    ben.add_argument("--config", action="append", metavar="K=V",
+                     help="parameters of the named steps, over their default or heuristic config")
+    ben.add_argument("--configs", type=parse_configs, metavar="K=V,K=V;K=V",
+                     help="more configs in the same run, ';'-separated, each over every step's base config; "
+                          "skipped where a step lacks a parameter or value")
     ben.add_argument("--rounds", type=int, default=15, help="timing rounds (median reported)")
+    ben.add_argument("--suite-name", metavar="LABEL", help="the records' 'suite' field (default: the suite's "
+                     "name; NAME for matmul-NAME)")
     ben.add_argument("--out", metavar="RECORDS.jsonl", help="append records here (default: "
-                     "benchmarks/results/<suite>.jsonl)")
-    ben.add_argument("--plots", metavar="DIR", help="plots go here (default: benchmarks/plots/<suite>)")
+                     "benchmarks/results/<label>.jsonl; benchmarks/results/matmul.jsonl for matmul suites)")
+    ben.add_argument("--plots", metavar="DIR", help="plots go here (default: benchmarks/plots/<label>)")
+    ben.add_argument("--no-plots", action="store_true", help="draw no plots (matmul suites never do)")
     ben.set_defaults(func=_cmd_bench)
 
     plo = sub.add_parser(
