@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: environment facts, the full test suite (GPU tests included), then
-# the benchmarks named in $BENCH (a list of ladder_run.py argument strings separated by '|').
+# the benchmarks named in $BENCH (a list of `gemmlab bench` argument strings separated by '|', e.g.
+# BENCH='--ladder hopper --steps h10 --sizes 4096 --configs BN=128;BN=192 --suite-name sweep|--suite matmul-decode').
 # Everything lands under $OUT (the device tool brings that folder back).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -17,7 +18,7 @@ IFS='|' read -ra runs <<< "${BENCH:-}"
 for r in "${runs[@]}"; do
   [ -n "$r" ] || continue
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/ladder_run.py $r --out "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.txt" | grep -v "^[│┃┏┡└━]" | tail -30
+  timeout "${BENCH_TIMEOUT:-300}" python3 -m gemmlab bench $r --no-plots --out "$OUT/bench.jsonl" 2>&1 | tee -a "$OUT/bench.txt" | grep -v "^[│┃┏┡└━]" | tail -30
 done
 for tool in ${SANITIZE:-}; do
   echo "== compute-sanitizer --tool $tool" | tee -a "$OUT/sanitizer.txt"

@@ -15,14 +15,16 @@ step() {  # step SECONDS COMMAND...: run with a time limit, keep the output
   echo "== $*" | tee -a "$log"
   timeout "$limit" "$@" 2>&1 | tee -a "$log" | grep -v "^[│┃┏┡└━]" | tail -"${TAIL:-12}"
 }
-step 90 python3 benchmarks/ladder_run.py --ladder hopper --sizes 4096,8192 --rounds 10 --suite ladder --out "$OUT/hopper_ladder.jsonl"
-step 60 python3 benchmarks/ladder_run.py --ladder hopper --steps h10 --sizes 2048,3072,4096,6144,8192,12288,16384 --rounds 10 --suite sweep --out "$OUT/hopper_sweep.jsonl"
+# `gemmlab bench` (the one benchmark front-end): --suite-name is the records' 'suite' field, --no-plots keeps
+# the time limits for the timings; benchmarks/readme_tables.py reads the four files below.
+step 90 python3 -m gemmlab bench --suite ladder --ladder hopper --sizes 4096,8192 --rounds 10 --no-plots --out "$OUT/hopper_ladder.jsonl"
+step 60 python3 -m gemmlab bench --ladder hopper --steps h10 --sizes 2048,3072,4096,6144,8192,12288,16384 --rounds 10 --suite-name sweep --no-plots --out "$OUT/hopper_sweep.jsonl"
 TAIL=25 step 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_engine_gpu.py \
   tests/test_cli.py -k "sgemm or h10 or h11 or layouts or unaligned or epilogue or on_gpu"
 grep -E "passed|failed" "$log" | tail -1 > "$OUT/pytest.txt"
-step 60 python3 benchmarks/ladder_run.py --ladder sgemm --sizes 4096 --rounds 5 --suite ladder --out "$OUT/sgemm_ladder.jsonl"
-step 50 python3 benchmarks/ladder_run.py --ladder sgemm --steps k04,k05,k06,k07,k08,k09,k10 --sizes 8192 --rounds 5 --suite ladder --out "$OUT/sgemm_ladder.jsonl"
-for s in unaligned square epilogue; do
-  step 60 python3 benchmarks/matmul_run.py --suite "$s" --rounds 10 --out "$OUT/matmul.jsonl"
-done
-TAIL=6 step 150 python3 benchmarks/matmul_run.py --suite llm --rounds 5 --out "$OUT/matmul.jsonl"
+step 60 python3 -m gemmlab bench --suite ladder --ladder sgemm --sizes 4096 --rounds 5 --no-plots --out "$OUT/sgemm_ladder.jsonl"
+step 50 python3 -m gemmlab bench --suite ladder --ladder sgemm --steps k04,k05,k06,k07,k08,k09,k10 --sizes 8192 --rounds 5 --no-plots --out "$OUT/sgemm_ladder.jsonl"
+step 60 python3 -m gemmlab bench --suite matmul-unaligned --rounds 10 --out "$OUT/matmul.jsonl"
+step 60 python3 -m gemmlab bench --suite matmul-square --rounds 10 --out "$OUT/matmul.jsonl"
+step 60 python3 -m gemmlab bench --suite matmul-epilogue --rounds 10 --out "$OUT/matmul.jsonl"
+TAIL=6 step 150 python3 -m gemmlab bench --suite matmul-llm --rounds 5 --out "$OUT/matmul.jsonl"

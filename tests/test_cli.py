@@ -380,3 +380,54 @@ def test_bench_records_carry_the_model(capsys, tmp_path, fake_gpu, monkeypatch):
     assert rc == 0
     (rec,) = read_jsonl(out)
     assert rec["model_tflops"] > 0 and rec["sol_tflops"] > 0 and rec["model_clock_mhz"] == 1500.0
+
+
+def _bench_commands(script: str, out_dir) -> list[list[str]]:
+    """The `python3 -m gemmlab bench ...` lines of a benchmark script, with $OUT filled in."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "benchmarks" / script).read_text()
+    cmds = []
+    for line in text.splitlines():
+        if "python3 -m gemmlab bench" in line and not line.lstrip().startswith("#"):
+            args = line.split("python3 -m gemmlab bench", 1)[1].split(" 2>&1", 1)[0].split("|", 1)[0]
+            argv = shlex.split(args.replace("$OUT", str(out_dir)))
+            cmds.append(argv)
+    return cmds
+
+
+def test_h200_run_script_times_what_the_readme_tables_read(capsys, tmp_path, fake_gpu):
+    cmds = _bench_commands("h200_run.sh", tmp_path)
+    assert len(cmds) == 8
+    for argv in cmds:
+        assert cli.main(["bench", *argv]) == 0, argv
+    capsys.readouterr()
+    hopper = [s.short[:3] for s in registry.all_kernels("hopper")]
+    sgemm = [s.short[:3] for s in registry.all_kernels("sgemm")]
+    jobs = [(lad, shape[0], [n for n, _ in steps], suite, rounds) for lad, shape, steps, suite, rounds in fake_gpu.jobs]
+    sweep = (2048, 3072, 4096, 6144, 8192, 12288, 16384)
+    assert jobs == [("hopper", 4096, hopper, "ladder", 10), ("hopper", 8192, hopper, "ladder", 10),
+                    *[("hopper", n, ["h10"], "sweep", 10) for n in sweep],
+                    ("sgemm", 4096, sgemm, "ladder", 5),
+                    ("sgemm", 8192, ["k04", "k05", "k06", "k07", "k08", "k09", "k10"], "ladder", 5)]
+    files = {p.name: read_jsonl(p) for p in tmp_path.glob("*.jsonl")}
+    assert set(files) == {"hopper_ladder.jsonl", "hopper_sweep.jsonl", "sgemm_ladder.jsonl", "matmul.jsonl"}
+    assert [r["M"] for r in files["hopper_sweep.jsonl"]] == list(sweep)
+    order = ("unaligned", "square", "epilogue", "llm")
+    assert [c["suite"] for c in fake_gpu.cases] == [s for s in order for _ in matmul_suites.suite(s)]
+    assert [c["rounds"] for c in fake_gpu.cases][-1] == 5 and fake_gpu.cases[0]["rounds"] == 10
+    assert len(files["matmul.jsonl"]) == len(fake_gpu.cases)
+    assert not list(tmp_path.glob("**/*.png"))  # the device runs draw no plots
+
+
+def test_device_run_script_passes_bench_arguments(capsys, tmp_path, fake_gpu):
+    (argv,) = _bench_commands("device_run.sh", tmp_path)
+    assert argv[0] == "$r" and argv[-2:] == ["--out", f"{tmp_path}/bench.jsonl"]
+    for bench in ("--ladder hopper --steps h10 --sizes 4096 --configs BN=128;BN=192 --suite-name sweep",
+                  "--suite matmul-decode"):  # $BENCH entries, word-split as the script's unquoted $r is
+        assert cli.main(["bench", *bench.split(), *argv[1:]]) == 0
+    capsys.readouterr()
+    ((_, _, steps, suite, _),) = fake_gpu.jobs
+    assert [c["BN"] for _, c in steps] == [256, 128] and suite == "sweep"  # 4096 % 192 != 0: skipped
+    assert len(read_jsonl(tmp_path / "bench.jsonl")) == 2 + len(matmul_suites.suite("decode"))
