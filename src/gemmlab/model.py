@@ -6,18 +6,37 @@ it runs without a GPU and the tests check it against hand-computed cases. Only `
 count and L2 from the visible GPU) and ``gpu_occupancy()`` (cuda-core's query) look at hardware, and both
 fall back cleanly without one.
 
-The prediction for a step (``predict``) is deliberately simple:
+Two predictions, one per kind of main loop.
+
+CUDA-core (fp32) steps, ``predict``, deliberately simple:
 
     t_compute = FLOPs / tile_quantization / (speed_of_light(clock) * efficiency)
     t_memory  = max(min_bytes, tile_traffic * (1 - l2_hit)) / HBM bandwidth
     t         = max(t_compute, t_memory) * wave_inefficiency          (ceil(waves) / waves)
 
-``efficiency`` is the fraction of the tensor-core (or FFMA) peak the step's main loop sustains and
-``l2_hit`` the fraction of the tile loads served by L2. A step may state its own in the registry
-(``KernelSpec.extra["model_efficiency"]``, ``extra["l2_hit"]``). Otherwise the defaults below apply, except
-that a CUDA-core step's efficiency is capped by the FFMA share of its main loop's SASS (every other
-instruction there takes an issue slot an FFMA could have used). ``tile_traffic`` counts A re-read once
-per column of tiles and B once per row of tiles.
+``efficiency`` is the fraction of the FFMA peak the step's main loop sustains and ``l2_hit`` the fraction
+of the tile loads served by L2. A step may state its own in the registry (``KernelSpec.extra
+["model_efficiency"]``, ``extra["l2_hit"]``). Otherwise the defaults below apply, except that the
+efficiency is capped by the FFMA share of the main loop's SASS (every other instruction there takes an
+issue slot an FFMA could have used). ``tile_traffic`` counts A re-read once per column of tiles and B
+once per row of tiles.
+
+Tensor-core (Hopper, bf16) steps, ``predict_pipelined``: a k-step model of the TMA -> shared memory ->
+wgmma loop (see ``kstep_time``). Per k-step (one BK-deep slab of A and B), an SM needs the larger of
+
+  * the tensor-core time of its CTAs' slabs at the recorded clock (``DeviceProfile.mma_efficiency``),
+  * the transfer of those slabs from L2 at the SM's share of the L2->SMEM bandwidth
+    (``DeviceProfile.l2_smem_bytes_per_s``; cluster multicast halves B's share),
+  * the load latency (``tma_latency_s`` + transfer, + ``ring_handoff_s`` for a producer warp) spread
+    over the stages in flight, or, with one stage, not hidden at all,
+  * for loops that wait for every wgmma group and use token barriers (h01-h05), the tensor pipe's drain
+    and the barrier round trip each k-step (``kstep_turnaround_clk``);
+
+a tile costs ``k_tiles`` such k-steps plus its epilogue (``epilogue_time``), and the busiest SM runs
+ceil(tiles / slots) tiles (wave quantization falls out of the tile count). Every constant is a device
+constant stated (with the arithmetic) where the H200 profile is defined; the step-specific inputs are
+structural facts (tile, stages, CTAs per SM, persistence, wgmma groups in flight, cluster size) from the
+registry and ptxas, never a fitted per-step number.
 """
 
 from __future__ import annotations
@@ -34,7 +53,43 @@ DEFAULT_L2_HIT = 0.9  # tiles in flight share most A/B panels through L2
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """The figures of one GPU the models need. Per-SM limits are those of compute capability 9.0."""
+    """The figures of one GPU the models need. Per-SM limits are those of compute capability 9.0.
+
+    The pipeline constants (``l2_smem_bytes_per_s`` .. ``epilogue_bytes_per_s``) are the H200's, read off
+    the committed records (``benchmarks/results/*.jsonl``): each from the records of the step whose time
+    it dominates, with the other terms subtracted, then used unchanged for every step and shape. A
+    "k-step" is one BK = 64 slab; t, x, g, E as in ``kstep_time`` and ``pipeline_time``.
+
+    l2_smem_bytes_per_s = 10 TB/s. A tile streams (BM + BN) x K x 2 B from L2 into shared memory; h01
+      (64 x 128 tiles, 5 one-stage CTAs per SM) is the step it bounds. At 4096^3 (0.3725 ms) its 3 full
+      waves take 1.56 us per round of 5 x 24 KB slabs per SM once the partial last wave and the
+      epilogues are taken out: 132 x 5 x 24 KB / 1.56 us = 10.4 TB/s; at 8192^3 (2.811 ms, 25.8 GB)
+      the same arithmetic gives 9.5 TB/s. h10 at BN = 128 (explore run 0227d28) averaged 10.6-10.7 TB/s
+      at 12288^3 and 16384^3. 10 TB/s is within 7% of all of them. It does not bind the 128 x 256 steps
+      at the clocks of these records: they draw 7.7-8.4 TB/s; h07 halves B's traffic (multicast)
+      without getting faster; BN = 128 draws 33% more bytes per FLOP than BN = 256 yet ran 2-5% slower.
+    tma_latency_s = 0.6 us. h02 has one stage (load, wait, compute) and 3 CTAs per SM covering one
+      another, so its k-step is the whole round trip: (0.2947 ms - 3 rounds x E) / (3 x 64) = 1.50 us
+      at 4096^3, 1.54 us at 8192^3; minus x = 32 KB / (10 TB/s / 132) = 0.43 us, t = 512 clk / 0.94 =
+      0.36-0.38 us and g = 200 clk = 0.13-0.14 us, that leaves 0.58-0.59 us.
+    ring_handoff_s = 0.25 us. With two stages and one wgmma group in flight a slab is freed only after
+      the next one has landed, so one load is in flight and each k-step is a whole refill: h08 / h09 at
+      QSIZE = 2 (explore run 5217d18) give 1.25-1.35 us per k-step without the epilogues; minus 0.6 us
+      latency and x = 0.43 us (A and half of B: multicast) leaves 0.22-0.31 us. That is the consumer's
+      arrive on "empty" waking the producer warp, a hop the one-stage loop does not have.
+    mma_efficiency = 0.94 and epilogue_bytes_per_s = 14.5 GB/s. The two ends of the h10 sweep (closing
+      run): the busiest SM runs 63 tiles of 256 k-steps at 16384^3 (12.351 ms, 1455 MHz) and 4 tiles of
+      64 at 4096^3 (0.2035 ms, 1515 MHz). time = fill + tiles x (k_tiles x 1024 clk / (eta x clock) + E)
+      at both gives eta = 0.941 and E = 4.5 us per 128 x 256 bf16 tile (64 KB / 4.5 us = 14.5 GB/s). eta
+      is against the *recorded* clock, a median over a whole interleaved run (see docs/worklog.md), so
+      it also carries the gap between that and the kernel's own clock. E is the time the consumers
+      spend converting and storing C while they issue no wgmma.
+    kstep_turnaround_clk = 200 clocks. h05 and h06 differ only in how a k-step ends: h05 waits for its
+      wgmma group (wait_group 0: the tensor pipe drains) and uses token barriers (every waiting thread
+      arrives, then polls its token: 2 x (1 + 128 x consumers) arrivals per stage); h06 keeps one group
+      in flight and waits on parity. h05 / h06 = 1.151 at 4096^3 and 1.183 at 8192^3 =
+      (fill + R (k (t + g) + E)) / (fill + R (k t + E)): g = 182 and 209 clocks.
+    """
 
     name: str
     sm_count: int
@@ -55,6 +110,14 @@ class DeviceProfile:
     max_threads_per_block: int = 1024
     max_blocks_per_sm: int = 32
     source: str = "profile"  # "profile" or "gpu" (SM count and L2 read from the device)
+    # The TMA -> shared memory -> wgmma pipeline (``predict_pipelined``): the H200's values; where they
+    # come from is in the docstring above.
+    l2_smem_bytes_per_s: float = 10e12  # L2 -> shared memory, all SMs together; clock-independent
+    tma_latency_s: float = 0.6e-6  # a TMA load's issue -> bytes in smem -> waiter released, before transfer
+    ring_handoff_s: float = 0.25e-6  # extra per stage refill when a producer warp waits on an "empty" barrier
+    mma_efficiency: float = 0.94  # fraction of the tensor peak at the recorded clock a wgmma-bound loop keeps
+    kstep_turnaround_clk: float = 200.0  # tensor pipe drained + token barrier round trip, per k-step
+    epilogue_bytes_per_s: float = 14.5e9  # one CTA writing its C tile out while its tensor work waits
 
     def peak_flops(self, dtype: str = "bf16", clock_mhz: float | None = None) -> float:
         """Dense FLOP/s at ``clock_mhz`` (default: the sustained clock)."""
@@ -290,6 +353,161 @@ def pipeline_utilization(segs: list[Segment]) -> float:
     return sum(s.end - s.start for s in cons) / span if span else 0.0
 
 
+# The TMA -> shared memory -> wgmma pipeline -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MainLoop:
+    """The structural facts of a tensor-core step's k-loop that the pipeline model needs.
+
+    ``stages``: shared-memory slabs in the ring (1: load, wait, compute, load again). ``ctas_per_sm``:
+    co-resident CTAs (occupancy), each with its own loop. ``persistent``: one CTA per SM walks the tiles,
+    so the ring runs on across tiles and only the first load is waited for. ``wgmma_in_flight``: 0 if each
+    k-step waits for its own wgmma group (``wgmma.wait_group 0``) and uses token barriers, 1 if it issues
+    the next group before waiting for the previous one and waits on barrier parity. ``cluster``: CTAs that
+    share each B slab by TMA multicast (each loads 1/cluster of it). ``producer_warp``: loads are issued
+    by a separate producer warp woken by an "empty" barrier (warp-specialized ring)."""
+
+    stages: int = 1
+    ctas_per_sm: int = 1
+    persistent: bool = False
+    wgmma_in_flight: int = 0
+    cluster: int = 1
+    producer_warp: bool = False
+
+
+@dataclass(frozen=True)
+class KStep:
+    """One k-step (a BK-deep slab of A and B) of every CTA on an SM, and what limits it (seconds)."""
+
+    t_mma: float  # one CTA's slab on the tensor cores, at the recorded clock and ``mma_efficiency``
+    t_transfer: float  # one CTA's slab at the SM's share of the L2->SMEM bandwidth
+    t_load: float  # issue -> landed -> consumer released: latency + transfer (+ producer handoff)
+    t_turnaround: float  # drained tensor pipe + token barrier per k-step (0 with a group in flight)
+    period: float  # the SM's time per k-step of each of its CTAs
+    limiter: str  # "tensor cores" (+ "k-step turnaround"), "L2->SMEM bandwidth" or "load latency"
+
+
+def stage_bytes(BM: int, BN: int, BK: int, dtype: str = "bf16", cluster: int = 1) -> float:
+    """Bytes one CTA pulls from L2 per k-step: its A slab (BM x BK) and its share of the B slab (BN x BK /
+    cluster; the rest arrives by multicast from the other CTAs of the cluster)."""
+    return (BM + BN / cluster) * BK * DTYPE_BYTES[dtype]
+
+
+def l2_smem_bytes(M: int, N: int, K: int, BM: int, BN: int, BK: int = 64, dtype: str = "bf16",
+                  cluster: int = 1) -> float:
+    """L2 -> shared memory traffic of the whole product: every tile streams its A and B panels once
+    (edge tiles in full, as the TMA box is full), B's share divided by the cluster size. 4096^3 with
+    128 x 256 tiles: 512 x (128 + 256) x 4096 x 2 B = 1.61 GB."""
+    tiles = math.ceil(M / BM) * math.ceil(N / BN)
+    return tiles * math.ceil(K / BK) * stage_bytes(BM, BN, BK, dtype, cluster)
+
+
+def kstep_time(BM: int, BN: int, BK: int, loop: MainLoop, clock_mhz: float, *, dtype: str = "bf16",
+               profile: DeviceProfile = H200, efficiency: float | None = None, active_sms: int | None = None,
+               ctas: int | None = None) -> KStep:
+    """The SM's time for one k-step of each of its ``ctas`` (default ``loop.ctas_per_sm``) CTAs.
+
+    With t = the slab's tensor time, x = its transfer at the SM's share of the L2->SMEM bandwidth
+    (shared by ``active_sms``, default all), L = ``tma_latency_s`` + x (+ ``ring_handoff_s`` with a
+    producer warp) and g = the turnaround (``kstep_turnaround_clk`` / clock, only with
+    ``wgmma_in_flight == 0``), S stages and n CTAs:
+
+      S = 1                 max(n t, n x, L + t + g)              the load is never hidden: each CTA
+                                                                  loads, waits, computes, syncs; n
+                                                                  CTAs cover one another's waits
+      S >= 2, group drains  max(n (t + g), n x, (L + t + g) / S)  a slab is freed when its group has
+                                                                  finished; S - 1 k-steps cover its refill
+      S >= 2, in flight     max(n t, n x, L / (S - 1), (L + t) / S)
+                                                                  slab k is freed only after k + 1 was
+                                                                  issued (it had landed) and k finished
+
+    The first two terms are the SM's shared resources (tensor cores, L2 bandwidth share), the others
+    one CTA's dependency chain.
+    """
+    p = profile
+    f = clock_mhz * 1e6
+    eff = p.mma_efficiency if efficiency is None else efficiency
+    n = loop.ctas_per_sm if ctas is None else ctas
+    S = max(1, loop.stages)
+    t = 2.0 * BM * BN * BK / (p.flop_per_clk_sm[dtype] * f * eff)
+    x = stage_bytes(BM, BN, BK, dtype, loop.cluster) / (p.l2_smem_bytes_per_s / (active_sms or p.sm_count))
+    L = p.tma_latency_s + x + (p.ring_handoff_s if loop.producer_warp else 0.0)
+    g = p.kstep_turnaround_clk / f if loop.wgmma_in_flight == 0 else 0.0
+    if S == 1:
+        terms = {"tensor cores": n * t, "L2->SMEM bandwidth": n * x, "load latency": L + t + g}
+    elif loop.wgmma_in_flight == 0:
+        terms = {"tensor cores + k-step turnaround": n * (t + g), "L2->SMEM bandwidth": n * x,
+                 "load latency": (L + t + g) / S}
+    else:
+        terms = {"tensor cores": n * t, "L2->SMEM bandwidth": n * x,
+                 "load latency": max(L / (S - 1), (L + t) / S)}
+    limiter = max(terms, key=terms.get)  # ties: the first listed (tensor cores)
+    return KStep(t_mma=t, t_transfer=x, t_load=L, t_turnaround=g, period=terms[limiter], limiter=limiter)
+
+
+def epilogue_time(BM: int, BN: int, out_dtype: str = "bf16", profile: DeviceProfile = H200) -> float:
+    """Time a CTA spends writing out its C tile (BM x BN), during which it issues no wgmma: the tile's
+    bytes at ``epilogue_bytes_per_s``. 128 x 256 bf16 on the H200: 64 KB / 14.5 GB/s = 4.5 us. CTAs on
+    one SM (h01, h02) write their tiles at the same time, so one epilogue is counted per round."""
+    return BM * BN * DTYPE_BYTES[out_dtype] / profile.epilogue_bytes_per_s
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    """The SM side of ``predict_pipelined``: the busiest SM's tiles and what they cost."""
+
+    rounds: int  # tiles the busiest SM runs one after the other (per CTA slot)
+    kstep: KStep  # the first round's k-step (a full wave's, unless there is only a partial one)
+    t_fill_s: float  # waits for a first load that nothing hides
+    t_epilogue_s: float  # all the epilogues on the busiest SM's critical path
+    time_s: float
+
+
+def pipeline_time(M: int, N: int, K: int, BM: int, BN: int, BK: int, loop: MainLoop, clock_mhz: float, *,
+                  dtype: str = "bf16", out_dtype: str | None = None, profile: DeviceProfile = H200,
+                  efficiency: float | None = None) -> PipelineTime:
+    """The busiest SM's time for the product (see ``kstep_time`` for a k-step).
+
+    The tiles run in rounds. Persistent: ``SMs / cluster`` cluster slots walk ceil(tile_rows / cluster) x
+    tile_cols cluster tiles, so the busiest CTA runs ceil(units / slots) tiles, and the ring waits only
+    once, for the very first load. Otherwise CTAs run in rounds of ``SMs x ctas_per_sm``; a round of w
+    CTAs puts ceil(w / SMs) on the busiest SM, and each round waits for its first load (with a ring; a
+    one-stage loop waits in every k-step anyway). Each round costs k_tiles k-steps and one epilogue. The
+    last round's k-step is worked out for its own CTA count: a partial wave shares the L2 bandwidth among
+    fewer SMs and the tensor cores among fewer CTAs.
+    """
+    p = profile
+    k_tiles = math.ceil(K / BK)
+    tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / BN)
+    epi = epilogue_time(BM, BN, out_dtype or dtype, p)
+    if loop.persistent:
+        slots = max(1, p.sm_count // loop.cluster)
+        units = math.ceil(tiles_m / loop.cluster) * tiles_n
+        shapes = [(1, min(units, slots) * loop.cluster)] * (units // slots)
+        if units % slots:
+            shapes.append((1, (units % slots) * loop.cluster))
+    else:
+        slots = p.sm_count * max(1, loop.ctas_per_sm)
+        tiles = tiles_m * tiles_n
+        shapes = [(math.ceil(slots / p.sm_count), p.sm_count)] * (tiles // slots)
+        if tiles % slots:
+            w = tiles % slots
+            shapes.append((math.ceil(w / p.sm_count), min(p.sm_count, w)))
+    if not shapes:  # an empty product
+        return PipelineTime(rounds=0, kstep=kstep_time(BM, BN, BK, loop, clock_mhz, dtype=dtype, profile=p,
+                                                       efficiency=efficiency), t_fill_s=0.0, t_epilogue_s=0.0,
+                            time_s=0.0)
+    steps = {sh: kstep_time(BM, BN, BK, loop, clock_mhz, dtype=dtype, profile=p, efficiency=efficiency,
+                            active_sms=min(p.sm_count, sh[1]), ctas=sh[0]) for sh in set(shapes)}
+    first = steps[shapes[0]]
+    if loop.persistent:
+        fill = first.t_load
+    else:
+        fill = sum(steps[sh].t_load for sh in shapes) if loop.stages > 1 else 0.0
+    t = fill + sum(k_tiles * steps[sh].period + epi for sh in shapes)
+    return PipelineTime(rounds=len(shapes), kstep=first, t_fill_s=fill, t_epilogue_s=len(shapes) * epi, time_s=t)
+
+
 # The prediction for a step --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -312,7 +530,12 @@ class Prediction:
     t_compute_s: float
     t_memory_s: float
     time_s: float
-    bound: str  # "compute" or "memory"
+    bound: str  # "compute" (the SMs: math, latency, barriers) or "memory" (HBM, or L2 -> SMEM)
+    limiter: str = ""  # what sets the time, in words (``predict_pipelined``: the k-step's limiter or HBM)
+    t_l2_s: float = 0.0  # L2 -> SMEM bytes / bandwidth, the whole product (``predict_pipelined``)
+    l2_smem_bytes: float = 0.0
+    pipeline: PipelineTime | None = None  # the k-step, rounds, fill and epilogues (``predict_pipelined``)
+    main_loop: MainLoop | None = None
 
     @property
     def tflops(self) -> float:
@@ -354,6 +577,46 @@ def predict(M: int, N: int, K: int, *, tile: tuple[int, int, int], threads: int,
                       bound="compute" if t_compute >= t_memory else "memory")
 
 
+def predict_pipelined(M: int, N: int, K: int, *, tile: tuple[int, int, int], loop: MainLoop, dtype: str = "bf16",
+                      out_dtype: str | None = None, profile: DeviceProfile = H200, clock_mhz: float | None = None,
+                      efficiency: float | None = None, efficiency_source: str = "device constant mma_efficiency",
+                      l2_hit: float = DEFAULT_L2_HIT, threads: int = 384, registers: int = 0,
+                      smem_bytes: int = 0) -> Prediction:
+    """Predicted time of a TMA + wgmma step: max(the busiest SM's pipeline time, HBM bytes / bandwidth).
+
+    The SM side is ``pipeline_time`` (k-steps from ``kstep_time``, epilogues, waves); the HBM side is the
+    same as ``predict``'s. ``t_compute_s`` reports the pure tensor-core time (FLOPs of the computed tiles
+    at ``efficiency``, with wave quantization) and ``t_l2_s`` the whole product's L2 -> SMEM bytes at the
+    device's bandwidth, for comparison; neither is added in. ``threads``, ``registers`` and
+    ``smem_bytes`` only fill in the reported occupancy (``loop.ctas_per_sm`` is what the model uses).
+    """
+    BM, BN, BK = tile
+    p = profile
+    clock = clock_mhz or p.sm_clock_mhz
+    eff = p.mma_efficiency if efficiency is None else efficiency
+    peak = p.peak_flops(dtype, clock)
+    occ = occupancy(threads, registers, smem_bytes, p)
+    waves = wave_quantization(M, N, BM, BN, p.sm_count, max(1, loop.ctas_per_sm))
+    t_compute = flops(M, N, K) / tile_quantization(M, N, BM, BN) / (peak * eff) / waves.efficiency
+    traffic = tile_traffic_bytes(M, N, K, BM, BN, dtype, out_dtype)
+    hbm = max(float(min_bytes(M, N, K, dtype, out_dtype)), traffic * (1.0 - l2_hit))
+    t_memory = hbm / p.hbm_bytes_per_s
+    l2b = l2_smem_bytes(M, N, K, BM, BN, BK, dtype, loop.cluster)
+    pt = pipeline_time(M, N, K, BM, BN, BK, loop, clock, dtype=dtype, out_dtype=out_dtype, profile=p, efficiency=eff)
+    t = max(pt.time_s, t_memory)
+    if t_memory > pt.time_s:
+        limiter, bound = "HBM bandwidth", "memory"
+    else:
+        limiter = pt.kstep.limiter
+        bound = "memory" if limiter == "L2->SMEM bandwidth" else "compute"
+    return Prediction(M=M, N=N, K=K, dtype=dtype, tile=(BM, BN, BK), clock_mhz=clock, peak_tflops=peak / 1e12,
+                      efficiency=eff, efficiency_source=efficiency_source, l2_hit=l2_hit, occupancy=occ,
+                      waves=waves, tile_intensity=tile_intensity(BM, BN, BK, dtype), traffic_bytes=traffic,
+                      hbm_bytes=hbm, t_compute_s=t_compute, t_memory_s=t_memory, time_s=t, bound=bound,
+                      limiter=limiter, t_l2_s=l2b / p.l2_smem_bytes_per_s, l2_smem_bytes=l2b, pipeline=pt,
+                      main_loop=loop)
+
+
 def ffma_issue_share(summary) -> float | None:
     """FFMA / instructions in the loop that holds the most FFMA (a ``gemmlab.sass.SassSummary``), or None
     without FFMA loops. Each SM quarter issues one warp instruction per clock and the FFMA peak needs every
@@ -365,17 +628,18 @@ def ffma_issue_share(summary) -> float | None:
     return best.mix["ffma"] / best.instructions
 
 
-def step_efficiency(spec, summary=None) -> tuple[float, str]:
-    """The efficiency ``predict`` uses for a step, and where it comes from: the step's own
+def step_efficiency(spec, summary=None, profile: DeviceProfile = H200) -> tuple[float, str]:
+    """The efficiency the prediction uses for a step, and where it comes from: the step's own
     ``extra["model_efficiency"]``; for CUDA-core (fp32) steps, min(default, FFMA issue share of the main
-    loop); else the default."""
+    loop); for tensor-core steps the device's ``mma_efficiency`` (the k-step model adds the rest)."""
     if "model_efficiency" in spec.extra:
         return float(spec.extra["model_efficiency"]), "stated by the step"
-    if ladder_dtype(spec) == "fp32" and summary is not None:
-        share = ffma_issue_share(summary)
+    if ladder_dtype(spec) == "fp32":
+        share = ffma_issue_share(summary) if summary is not None else None
         if share is not None and share < DEFAULT_EFFICIENCY:
             return share, f"FFMA share of the main loop's instructions ({share:.0%})"
-    return DEFAULT_EFFICIENCY, "default"
+        return DEFAULT_EFFICIENCY, "default"
+    return profile.mma_efficiency, "wgmma main loop at the recorded clock (device constant)"
 
 
 def ladder_dtype(spec) -> str:
@@ -384,22 +648,47 @@ def ladder_dtype(spec) -> str:
     return ladders()[spec.ladder].dtype
 
 
+def main_loop(spec, cfg: dict, registers: int, smem_bytes: int, profile: DeviceProfile = H200) -> MainLoop:
+    """A tensor-core step's ``MainLoop``, from the registry: stages = the ``QSIZE`` parameter (1 without
+    one), CTAs per SM = occupancy from threads, ptxas registers and shared memory (or
+    ``extra["blocks_per_sm"]``), a producer warp whenever there is more than one warpgroup, the cluster
+    size from the ``CLUSTER`` parameter or ``extra["cluster"]``, and the two facts the source states
+    but no parameter does: ``extra["persistent"]`` and ``extra["wgmma_in_flight"]``."""
+    threads = spec.threads(cfg)
+    bps = spec.extra.get("blocks_per_sm")
+    if bps is None:
+        bps = max(1, occupancy(threads, registers, smem_bytes, profile).blocks_per_sm)
+    return MainLoop(stages=int(cfg.get("QSIZE", 1)), ctas_per_sm=int(bps),
+                    persistent=bool(spec.extra.get("persistent", False)),
+                    wgmma_in_flight=int(spec.extra.get("wgmma_in_flight", 0)),
+                    cluster=int(cfg.get("CLUSTER", spec.extra.get("cluster", 1))), producer_warp=threads > 128)
+
+
 def predict_step(spec, M: int, N: int, K: int, config: dict | None = None, *,
                  profile: DeviceProfile | None = None, clock_mhz: float | None = None,
                  compiled=None, summary=None) -> Prediction:
-    """``predict`` for a registered step: its tile, threads and shared memory from the registry, its
-    registers from ptxas and its SASS from nvdisasm (compiles the step; no GPU needed), its efficiency
-    from ``step_efficiency`` and its L2 hit from ``spec.extra["l2_hit"]`` (else the default)."""
+    """The prediction for a registered step: its tile, threads and shared memory from the registry, its
+    registers from ptxas (compiles the step; no GPU needed). CUDA-core (fp32) steps go through
+    ``predict`` with the efficiency from ``step_efficiency`` (their SASS from nvdisasm) and the L2 hit
+    from ``spec.extra["l2_hit"]`` (else the default); tensor-core steps through ``predict_pipelined``
+    with their ``main_loop``."""
     from .sass import kernel_summary
 
     cfg = spec.resolve(config)
     ck = compiled or spec.compile(cfg)
     dtype = ladder_dtype(spec)
-    eff, why = step_efficiency(spec, summary if summary is not None else
-                               (kernel_summary(ck) if dtype == "fp32" else None))
+    prof = profile or device_profile()
+    smem = spec.smem_bytes(cfg) + ck.resources.static_shared
+    l2_hit = float(spec.extra.get("l2_hit", DEFAULT_L2_HIT))
+    if dtype != "fp32":
+        eff, why = step_efficiency(spec, None, prof)
+        return predict_pipelined(M, N, K, tile=tuple(spec.tile(cfg)),
+                                 loop=main_loop(spec, cfg, ck.resources.registers, smem, prof), dtype=dtype,
+                                 profile=prof, clock_mhz=clock_mhz, efficiency=eff, efficiency_source=why,
+                                 l2_hit=l2_hit, threads=spec.threads(cfg), registers=ck.resources.registers,
+                                 smem_bytes=smem)
+    eff, why = step_efficiency(spec, summary if summary is not None else kernel_summary(ck), prof)
     return predict(M, N, K, tile=tuple(spec.tile(cfg)), threads=spec.threads(cfg), registers=ck.resources.registers,
-                   smem_bytes=spec.smem_bytes(cfg) + ck.resources.static_shared, dtype=dtype,
-                   profile=profile or device_profile(),
-                   clock_mhz=clock_mhz, efficiency=eff, efficiency_source=why,
-                   l2_hit=float(spec.extra.get("l2_hit", DEFAULT_L2_HIT)),
+                   smem_bytes=smem, dtype=dtype, profile=prof,
+                   clock_mhz=clock_mhz, efficiency=eff, efficiency_source=why, l2_hit=l2_hit,
                    blocks_per_sm=spec.extra.get("blocks_per_sm"))

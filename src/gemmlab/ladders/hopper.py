@@ -237,6 +237,7 @@ register(KernelSpec(
     sass=SassExpect(**WS_SASS),
     launcher=_launch_persistent, supports=_tiles_fn(128, 256),
     threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"]), tile=lambda c: (128, 256, BK),
+    extra={"persistent": True},
 ))
 
 register(KernelSpec(
@@ -249,6 +250,7 @@ register(KernelSpec(
     sass=SassExpect(**WS_SASS),
     launcher=_launch_persistent, supports=_tiles_fn(128, 256),
     threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"]), tile=lambda c: (128, 256, BK),
+    extra={"persistent": True, "wgmma_in_flight": 1},
 ))
 
 
@@ -277,6 +279,10 @@ def _launch_cluster(spec, compiled, cfg, a, b, c, alpha, beta, *, store_tma: boo
                args=(ta, tb) + cargs + (np.int32(M), np.int32(N), np.int32(K)))
 
 
+# Facts of the main loop that gemmlab.model's pipeline model needs and no parameter states: one CTA per
+# SM walking the tiles, one wgmma group kept in flight (parity barriers), and B shared by a cluster of 2.
+CLUSTER_MODEL = {"persistent": True, "wgmma_in_flight": 1, "cluster": 2}
+
 # Cluster steps: multicast TMA, and no GPU-wide fence in the k-loop (a release-ordered remote arrive
 # puts MEMBAR.ALL.GPU there: measured 0.67x of the step before).
 CLUSTER_SASS = dict(contains=WS_SASS["contains"] + (r"\.MULTICAST",), absent=HOPPER_SASS["absent"],
@@ -291,6 +297,7 @@ register(KernelSpec(
     sass=SassExpect(**CLUSTER_SASS),
     launcher=lambda *a: _launch_cluster(*a, store_tma=False), supports=_tiles_fn(256, 256),
     threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"]), tile=lambda c: (128, 256, BK),
+    extra=CLUSTER_MODEL,
 ))
 
 register(KernelSpec(
@@ -304,6 +311,7 @@ register(KernelSpec(
     launcher=lambda *a: _launch_cluster(*a, store_tma=True), supports=_tiles_fn(256, 256),
     threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"], extra=2 * 64 * 256 * 2),
     tile=lambda c: (128, 256, BK),
+    extra=CLUSTER_MODEL,
 ))
 
 
@@ -345,6 +353,7 @@ register(KernelSpec(
     launcher=lambda *a: _launch_cluster(*a, store_tma=True, ordered=True), supports=_tiles_fn(256, 256),
     threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, 256, c["QSIZE"], extra=2 * 64 * 256 * 2),
     tile=lambda c: (128, 256, BK),
+    extra=CLUSTER_MODEL,
 ))
 
 
@@ -418,6 +427,7 @@ register(KernelSpec(
     launcher=_launch_h10, supports=_supports_h10, check_config=_check_h10,
     threads=lambda c: 384, smem_bytes=_h10_smem, tile=lambda c: (128, c["BN"], BK),
     heuristic=h10_heuristic,
+    extra={"persistent": True, "wgmma_in_flight": 1},
 ))
 
 
@@ -445,4 +455,5 @@ register(KernelSpec(
     supports=lambda cfg, M, N, K: None if min(M, N, K) >= 1 and max(M, N) < 2**23 else "sizes out of range",
     threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, c["BN"], c["QSIZE"], extra=H10_SLABS),
     tile=lambda c: (128, c["BN"], BK),
+    extra={"persistent": True, "wgmma_in_flight": 1},
 ))
