@@ -441,9 +441,11 @@ def _cmd_model(args) -> int:
                       f"{p.waves.last_wave_utilization:.0%}", f"{p.efficiency:.0%}", p.bound, f"{p.tflops:.1f}",
                       f"{p.sol_fraction:.0%}")
         console.print(t)
-    console.print(f"Model: t = max(FLOPs / (SOL x efficiency), HBM bytes / {bw / 1e12:.1f} TB/s) / wave efficiency. "
-                  f"Efficiency {model.DEFAULT_EFFICIENCY:.0%} and L2 hit {model.DEFAULT_L2_HIT:.0%} unless the step "
-                  "states its own (KernelSpec.extra); fp32 steps are capped by the FFMA share of their main loop.")
+    console.print("Model, Hopper steps: per 64-deep k-slab the largest of tensor time (wgmma at the clock), the SM's "
+                  "share of L2->SMEM bandwidth and the TMA latency left uncovered by the stages, plus an epilogue "
+                  "per tile, in rounds over the SMs (gemmlab.model.predict_pipelined). fp32 steps: "
+                  f"t = max(FLOPs / (SOL x efficiency), HBM bytes / {bw / 1e12:.1f} TB/s) / wave efficiency, capped "
+                  "by the FFMA share of their main loop.")
     return 0
 
 

@@ -649,8 +649,11 @@ def _kernel_model(spec, cfg, M, N, K, profile, clock, compiled=None, config_sour
         predicted_tflops=p.tflops, sol_fraction=p.sol_fraction, bound=p.bound)
 
 
-FORMULA = ("t = max(FLOPs / tile_quantization / (speed_of_light(clock) x efficiency), HBM bytes / bandwidth) / "
-           "wave_efficiency; HBM bytes = max(min bytes, tile traffic x (1 - L2 hit))")
+FORMULA = ("Hopper steps: per 64-deep k-slab, max(wgmma time at the clock, the SM's share of L2->SMEM bandwidth, "
+           "TMA latency not covered by the pipeline stages), plus an epilogue per tile, in rounds over the SMs "
+           "(gemmlab.model.predict_pipelined). fp32 steps: t = max(FLOPs / tile_quantization / (speed_of_light(clock) "
+           "x efficiency), HBM bytes / bandwidth) / wave_efficiency; HBM bytes = max(min bytes, tile traffic x "
+           "(1 - L2 hit))")
 
 
 @_tool
