@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..jit.launch import launch, require_gpu, tensor_map_2d
+from ..jit.launch import launch, tensor_map_2d
 from ..registry import KernelSpec, Ladder, Param, register, register_ladder
 from ..sass import SassExpect
 
