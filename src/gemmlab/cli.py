@@ -1,7 +1,7 @@
 """gemmlab: matmul kernels for NVIDIA GPUs, and the tools to inspect, model and time them.
 
 Without a subcommand, 'gemmlab' walks both kernel ladders ('gemmlab ladder'). Everything except
-'bench' (and the measured columns of 'ladder') works on a machine without a GPU.
+'bench' and 'tune' (and the measured columns of 'ladder') works on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ examples:
   gemmlab model --shape 4096,4096,4096 --kernel h04 --clock 1320
   gemmlab bench --suite ladder              time every step against cuBLAS (GPU)
   gemmlab bench --suite matmul-llm          gemmlab.matmul against torch on LLM shapes (GPU)
+  gemmlab tune k08 --shape 4096,4096,4096   autotune a step's config for a shape, saved per GPU (GPU)
   gemmlab plot benchmarks/results/ladder.jsonl --out benchmarks/plots
   gemmlab figures docs/figures
 """
@@ -694,6 +695,106 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+# gemmlab tune -------------------------------------------------------------------------------------------
+
+def _cfg_str(cfg: dict | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in (cfg or {}).items()) or "-"
+
+
+def _num(d: dict, key: str, fmt: str) -> str:
+    import math
+
+    v = d.get(key)
+    return format(v, fmt) if isinstance(v, (int, float)) and not math.isnan(v) else "-"
+
+
+def _cmd_tune(args) -> int:
+    from rich.table import Table
+
+    from . import autotune, registry
+
+    console = _console()
+    if args.show:
+        return _show_tuned(console, args.kernel)
+    if not args.kernel or not args.shape:
+        raise UsageError("name a step and a shape (gemmlab tune k08 --shape 4096,4096,4096), or --show")
+    if args.max_configs < 1 or args.rounds < 1:
+        raise UsageError("--max-configs and --rounds must be at least 1")
+    spec = registry.get(args.kernel)
+    why = autotune.tunable(spec)
+    if why:
+        raise UsageError(f"{spec.name} cannot be tuned: {why}")
+    if not _has_gpu():
+        print("gemmlab tune: tuning times kernels and needs an NVIDIA GPU, and torch sees none. "
+              "`gemmlab tune --show` lists saved results without one.", file=sys.stderr)
+        return 2
+    M, N, K = args.shape
+    res = autotune.tune(spec, M, N, K, configs=args.configs, max_configs=args.max_configs, rounds=args.rounds,
+                        budget_s=args.budget, log=lambda msg: console.print(msg, markup=False, highlight=False))
+    t = Table(title=f"{spec.name} at {M}x{N}x{K} on {res.gpu.describe()}: {len(res.candidates)} candidates, "
+                    f"{args.rounds} rounds (the final round's numbers where a candidate had one)")
+    for col in ("config", "TFLOP/s", "x cuBLAS", "correct", "rel err", ""):
+        t.add_column(col, justify="right" if col in ("TFLOP/s", "x cuBLAS", "rel err") else "left")
+    rows = sorted(res.latest(), key=lambda r: (r.get("time_ms") is None, r.get("time_ms") or 0.0))
+    for r in rows:
+        note = []
+        if r is res.winner:
+            note.append("[bold green]winner[/bold green]")
+        if r.get("config") == res.heuristic:
+            note.append("the step's own choice")
+        if r.get("error"):
+            note.append(f"[red]{r['error']}[/red]")
+        err = r.get("rel_error")
+        t.add_row(_cfg_str(r.get("config")), _num(r, "tflops", ".1f"), _num(r, "ratio", ".3f"),
+                  "yes" if r.get("correct") is True else "[red]no[/red]",
+                  f"{err:.1e}" if isinstance(err, float) else "-", ", ".join(note))
+    console.print(t)
+    if res.winner is None:
+        console.print("[red]no candidate was correct: nothing saved[/red]")
+        return 1
+    h = res.heuristic_record()
+    if h is not None and h.get("time_ms") and h is not res.winner:
+        console.print(f"winner {_cfg_str(res.config)}: x{h['time_ms'] / res.winner['time_ms']:.3f} over the step's "
+                      f"own choice {_cfg_str(res.heuristic)}")
+    console.print(f"saved to {res.saved_to} (KernelSpec.config_for now picks it for this shape on this GPU)",
+                  markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _show_tuned(console, kernel: str | None) -> int:
+    from rich.table import Table
+
+    from . import autotune, registry
+
+    name = registry.get(kernel).name if kernel else None
+    gpu = autotune.current_gpu() if _has_gpu() else None
+    rows = [(ident, path, e) for ident, path, e in autotune.saved_entries(gpu) if name in (None, e["kernel"])]
+    where = f"{gpu.describe()}, {autotune.tuned_path(gpu)}" if gpu else f"every GPU, {autotune.tune_dir()}"
+    if not rows:
+        console.print(f"no tuned results for {name or 'any step'} ({where})", markup=False, highlight=False)
+        return 0
+    t = Table(title=f"tuned results: {where}")
+    cols = ("kernel", "shape", "config", "ms", "TFLOP/s", "x cuBLAS", "git sha", "when")
+    for col in ((() if gpu else ("GPU",)) + cols):
+        t.add_column(col, overflow="fold")
+
+    def in_param_order(e: dict) -> dict:  # the file keeps keys sorted; show them as the step lists them
+        try:
+            names = registry.get(e["kernel"]).param_names()
+        except KeyError:
+            return e["config"]
+        return {**{k: e["config"][k] for k in names if k in e["config"]}, **e["config"]}
+
+    for ident, _path, e in rows:
+        gpu_col = () if gpu else (
+            f"{ident.get('name')} ({ident.get('sm_count')} SMs, driver {ident.get('driver_major')})",)
+        t.add_row(*gpu_col, str(e["kernel"]).split(".", 1)[-1], f"{e['M']}x{e['N']}x{e['K']}", _cfg_str(in_param_order(e)),
+                  _num(e, "time_ms", ".4f"), _num(e, "tflops", ".1f"), _num(e, "ratio", ".3f"),
+                  str(e.get("git_sha", "-")), str(e.get("when", "-")))
+    console.print(t)
+    return 0
+
+
 # gemmlab figures ----------------------------------------------------------------------------------------
 
 def _cmd_figures(args) -> int:
@@ -875,6 +976,30 @@ def build_parser() -> argparse.ArgumentParser:
     fig.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"),
                      help="file formats")
     fig.set_defaults(func=_cmd_figures)
+
+    tun = sub.add_parser(
+        "tune", formatter_class=_Formatter, help="autotune a step's config for a shape on this GPU; saved per GPU",
+        description=_para("Time a step's configs at one shape with the project's one timer (groups of candidates "
+                          "per interleaved run with cuBLAS, correctness checked first, the best few re-timed "
+                          "together), print every candidate and save the fastest correct one for this GPU under "
+                          "the cache folder (GEMMLAB_CACHE_DIR/autotune). From then on KernelSpec.config_for (the "
+                          "benchmarks, gemmlab.matmul's fp32 path) picks it for that step and shape on this GPU. "
+                          "Candidates: the step's own choice (heuristic or defaults) plus an even spread over its "
+                          "valid configs, or --configs. Needs a GPU (exits with status 2 without one); --show "
+                          "lists the saved results, without a GPU those of every GPU."),
+        epilog="examples:\n  gemmlab tune k08 --shape 4096,4096,4096\n"
+               "  gemmlab tune h10 --shape 3072,3072,3072 --max-configs 16 --rounds 7\n"
+               "  gemmlab tune k10 --shape 4095,4097,1023 --configs 'WM=32,WN=64;BK=8'\n"
+               "  gemmlab tune --show\n  gemmlab tune k08 --show")
+    tun.add_argument("kernel", nargs="?", metavar="KERNEL", help="step name: k08, h10, sgemm.k10_double_buffered, ...")
+    tun.add_argument("--shape", type=parse_shape, metavar="M,N,K", help="the problem to tune for")
+    tun.add_argument("--max-configs", type=int, default=32, metavar="N", help="at most this many candidates")
+    tun.add_argument("--rounds", type=int, default=5, help="timing rounds per call (median per candidate)")
+    tun.add_argument("--configs", type=parse_configs, metavar="K=V,K=V;K=V",
+                     help="time these configs (each over the defaults) instead of a spread over the step's space")
+    tun.add_argument("--budget", type=float, metavar="SECONDS", help="start no new group of candidates after this")
+    tun.add_argument("--show", action="store_true", help="list the saved results (KERNEL: only that step's)")
+    tun.set_defaults(func=_cmd_tune)
 
     mcp = sub.add_parser(
         "mcp", formatter_class=_Formatter, help="serve the tools to coding agents over MCP (stdio or HTTP)",

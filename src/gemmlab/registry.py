@@ -125,8 +125,16 @@ class KernelSpec:
         cfg = self.resolve(config)
         return "[" + ",".join(f"{k}={v}" for k, v in cfg.items()) + "]"
 
-    def config_for(self, M: int, N: int, K: int, sm_count: int) -> dict[str, int]:
-        """The config this step would pick for a shape (its heuristic over the defaults, if it has one)."""
+    def config_for(self, M: int, N: int, K: int, sm_count: int, *, tuned: bool = True) -> dict[str, int]:
+        """The config this step would pick for a shape: what ``gemmlab tune`` saved for this step and exact
+        shape on the visible GPU (``gemmlab.autotune.best_config``; skipped with ``tuned=False``, without a
+        GPU, or when ``sm_count`` is not the visible GPU's), else its heuristic over the defaults."""
+        if tuned and self.params:
+            from .autotune import best_config
+
+            best = best_config(self, M, N, K, sm_count)
+            if best is not None:
+                return best
         cfg = self.default_config()
         if self.heuristic is not None:
             cfg.update(self.heuristic(M, N, K, sm_count))
