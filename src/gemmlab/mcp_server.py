@@ -114,12 +114,17 @@ def _spec(name: str):
 
 
 def _shape_config(spec, config: dict | None, M: int, N: int, K: int, sm_count: int) -> tuple[dict[str, int], str]:
-    """The config to model or time a step with: the one given, else what the step's heuristic picks for the
-    shape (as ``gemmlab.matmul`` would), else the defaults; and which of the three it is."""
+    """The config to model or time a step with: the one given, else the one tuned for this GPU and shape,
+    else what the step's heuristic picks for the shape, else the defaults; and which of those it is."""
     if config is not None:
         return _resolve(spec, config), "given"
+    from .autotune import best_config
+
+    tuned = best_config(spec, M, N, K, sm_count)
+    if tuned is not None:
+        return tuned, "tuned on this GPU"
     if spec.heuristic is not None:
-        return spec.config_for(M, N, K, sm_count), "heuristic for this shape"
+        return spec.config_for(M, N, K, sm_count, tuned=False), "heuristic for this shape"
     return spec.default_config(), "defaults"
 
 
@@ -381,8 +386,8 @@ class Waves(_Out):
 class KernelModel(_Out):
     kernel: str
     config: dict[str, int]
-    config_source: str = Field(description="'given', 'heuristic for this shape' (the step's own choice) or "
-                                           "'defaults'")
+    config_source: str = Field(description="'given', 'tuned on this GPU' (gemmlab tune), 'heuristic for this "
+                                           "shape' (the step's own choice) or 'defaults'")
     supported: bool
     unsupported_reason: str | None
     tile: list[int] = Field(description="BM, BN, BK")
