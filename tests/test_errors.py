@@ -37,4 +37,4 @@ def test_no_gpu_error_is_clear():
     from gemmlab.gpu import gpu_info
 
     with pytest.raises(NoGPUError):
-        gpu_info.__wrapped__()
+        gpu_info()

@@ -27,12 +27,17 @@ class GpuInfo:
         return asdict(self)
 
 
-@functools.lru_cache(maxsize=None)
 def gpu_info(index: int | None = None) -> GpuInfo:
+    """Facts of GPU ``index`` (default: torch's current device, looked up on every call so that a
+    multi-GPU process gets the device it is using, while the facts themselves are read once per GPU)."""
     from .jit.launch import require_gpu
 
     require_gpu("reading GPU properties")
-    idx = torch.cuda.current_device() if index is None else index
+    return _gpu_info(torch.cuda.current_device() if index is None else index)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_info(idx: int) -> GpuInfo:
     p = torch.cuda.get_device_properties(idx)
     driver = "unknown"
     nv = _nvml()
