@@ -59,3 +59,11 @@ def test_sass_checker_catches_failures():
     fails = sass.check(sass.SassExpect(contains=(r"^HGMMA",), absent=(r"^FFMA",), min_loop_ffma=10_000), summ,
                        ck.resources)
     assert len(fails) == 3
+
+
+def test_configs_pin_parameters_that_do_not_matter():
+    spec = registry.get("h09")
+    cfgs = spec.configs()
+    assert len({tuple(c.items()) for c in cfgs}) == len(cfgs)
+    assert all(c["GROUP_M"] == 8 for c in cfgs if c["ORDER"] != 1)  # GROUP_M only shapes the grouped order
+    assert {c["GROUP_M"] for c in cfgs if c["ORDER"] == 1} == {8, 4, 16}

@@ -25,6 +25,7 @@ class Param:
     doc: str = ""
     default: int | None = None
     template: bool = True  # False: a launch-time option (no recompile), e.g. the tile order
+    only_if: Callable | None = None  # config -> bool: the parameter matters only then (else its default)
 
     @property
     def value(self) -> int:
@@ -98,9 +99,16 @@ class KernelSpec:
 
     def configs(self) -> list[dict[str, int]]:
         """Every valid combination of the parameters (the autotuner's search space)."""
-        out = []
+        out, seen = [], set()
         for values in itertools.product(*(p.choices for p in self.params)):
             cfg = dict(zip(self.param_names(), values))
+            for p in self.params:  # a parameter that does not matter here is pinned, so no config repeats
+                if p.only_if is not None and not p.only_if(cfg):
+                    cfg[p.name] = p.value
+            key = tuple(cfg.items())
+            if key in seen:
+                continue
+            seen.add(key)
             if self.check_config is None or not self.check_config(cfg):
                 out.append(cfg)
         return out
