@@ -115,6 +115,7 @@ def bench_shape(ladder: str, M: int, N: int, K: int, steps: list[tuple[KernelSpe
         "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz,
         "power_w": res.clocks.power_w, "temp_c": res.clocks.temp_c,
         "baseline": "cublas(torch.mm)", "baseline_ms": base.median_ms,
+        "baseline_sm_clock_mhz": _clock(res, "cublas"),
         "baseline_tflops": flops(M, N, K) / base.median_ms / 1e9, "baseline_spread": base.spread,
     }
     records = []
@@ -126,11 +127,18 @@ def bench_shape(ladder: str, M: int, N: int, K: int, steps: list[tuple[KernelSpe
         if t is not None:
             rec.update(time_ms=t.median_ms, tflops=flops(M, N, K) / t.median_ms / 1e9,
                        ratio=base.median_ms / t.median_ms, spread=t.spread,
-                       launches_per_replay=t.launches_per_replay)
+                       launches_per_replay=t.launches_per_replay,
+                       kernel_sm_clock_mhz=_clock(res, label(spec, cfg)))
         records.append(rec)
     del sets, outs
     torch.cuda.empty_cache()
     return records
+
+
+def _clock(res, name: str) -> float | None:
+    """The SM clock sampled during candidate ``name``'s own replays (None where NVML cannot say)."""
+    c = getattr(res, "clocks_by_name", {}).get(name)
+    return c.sm_mhz if c is not None else None
 
 
 def append_records(path: str | Path, records: list[dict]) -> None:
@@ -218,6 +226,7 @@ def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bflo
         "bias": bias, "activation": activation, "n_sets": n_sets,
         "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz, "power_w": res.clocks.power_w,
         "temp_c": res.clocks.temp_c, "baseline": "torch.mm" + ("/addmm+act" if bias or activation else ""),
+        "kernel_sm_clock_mhz": _clock(res, "gemmlab"), "baseline_sm_clock_mhz": _clock(res, "torch"),
         "baseline_ms": base.median_ms, "baseline_tflops": flops(M, N, K) / base.median_ms / 1e9,
         "time_ms": t.median_ms, "tflops": flops(M, N, K) / t.median_ms / 1e9, "ratio": base.median_ms / t.median_ms,
         "spread": t.spread, "baseline_spread": base.spread, "rel_error": err, "correct": err <= 1e-2,

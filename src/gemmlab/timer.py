@@ -4,13 +4,15 @@ Protocol (the brief's): inputs rotate over several sets totalling at least 2x th
 reads a cache-warm operand; back-to-back launches are captured in one CUDA graph of about
 ``replay_ms``; each replay is timed with CUDA events; candidates are interleaved round by round (the
 order rotates each round), so clock drift and thermal state hit all of them alike; the result is the
-median per-launch time over the rounds. The SM clock, power and temperature are sampled every round.
+median per-launch time over the rounds. The SM clock, power and temperature are sampled during each
+candidate's replay, every round (per candidate, and their run-wide median).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,7 +39,8 @@ class Timing:
 @dataclass
 class TimingResult:
     timings: dict[str, Timing]
-    clocks: ClockSample
+    clocks: ClockSample  # median over every sample of the run
+    clocks_by_name: dict[str, ClockSample] = field(default_factory=dict)  # each candidate's own samples
 
 
 def sets_for(bytes_per_set: int, l2_bytes: int, *, max_sets: int = 64) -> int:
@@ -76,6 +79,7 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
                      rounds: int = 15, warmup_rounds: int = 2, max_launches: int = 4096) -> TimingResult:
     """Median per-launch time of each candidate. ``fn(i)`` launches one op on input set ``i``."""
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
+    expected_ms: dict[str, float] = {}
     side = torch.cuda.Stream()
     for name, fn in candidates.items():
         # Warm up outside capture (module load, cuBLAS handles and workspaces), on a side stream.
@@ -88,6 +92,7 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
         per = _per_launch_ms(fn, n_sets)
         n = max(1, min(max_launches, round(replay_ms / max(per, 1e-4))))
         graphs[name] = (_capture(fn, n_sets, n), n)
+        expected_ms[name] = per * n
     torch.cuda.synchronize()
     for _ in range(warmup_rounds):
         for g, _n in graphs.values():
@@ -96,7 +101,7 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
 
     names = list(graphs)
     samples: dict[str, list[float]] = {n: [] for n in names}
-    clocks: list[ClockSample] = []
+    clocks: dict[str, list[ClockSample]] = {n: [] for n in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         events = []
@@ -107,7 +112,9 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
             g.replay()
             e.record()
             events.append((name, n, s, e))
-        clocks.append(sample_clocks())  # sampled while the round's replays run
+            # Each candidate's own clock: sampled a little after its replay has started on the GPU. The
+            # next candidate is enqueued while this replay still runs, so the GPU never waits for the host.
+            clocks[name].append(sample_during(s, delay_s=min(0.005, expected_ms[name] / 4000)))
         torch.cuda.synchronize()
         for name, n, s, e in events:
             samples[name].append(s.elapsed_time(e) / n)
@@ -117,4 +124,22 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
         out[name] = Timing(name=name, median_ms=statistics.median(xs), min_ms=min(xs), max_ms=max(xs),
                            launches_per_replay=graphs[name][1], samples_ms=xs)
     del graphs
-    return TimingResult(timings=out, clocks=median_sample(clocks))
+    every = [c for cs in clocks.values() for c in cs]
+    return TimingResult(timings=out, clocks=median_sample(every),
+                        clocks_by_name={n: median_sample(cs) for n, cs in clocks.items()})
+
+
+def sample_during(started, *, delay_s: float, poll_s: float = 5e-5, timeout_s: float = 10.0,
+                  sampler: Callable[[], ClockSample] | None = None) -> ClockSample:
+    """Clocks sampled ``delay_s`` after the GPU reaches the event ``started`` (so they are this work's).
+
+    ``started`` is an event recorded just before the work; ``query()`` turns true when the GPU passes it.
+    Gives up waiting after ``timeout_s`` and samples anyway (the sample is then merely less specific).
+    """
+    sampler = sampler or sample_clocks
+    deadline = time.monotonic() + timeout_s
+    while not started.query() and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    if delay_s > 0:
+        time.sleep(delay_s)
+    return sampler()
