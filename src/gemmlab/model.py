@@ -8,7 +8,25 @@ fall back cleanly without one.
 
 Two predictions, one per kind of main loop.
 
-CUDA-core (fp32) steps, ``predict``, deliberately simple:
+CUDA-core (fp32) steps, ``predict_cuda_core``: a k-tile model of the main loop from its SASS (see
+``cuda_core_period``). Per iteration of the loop (one BK-deep tile; 16 k for k01/k02's unrolled loop), a
+block needs R = the largest of
+
+  * issue: warps x instructions on the loop's fast path / 4 schedulers, at ``issue_efficiency`` of a
+    clock each,
+  * memory-instruction dispatch: warps x (LDG + LDS + STS) at one per clock per SM (8 LSU lanes per
+    scheduler), at the same ``issue_efficiency``,
+  * L1 wavefronts of its global loads: warps x lines touched per LDG, one per clock per SM (k01: a warp's
+    A load walks 32 rows, 32 lines; a registry fact, ``extra["lines_per_load"]``);
+
+B co-resident blocks take max(B x R, R + L) per iteration when the loop stages tiles through shared
+memory between barriers (L = ``tile_latency_s``: load round trip + barriers, hidden only by the other
+blocks), max(B x R, L) when the loop fetches the next tile before this tile's math (``extra
+["prefetch"]``: k10), and B x R without barriers (k01, k02: warps are independent). The busiest SM runs
+ceil(tiles / SMs) blocks in rounds of B. The result is max'ed with the HBM time below.
+
+The older formula, ``predict``, stays for steps that state ``extra["model_efficiency"]`` and for
+hand cases:
 
     t_compute = FLOPs / tile_quantization / (speed_of_light(clock) * efficiency)
     t_memory  = max(min_bytes, tile_traffic * (1 - l2_hit)) / HBM bandwidth
@@ -84,6 +102,23 @@ class DeviceProfile:
       is against the *recorded* clock, a median over a whole interleaved run (see docs/worklog.md), so
       it also carries the gap between that and the kernel's own clock. E is the time the consumers
       spend converting and storing C while they issue no wgmma.
+    The CUDA-core constants (``predict_cuda_core``), read off ``benchmarks/results/sgemm_ladder.jsonl``
+    (1980 MHz):
+
+    issue_efficiency = 0.75. The fraction of a clock's issue (and LSU dispatch) slot a ptxas-compiled
+      fp32 loop fills when it binds: k10 (latency hidden by its prefetch, 2 blocks x 4 warps, 2251
+      instructions per 16-deep tile on its fast path) needs 2 x 4 x 2251 / 4 = 4502 issue clocks per
+      iteration and took 5959 (4096^3: 3.082 ms = 6.10 M clk / 4 rounds / 256) and 5866 (8192^3):
+      0.76-0.77. cuBLAS SGEMM reaches 77% of the FFMA peak in the same records, consistent with a loop
+      that is ~all FFMA at this rate. (Register-bank conflicts and dependency stalls that two to four
+      warps per scheduler do not cover; not decomposed further.)
+    tile_latency_s = 0.75 us. What a block waits per k-tile in a load -> STS -> barrier -> math ->
+      barrier loop, hidden only by other blocks: k05 runs one block per SM (149 registers), so nothing
+      hides it: 3203 clk per iteration at 4096^3 (6.627 ms / 8 rounds / 512) minus its issue 8 x 645 /
+      4 / 0.75 = 1720 leaves 1483 clk = 0.75 us (0.72 us at 8192^3). Same order as the TMA round trip
+      (0.6 us) above.
+    l1_wavefronts_per_clk = 1 per SM: the L1's tag stage handles one 128-byte line per clock; not
+      fitted (k01, bound by it, then comes out at 1.01).
     kstep_turnaround_clk = 200 clocks. h05 and h06 differ only in how a k-step ends: h05 waits for its
       wgmma group (wait_group 0: the tensor pipe drains) and uses token barriers (every waiting thread
       arrives, then polls its token: 2 x (1 + 128 x consumers) arrivals per stage); h06 keeps one group
@@ -118,6 +153,11 @@ class DeviceProfile:
     mma_efficiency: float = 0.94  # fraction of the tensor peak at the recorded clock a wgmma-bound loop keeps
     kstep_turnaround_clk: float = 200.0  # tensor pipe drained + token barrier round trip, per k-step
     epilogue_bytes_per_s: float = 14.5e9  # one CTA writing its C tile out while its tensor work waits
+    # The CUDA-core k-tile model (``predict_cuda_core``); where they come from is in the docstring above.
+    issue_efficiency: float = 0.75  # fraction of issue / LSU-dispatch slots a binding fp32 loop fills
+    tile_latency_s: float = 0.75e-6  # exposed load + barrier time per k-tile of a non-prefetching loop
+    l1_wavefronts_per_clk: float = 1.0  # global-load lines the L1 handles per clock per SM
+    lsu_per_clk: float = 1.0  # memory instructions dispatched per clock per SM (8 LSU lanes per scheduler)
 
     def peak_flops(self, dtype: str = "bf16", clock_mhz: float | None = None) -> float:
         """Dense FLOP/s at ``clock_mhz`` (default: the sustained clock)."""
@@ -617,6 +657,170 @@ def predict_pipelined(M: int, N: int, K: int, *, tile: tuple[int, int, int], loo
                       main_loop=loop)
 
 
+# The CUDA-core (fp32) k-tile model ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoopMix:
+    """What one iteration of a CUDA-core main loop executes per warp (its fast path, see ``loop_mix``)."""
+
+    instructions: int
+    ffma: int
+    memory: int  # LDG + LDS + STS (+ STG): instructions the LSU dispatches
+    global_loads: int
+    l1_wavefronts: float  # 128-byte lines the global loads touch, summed over the LDGs
+    barrier: bool  # a BAR.SYNC on the path: the loop stages tiles through shared memory
+
+
+def loop_fast_path(summary, loop):
+    """The instructions an interior iteration of ``loop`` executes: among the paths from its header back
+    to the header, those that move the most global-load + shared-store bytes (the vector fast path, all
+    tiles staged), and of those the shortest (ragged-edge fallbacks are longer). The unrolled loop body
+    has no inner loops, so its blocks in address order (from the header) are a topological order."""
+    from . import sass
+
+    ins = summary.instructions
+    blocks, succ = sass._blocks(ins)
+    body = sorted(n for n, b in enumerate(blocks) if ins[b[0]].address in loop.addresses)
+    head = next(n for n in body if ins[blocks[n][0]].address == loop.start)
+
+    def cost(n):
+        b = [ins[i] for i in blocks[n]]
+        moved = sum(sass._width(i.opcode) // 8 for i in b if sass.classify(i) in ("global_load", "shared_store"))
+        return (-moved, len(b))
+
+    h = body.index(head)
+    best = {head: (cost(head), [head])}
+    end = None
+    for u in body[h:] + body[:h]:
+        if u not in best:
+            continue
+        (cb, ci), path = best[u]
+        for v in succ[u]:
+            if v not in best and v not in body:
+                continue
+            if v == head:
+                if end is None or (cb, ci) < end[0]:
+                    end = ((cb, ci), path)
+                continue
+            if v not in body:
+                continue
+            c = cost(v)
+            nc = (cb + c[0], ci + c[1])
+            if v not in best or nc < best[v][0]:
+                best[v] = (nc, path + [v])
+    if end is None:
+        return [ins[i] for n in body for i in blocks[n]]
+    return [ins[i] for n in end[1] for i in blocks[n]]
+
+
+def loop_mix(summary, lines_per_load: float = 1.0) -> LoopMix | None:
+    """The mix of the main loop (the loop holding the most FFMA) on its fast path, or None without one.
+    A warp's LDG touches ``lines_per_load`` 128-byte lines per 32 bits of width (coalesced: 1 per 128 B
+    of the request; k01's uncoalesced A: 32)."""
+    from . import sass
+
+    loops = [lp for lp in summary.loops if lp.mix.get("ffma", 0)]
+    if not loops:
+        return None
+    lp = max(loops, key=lambda x: (x.mix["ffma"], -x.instructions))
+    path = loop_fast_path(summary, lp)
+    cls = [sass.classify(i) for i in path]
+    ldg = [i for i, c in zip(path, cls) if c == "global_load"]
+    return LoopMix(instructions=len(path), ffma=sum(c == "ffma" for c in cls),
+                   memory=sum(c in ("global_load", "global_store", "shared_load", "shared_store") for c in cls),
+                   global_loads=len(ldg),
+                   l1_wavefronts=sum(lines_per_load * sass._width(i.opcode) / 32 for i in ldg),
+                   barrier=any(i.base == "BAR" for i in path))
+
+
+@dataclass(frozen=True)
+class CudaCorePeriod:
+    """One main-loop iteration of ``blocks`` co-resident blocks on an SM, in seconds."""
+
+    t_issue: float  # one block's instructions at issue_efficiency
+    t_lsu: float  # one block's memory instructions at issue_efficiency
+    t_l1: float  # one block's global-load lines
+    t_block: float  # R: the largest of the three
+    t_latency: float  # L (0 without barriers)
+    period: float
+    limiter: str
+
+
+def cuda_core_period(mix: LoopMix, warps: int, blocks: int, clock_mhz: float, *, prefetch: bool = False,
+                     profile: DeviceProfile = H200) -> CudaCorePeriod:
+    """Per iteration: R = max(issue, LSU dispatch, L1 lines) of one block (see the module docstring);
+    ``blocks`` blocks on the SM take max(B R, R + L) with barriers, max(B R, L) with ``prefetch`` (the
+    next tile's loads are in flight during this tile's math), B R without barriers."""
+    p = profile
+    clk = clock_mhz * 1e6
+    eta = p.issue_efficiency
+    terms = {"instruction issue": warps * mix.instructions / p.sub_partitions / eta / clk,
+             "LSU dispatch": warps * mix.memory / p.lsu_per_clk / eta / clk,
+             "L1 wavefronts": warps * mix.l1_wavefronts / p.l1_wavefronts_per_clk / clk}
+    lim = max(terms, key=terms.get)
+    R = terms[lim]
+    L = p.tile_latency_s if mix.barrier else 0.0
+    b = max(1, blocks)
+    if not mix.barrier:
+        period = b * R
+    elif prefetch:
+        period = max(b * R, L)
+        if L > b * R:
+            lim = "tile latency"
+    else:
+        period = max(b * R, R + L)
+        if R + L > b * R:
+            lim = "tile latency"
+    return CudaCorePeriod(t_issue=terms["instruction issue"], t_lsu=terms["LSU dispatch"],
+                          t_l1=terms["L1 wavefronts"], t_block=R, t_latency=L, period=period, limiter=lim)
+
+
+def predict_cuda_core(M: int, N: int, K: int, *, tile: tuple[int, int, int], threads: int, registers: int,
+                      smem_bytes: int, mix: LoopMix, dtype: str = "fp32", profile: DeviceProfile = H200,
+                      clock_mhz: float | None = None, l2_hit: float = DEFAULT_L2_HIT,
+                      blocks_per_sm: int | None = None, prefetch: bool = False) -> Prediction:
+    """Predicted time of a CUDA-core GEMM from its main loop's ``mix``: the busiest SM runs ceil(tiles /
+    SMs) blocks in rounds of B (occupancy), each ceil(K / k-per-iteration) iterations at
+    ``cuda_core_period`` (a last partial round at its own, lighter, period); max'ed with the HBM time of
+    ``predict``. k per iteration = the loop's FFMA / (BM BN / threads). ``efficiency`` reports the SM
+    time's fraction of the FFMA peak net of tile and wave quantization."""
+    BM, BN, BK = tile
+    p = profile
+    clock = clock_mhz or p.sm_clock_mhz
+    peak = p.peak_flops(dtype, clock)
+    occ = occupancy(threads, registers, smem_bytes, p)
+    B = blocks_per_sm if blocks_per_sm is not None else max(1, occ.blocks_per_sm)
+    waves = wave_quantization(M, N, BM, BN, p.sm_count, B)
+    warps = math.ceil(threads / 32)
+    k_per_iter = max(1, round(mix.ffma / (BM * BN / threads)))
+    iters = math.ceil(K / k_per_iter)
+    per_sm = math.ceil(waves.tiles / p.sm_count)
+    full, rest = divmod(per_sm, B)
+    per = cuda_core_period(mix, warps, B, clock, prefetch=prefetch, profile=p)
+    t_sm = iters * full * per.period
+    if rest:
+        t_sm += iters * cuda_core_period(mix, warps, rest, clock, prefetch=prefetch, profile=p).period
+    traffic = tile_traffic_bytes(M, N, K, BM, BN, dtype)
+    hbm = max(float(min_bytes(M, N, K, dtype)), traffic * (1.0 - l2_hit))
+    t_memory = hbm / p.hbm_bytes_per_s
+    t = max(t_sm, t_memory)
+    limiter, bound = (per.limiter, "compute") if t_sm >= t_memory else ("HBM bandwidth", "memory")
+    if limiter == "L1 wavefronts":
+        bound = "memory"
+    # the SM time's fraction of the FFMA peak, net of tile and wave quantization (reported separately), so
+    # that 1/efficiency x 1/tile_quantization x 1/wave efficiency x max(1, t_memory / t_compute) is
+    # predicted / ideal time
+    tq = tile_quantization(M, N, BM, BN)
+    eff = flops(M, N, K) / (t_sm * peak * tq * waves.efficiency) if t_sm > 0 else 0.0
+    return Prediction(M=M, N=N, K=K, dtype=dtype, tile=(BM, BN, BK), clock_mhz=clock, peak_tflops=peak / 1e12,
+                      efficiency=eff,
+                      efficiency_source=f"k-tile model of the main loop's SASS ({per.limiter}; "
+                                        f"{mix.instructions} instructions per iteration, FFMA share {mix.ffma / mix.instructions:.0%})",
+                      l2_hit=l2_hit, occupancy=occ, waves=waves, tile_intensity=tile_intensity(BM, BN, BK, dtype),
+                      traffic_bytes=traffic, hbm_bytes=hbm, t_compute_s=t_sm, t_memory_s=t_memory, time_s=t,
+                      bound=bound, limiter=limiter)
+
+
 def ffma_issue_share(summary) -> float | None:
     """FFMA / instructions in the loop that holds the most FFMA (a ``gemmlab.sass.SassSummary``), or None
     without FFMA loops. Each SM quarter issues one warp instruction per clock and the FFMA peak needs every
@@ -669,8 +873,10 @@ def predict_step(spec, M: int, N: int, K: int, config: dict | None = None, *,
                  compiled=None, summary=None) -> Prediction:
     """The prediction for a registered step: its tile, threads and shared memory from the registry, its
     registers from ptxas (compiles the step; no GPU needed). CUDA-core (fp32) steps go through
-    ``predict`` with the efficiency from ``step_efficiency`` (their SASS from nvdisasm) and the L2 hit
-    from ``spec.extra["l2_hit"]`` (else the default); tensor-core steps through ``predict_pipelined``
+    ``predict_cuda_core`` with their main loop's ``loop_mix`` (SASS from nvdisasm; ``extra
+    ["lines_per_load"]``: lines a warp's A and B loads touch, ``extra["prefetch"]``), or, when the step
+    states ``extra["model_efficiency"]`` or has no FFMA loop, ``predict`` with the efficiency from
+    ``step_efficiency``; the L2 hit from ``spec.extra["l2_hit"]`` (else the default); tensor-core steps through ``predict_pipelined``
     with their ``main_loop``."""
     from .sass import kernel_summary
 
@@ -687,7 +893,16 @@ def predict_step(spec, M: int, N: int, K: int, config: dict | None = None, *,
                                  profile=prof, clock_mhz=clock_mhz, efficiency=eff, efficiency_source=why,
                                  l2_hit=l2_hit, threads=spec.threads(cfg), registers=ck.resources.registers,
                                  smem_bytes=smem)
-    eff, why = step_efficiency(spec, summary if summary is not None else kernel_summary(ck), prof)
+    summ = summary if summary is not None else kernel_summary(ck)
+    lines = spec.extra.get("lines_per_load")
+    mix = loop_mix(summ, float(sum(lines) / len(lines)) if lines else 1.0)
+    if mix is not None and "model_efficiency" not in spec.extra:
+        return predict_cuda_core(M, N, K, tile=tuple(spec.tile(cfg)), threads=spec.threads(cfg),
+                                 registers=ck.resources.registers, smem_bytes=smem, mix=mix, dtype=dtype,
+                                 profile=prof, clock_mhz=clock_mhz, l2_hit=l2_hit,
+                                 blocks_per_sm=spec.extra.get("blocks_per_sm"),
+                                 prefetch=bool(spec.extra.get("prefetch", False)))
+    eff, why = step_efficiency(spec, summ, prof)
     return predict(M, N, K, tile=tuple(spec.tile(cfg)), threads=spec.threads(cfg), registers=ck.resources.registers,
                    smem_bytes=smem, dtype=dtype, profile=prof,
                    clock_mhz=clock_mhz, efficiency=eff, efficiency_source=why, l2_hit=l2_hit,

@@ -96,6 +96,8 @@ register(KernelSpec(
     sass=SassExpect(contains=(r"^FFMA", r"^LDG"), no_local_memory=True),
     launcher=_launch_k01, supports=grid_y_fits("N", lambda c: c["BLOCK"]),
     threads=lambda c: c["BLOCK"] ** 2, smem_bytes=lambda c: 0, tile=lambda c: (c["BLOCK"], c["BLOCK"], 1),
+    # for gemmlab.model: a warp's A load walks 32 rows (32 lines), its B load is one address (1 line)
+    extra={"lines_per_load": (32, 1)},
 ))
 
 
@@ -362,4 +364,6 @@ register(KernelSpec(
     sass=SassExpect(contains=VEC_SASS, min_loop_ffma=1024, no_local_memory=True),
     launcher=_tiled_launcher(_threads_warps), supports=grid_y_fits("M", lambda c: c["BM"]),
     threads=_threads_warps, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_warptiling(stages=2),
+    # for gemmlab.model: the next tile's global loads are in flight during this tile's FFMAs
+    extra={"prefetch": True},
 ))
