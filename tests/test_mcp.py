@@ -225,6 +225,26 @@ def test_explain_gap_flags_waves_and_unsupported_shapes():
     assert any("does not support" in r for r in d["risks"])
 
 
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_benchmark_and_explain_gap_measure_on_a_gpu():
+    """The timed paths: a ladder step and gemmlab.matmul against cuBLAS, and explain_gap with a measurement."""
+    step, mm, gap = session(("benchmark_gemm", {"M": 2048, "N": 2048, "K": 2048, "kernel": "h04", "rounds": 3}),
+                            ("benchmark_gemm", {"M": 1000, "N": 1536, "K": 777, "rounds": 3}),
+                            ("explain_gap", {"M": 4096, "N": 4096, "K": 4096, "kernel": "h10"}))
+    for r in (step, mm, gap):
+        assert not r.is_error, text(r)
+    for d, name in ((step.structured_content, "hopper.h04_two_consumers"), (mm.structured_content, "gemmlab.matmul")):
+        assert d["kernel"] == name and d["correct"] and d["rel_error"] < 2e-2
+        assert d["time_ms"] > 0 and d["cublas_time_ms"] > 0 and d["sm_clock_mhz"] > 500
+        assert d["ratio_vs_cublas"] == pytest.approx(d["cublas_time_ms"] / d["time_ms"], rel=1e-6)
+    assert step.structured_content["model_tflops"] > 0
+    g = gap.structured_content
+    assert g["gpu_available"] and g["measurement"]["correct"] and g["measurement"]["tflops"] > 100
+    assert g["measured_over_model"] == pytest.approx(g["measurement"]["tflops"] / g["model"]["predicted_tflops"])
+    assert "Measured" in g["verdict"] and "cuBLAS" in g["verdict"]
+
+
 # Resources and prompts -----------------------------------------------------------------------------------------
 
 def test_resources_and_prompt():
