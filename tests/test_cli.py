@@ -200,7 +200,7 @@ def fake_gpu(monkeypatch):
 
     fake = FakeBench()
     monkeypatch.setattr(cli, "_has_gpu", lambda: True)
-    monkeypatch.setattr(gemmlab.gpu, "gpu_info", lambda *a: types.SimpleNamespace(sm_count=132, name="FAKE H200"))
+    monkeypatch.setattr(gemmlab.gpu, "gpu_info", lambda *a: types.SimpleNamespace(sm_count=132, name="FAKE H200", l2_bytes=50 * 2**20))
     monkeypatch.setattr(gemmlab.bench, "bench_shape", fake.bench_shape)
     monkeypatch.setattr(gemmlab.bench, "bench_matmul", fake.bench_matmul)
     monkeypatch.setattr(cli, "_add_model", lambda r: dict(r, model_tflops=90.0))  # compiles: tested below
