@@ -316,7 +316,7 @@ def test_hopper_steps_within_10_percent_of_the_h200_records():
             bad.append(rows[-1])
     table = "\n".join(["measured / predicted time, Hopper records of the closing run", *rows])
     print("\n" + table)
-    assert len(rows) == 29
+    assert len(rows) >= 29
     assert not bad, "outside [0.9, 1.1]:\n" + "\n".join(bad) + "\n\n" + table
 
 

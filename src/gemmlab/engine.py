@@ -170,8 +170,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     tbias = _CTYPE[bias.dtype] if has_bias else "float"
     tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
     splits = choose_splits(tiles_m * tiles_n, K, _sm_count(a.device))
+    # The overlapped epilogue (stores under the next tile's k-steps) needs a 16-bit TMA-stored output and
+    # whole tiles (no split-K fixup).
+    overlap = out.element_size() == 2 and not direct and splits == 1
     expr = (f"hopper_h11<{_CTYPE[a.dtype]}, {_CTYPE[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
-            f"{int(b_mn)}, {epi}, {int(splits > 1)}>")
+            f"{int(b_mn)}, {epi}, {int(splits > 1)}, {int(overlap)}>")
     compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
 
     map_a = tensor_map_2d(ta, (BK, 64) if a_mn else (BM, BK))

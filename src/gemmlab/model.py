@@ -413,6 +413,7 @@ class MainLoop:
     wgmma_in_flight: int = 0
     cluster: int = 1
     producer_warp: bool = False
+    epilogue_overlapped: bool = False  # a tile's stores run under the next tile's k-steps (persistent only)
 
 
 @dataclass(frozen=True)
@@ -544,8 +545,10 @@ def pipeline_time(M: int, N: int, K: int, BM: int, BN: int, BK: int, loop: MainL
         fill = first.t_load
     else:
         fill = sum(steps[sh].t_load for sh in shapes) if loop.stages > 1 else 0.0
-    t = fill + sum(k_tiles * steps[sh].period + epi for sh in shapes)
-    return PipelineTime(rounds=len(shapes), kstep=first, t_fill_s=fill, t_epilogue_s=len(shapes) * epi, time_s=t)
+    # An overlapped epilogue is paid once, by the last tile; the others store under the next tile's k-steps.
+    t_epi = epi * (1 if loop.epilogue_overlapped and loop.persistent else len(shapes))
+    t = fill + sum(k_tiles * steps[sh].period for sh in shapes) + t_epi
+    return PipelineTime(rounds=len(shapes), kstep=first, t_fill_s=fill, t_epilogue_s=t_epi, time_s=t)
 
 
 # The prediction for a step --------------------------------------------------------------------------
@@ -856,8 +859,8 @@ def main_loop(spec, cfg: dict, registers: int, smem_bytes: int, profile: DeviceP
     """A tensor-core step's ``MainLoop``, from the registry: stages = the ``QSIZE`` parameter (1 without
     one), CTAs per SM = occupancy from threads, ptxas registers and shared memory (or
     ``extra["blocks_per_sm"]``), a producer warp whenever there is more than one warpgroup, the cluster
-    size from the ``CLUSTER`` parameter or ``extra["cluster"]``, and the two facts the source states
-    but no parameter does: ``extra["persistent"]`` and ``extra["wgmma_in_flight"]``."""
+    size from the ``CLUSTER`` parameter or ``extra["cluster"]``, and the facts the source states but no
+    parameter does: ``extra["persistent"]``, ``extra["wgmma_in_flight"]``, ``extra["epilogue_overlapped"]``."""
     threads = spec.threads(cfg)
     bps = spec.extra.get("blocks_per_sm")
     if bps is None:
@@ -865,7 +868,8 @@ def main_loop(spec, cfg: dict, registers: int, smem_bytes: int, profile: DeviceP
     return MainLoop(stages=int(cfg.get("QSIZE", 1)), ctas_per_sm=int(bps),
                     persistent=bool(spec.extra.get("persistent", False)),
                     wgmma_in_flight=int(spec.extra.get("wgmma_in_flight", 0)),
-                    cluster=int(cfg.get("CLUSTER", spec.extra.get("cluster", 1))), producer_warp=threads > 128)
+                    cluster=int(cfg.get("CLUSTER", spec.extra.get("cluster", 1))), producer_warp=threads > 128,
+                    epilogue_overlapped=bool(spec.extra.get("epilogue_overlapped", False)))
 
 
 def predict_step(spec, M: int, N: int, K: int, config: dict | None = None, *,

@@ -433,6 +433,32 @@ register(KernelSpec(
 ))
 
 
+# h12: h10 with the epilogue under the next tile's tensor work -----------------------------------------
+
+def _launch_h12(spec, compiled, cfg, a, b, c, alpha, beta):
+    _launch_h10(spec, compiled, {**cfg, "CLUSTER": 1}, a, b, c, alpha, beta)
+
+
+register(KernelSpec(
+    name="hopper.h12_overlapped_epilogue", ladder="hopper", step=12,
+    technique="the finished tile packed to bf16 in registers and stored during the next tile's first "
+              "k-steps, so the epilogue runs under tensor work",
+    source="hopper/h12_overlapped_epilogue.cu", template="hopper_h12",
+    params=(Param("QSIZE", (4, 3, 5), "pipeline stages (5 fits with BN <= 192)"),
+            Param("BN", (256, 192, 128), "tile width (wgmma N)"),
+            Param("ORDER", (2, 1, 0), "tile order: 0 row-major, 1 grouped, 2 Hilbert", template=False),
+            Param("GROUP_M", (8, 4, 16), "tile rows per group (grouped order)", template=False,
+                  only_if=lambda c: c["ORDER"] == 1)),
+    arch="sm_90a", constraints="M % 128 == 0, N % BN == 0, K % 64 == 0; alpha=1, beta=0",
+    sass=SassExpect(contains=WS_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
+                    no_local_memory=True, loop_absent=(r"^MEMBAR\.ALL\.GPU",)),
+    launcher=_launch_h12, supports=lambda cfg, M, N, K: tile_multiple(cfg, M, N, K, 128, cfg["BN"]),
+    check_config=_check_h10, threads=lambda c: 384, smem_bytes=_h10_smem, tile=lambda c: (128, c["BN"], BK),
+    heuristic=h10_heuristic,
+    extra={"persistent": True, "wgmma_in_flight": 1, "epilogue_overlapped": True},
+))
+
+
 # h11: general (the engine of gemmlab.matmul) --------------------------------------------------------
 
 def _launch_h11(spec, compiled, cfg, a, b, c, alpha, beta):
@@ -448,7 +474,7 @@ register(KernelSpec(
               "epilogue: the engine of gemmlab.matmul",
     source="hopper/h11_general.cu", template="hopper_h11",
     params=(Param("BN", (256, 192, 128), "tile width (wgmma N)"), Param("QSIZE", (4, 3), "pipeline stages")),
-    template_prefix=("__nv_bfloat16", "__nv_bfloat16", "float"), template_suffix=("0", "0", "0", "0"),
+    template_prefix=("__nv_bfloat16", "__nv_bfloat16", "float"), template_suffix=("0", "0", "0", "0", "1"),
     arch="sm_90a", constraints="any M, N, K >= 1 (16-byte aligned rows; gemmlab.matmul copies others); "
                                "alpha, beta any",
     sass=SassExpect(contains=WS_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],

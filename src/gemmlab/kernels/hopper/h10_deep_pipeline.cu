@@ -20,7 +20,11 @@ __device__ __forceinline__ void store_pieces_impl(const float (&d)[BN / 2], __nv
                                                   const CUtensorMap* tmC, int n0, int m0, int t, int consumer) {
     if constexpr (COL0 < BN) {
         __nv_bfloat16* slab = slabs + ((COL0 / 64) % 2) * 64 * 64;
-        if (t == 0) tma_store_wait_read<1>();
+        // The slab was last read by the store two pieces back; at a tile's first piece with an odd
+        // number of pieces (BN = 192) that is the newest store of the previous tile: wait for all.
+        if (t == 0) {
+            if constexpr (COL0 == 0) tma_store_wait_read<0>(); else tma_store_wait_read<1>();
+        }
         named_barrier_sync(1 + consumer, 128);
         store_fragment_smem_sw128<BN, 64, COL0>(d, slab, t);
         fence_proxy_async_smem();  // stmatrix writes -> visible to the TMA (async proxy)

@@ -13,8 +13,12 @@
 //    unit of a tile to finish (an atomic counter per tile and consumer, reset by that unit for the next
 //    launch) adds the others' partials to its accumulators and runs the epilogue. One launch, no
 //    separate reduction kernel.
+//  * OVERLAP (16-bit output through TMA, no split-K): h12's overlapped epilogue. The fused epilogue
+//    runs on the accumulators, the result is packed in registers and stored during the next tile's
+//    first k-steps (common/stash.cuh).
 #include "common/epilogue.cuh"
 #include "common/mbarrier.cuh"
+#include "common/stash.cuh"
 #include "common/tile.cuh"
 #include "common/tma.cuh"
 
@@ -30,7 +34,8 @@ __device__ __forceinline__ void store_f32x2_sw128(float* slab, int row, int col,
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_u32(slab) + off), "f"(x), "f"(y) : "memory");
 }
 
-template <typename T, typename TO, typename TBIAS, int BN, int QSIZE, int A_MN, int B_MN, int EPI, int SPLIT>
+template <typename T, typename TO, typename TBIAS, int BN, int QSIZE, int A_MN, int B_MN, int EPI, int SPLIT,
+          int OVERLAP>
 __global__ void __launch_bounds__(384, 1)
 hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
            const __grid_constant__ CUtensorMap tmC, const int* __restrict__ order, int M, int N, int K,
@@ -45,6 +50,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     constexpr bool DIRECT = EPI & 32;
     constexpr int PIECE = sizeof(TO) == 4 ? 32 : 64;  // one 128-byte swizzle row per piece row
     constexpr u32 STAGE_BYTES = (BM + BN) * BK * sizeof(T);
+    static_assert(!OVERLAP || (sizeof(TO) == 2 && !DIRECT && !SPLIT), "overlap: 16-bit TMA-stored output, no split");
     extern __shared__ unsigned char smem_raw[];
     T* sA = reinterpret_cast<T*>(align_1024(smem_raw));
     T* sB = sA + QSIZE * BM * BK;
@@ -103,12 +109,15 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
         int s = 0, prev = 0;
         u32 phase = 0;
         float d[BN / 2];
+        Stash<OVERLAP ? BN : 64> stash;  // OVERLAP: the previous tile, stored during this one's first k-steps
+        stash.pending = false;
+        stash.piece = 0;
         for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
             const int tile = unit / splits, split = unit % splits;
             const int packed = order[tile];
             const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
             const int k_begin = split * k_per, k_end = min(k_iters, k_begin + k_per);
-            for (int kt = k_begin; kt < k_end; ++kt) {
+            auto kstep = [&](int kt) {
                 mbar_wait_parity(&full[s], phase);
                 const T* a = sA + s * BM * BK + row * BK;  // this consumer's 64 rows (one 64 x 64 box if MN)
                 const T* b = sB + s * BN * BK;
@@ -126,9 +135,43 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 }
                 prev = s;
                 if (++s == QSIZE) { s = 0; phase ^= 1; }
+            };
+            int kt = k_begin;
+            if constexpr (OVERLAP) {  // k_begin = 0: no split
+                ksteps_with_pieces<BN, 0>(stash, k_end, kstep, reinterpret_cast<unsigned char*>(slabs), &tmC, t,
+                                          consumer);
+                kt = BN / 64;
             }
+            for (; kt < k_end; ++kt) kstep(kt);
             wgmma_wait<0>();
             if (t == 0) mbar_arrive_notoken(&empty[prev]);  // the host never makes a split without k-steps
+
+            const int r_top = m0 + row + frag_row(t), r_bot = r_top + 8;
+            // act(alpha * acc + beta * C + bias) of fragment value h (0..3) of 8-column group jj.
+            auto epilogue = [&](float acc, int jj, int h) {
+                const int r = h < 2 ? r_top : r_bot, cc = n0 + 8 * jj + frag_col(t) + (h & 1);
+                float x = alpha * acc;
+                if constexpr (HAS_C) {
+                    if (r < M && cc < N) x += beta * to_float(Cin[r * ldc_row + cc * ldc_col]);
+                }
+                if constexpr (HAS_BIAS) {
+                    if (cc < N) x += to_float(bias[cc]);
+                }
+                return activate<ACT>(x);
+            };
+            if constexpr (OVERLAP) {
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int h = 0; h < 4; ++h) d[4 * j + h] = epilogue(d[4 * j + h], j, h);
+                }
+#pragma unroll
+                for (int i = 0; i < BN / 4; ++i) stash.st[i] = pack2(d[2 * i], d[2 * i + 1], (TO*)nullptr);
+                stash.m0 = m0 + row;
+                stash.n0 = n0;
+                stash.pending = true;
+                continue;
+            }
 
             const float* partials = nullptr;  // split-K: where the other splits' partials of this tile are
             if (SPLIT && splits > 1) {
@@ -159,12 +202,14 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             }
 
             // Epilogue, PIECE columns at a time through two alternating slabs.
-            const int r_top = m0 + row + frag_row(t), r_bot = r_top + 8;
 #pragma unroll
             for (int p = 0; p < BN / PIECE; ++p) {
                 TO* slab = slabs + (p % 2) * 64 * PIECE;
                 if constexpr (!DIRECT) {
-                    if (t == 0) tma_store_wait_read<1>();
+                    // Two pieces back may be the previous tile's newest store (odd piece counts).
+                    if (t == 0) {
+                        if (p == 0) tma_store_wait_read<0>(); else tma_store_wait_read<1>();
+                    }
                     named_barrier_sync(1 + consumer, 128);
                 }
                 float v[PIECE / 2];  // this thread's values of the piece, in fragment order
@@ -196,20 +241,8 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 }
 #pragma unroll
                 for (int j = 0; j < PIECE / 8; ++j) {
-                    const int jj = p * (PIECE / 8) + j;
-                    const int c = n0 + 8 * jj + frag_col(t);
 #pragma unroll
-                    for (int h = 0; h < 4; ++h) {
-                        const int r = h < 2 ? r_top : r_bot, cc = c + (h & 1);
-                        float x = alpha * v[4 * j + h];
-                        if constexpr (HAS_C) {
-                            if (r < M && cc < N) x += beta * to_float(Cin[r * ldc_row + cc * ldc_col]);
-                        }
-                        if constexpr (HAS_BIAS) {
-                            if (cc < N) x += to_float(bias[cc]);
-                        }
-                        v[4 * j + h] = activate<ACT>(x);
-                    }
+                    for (int h = 0; h < 4; ++h) v[4 * j + h] = epilogue(v[4 * j + h], p * (PIECE / 8) + j, h);
                 }
                 if constexpr (DIRECT) {
 #pragma unroll
@@ -250,6 +283,9 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     tma_store_commit();
                 }
             }
+        }
+        if constexpr (OVERLAP) {
+            if (stash.pending) flush_pieces<BN>(stash, reinterpret_cast<unsigned char*>(slabs), &tmC, t, consumer);
         }
         if (!DIRECT && t == 0) tma_store_wait_all<0>();
     }
