@@ -6,6 +6,7 @@ K input features. Pure data: nothing here needs a GPU or torch.
 
 - ``square``: M = N = K over ``gemmlab.suites.SQUARE_SIZES``.
 - ``llm``: Llama-3-8B and -70B projections, prefill (M = 512 .. 16384) and decode (M = 1 .. 128).
+- ``prefill``: the prefill half of ``llm`` (M = 512 .. 16384: compute-bound).
 - ``decode``: the decode half of ``llm`` (memory-bound: the weight is streamed once).
 - ``unaligned``: sizes whose leading dimensions are not 16-byte multiples, or not tile multiples.
 - ``epilogue``: a few ``llm`` shapes with bias + gelu / silu fused (against torch.mm + separate ops).
@@ -78,7 +79,8 @@ EPILOGUE = (
 )
 
 SUITES: dict[str, tuple[MatmulCase, ...]] = {
-    "square": SQUARE, "llm": LLM, "decode": DECODE, "unaligned": UNALIGNED, "epilogue": EPILOGUE,
+    "square": SQUARE, "llm": LLM, "prefill": PREFILL, "decode": DECODE, "unaligned": UNALIGNED,
+    "epilogue": EPILOGUE,
 }
 
 
