@@ -257,8 +257,8 @@ def test_suites_pass_the_heuristic_config():
     assert h10_configs(suites.ladder_suite([(3072,) * 3], ["hopper"], sm_count=132)) == [(3072, 192)]
     assert h10_configs(suites.square_suite((3072, 4096), ["h10"], sm_count=132)) == [(3072, 192), (4096, 256)]
     assert h10_configs(suites.explicit((3072, 3072, 3072), ["h10"], sm_count=132)) == [(3072, 192)]
-    (job,) = suites.square_suite((3072,), ladders=["hopper"], sm_count=132)  # the last Hopper step: no heuristic
-    assert [(s.short[:3], c) for s, c in job.steps] == [("h11", None)]
+    (job,) = suites.square_suite((3072,), ladders=["hopper"], sm_count=132)  # the last Hopper step, its heuristic
+    assert [(s.short[:3], c) for s, c in job.steps] == [("h12", {"QSIZE": 4, "BN": 192, "ORDER": 2, "GROUP_M": 8})]
     with pytest.raises(UnsupportedProblem, match="h10.*cannot run 3000x3072x3072"):
         suites.explicit((3000, 3072, 3072), ["h10"], sm_count=132)
 
@@ -305,7 +305,7 @@ def test_bench_suites_ladder_and_square(capsys, tmp_path, fake_gpu, monkeypatch)
                    "--plots", str(tmp_path / "p"))
     assert rc == 0
     assert [(shape[0], [n for n, _ in steps], suite) for _, shape, steps, suite, _ in fake_gpu.jobs] == [
-        (n, ["h11"], "sq") for n in suites.SQUARE_SIZES]
+        (n, ["h12"], "sq") for n in suites.SQUARE_SIZES]
     assert len(read_jsonl(tmp_path / "benchmarks/results/sq.jsonl")) == len(suites.SQUARE_SIZES)
     assert (tmp_path / "p" / "sizes.png").is_file()
 
