@@ -33,7 +33,16 @@ CASES = [
     (128, 256, 96, -0.5, 0, SHUFFLED),
     (128, 256, 96, 0.0, 1, FORWARD),
     (255, 257, 129, -0.5, 0, SHUFFLED),
+    (129, 257, 33, -0.5, 1, SHUFFLED),
 ]
+
+# Configs that take code paths a step's default does not. k11: the rolled k loop (K_UNROLL < BK: several
+# trips per tile, the tile boundary inside the last one) and two 4-warp blocks of 128 x 128.
+EXTRA_CONFIGS = {
+    "sgemm.k11_fragment_pipelined": ({"K_UNROLL": 4},
+                                     {"BM": 128, "BK": 16, "WM": 32, "K_UNROLL": 4},
+                                     {"BM": 128, "MIN_BLOCKS": 2}),
+}
 
 
 def _partial_pass_config(spec):
@@ -54,6 +63,7 @@ def _instances():
         extra = _partial_pass_config(spec)
         if extra is not None and extra != spec.default_config():
             out.append((spec, extra))
+        out += [(spec, spec.resolve(cfg)) for cfg in EXTRA_CONFIGS.get(spec.name, ())]
     return out
 
 
@@ -102,7 +112,9 @@ def harness(tmp_path_factory):
 
 
 @pytest.mark.parametrize("index", range(len(INSTANCES)),
-                         ids=[f"{s.short}{'' if c == s.default_config() else '-partial-pass'}" for s, c in INSTANCES])
+                         ids=[s.short + ("" if c == s.default_config() else "-partial-pass" if c == _partial_pass_config(s)
+                                   else "-" + "-".join(f"{k}{v}" for k, v in c.items() if v != s.default_config()[k]))
+                              for s, c in INSTANCES])
 def test_kernel_matches_float64_on_the_host(harness, index):
     spec, cfg = INSTANCES[index]
     for M, N, K, beta, misalign, order in CASES:
