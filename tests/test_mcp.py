@@ -237,11 +237,13 @@ def test_benchmark_and_explain_gap_measure_on_a_gpu():
     for d, name in ((step.structured_content, "hopper.h04_two_consumers"), (mm.structured_content, "gemmlab.matmul")):
         assert d["kernel"] == name and d["correct"] and d["rel_error"] < 2e-2
         assert d["time_ms"] > 0 and d["cublas_time_ms"] > 0 and d["sm_clock_mhz"] > 500
-        assert d["ratio_vs_cublas"] == pytest.approx(d["cublas_time_ms"] / d["time_ms"], rel=1e-6)
+        # The answer rounds floats to 5 significant digits.
+        assert d["ratio_vs_cublas"] == pytest.approx(d["cublas_time_ms"] / d["time_ms"], rel=1e-3)
     assert step.structured_content["model_tflops"] > 0
     g = gap.structured_content
     assert g["gpu_available"] and g["measurement"]["correct"] and g["measurement"]["tflops"] > 100
-    assert g["measured_over_model"] == pytest.approx(g["measurement"]["tflops"] / g["model"]["predicted_tflops"])
+    assert g["measured_over_model"] == pytest.approx(g["measurement"]["tflops"] / g["model"]["predicted_tflops"],
+                                                     rel=1e-3)
     assert "Measured" in g["verdict"] and "cuBLAS" in g["verdict"]
 
 
