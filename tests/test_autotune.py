@@ -345,7 +345,7 @@ def test_fp32_matmul_path_picks_the_tuned_step_config(monkeypatch):
     from gemmlab import ops
 
     spec, cfg = ops.best_sgemm_step(1000, 1000, 1000, 132)
-    tuned = {**cfg, "MIN_BLOCKS": 1} if cfg["MIN_BLOCKS"] != 1 else {**cfg, "MIN_BLOCKS": 2}
+    tuned = next(c for c in spec.configs() if c != cfg and not spec.why_unsupported(1000, 1000, 1000, c))
     autotune.save_entry(FAKE, _entry(kernel=spec.name, M=1000, N=1000, K=1000, config=tuned))
     monkeypatch.setattr(autotune, "current_gpu", lambda: FAKE)
     assert ops.best_sgemm_step(1000, 1000, 1000, 132) == (spec, tuned)

@@ -1,6 +1,6 @@
 """The fp32 CUDA-core ladder: C = alpha * A @ B + beta * C, row-major fp32, any M, N, K.
 
-Steps k01 to k10 (see the README table and ``docs/worklog.md``). Each step is one ``.cu`` file under
+Steps k01 to k11 (see the README table and ``docs/worklog.md``). Each step is one ``.cu`` file under
 ``gemmlab/kernels/sgemm`` and one ``register`` call here.
 """
 
