@@ -1,0 +1,203 @@
+"""The decode kernel without a GPU: its k permutation and fragment mapping emulated in numpy, the work split
+(``gemmlab.decode.plan``) walked like the kernel walks it, the fast-path rule (``engine.use_decode``), and
+the SASS of every instantiation the engine can ask for."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gemmlab import decode, engine, sass
+from gemmlab.jit.compiler import compile_kernel
+
+# mma.m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"): lane
+# (g, q) holds A[g][2q..2q+1] (a0), A[g+8][2q..2q+1] (a1), A[g][2q+8..2q+9] (a2), A[g+8][2q+8..2q+9] (a3),
+# B[2q..2q+1][g] (b0), B[2q+8..2q+9][g] (b1), and D[g][2q..2q+1], D[g+8][2q..2q+1].
+
+
+def _mma(d_lanes, a_lanes, b_lanes):
+    """One warp-wide m16n8k16: each lane's registers (pairs of values) placed where the PTX ISA says."""
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        a0, a1, a2, a3 = a_lanes[lane]
+        A[g, 2 * q:2 * q + 2], A[g + 8, 2 * q:2 * q + 2] = a0, a1
+        A[g, 2 * q + 8:2 * q + 10], A[g + 8, 2 * q + 8:2 * q + 10] = a2, a3
+        b0, b1 = b_lanes[lane]
+        B[2 * q:2 * q + 2, g], B[2 * q + 8:2 * q + 10, g] = b0, b1
+    D = A @ B
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        d_lanes[lane][0:2] += D[g, 2 * q:2 * q + 2]
+        d_lanes[lane][2:4] += D[g + 8, 2 * q:2 * q + 2]
+
+
+def _warp_chunk(acc, w, x, k):
+    """decode::mma_chunk for one token tile: lane (g, q) loads 8 consecutive k at k + 8q of weight rows g,
+    g + 8 and token g; values 0-3 feed the first mma, 4-7 the second, as registers (x, y) and (z, w)."""
+    regs = []
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        top, bot, tok = (v[k + 8 * q:k + 8 * q + 8] for v in (w[g], w[g + 8], x[g]))
+        regs.append([(top[2 * i:2 * i + 2], bot[2 * i:2 * i + 2], tok[2 * i:2 * i + 2]) for i in range(4)])
+    for first in (0, 2):  # registers .x/.y, then .z/.w
+        a = [(r[first][0], r[first][1], r[first + 1][0], r[first + 1][1]) for r in regs]
+        b = [(r[first][2], r[first + 1][2]) for r in regs]
+        _mma(acc, a, b)
+
+
+def test_k_permutation_reproduces_the_product_exactly():
+    """Integer-valued data, so float64 is exact: the permuted k order must give W @ X^T bit for bit."""
+    rng = np.random.default_rng(0)
+    K = 96
+    w = rng.integers(-8, 8, size=(16, K)).astype(np.float64)
+    x = rng.integers(-8, 8, size=(8, K)).astype(np.float64)
+    acc = [np.zeros(4) for _ in range(32)]
+    for k in range(0, K, 32):
+        _warp_chunk(acc, w, x, k)
+    want = w @ x.T  # (rows, tokens)
+    got = np.zeros((16, 8))
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        got[g, 2 * q:2 * q + 2], got[g + 8, 2 * q:2 * q + 2] = acc[lane][0:2], acc[lane][2:4]
+    np.testing.assert_array_equal(got, want)
+
+
+def _walk_plan(M, N, K, p):
+    """Every (row, k) the kernel's warps cover under plan ``p``, counted, following engine_decode's
+    indexing (row0, piece, k_begin/k_end, main loop of CHUNK_K, 32-k tail with lanes masked past k_end)."""
+    cover = np.zeros((N, K), dtype=np.int32)
+    for bx, by, warp in itertools.product(range(p.row_blocks), range(p.splits), range(decode.WARPS)):
+        rg, ks = warp % p.rw, warp // p.rw
+        row0 = (bx * p.rw + rg) * 16
+        if row0 >= N:
+            continue
+        piece = by * p.kw + ks
+        kb = min(K, piece * p.piece)
+        ke = min(K, kb + p.piece)
+        k = kb
+        while k + decode.CHUNK_K <= ke:
+            cover[row0:row0 + 16, k:k + decode.CHUNK_K] += 1
+            k += decode.CHUNK_K
+        while k < ke:
+            for q in range(4):
+                if k + 8 * q < ke:
+                    cover[row0:row0 + 16, k + 8 * q:k + 8 * q + 8] += 1
+            k += 32
+    return cover
+
+
+SHAPES = [(1, 1, 8), (3, 100, 40), (8, 1024, 4096), (17, 4104, 4096), (33, 1024, 14336), (64, 4096, 14336),
+          (1, 28672, 8192), (16, 8192, 28672), (64, 14336, 4096), (5, 48, 264)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("sm_count", [132, 78, 1])
+def test_plan_covers_every_weight_element_once(shape, sm_count):
+    M, N, K = shape
+    p = decode.plan(M, N, K, sm_count)
+    assert p.rw * p.kw == decode.WARPS and p.piece % decode.CHUNK_K == 0
+    assert p.row_blocks * 16 * p.rw >= N
+    assert (p.splits - 1) * p.kw * p.piece < K, "a CTA without k"
+    assert p.nt * 8 >= M and (p.nt == 1 or p.nt * 4 < M)
+    assert np.all(_walk_plan(M, N, K, p) == 1)
+
+
+@pytest.mark.parametrize("N,K", list(itertools.product((1024, 4096, 8192, 14336, 28672), (4096, 8192, 14336, 28672))))
+@pytest.mark.parametrize("M", [1, 16, 64])
+def test_plan_on_decode_shapes(M, N, K):
+    """Llama-3 shapes on 132 SMs: >= 8 KB of weight per warp, at most MAX_SPLITS partials per row block, and
+    a modelled time within 1.35x of streaming the weight at HBM bandwidth (the worst case is N = 1024,
+    M = 64: 16 MB of weight, X re-read per CTA, and a 4-way fixup)."""
+    p = decode.plan(M, N, K, 132)
+    assert p.piece >= decode.MIN_WARP_K and 1 <= p.splits <= decode.MAX_SPLITS
+    t, again = decode.plan_time(M, N, K, 132, p.rw, p.splits)
+    assert again == p
+    assert t <= 1.35 * 2 * N * K / decode.HBM_BYTES_PER_S
+
+
+def test_plan_never_hardcodes_the_sm_count():
+    assert decode.plan(1, 4096, 4096, 132) != decode.plan(1, 4096, 4096, 16)
+
+
+def _t(shape, dtype=torch.bfloat16, stride=None, offset=0):
+    numel = (max(s for s in stride) * max(shape) + offset + 64) if stride else math.prod(shape) + offset + 64
+    base = torch.empty(numel, dtype=dtype)
+    return base.as_strided(shape, stride or torch.empty(shape).stride(), offset)
+
+
+def test_use_decode_takes_linear_layer_shapes():
+    w = torch.empty(4096, 4096, dtype=torch.bfloat16)
+    for M in (1, 7, 16, 64):
+        x = torch.empty(M, 4096, dtype=torch.bfloat16)
+        assert engine.use_decode(x, w.t(), torch.empty(M, 4096, dtype=torch.bfloat16))
+    assert not engine.use_decode(torch.empty(decode.MAX_M + 1, 4096, dtype=torch.bfloat16), w.t())
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("b row-major (K, N)", "weight"),
+    ("a column-major", "a is not K-contiguous"),
+    ("K % 8", "multiple of 8"),
+    ("a offset by one element", "aligned"),
+    ("weight row stride 4100", "stride"),
+    ("M = 65", "M=65"),
+])
+def test_why_not_names_the_reason(case, reason):
+    K, N, M = 4096, 1024, 16
+    a, b = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16).t()
+    if case == "b row-major (K, N)":
+        b = torch.empty(K, N, dtype=torch.bfloat16)
+    elif case == "a column-major":
+        a = torch.empty(K, M, dtype=torch.bfloat16).t()
+    elif case == "K % 8":
+        a, b = torch.empty(M, 4092, dtype=torch.bfloat16), torch.empty(N, 4092, dtype=torch.bfloat16).t()
+    elif case == "a offset by one element":
+        a = torch.empty(M * K + 1, dtype=torch.bfloat16)[1:].view(M, K)
+    elif case == "weight row stride 4100":
+        b = torch.empty(N, 4100, dtype=torch.bfloat16)[:, :K].t()
+    elif case == "M = 65":
+        a = torch.empty(65, K, dtype=torch.bfloat16)
+    why = decode.why_not(a, b)
+    assert why is not None and reason in why
+    assert not engine.use_decode(a, b)
+
+
+def test_why_not_works_on_meta_tensors():
+    a = torch.empty(8, 4096, dtype=torch.float16, device="meta")
+    b = torch.empty(1024, 4096, dtype=torch.float16, device="meta").t()
+    assert decode.why_not(a, b) is None
+
+
+# SASS: every instantiation the engine can ask for compiles without local memory, with HMMA and 128-bit
+# no-allocate weight loads. (Activations and bias types only change the epilogue; one of each is enough.)
+_CT = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float"}
+SASS_CASES = ([(t, t, "f32", nt, 0, s) for t in ("bf16", "f16") for nt in (1, 2, 4, 8) for s in (0, 1)]
+              + [("bf16", o, b, 8, 1 | 2 | (act << 2), 1) for o, b, act in (("f32", "bf16", 1), ("f16", "f32", 2),
+                                                                          ("bf16", "f32", 3), ("f32", "f32", 4))]
+              + [("f16", "f32", "f16", 4, 1 | (2 << 2), 1)])
+
+
+@pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sass_of_every_instantiation(case):
+    tin, tout, tbias, nt, epi, split = case
+    expr = decode.kernel_expr(_CT[tin], _CT[tout], _CT[tbias], nt, epi, bool(split))
+    ck = compile_kernel(decode.SOURCE, expr, arch="sm_90a")
+    summary = sass.kernel_summary(ck)
+    mma = r"^HMMA\.16816\.F32\.BF16$" if tin == "bf16" else r"^HMMA\.16816\.F32$"
+    expect = sass.SassExpect(
+        contains=(mma, r"^LDG\.E\.NA\.128\.CONSTANT$", r"^LDG\.E\.128\.CONSTANT$"),
+        no_local_memory=True, max_registers=128 if nt >= 2 else 80)
+    assert sass.check(expect, summary, ck.resources) == []
+    # The main loop: 2U weight loads, 2 x NT x U HMMA, and the L2 prefetch of the next chunk (CCTL.E.PF2;
+    # ptxas interleaves the loads with the HMMAs when registers are short, the prefetch is what keeps
+    # the HBM reads going then).
+    u = decode.unroll(nt)
+    main = max(summary.loops, key=lambda lp: lp.mix.get("hmma", 0))
+    body = [ins for ins in summary.instructions if ins.address in main.addresses]
+    w_loads = [i for i, ins in enumerate(body) if ins.opcode == "LDG.E.NA.128.CONSTANT"]
+    prefetches = [i for i, ins in enumerate(body) if ins.opcode.startswith("CCTL.E.PF2")]
+    assert len(w_loads) == 2 * u and main.mix.get("hmma", 0) == 2 * nt * u
+    assert len(prefetches) >= 2
+    assert ck.resources.static_shared <= 48 * 1024
