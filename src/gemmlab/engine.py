@@ -5,6 +5,10 @@ K-major or MN-major (no copy for either), whether a leading dimension breaks TMA
 that operand, or the output, goes through an aligned copy), the tile width for the shape (wave
 quantization), the pipeline depth that fits, and the fused epilogue variant. Compiled variants and TMA
 descriptors are cached, so a repeated call is a few dictionary lookups and one launch.
+
+Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands, see ``use_decode``) go to the small-M
+kernel in ``gemmlab.decode`` instead. (``_split_buffers`` below is keyed by device only: two streams
+running split-K h11 launches at once would share its counters; ``decode.split_buffers`` keys by stream.)
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 import numpy as np
 import torch
 
+from . import decode
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
 from .jit.launch import launch, tensor_map_2d
@@ -144,6 +149,12 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
+    """Whether ``a @ b`` runs on the decode kernel (``gemmlab.decode``: M <= decode.MAX_M, K-contiguous
+    operands, K % 8 == 0, 16-byte alignment) instead of h11. The one place this choice is made."""
+    return decode.why_not(a, b, out) is None
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None = None,
          activation: str | None = None, alpha: float = 1.0, beta: float = 0.0,
          c: torch.Tensor | None = None) -> None:
@@ -158,6 +169,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
         raise UnsupportedProblem(f"the Hopper engine takes bf16 or fp16 operands of one dtype, got {a.dtype}, {b.dtype}")
     if activation not in ACTIVATIONS:
         raise UnsupportedProblem(f"unknown activation {activation!r}; known: {[k for k in ACTIVATIONS if k]}")
+    if use_decode(a, b, out):
+        epi = int(bias is not None) | (int(c is not None and beta != 0.0) << 1) | (ACTIVATIONS[activation] << 2)
+        ctypes = (_CTYPE[a.dtype], _CTYPE[out.dtype], _CTYPE[bias.dtype] if bias is not None else "float")
+        decode.gemm(a, b, out, epi=epi, ctypes=ctypes, alpha=alpha, beta=beta, c=c, bias=bias,
+                    sm_count=_sm_count(a.device))
+        return
     ta, a_mn = _operand(a, 1)
     tb, b_mn = _operand(b, 0)
     # An output TMA cannot write (rows not 16-byte aligned) is stored straight from registers.
