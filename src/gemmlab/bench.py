@@ -173,6 +173,15 @@ def matmul_inputs(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bfl
     return a, b
 
 
+def _matmul_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> str:
+    """Which kernel ``gemmlab.matmul`` runs for these operands: "decode", "h11" or "sgemm" (fp32)."""
+    if a.dtype == torch.float32:
+        return "sgemm"
+    from . import engine
+
+    return "decode" if engine.use_decode(a, b, out) else "h11"
+
+
 def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bfloat16, bias: bool = False,
                  activation: str | None = None, suite: str = "adhoc", rounds: int = 15,
                  replay_ms: float = 20.0, extra: dict | None = None) -> dict:
@@ -223,7 +232,7 @@ def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bflo
         "schema": SCHEMA, "time": now, "git_sha": git_sha(), "gpu": info.name, "sm_count": info.sm_count,
         "driver": info.driver, "torch": info.torch, "suite": suite, "kernel": "gemmlab.matmul",
         "dtype": str(dtype).replace("torch.", ""), "layout": layout, "M": M, "N": N, "K": K,
-        "bias": bias, "activation": activation, "n_sets": n_sets,
+        "bias": bias, "activation": activation, "n_sets": n_sets, "path": _matmul_path(a0, b0, out),
         "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz, "power_w": res.clocks.power_w,
         "temp_c": res.clocks.temp_c, "baseline": "torch.mm" + ("/addmm+act" if bias or activation else ""),
         "kernel_sm_clock_mhz": _clock(res, "gemmlab"), "baseline_sm_clock_mhz": _clock(res, "torch"),
