@@ -410,7 +410,7 @@ def test_h200_run_script_times_what_the_readme_tables_read(capsys, tmp_path, fak
     assert jobs == [("hopper", 4096, hopper, "ladder", 10), ("hopper", 8192, hopper, "ladder", 10),
                     *[("hopper", n, ["h10"], "sweep", 10) for n in sweep],
                     ("sgemm", 4096, sgemm, "ladder", 5),
-                    ("sgemm", 8192, ["k04", "k05", "k06", "k07", "k08", "k09", "k10"], "ladder", 5)]
+                    ("sgemm", 8192, ["k04", "k05", "k06", "k07", "k08", "k09", "k10", "k11"], "ladder", 5)]
     files = {p.name: read_jsonl(p) for p in tmp_path.glob("*.jsonl")}
     assert set(files) == {"hopper_ladder.jsonl", "hopper_sweep.jsonl", "sgemm_ladder.jsonl", "matmul.jsonl"}
     assert [r["M"] for r in files["hopper_sweep.jsonl"]] == list(sweep)
