@@ -18,7 +18,7 @@ step() {  # step SECONDS COMMAND...: run with a time limit, keep the output
 # `gemmlab bench` (the one benchmark front-end): --suite-name is the records' 'suite' field, --no-plots keeps
 # the time limits for the timings; benchmarks/readme_tables.py reads the four files below.
 step 90 python3 -m gemmlab bench --suite ladder --ladder hopper --sizes 4096,8192 --rounds 10 --no-plots --out "$OUT/hopper_ladder.jsonl"
-step 60 python3 -m gemmlab bench --ladder hopper --steps h10 --sizes 2048,3072,4096,6144,8192,12288,16384 --rounds 10 --suite-name sweep --no-plots --out "$OUT/hopper_sweep.jsonl"
+step 60 python3 -m gemmlab bench --ladder hopper --steps h10,h12 --sizes 2048,3072,4096,6144,8192,12288,16384 --rounds 10 --suite-name sweep --no-plots --out "$OUT/hopper_sweep.jsonl"
 TAIL=25 step 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_engine_gpu.py \
   tests/test_cli.py -k "sgemm or h10 or h11 or layouts or unaligned or epilogue or on_gpu"
 grep -E "passed|failed" "$log" | tail -1 > "$OUT/pytest.txt"

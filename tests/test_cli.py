@@ -408,7 +408,7 @@ def test_h200_run_script_times_what_the_readme_tables_read(capsys, tmp_path, fak
     jobs = [(lad, shape[0], [n for n, _ in steps], suite, rounds) for lad, shape, steps, suite, rounds in fake_gpu.jobs]
     sweep = (2048, 3072, 4096, 6144, 8192, 12288, 16384)
     assert jobs == [("hopper", 4096, hopper, "ladder", 10), ("hopper", 8192, hopper, "ladder", 10),
-                    *[("hopper", n, ["h10"], "sweep", 10) for n in sweep],
+                    *[("hopper", n, ["h10", "h12"], "sweep", 10) for n in sweep],
                     ("sgemm", 4096, sgemm, "ladder", 5),
                     ("sgemm", 8192, ["k04", "k05", "k06", "k07", "k08", "k09", "k10", "k11"], "ladder", 5)]
     files = {p.name: read_jsonl(p) for p in tmp_path.glob("*.jsonl")}
