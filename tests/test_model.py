@@ -377,5 +377,5 @@ def test_sgemm_steps_within_25_percent_of_the_h200_records():
             bad.append(rows[-1])
     table = "\n".join(["measured / predicted time, sgemm records", *rows])
     print("\n" + table)
-    assert len(rows) == 17
+    assert len(rows) >= 17
     assert not bad, "outside [0.9, 1.25]:\n" + "\n".join(bad) + "\n\n" + table
