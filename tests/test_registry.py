@@ -67,3 +67,13 @@ def test_configs_pin_parameters_that_do_not_matter():
     assert len({tuple(c.items()) for c in cfgs}) == len(cfgs)
     assert all(c["GROUP_M"] == 8 for c in cfgs if c["ORDER"] != 1)  # GROUP_M only shapes the grouped order
     assert {c["GROUP_M"] for c in cfgs if c["ORDER"] == 1} == {8, 4, 16}
+
+
+def test_k10_takes_the_tuned_tile_only_when_it_fills_the_gpu_twice():
+    from gemmlab.ladders.sgemm import K10_LARGE
+
+    spec = registry.get("k10")
+    big = spec.config_for(4096, 4096, 4096, 132, tuned=False)
+    assert big == K10_LARGE and spec.check_config(big) is None
+    assert spec.config_for(1024, 1024, 1024, 132, tuned=False) == spec.default_config()  # 32 tiles of 256 x 128
+    assert spec.config_for(4096, 4096, 4096, 1000, tuned=False) == spec.default_config()  # a (made-up) wide GPU

@@ -36,13 +36,8 @@ CASES = [
     (129, 257, 33, -0.5, 1, SHUFFLED),
 ]
 
-# Configs that take code paths a step's default does not. k11: the rolled k loop (K_UNROLL < BK: several
-# trips per tile, the tile boundary inside the last one) and two 4-warp blocks of 128 x 128.
-EXTRA_CONFIGS = {
-    "sgemm.k11_fragment_pipelined": ({"K_UNROLL": 4},
-                                     {"BM": 128, "BK": 16, "WM": 32, "K_UNROLL": 4},
-                                     {"BM": 128, "MIN_BLOCKS": 2}),
-}
+# Configs that take code paths a step's default does not (none beyond the partial-pass config today).
+EXTRA_CONFIGS: dict = {}
 
 
 def _partial_pass_config(spec):
