@@ -104,16 +104,17 @@ def _qsize(bn: int, in_bytes: int) -> int:
 
 
 def choose_splits(tiles: int, K: int, sm_count: int) -> int:
-    """Split K when the tiles cannot fill half the SMs (decode shapes): at most 8 splits of >= 8 k-steps.
+    """Split K when the tiles cannot fill half the SMs (small M or N): at most 8 splits of >= 16 k-steps.
 
     The result never leaves a split without k-steps (the kernel's k ranges are ceil(k_iters / splits)).
     """
     k_iters = math.ceil(K / BK)
     if tiles * 2 > sm_count or k_iters < 16:
         return 1
-    # Each extra split costs the reducing unit one more round trip through L2 per output piece: keep
-    # them few and long (>= 8 k-steps each).
-    splits = min(sm_count // tiles, k_iters // 8, 8)
+    # Each extra split costs the reducing unit one more partial read through L2 (~4.5 us for a second split
+    # of 128 x 128 tiles, benchmarks/results/engine_policies.jsonl): keep them few and long, >= 16
+    # k-steps each (1024^3: 2 splits of 8 took 11.9 us, none 8.6 us; 512x1024x4096: 4 of 16 17.0 us, none 22.0).
+    splits = min(sm_count // tiles, k_iters // 16, 8)
     if splits <= 1:
         return 1
     per = math.ceil(k_iters / splits)
