@@ -109,3 +109,36 @@ def test_split_k_in_a_cuda_graph():
         g.replay()
         torch.cuda.synchronize()
         assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("src_cols, dst_cols", [(4095, 4096), (4096, 4095), (4095, 4095), (4104, 4104), (3, 9)])
+def test_pad_copy_between_row_strides(dtype, src_cols, dst_cols):
+    """engine.pad_copy moves a (rows, cols) block between any two row strides (16-byte chunks where a side
+    is aligned, elements where not, the ragged last chunk of each row) and touches nothing else."""
+    from gemmlab import engine
+
+    rows, cols = 37, min(src_cols, dst_cols) - 1
+    src = torch.randn(rows, src_cols, device="cuda").to(dtype)[:, 1:cols + 1]  # a 2- or 4-byte offset base
+    big = torch.full((rows, dst_cols), float("nan"), device="cuda", dtype=dtype)
+    dst = big[:, :cols]
+    engine.pad_copy(src, dst)
+    torch.cuda.synchronize()
+    assert torch.equal(dst, src)
+    assert torch.isnan(big[:, cols:]).all()  # the padding is left alone
+
+
+def test_large_unaligned_output_goes_through_an_aligned_buffer():
+    """M * N >= DIRECT_MAX_ELEMENTS with 2047-wide rows: computed into an aligned buffer and copied, with
+    the fused epilogue and beta * C (C read from the unaligned output itself)."""
+    from gemmlab import engine
+
+    M, N, K = 2050, 2047, 192
+    assert M * N >= engine.DIRECT_MAX_ELEMENTS
+    a, b = _operands(M, N, K, torch.bfloat16, "NT")
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    out = c.clone()
+    engine.gemm(a, b, out, bias=bias, activation="gelu", alpha=0.5, beta=-1.0, c=out)
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(a, b, bias, "gelu", 0.5, -1.0, c)) <= TOL[torch.bfloat16]

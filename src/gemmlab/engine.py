@@ -27,6 +27,11 @@ from .ladders.hopper import order_table
 from .model import wave_quantization
 
 SOURCE = "hopper/h11_general.cu"
+PAD_COPY_SOURCE = "engine/pad_copy.cu"
+# An output TMA cannot store (rows not 16-byte aligned) of at least this many elements is computed into
+# an aligned buffer and copied (pad_copy) rather than stored from registers (DIRECT): at 4095^3 the DIRECT
+# epilogue cost 66 us over the TMA store (benchmarks/unaligned_breakdown.py), a copy ~20-40 us.
+DIRECT_MAX_ELEMENTS = 1 << 22
 BM, BK = 128, 64
 SMEM_LIMIT = 227 * 1024 - 128  # dynamic smem per block, less the kernel's static barriers
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
@@ -56,14 +61,40 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and t.stride(0) >= t.shape[1])
 
 
+def _aligned_empty(rows: int, cols: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialized (rows, cols) view whose rows start on 16-byte boundaries (padding hidden)."""
+    per16 = 16 // torch.empty((), dtype=dtype).element_size()
+    return torch.empty(rows, math.ceil(cols / per16) * per16, dtype=dtype, device=device)[:, :cols]
+
+
 def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
     """A copy of 2-D ``t`` whose rows start on 16-byte boundaries (the view hides the padding)."""
-    rows, cols = t.shape
-    per16 = 16 // t.element_size()
-    buf = torch.empty(rows, math.ceil(cols / per16) * per16, dtype=t.dtype, device=t.device)
-    view = buf[:, :cols]
-    view.copy_(t)
+    view = _aligned_empty(*t.shape, t.dtype, t.device)
+    pad_copy(t, view)
     return view
+
+
+def pad_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst[...] = src for 2-D tensors of one shape and dtype, on torch's current stream.
+
+    With unit column strides and 2- or 4-byte elements this is ``kernels/engine/pad_copy.cu`` (16-byte
+    chunks, a 16-byte access on each side whose rows are 16-byte aligned); anything else is torch's copy.
+    """
+    es = src.element_size()
+    if src.stride(1) != 1 or dst.stride(1) != 1 or es not in (2, 4) or src.numel() == 0:
+        dst.copy_(src)
+        return
+
+    def vec(t: torch.Tensor) -> int:
+        return int(t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0)
+
+    expr = f"pad_copy<{es}, {vec(src)}, {vec(dst)}>"
+    compiled = compile_kernel(PAD_COPY_SOURCE, expr, arch="sm_90a", name=f"engine.{expr}")
+    rows, cols = src.shape
+    chunks = rows * math.ceil(cols / (16 // es))
+    blocks = max(1, min(math.ceil(chunks / 256), _sm_count(src.device) * 8))
+    launch(compiled, grid=blocks, block=256, args=(src, np.int64(src.stride(0)), dst, np.int64(dst.stride(0)),
+                                                   np.int64(rows), np.int32(cols)))
 
 
 def _operand(x: torch.Tensor, k_dim: int) -> tuple[torch.Tensor, bool]:
@@ -178,7 +209,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
         return
     ta, a_mn = _operand(a, 1)
     tb, b_mn = _operand(b, 0)
-    # An output TMA cannot write (rows not 16-byte aligned) is stored straight from registers.
+    # An output TMA cannot write (rows not 16-byte aligned): small ones are stored straight from
+    # registers (DIRECT), large ones go through an aligned buffer and a copy.
+    if not _tma_ok(out) and M * N >= DIRECT_MAX_ELEMENTS:
+        staged = _aligned_empty(M, N, out.dtype, out.device)
+        gemm(a, b, staged, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
+        pad_copy(staged, out)
+        return
     direct = not _tma_ok(out)
     has_c = c is not None and beta != 0.0
     has_bias = bias is not None
