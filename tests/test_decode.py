@@ -65,26 +65,64 @@ def test_k_permutation_reproduces_the_product_exactly():
     np.testing.assert_array_equal(got, want)
 
 
+def test_two_row_groups_per_warp_share_each_x_fragment():
+    """RPW = 2: the warp's second 16 rows (w_lane[1][*]) use the same X registers; each group's
+    accumulators hold its own rows of W @ X^T."""
+    rng = np.random.default_rng(1)
+    K = 64
+    w = rng.integers(-8, 8, size=(32, K)).astype(np.float64)
+    x = rng.integers(-8, 8, size=(8, K)).astype(np.float64)
+    accs = [[np.zeros(4) for _ in range(32)] for _ in range(2)]
+    for k in range(0, K, 32):
+        for r in range(2):
+            _warp_chunk(accs[r], w[16 * r:16 * r + 16], x, k)
+    want = w @ x.T
+    for r in range(2):
+        got = np.zeros((16, 8))
+        for lane in range(32):
+            g, q = divmod(lane, 4)
+            got[g, 2 * q:2 * q + 2], got[g + 8, 2 * q:2 * q + 2] = accs[r][lane][0:2], accs[r][lane][2:4]
+        np.testing.assert_array_equal(got, want[16 * r:16 * r + 16])
+
+
+@pytest.mark.parametrize("rows_cta", [16, 32, 64, 128, 256])
+def test_fragment_store_to_shared_is_conflict_free(rows_cta):
+    """engine_decode's store of acc[r][j][i] to red: stride_m = rows_cta + 4; one store instruction's 32
+    lanes hit 32 different banks, for every (r, j, i) and every CTA width the variants make."""
+    stride_m = rows_cta + 4
+    for r, j, i in itertools.product(range(2), range(8), range(4)):
+        banks = set()
+        for lane in range(32):
+            g, q = divmod(lane, 4)
+            m = 8 * j + 2 * q + (i & 1)
+            row = 16 * r + g + 8 * (i >> 1)
+            banks.add((m * stride_m + row) % 32)
+        assert len(banks) == 32
+
+
 def _walk_plan(M, N, K, p):
     """Every (row, k) the kernel's warps cover under plan ``p``, counted, following engine_decode's
-    indexing (row0, piece, k_begin/k_end, main loop of CHUNK_K, 32-k tail with lanes masked past k_end)."""
+    indexing (row0, piece, k_begin/k_end, main loop of CHUNK = 32 U, 32-k tail with lanes masked past
+    k_end; both loop depths walk the same chunks)."""
     cover = np.zeros((N, K), dtype=np.int32)
+    rows, chunk = p.variant.rows, 32 * p.variant.u
     for bx, by, warp in itertools.product(range(p.row_blocks), range(p.splits), range(decode.WARPS)):
         rg, ks = warp % p.rw, warp // p.rw
-        row0 = (bx * p.rw + rg) * 16
+        row0 = (bx * p.rw + rg) * rows
         if row0 >= N:
             continue
         piece = by * p.kw + ks
         kb = min(K, piece * p.piece)
         ke = min(K, kb + p.piece)
         k = kb
-        while k + decode.CHUNK_K <= ke:
-            cover[row0:row0 + 16, k:k + decode.CHUNK_K] += 1
-            k += decode.CHUNK_K
+        rows_here = slice(row0, min(row0 + rows, N))  # rows past N re-read row N - 1 and are never stored
+        while k + chunk <= ke:
+            cover[rows_here, k:k + chunk] += 1
+            k += chunk
         while k < ke:
             for q in range(4):
                 if k + 8 * q < ke:
-                    cover[row0:row0 + 16, k + 8 * q:k + 8 * q + 8] += 1
+                    cover[rows_here, k + 8 * q:k + 8 * q + 8] += 1
             k += 32
     return cover
 
@@ -93,13 +131,22 @@ SHAPES = [(1, 1, 8), (3, 100, 40), (8, 1024, 4096), (17, 4104, 4096), (33, 1024,
           (1, 28672, 8192), (16, 8192, 28672), (64, 14336, 4096), (5, 48, 264)]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def _shape_variants():
+    for shape in SHAPES:
+        for v in (None,) + decode.VARIANTS[decode.token_tiles(shape[0])]:
+            yield shape, v
+
+
+@pytest.mark.parametrize("shape,variant", list(_shape_variants()),
+                         ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c))
 @pytest.mark.parametrize("sm_count", [132, 78, 1])
-def test_plan_covers_every_weight_element_once(shape, sm_count):
+def test_plan_covers_every_weight_element_once(shape, variant, sm_count):
     M, N, K = shape
-    p = decode.plan(M, N, K, sm_count)
+    p = decode.plan(M, N, K, sm_count, variant)
+    assert p.variant == (variant or decode.default_variant(p.nt))
     assert p.rw * p.kw == decode.WARPS and p.piece % decode.CHUNK_K == 0
-    assert p.row_blocks * 16 * p.rw >= N
+    assert p.row_blocks * p.rows_cta >= N
+    assert p.smem_bytes <= 100 * 1024, "two CTAs per SM must fit"
     assert (p.splits - 1) * p.kw * p.piece < K, "a CTA without k"
     assert p.nt * 8 >= M and (p.nt == 1 or p.nt * 4 < M)
     assert np.all(_walk_plan(M, N, K, p) == 1)
@@ -113,9 +160,10 @@ def test_plan_on_decode_shapes(M, N, K):
     M = 64: 16 MB of weight, X re-read per CTA, and a 4-way fixup)."""
     p = decode.plan(M, N, K, 132)
     assert p.piece >= decode.MIN_WARP_K and 1 <= p.splits <= decode.MAX_SPLITS
-    t, again = decode.plan_time(M, N, K, 132, p.rw, p.splits)
+    t, again = decode.plan_time(M, N, K, 132, p.rw, p.splits, p.variant)
     assert again == p
-    assert t <= 1.35 * 2 * N * K / decode.HBM_BYTES_PER_S
+    if M <= decode.MAX_M:  # (M = 64 goes to h11; its plan only has to be valid)
+        assert t <= 1.35 * 2 * N * K / decode.HBM_BYTES_PER_S
 
 
 def test_plan_never_hardcodes_the_sm_count():
@@ -130,7 +178,7 @@ def _t(shape, dtype=torch.bfloat16, stride=None, offset=0):
 
 def test_use_decode_takes_linear_layer_shapes():
     w = torch.empty(4096, 4096, dtype=torch.bfloat16)
-    for M in (1, 7, 16, 64):
+    for M in (1, 7, 16, decode.MAX_M):
         x = torch.empty(M, 4096, dtype=torch.bfloat16)
         assert engine.use_decode(x, w.t(), torch.empty(M, 4096, dtype=torch.bfloat16))
     assert not engine.use_decode(torch.empty(decode.MAX_M + 1, 4096, dtype=torch.bfloat16), w.t())
@@ -170,34 +218,57 @@ def test_why_not_works_on_meta_tensors():
     assert decode.why_not(a, b) is None
 
 
-# SASS: every instantiation the engine can ask for compiles without local memory, with HMMA and 128-bit
-# no-allocate weight loads. (Activations and bias types only change the epilogue; one of each is enough.)
+# SASS: every instantiation the engine can ask for and every variant the benchmark times compiles without
+# local memory, with HMMA and 128-bit no-allocate weight loads. (Activations and bias types only change the
+# epilogue; one of each is enough.)
 _CT = {"bf16": "__nv_bfloat16", "f16": "__half", "f32": "float"}
-SASS_CASES = ([(t, t, "f32", nt, 0, s) for t in ("bf16", "f16") for nt in (1, 2, 4, 8) for s in (0, 1)]
-              + [("bf16", o, b, 8, 1 | 2 | (act << 2), 1) for o, b, act in (("f32", "bf16", 1), ("f16", "f32", 2),
-                                                                          ("bf16", "f32", 3), ("f32", "f32", 4))]
-              + [("f16", "f32", "f16", 4, 1 | (2 << 2), 1)])
+SASS_CASES = ([(t, t, "f32", nt, 0, s, None) for t in ("bf16", "f16") for nt in (1, 2, 4, 8) for s in (0, 1)]
+              + [("bf16", o, b, 8, 1 | 2 | (act << 2), 1, None)
+                 for o, b, act in (("f32", "bf16", 1), ("f16", "f32", 2), ("bf16", "f32", 3), ("f32", "f32", 4))]
+              + [("f16", "f32", "f16", 4, 1 | (2 << 2), 1, None)]
+              + [("bf16", "bf16", "f32", nt, 0, 1, v) for nt, vs in decode.VARIANTS.items() for v in vs
+                 if v != decode.default_variant(nt)])
+
+
+def _main_loop(summary):
+    main = max(summary.loops, key=lambda lp: lp.mix.get("hmma", 0))
+    return [ins for ins in summary.instructions if ins.address in main.addresses], main
 
 
 @pytest.mark.parametrize("case", SASS_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_sass_of_every_instantiation(case):
-    tin, tout, tbias, nt, epi, split = case
-    expr = decode.kernel_expr(_CT[tin], _CT[tout], _CT[tbias], nt, epi, bool(split))
+    tin, tout, tbias, nt, epi, split, variant = case
+    v = variant or decode.default_variant(nt)
+    expr = decode.kernel_expr(_CT[tin], _CT[tout], _CT[tbias], nt, epi, bool(split), v)
     ck = compile_kernel(decode.SOURCE, expr, arch="sm_90a")
     summary = sass.kernel_summary(ck)
     mma = r"^HMMA\.16816\.F32\.BF16$" if tin == "bf16" else r"^HMMA\.16816\.F32$"
     expect = sass.SassExpect(
         contains=(mma, r"^LDG\.E\.NA\.128\.CONSTANT$", r"^LDG\.E\.128\.CONSTANT$"),
-        no_local_memory=True, max_registers=128 if nt >= 2 else 80)
+        absent=(r"^LDL", r"^STL"), no_local_memory=True, max_registers=v.max_registers(nt))
     assert sass.check(expect, summary, ck.resources) == []
-    # The main loop: 2U weight loads, 2 x NT x U HMMA, and the L2 prefetch of the next chunk (CCTL.E.PF2;
-    # ptxas interleaves the loads with the HMMAs when registers are short, the prefetch is what keeps
-    # the HBM reads going then).
-    u = decode.unroll(nt)
-    main = max(summary.loops, key=lambda lp: lp.mix.get("hmma", 0))
-    body = [ins for ins in summary.instructions if ins.address in main.addresses]
+    # The main loop (both halves of it at depth 2): 2 U RPW weight loads and 2 NT U RPW HMMA per
+    # iteration, and the L2 prefetch (CCTL.E.PF2) unless pf = 0.
+    body, main = _main_loop(summary)
     w_loads = [i for i, ins in enumerate(body) if ins.opcode == "LDG.E.NA.128.CONSTANT"]
     prefetches = [i for i, ins in enumerate(body) if ins.opcode.startswith("CCTL.E.PF2")]
-    assert len(w_loads) == 2 * u and main.mix.get("hmma", 0) == 2 * nt * u
-    assert len(prefetches) >= 2
-    assert ck.resources.static_shared <= 48 * 1024
+    # (ptxas may unroll the loop once more: whole iterations, NT HMMA per weight load.)
+    assert len(w_loads) % (2 * v.u * v.rpw * v.depth) == 0
+    assert main.mix.get("hmma", 0) == nt * len(w_loads)
+    assert (len(prefetches) >= 2) == (v.pf > 0)
+    assert ck.resources.static_shared <= 1024, "the partials live in dynamic shared memory"
+
+
+@pytest.mark.parametrize("nt", [1, 2, 4, 8])
+def test_default_variant_issues_its_weight_loads_before_the_mmas(nt):
+    """In the default variants' main loop every lane issues all 2 U RPW weight loads of an iteration
+    before the first HMMA that follows them (at depth 2: the next iteration's loads before this one's
+    mmas), so a warp waits once per iteration for all its bytes, not once per load."""
+    v = decode.default_variant(nt)
+    ck = compile_kernel(decode.SOURCE, decode.kernel_expr(_CT["bf16"], _CT["bf16"], _CT["f32"], nt, 0, True),
+                        arch="sm_90a")
+    body, _ = _main_loop(sass.kernel_summary(ck))
+    seq = "".join("W" if ins.opcode == "LDG.E.NA.128.CONSTANT" else "M" if ins.base == "HMMA" else ""
+                  for ins in body)
+    runs = [r for r in seq.split("M") if r]  # the weight loads between HMMAs
+    assert len(runs) % v.depth == 0 and {len(r) for r in runs} == {2 * v.u * v.rpw}, seq

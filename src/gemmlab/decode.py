@@ -16,17 +16,81 @@ import numpy as np
 import torch
 
 SOURCE = "engine/decode.cu"
-MAX_M = 64  # the M cutoff: M <= MAX_M takes the decode kernel (to re-check against h11 at M = 128)
+# The M cutoff: M <= MAX_M takes the decode kernel. The kernel runs up to KERNEL_MAX_M tokens (NT = 8),
+# but at M = 33..64 h11 is predicted to win (docs/worklog.md, "Decode kernel"); benchmarks/decode_variants.py
+# times NT = 8 against torch.mm and h11 to re-check.
+MAX_M = 32
+KERNEL_MAX_M = 64
 WARPS = 8  # warps per CTA; must match decode::WARPS in decode.cu
-CHUNK_K = 128  # K pieces are multiples of this: 4 chunks of 32 k (U = 4) or 2 iterations of U = 2
+CHUNK_K = 128  # K pieces are multiples of this (every U's 32 U k divides it)
+MIN_WARP_K = 256  # at least 16 rows x 256 k x 2 B = 8 KB of weight per warp, or the fixed costs dominate
+_IDX_LIMIT = 2**31  # the kernel indexes X rows with 32-bit offsets
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The kernel's compile-time choices (template parameters of ``engine_decode``, see decode.cu):
+    ``u`` 32-k chunks per iteration, ``rpw`` 16-row groups per warp, ``depth`` iterations of weight loads
+    in flight (2: the next iteration's loads are issued before this one's mmas), ``pf`` the L2 prefetch
+    distance in iterations (0: none)."""
+
+    u: int = 4
+    rpw: int = 1
+    depth: int = 1
+    pf: int = 1
+
+    def __post_init__(self):
+        assert self.u in (1, 2, 4) and self.rpw in (1, 2) and self.depth in (1, 2) and self.pf in (0, 1, 2)
+
+    @property
+    def rows(self) -> int:
+        """Weight rows per warp."""
+        return 16 * self.rpw
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """Weight bytes a warp has requested into registers while it waits (32 lanes x 2 rows x 16 B per
+        chunk and row group)."""
+        return 1024 * self.u * self.rpw * self.depth
+
+    def min_blocks(self, nt: int) -> int:
+        """CTAs per SM the register budget is sized for: decode::min_blocks in decode.cu."""
+        if nt == 1 and self.rpw == 1 and self.depth == 1:
+            return 3
+        return 1 if nt * self.rpw >= 16 else 2
+
+    def max_registers(self, nt: int) -> int:
+        """ptxas's cap from the launch bounds: 64 K registers over min_blocks CTAs of 256 threads, in 8s."""
+        return min(255, 65536 // (WARPS * 32 * self.min_blocks(nt)) // 8 * 8)
+
+
+# Per NT, the variant predicted fastest (docs/worklog.md, "Decode kernel"); all fit their register cap
+# without local memory (tests/test_decode.py checks every one in VARIANTS).
+#  NT = 1: two buffers of 4 chunks: 8 KB of weight loads per warp always in flight (123 registers).
+#  NT = 2: two buffers of 2 chunks (~96 registers; U = 4 needs more than 128 and spills).
+#  NT = 4, 8: 32 rows per warp, so each X fragment read from L1 feeds two weight fragments (NT = 8: 64
+#  accumulators, one CTA per SM with up to 255 registers, 4 KB per warp in flight).
+DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, depth=2),
+                    4: Variant(u=1, rpw=2, depth=2), 8: Variant(u=2, rpw=2, depth=1)}
+# What benchmarks/decode_variants.py times against the defaults (and the SASS tests compile): the
+# previous kernel (``Variant(u=4)``, ``Variant(u=2)`` at NT = 8) and one step along each axis.
+VARIANTS = {
+    1: (Variant(u=4), Variant(u=4, depth=2), Variant(u=4, depth=2, pf=0), Variant(u=4, depth=2, pf=2),
+        Variant(u=2, rpw=2, depth=2)),
+    2: (Variant(u=4), Variant(u=2, depth=2), Variant(u=2, depth=2, pf=0), Variant(u=2, depth=2, pf=2),
+        Variant(u=1, rpw=2, depth=2)),
+    4: (Variant(u=4), Variant(u=1, rpw=2, depth=2), Variant(u=1, rpw=2), Variant(u=2, depth=2)),
+    8: (Variant(u=2), Variant(u=2, rpw=2), Variant(u=1, rpw=2, depth=2), Variant(u=2, rpw=2, pf=2)),
+}
+
+
+def default_variant(nt: int) -> Variant:
+    return DEFAULT_VARIANTS[nt]
 
 
 def unroll(nt: int) -> int:
-    """U, the 32-k chunks per warp iteration (2U 16-byte weight loads per lane): 4, or 2 at NT = 8, where
-    four would not fit in 128 registers without local memory."""
-    return 2 if nt >= 8 else 4
-MIN_WARP_K = 256  # at least 16 rows x 256 k x 2 B = 8 KB of weight per warp, or the fixed costs dominate
-_IDX_LIMIT = 2**31  # the kernel indexes X rows with 32-bit offsets
+    """U of the default variant at ``nt`` token tiles."""
+    return DEFAULT_VARIANTS[nt].u
 
 
 def token_tiles(M: int) -> int:
@@ -34,7 +98,7 @@ def token_tiles(M: int) -> int:
     for nt in (1, 2, 4, 8):
         if M <= 8 * nt:
             return nt
-    raise ValueError(f"M={M} is past the decode kernel's {MAX_M} tokens")
+    raise ValueError(f"M={M} is past the decode kernel's {KERNEL_MAX_M} tokens")
 
 
 def why_not(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> str | None:
@@ -72,22 +136,33 @@ def why_not(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """How one problem is split. A warp owns 16 weight rows x ``piece`` k; a CTA is ``rw`` row groups x
-    ``kw = WARPS / rw`` k pieces; ``splits`` CTAs share each row block's K (reduced by the last one)."""
+    """How one problem is split. A warp owns ``variant.rows`` weight rows x ``piece`` k; a CTA is ``rw`` row
+    groups (of variant.rows) x ``kw = WARPS / rw`` k pieces; ``splits`` CTAs share each row block's K
+    (reduced by the last one)."""
 
     nt: int
     rw: int
     splits: int
     piece: int
     row_blocks: int
+    variant: Variant = Variant()
 
     @property
     def kw(self) -> int:
         return WARPS // self.rw
 
     @property
+    def rows_cta(self) -> int:
+        return self.variant.rows * self.rw
+
+    @property
     def grid(self) -> tuple[int, int]:
         return (self.row_blocks, self.splits)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the CTA's fp32 partials, kw pieces x 8 nt tokens x (rows_cta + 4)."""
+        return 4 * self.kw * 8 * self.nt * (self.rows_cta + 4)
 
 
 # Constants of the split model (H200; to re-fit from measurements): HBM copy bandwidth (issue 5), the
@@ -97,51 +172,60 @@ HBM_BYTES_PER_S = 4.0e12
 L2_BYTES_PER_S = 10.0e12
 SPLIT_OVERHEAD_S = 0.05e-6
 MAX_SPLITS = 16
-FULL_WARPS_PER_SM = 8  # 8 warps x 2-4 KB of weight loads (+ as much prefetched) per SM: ~30 KB in flight
+# Weight bytes in flight (in registers, requested) per SM for HBM bandwidth: 8 warps x 4 KB was the first
+# kernel's assumption (Little's law: 4 TB/s x ~1 us over 132 SMs is ~30 KB).
+IN_FLIGHT_PER_SM = 32 * 1024
 
 
-def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int) -> tuple[float, DecodePlan] | None:
+def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
+              variant: Variant | None = None) -> tuple[float, DecodePlan] | None:
     """Modelled seconds for one CTA shape (``rw`` row groups per CTA) and ``splits`` CTAs per row block;
     None if that leaves a CTA without k or a warp with less than MIN_WARP_K of K (when K allows).
 
-    Three terms: the weight stream at HBM bandwidth, slowed when fewer than FULL_WARPS_PER_SM warps per SM
-    have work; X's L2 traffic (each CTA and k piece reads M x piece x 2 B of X once, its warps share it
-    through L1); and the split-K fixup, which one SM does alone at the end (splits partials of
-    M x 16 rw fp32, at its share of L2 bandwidth).
+    Three terms: the weight stream at HBM bandwidth, slowed when the warps with work cannot keep
+    IN_FLIGHT_PER_SM bytes per SM requested (each keeps ``variant.in_flight_bytes``); X's L2 traffic (each
+    CTA and k piece reads M x piece x 2 B of X once, its warps share it through L1); and the split-K fixup,
+    which one SM does alone at the end (splits partials of M x rows_cta fp32, at its share of L2 bandwidth).
     """
+    nt = token_tiles(M)
+    v = variant or default_variant(nt)
     kw = WARPS // rw
     piece = math.ceil(math.ceil(K / (splits * kw)) / CHUNK_K) * CHUNK_K
     if piece < min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K):
         return None
     if math.ceil(math.ceil(K / piece) / kw) != splits:
         return None
-    row_groups = math.ceil(N / 16)
+    row_groups = math.ceil(N / v.rows)
     row_blocks = math.ceil(row_groups / rw)
     busy_warps = row_groups * math.ceil(K / piece)
-    fill = min(1.0, busy_warps / (sm_count * FULL_WARPS_PER_SM))
+    warps_needed = math.ceil(IN_FLIGHT_PER_SM / v.in_flight_bytes)
+    fill = min(1.0, busy_warps / (sm_count * warps_needed))
     weight = 2.0 * N * K / HBM_BYTES_PER_S / fill
     x_l2 = row_blocks * 2.0 * M * K / L2_BYTES_PER_S
-    fixup = 0.0 if splits == 1 else splits * (M * 16 * rw * 4 / (L2_BYTES_PER_S / sm_count) + SPLIT_OVERHEAD_S)
-    return max(weight, x_l2) + fixup, DecodePlan(nt=token_tiles(M), rw=rw, splits=splits, piece=piece,
-                                                  row_blocks=row_blocks)
+    fixup = 0.0 if splits == 1 else splits * (M * v.rows * rw * 4 / (L2_BYTES_PER_S / sm_count) + SPLIT_OVERHEAD_S)
+    return max(weight, x_l2) + fixup, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece, row_blocks=row_blocks,
+                                                  variant=v)
 
 
 @functools.lru_cache(maxsize=4096)
-def plan(M: int, N: int, K: int, sm_count: int) -> DecodePlan:
-    """The split for (M, N, K) on ``sm_count`` SMs: the CTA shape and split count with the least
-    ``plan_time`` (ties: fewer splits, then more row groups per CTA). Needs no GPU.
+def plan(M: int, N: int, K: int, sm_count: int, variant: Variant | None = None) -> DecodePlan:
+    """The split for (M, N, K) on ``sm_count`` SMs with ``variant`` (default: ``default_variant``): the CTA
+    shape and split count with the least ``plan_time`` (ties: fewer splits, then more row groups per CTA).
+    Needs no GPU.
 
     What it trades: k pieces inside a CTA (small ``rw``) are reduced cheaply in shared memory, but each
     piece's warps read their own X (at M = 64, X is 4x the weight's bytes per warp); row groups inside a
     CTA (large ``rw``) share X through L1 but need split-K across CTAs to fill the GPU when N is small,
     and the last CTA's fixup grows with splits x M x rows.
     """
+    v = variant or default_variant(token_tiles(M))
     best = None
     for rw in (8, 4, 2, 1):
-        if rw > 1 and 16 * rw // 2 >= N:  # half the row groups would be past N
+        # Half the row groups past N: skipped, unless no smaller CTA gives a warp MIN_WARP_K (tiny N and K).
+        if rw > 1 and v.rows * rw // 2 >= N and (rw == 2 or v.rows * rw // 4 >= N):
             continue
         for splits in range(1, MAX_SPLITS + 1):
-            got = plan_time(M, N, K, sm_count, rw, splits)
+            got = plan_time(M, N, K, sm_count, rw, splits, v)
             if got is None:
                 continue
             key = (got[0], splits, -rw)
@@ -151,9 +235,12 @@ def plan(M: int, N: int, K: int, sm_count: int) -> DecodePlan:
     return best[1]
 
 
-def kernel_expr(in_ctype: str, out_ctype: str, bias_ctype: str, nt: int, epi: int, split: bool) -> str:
-    """The template instantiation of ``engine_decode`` (C++ type names, NT, epilogue bits, split)."""
-    return f"engine_decode<{in_ctype}, {out_ctype}, {bias_ctype}, {nt}, {unroll(nt)}, {epi}, {int(split)}>"
+def kernel_expr(in_ctype: str, out_ctype: str, bias_ctype: str, nt: int, epi: int, split: bool,
+                variant: Variant | None = None) -> str:
+    """The template instantiation of ``engine_decode`` (C++ type names, NT, variant, epilogue bits, split)."""
+    v = variant or default_variant(nt)
+    return (f"engine_decode<{in_ctype}, {out_ctype}, {bias_ctype}, {nt}, {v.u}, {v.rpw}, {v.depth}, {v.pf}, "
+            f"{epi}, {int(split)}>")
 
 
 # Split-K buffers, one pair per (device, stream): two streams running decode launches at once must not
@@ -182,22 +269,24 @@ def split_buffers(device: torch.device, ws_floats: int, counters: int) -> tuple[
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctypes: tuple[str, str, str],
-         alpha: float, beta: float, c: torch.Tensor | None, bias: torch.Tensor | None, sm_count: int) -> None:
+         alpha: float, beta: float, c: torch.Tensor | None, bias: torch.Tensor | None, sm_count: int,
+         variant: Variant | None = None) -> None:
     """Launch the decode kernel on torch's current stream: out = act(alpha * a @ b + beta * c + bias).
 
     Called by ``gemmlab.engine.gemm`` after ``why_not(a, b, out)`` returned None. ``epi`` is the
     engine's epilogue bit field (bias | c << 1 | activation << 2), ``ctypes`` the C++ names of the input,
     output and bias types. No host synchronisation and no data-dependent allocation (graph-capturable).
+    ``variant`` (default: ``default_variant``) is for benchmarks; so is M up to KERNEL_MAX_M, past MAX_M.
     """
     from .jit.compiler import compile_kernel
     from .jit.launch import launch
 
     M, K = a.shape
     N = b.shape[1]
-    p = plan(M, N, K, sm_count)
-    expr = kernel_expr(*ctypes, p.nt, epi, p.splits > 1)
+    p = plan(M, N, K, sm_count, variant)
+    expr = kernel_expr(*ctypes, p.nt, epi, p.splits > 1, p.variant)
     compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"engine.decode[{expr[14:-1]}]")
-    rows_cta = 16 * p.rw
+    rows_cta = p.rows_cta
     if p.splits > 1:
         workspace, counters = split_buffers(a.device, p.row_blocks * p.splits * M * rows_cta, p.row_blocks)
     else:
@@ -209,4 +298,4 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctype
             np.int32(p.piece), np.float32(alpha), np.float32(beta), cin, np.int64(cin.stride(0)),
             np.int64(cin.stride(1)), bias if bias is not None else out, workspace, counters, out,
             np.int64(out.stride(0)))
-    launch(compiled, grid=p.grid, block=WARPS * 32, args=args)
+    launch(compiled, grid=p.grid, block=WARPS * 32, args=args, smem=p.smem_bytes)

@@ -14,10 +14,11 @@
 //    4-7 the next: a warp covers 16 rows x 32 k with every 64-byte row segment fully used.
 //    (tests/test_decode.py emulates this mapping in numpy.)
 //  * Memory-level parallelism: U such 32-k chunks per iteration, all 2U weight loads issued before any
-//    mma, so a warp keeps 32 x 2U x 16 B in flight. W is streamed with ld.global.nc.L1::no_allocate
+//    mma (DEPTH = 2: the next iteration's before this one's mmas), so a warp keeps 32 x 2U x 16 B (x RPW
+//    row groups, x DEPTH) in flight. See "Variants" above engine_decode. W is streamed with ld.global.nc.L1::no_allocate
 //    (read once: leave L1 to X); X is tiny and re-read by every warp of the CTA at the same k, so it goes
 //    through L1 (ld.global.nc).
-//  * Work split. A warp owns 16 weight rows x one K piece (PIECE elements, a multiple of 32U). A CTA is
+//  * Work split. A warp owns 16 RPW weight rows x one K piece (PIECE elements, a multiple of 32U). A CTA is
 //    8 warps = RW row groups x KW = 8 / RW pieces (RW is a run-time argument); blockIdx.y adds more K
 //    pieces (split-K across CTAs) so that small N still gives every SM several warps.
 //  * Deterministic reduction. Warps of a CTA add their fragments through shared memory in a fixed order.
@@ -49,7 +50,9 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 // L2 prefetch (PTX ISA "prefetch"): starts the HBM read of a later chunk without holding registers.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// Activations: every warp of the CTA reads the same 16 bytes, so keep them in L1.
+// Activations: every warp of the CTA reads the same 16 bytes, so keep them in L1. (Staging X in shared
+// memory instead would move the same bytes per mma through the same 128 B/clk L1/shared datapath, plus a
+// barrier per chunk; RPW = 2 halves those bytes instead.)
 __device__ __forceinline__ uint4 ld_shared_by_warps(const void* p) {
     uint4 v;
     asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -87,106 +90,167 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& w_to
     }
 }
 
+// CTAs per SM the register budget is sized for (ptxas caps registers from the second launch bound):
+// three (<= 80 registers) for the lightest variant, one (<= 255) when a warp holds 64 token x 32 row
+// accumulators (128 registers would spill), else two (<= 128). decode.py's Variant.min_blocks mirrors this.
+constexpr __host__ __device__ int min_blocks(int nt, int rpw, int depth) {
+    return (nt == 1 && rpw == 1 && depth == 1) ? 3 : (nt * rpw >= 16 ? 1 : 2);
+}
+
 }  // namespace decode
 
-// Register budget (ptxas caps registers from the second launch bound): NT = 1 runs three CTAs per SM
-// (<= 80 registers), NT >= 2 two (<= 128); the host picks U = 2 for NT = 8 (32 accumulators + 32
-// activation registers per chunk leave no room for four chunks of weights). Checked in
-// tests/test_decode.py: no local memory in any instantiation.
-template <typename T, typename TO, typename TBIAS, int NT, int U, int EPI, int SPLIT>
-__global__ void __launch_bounds__(decode::WARPS * 32, NT >= 2 ? 2 : 3)
+// Variants (template parameters, chosen per NT by decode.default_variant; benchmarks/decode_variants.py
+// times the others):
+//  * U: 32-k chunks per iteration (2 U RPW 16-byte weight loads per lane and iteration).
+//  * RPW: 16-row groups per warp. Each X fragment feeds RPW weight fragments, so a warp reads NT / (2 RPW)
+//    bytes of X from L1 per weight byte instead of NT / 2 (at NT = 8, RPW = 2: 2x instead of 4x), and
+//    keeps RPW times as many weight bytes in flight. Costs 4 NT RPW accumulator registers.
+//  * DEPTH: 1 = an iteration's weight loads are issued, then its mmas run; 2 = the loads for the next
+//    iteration are issued before this iteration's mmas (two register buffers, the loop unrolled by two
+//    so no copies), so a warp always has a full iteration of weight loads in flight.
+//  * PF: L2 prefetch distance, in iterations past the last one loaded into registers (0 = none).
+template <typename T, typename TO, typename TBIAS, int NT, int U, int RPW, int DEPTH, int PF, int EPI, int SPLIT>
+__global__ void __launch_bounds__(decode::WARPS * 32, decode::min_blocks(NT, RPW, DEPTH))
 engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, long long ldx, int M, int N, int K,
               int RW, int PIECE, float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row,
               long long ldc_col, const TBIAS* __restrict__ bias, float* __restrict__ workspace,
               int* __restrict__ counters, TO* __restrict__ Out, long long ldo) {
     using namespace decode;
-    static_assert(NT >= 1 && NT <= 8 && U >= 1, "NT token tiles of 8, U chunks of 32 k per iteration");
+    static_assert(NT >= 1 && NT <= 8 && U >= 1 && (128 % (32 * U)) == 0, "NT token tiles of 8, U chunks of 32 k");
+    static_assert(RPW == 1 || RPW == 2, "16 or 32 weight rows per warp");
+    static_assert(DEPTH == 1 || DEPTH == 2, "one or two iterations of weight loads in flight");
     constexpr int MP = NT * 8;        // tokens, padded
     constexpr int CHUNK = 32 * U;     // k per iteration of a warp
+    constexpr int ROWS = 16 * RPW;    // weight rows per warp
     constexpr bool HAS_BIAS = EPI & 1, HAS_C = EPI & 2;
     constexpr int ACT = (EPI >> 2) & 7;
-    // Per k piece of the CTA: MP token rows of (16 RW + 4) floats. The +4 pad puts the 8 rows x 4
-    // token pairs a warp stores at once in 32 different banks (see the store below); the largest case
-    // is RW = 1: 8 x MP x 20, RW = 8: 1 x MP x 132.
-    __shared__ float red[WARPS * MP * 20];
+    // Per k piece of the CTA: MP token rows of (ROWS RW + 4) floats, KW pieces (the host sizes it:
+    // decode.smem_bytes). The +4 pad puts the 8 rows x 4 token pairs a warp stores at once in 32
+    // different banks (see the store below).
+    extern __shared__ float red[];
     __shared__ int is_last;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const int KW = WARPS / RW, rows_cta = 16 * RW, stride_m = rows_cta + 4;
+    const int KW = WARPS / RW, rows_cta = ROWS * RW, stride_m = rows_cta + 4;
     const int rg = warp % RW, ks = warp / RW;  // this warp's row group in the CTA and its k piece
-    const int row0 = (blockIdx.x * RW + rg) * 16;
+    const int row0 = (blockIdx.x * RW + rg) * ROWS;
     const int piece = blockIdx.y * KW + ks;
     const int k_begin = min(K, piece * PIECE), k_end = min(K, k_begin + PIECE);
 
-    float acc[NT][4];
+    float acc[RPW][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
 
     if (row0 < N) {  // warp-uniform: a row group past N only contributes zeros
         // Rows past N (the last group of a ragged N) and tokens past M re-read the last valid row: the
-        // loads stay in bounds and the results are never stored.
-        const T* w_top = W + (long long)min(row0 + g, N - 1) * ldw + 8 * q;
-        const T* w_bot = W + (long long)min(row0 + g + 8, N - 1) * ldw + 8 * q;
+        // loads stay in bounds and the results are never stored. w_lane[r][h]: rows row0 + 16 r + 8 h + g.
+        const T* w_lane[RPW][2];
+#pragma unroll
+        for (int r = 0; r < RPW; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                w_lane[r][h] = W + (long long)min(row0 + 16 * r + 8 * h + g, N - 1) * ldw + 8 * q;
         // Token rows as 32-bit offsets from one pointer (the host keeps M * ldx below 2^31): NT registers
-        // instead of 2 NT for pointers, which is what keeps NT = 8 out of local memory.
+        // instead of 2 NT for pointers.
         const T* x_lane = X + 8 * q;
         int x_row[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) x_row[j] = min(8 * j + g, M - 1) * (int)ldx;
 
-        int k = k_begin;
-        for (; k + CHUNK <= k_end; k += CHUNK) {
-            // Ask L2 for the next chunk first. Under register pressure (NT >= 2) ptxas interleaves this
-            // chunk's weight loads with the mmas, so a lane may wait on its first loads before issuing the
-            // rest; the prefetch keeps the next chunk on its way from HBM regardless, without registers.
-            // The 4 lanes of a row split its next 2 x CHUNK bytes: lane q takes bytes [64 q', ...) for
-            // q' = q and q + 4 (U = 4: 256 bytes per row, one 64-byte piece per prefetch).
-            if (k + 2 * CHUNK <= k_end) {
+        using WRegs = uint4[RPW][2][U];
+        auto load_w = [&](WRegs& w, int k) {
 #pragma unroll
-                for (int p = q; p < U; p += 4) {
-                    prefetch_l2(w_top - 8 * q + k + CHUNK + 32 * p);
-                    prefetch_l2(w_bot - 8 * q + k + CHUNK + 32 * p);
-                }
-            }
-            uint4 wt[U], wb[U];
+            for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int u = 0; u < U; ++u) {  // all 2U weight loads first (when registers allow: see above)
-                wt[u] = ld_stream(w_top + k + 32 * u);
-                wb[u] = ld_stream(w_bot + k + 32 * u);
+                for (int r = 0; r < RPW; ++r)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) w[r][h][u] = ld_stream(w_lane[r][h] + k + 32 * u);
+        };
+        // The 4 lanes of a row split its CHUNK k (2 CHUNK bytes): lane q asks for the 64-byte pieces
+        // q, q + 4, ... (fewer than 4 pieces at U < 4: those lanes ask nothing).
+        auto prefetch_chunk = [&](int kp) {
+            if (PF > 0 && kp + CHUNK <= k_end) {
+#pragma unroll
+                for (int p = q; p < U; p += 4)
+#pragma unroll
+                    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) prefetch_l2(w_lane[r][h] - 8 * q + kp + 32 * p);
             }
+        };
+        auto compute = [&](const WRegs& w, int k) {
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 uint4 x[NT];
 #pragma unroll
                 for (int j = 0; j < NT; ++j) x[j] = ld_shared_by_warps(x_lane + x_row[j] + k + 32 * u);
-                mma_chunk<T, NT>(acc, wt[u], wb[u], x);
+#pragma unroll
+                for (int r = 0; r < RPW; ++r) mma_chunk<T, NT>(acc[r], w[r][0][u], w[r][1][u], x);
+            }
+        };
+
+        int k = k_begin;
+        if constexpr (DEPTH == 1) {
+            for (; k + CHUNK <= k_end; k += CHUNK) {
+                WRegs w;
+                load_w(w, k);  // all weight loads of the iteration before its first mma
+                prefetch_chunk(k + PF * CHUNK);
+                compute(w, k);
+            }
+        } else if (k + CHUNK <= k_end) {
+            // Two buffers, alternating; the loop body is unrolled by two so neither is ever copied.
+            WRegs wa, wb;
+            load_w(wa, k);
+            while (true) {
+                const bool more = k + 2 * CHUNK <= k_end;  // warp-uniform
+                if (more) load_w(wb, k + CHUNK);
+                prefetch_chunk(k + (1 + PF) * CHUNK);
+                compute(wa, k);
+                k += CHUNK;
+                if (!more) break;
+                const bool more2 = k + 2 * CHUNK <= k_end;
+                if (more2) load_w(wa, k + CHUNK);
+                prefetch_chunk(k + (1 + PF) * CHUNK);
+                compute(wb, k);
+                k += CHUNK;
+                if (!more2) break;
             }
         }
-        // Tail (K of the last piece not a multiple of CHUNK): 32-k chunks with the lane's 8 k zeroed
-        // past k_end (K % 8 == 0, so a lane's 8 k are all in or all out).
-        for (; k < k_end; k += 32) {
+        // Tail (K of the last piece not a multiple of CHUNK): at most CHUNK / 32 chunks of 32 k with the
+        // lane's 8 k zeroed past k_end (K % 8 == 0, so a lane's 8 k are all in or all out). Unrolled
+        // straight-line code, not a loop: the main loop stays the only one with HMMAs.
+#pragma unroll
+        for (int t = 0; t < CHUNK / 32 && k < k_end; ++t, k += 32) {
             const bool in = k + 8 * q < k_end;
             const uint4 zero = make_uint4(0, 0, 0, 0);
-            const uint4 wt = in ? ld_stream(w_top + k) : zero;
-            const uint4 wb = in ? ld_stream(w_bot + k) : zero;
             uint4 x[NT];
 #pragma unroll
             for (int j = 0; j < NT; ++j) x[j] = in ? ld_shared_by_warps(x_lane + x_row[j] + k) : zero;
-            mma_chunk<T, NT>(acc, wt, wb, x);
+#pragma unroll
+            for (int r = 0; r < RPW; ++r) {
+                const uint4 wt = in ? ld_stream(w_lane[r][0] + k) : zero;
+                const uint4 wb = in ? ld_stream(w_lane[r][1] + k) : zero;
+                mma_chunk<T, NT>(acc[r], wt, wb, x);
+            }
         }
     }
 
-    // Fragments -> red[ks][token][row]. Lane (g, q) holds rows g, g + 8 and tokens 8j + 2q, 8j + 2q + 1;
-    // with stride_m = 16 RW + 4 the 32 lanes' addresses differ by 8q + g (mod 32 banks): no conflicts.
-    float* mine = red + ks * MP * stride_m + 16 * rg;
+    // Fragments -> red[ks][token][row]. Lane (g, q) holds rows 16 r + g, 16 r + g + 8 and tokens 8j + 2q,
+    // 8j + 2q + 1; stride_m = ROWS RW + 4 is 4 or 20 mod 32, so the 32 lanes' addresses differ by 8q + g
+    // (mod 32 banks): no conflicts.
+    float* mine = red + ks * MP * stride_m + ROWS * rg;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int m = 8 * j + 2 * q;
-        mine[m * stride_m + g] = acc[j][0];
-        mine[(m + 1) * stride_m + g] = acc[j][1];
-        mine[m * stride_m + g + 8] = acc[j][2];
-        mine[(m + 1) * stride_m + g + 8] = acc[j][3];
-    }
+    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int m = 8 * j + 2 * q, row = 16 * r + g;
+            mine[m * stride_m + row] = acc[r][j][0];
+            mine[(m + 1) * stride_m + row] = acc[r][j][1];
+            mine[m * stride_m + row + 8] = acc[r][j][2];
+            mine[(m + 1) * stride_m + row + 8] = acc[r][j][3];
+        }
     __syncthreads();
 
     // Element i of the CTA's tile is token i / rows_cta, row i % rows_cta: consecutive threads walk N,
