@@ -31,10 +31,15 @@ def _reference(a, b, bias=None, act=None, alpha=1.0, beta=0.0, c=None):
     return ACTS[act](ref)
 
 
-def _run(a, b, out_dtype, **kw):
-    assert engine.use_decode(a, b), decode.why_not(a, b)
+def _run(a, b, out_dtype, variant=None, **kw):
+    """Through engine.gemm up to MAX_M; past it (NT = 8, which the engine sends to h11) or with an explicit
+    variant through decode.run_variant."""
     out = poison_(torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=out_dtype))
-    engine.gemm(a, b, out, **kw)
+    if a.shape[0] <= decode.MAX_M and variant is None:
+        assert engine.use_decode(a, b), decode.why_not(a, b)
+        engine.gemm(a, b, out, **kw)
+    else:
+        decode.run_variant(a, b, out, variant, **kw)
     torch.cuda.synchronize()
     return out
 
@@ -60,6 +65,21 @@ def test_epilogue(M, N, K, dtype, out_dtype, act):
     assert rel_error(out, _reference(a, b, bias, act, 0.5, -0.75, c)) <= TOL[out_dtype]
 
 
+_VARIANT_CASES = [(nt, v) for nt, vs in decode.VARIANTS.items() for v in vs]
+
+
+@pytest.mark.parametrize("nt,variant", _VARIANT_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("N,K", [(100, 40), (1000, 4104), (4104, 14336)])
+def test_every_variant(nt, variant, N, K):
+    """Every variant the benchmark times, at the largest M of its NT and one ragged M, with an epilogue
+    (bias + SiLU), ragged N, K not a multiple of any CHUNK, and a shape that splits K."""
+    for M in (8 * nt, 8 * nt - 3 if nt > 1 else 1):
+        a, b = _linear(M, N, K, torch.bfloat16)
+        bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        out = _run(a, b, torch.bfloat16, variant, bias=bias, activation="silu")
+        assert rel_error(out, _reference(a, b, bias, "silu")) <= TOL[torch.bfloat16], (M, N, K)
+
+
 def test_nan_in_the_weight_fails():
     a, b = _linear(4, 256, 512, torch.bfloat16)
     b[7, 3] = float("nan")
@@ -70,7 +90,7 @@ def test_nan_in_the_weight_fails():
 def _split_case():
     """A shape the plan splits across CTAs on this GPU (found, not assumed: the plan depends on SM count)."""
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    for M, N, K in ((16, 1024, 8192), (64, 1024, 8192), (1, 1024, 14336), (8, 256, 28672)):
+    for M, N, K in ((16, 1024, 8192), (32, 1024, 8192), (1, 1024, 14336), (8, 256, 28672)):
         if decode.plan(M, N, K, sm).splits > 1:
             return M, N, K
     pytest.skip(f"no split-K shape on {sm} SMs")

@@ -299,3 +299,19 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctype
             np.int64(cin.stride(1)), bias if bias is not None else out, workspace, counters, out,
             np.int64(out.stride(0)))
     launch(compiled, grid=p.grid, block=WARPS * 32, args=args, smem=p.smem_bytes)
+
+
+def run_variant(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, variant: Variant | None = None, *,
+                bias: torch.Tensor | None = None, activation: str | None = None, alpha: float = 1.0,
+                beta: float = 0.0, c: torch.Tensor | None = None) -> None:
+    """``engine.gemm``'s decode branch with an explicit ``variant`` and M up to KERNEL_MAX_M (past MAX_M):
+    for tests and benchmarks (benchmarks/decode_variants.py). Same operands and contract as engine.gemm,
+    plus ``why_not``'s layout rules other than the M cutoff."""
+    from . import engine
+
+    if a.shape[0] > KERNEL_MAX_M:
+        raise ValueError(f"M={a.shape[0]} > {KERNEL_MAX_M}")
+    epi = int(bias is not None) | (int(c is not None and beta != 0.0) << 1) | (engine.ACTIVATIONS[activation] << 2)
+    ctypes = (engine._CTYPE[a.dtype], engine._CTYPE[out.dtype], engine._CTYPE[bias.dtype] if bias is not None else "float")
+    sm = torch.cuda.get_device_properties(a.device).multi_processor_count
+    gemm(a, b, out, epi=epi, ctypes=ctypes, alpha=alpha, beta=beta, c=c, bias=bias, sm_count=sm, variant=variant)
