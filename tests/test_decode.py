@@ -259,7 +259,7 @@ def test_sass_of_every_instantiation(case):
     assert ck.resources.static_shared <= 1024, "the partials live in dynamic shared memory"
 
 
-@pytest.mark.parametrize("nt", [1, 2, 4, 8])
+@pytest.mark.parametrize("nt", [1, 2])  # NT = 4, 8 run the first kernel: measured faster, loads interleaved
 def test_default_variant_issues_its_weight_loads_before_the_mmas(nt):
     """In the default variants' main loop every lane issues all 2 U RPW weight loads of an iteration
     before the first HMMA that follows them (at depth 2: the next iteration's loads before this one's

@@ -68,10 +68,14 @@ class Variant:
 # without local memory (tests/test_decode.py checks every one in VARIANTS).
 #  NT = 1: two buffers of 4 chunks: 8 KB of weight loads per warp always in flight (123 registers).
 #  NT = 2: two buffers of 2 chunks (~96 registers; U = 4 needs more than 128 and spills).
-#  NT = 4, 8: 32 rows per warp, so each X fragment read from L1 feeds two weight fragments (NT = 8: 64
-#  accumulators, one CTA per SM with up to 255 registers, 4 KB per warp in flight).
+#  NT = 4: the first kernel (U = 4, 16 rows per warp): on the H200 (benchmarks/results/decode_variants.jsonl,
+#  sha afb5635) it beat the predicted 32-rows-per-warp variant on 6 of the 8 Llama shapes at M = 32
+#  (0.68-0.97x torch against 0.59-0.75x).
+#  NT = 8 (benchmarks only: M > MAX_M goes to h11, which measured 0.60-0.84x at M = 64 against the
+#  decode kernel's 0.33-0.64x): the first kernel. The 32-rows-per-warp NT = 8 variants needed 72 KB of
+#  dynamic shared memory and failed to launch (CUDA_ERROR_INVALID_VALUE) on the H200; not offered.
 DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, depth=2),
-                    4: Variant(u=1, rpw=2, depth=2), 8: Variant(u=2, rpw=2, depth=1)}
+                    4: Variant(u=4), 8: Variant(u=2)}
 # What benchmarks/decode_variants.py times against the defaults (and the SASS tests compile): the
 # previous kernel (``Variant(u=4)``, ``Variant(u=2)`` at NT = 8) and one step along each axis.
 VARIANTS = {
@@ -80,7 +84,7 @@ VARIANTS = {
     2: (Variant(u=4), Variant(u=2, depth=2), Variant(u=2, depth=2, pf=0), Variant(u=2, depth=2, pf=2),
         Variant(u=1, rpw=2, depth=2)),
     4: (Variant(u=4), Variant(u=1, rpw=2, depth=2), Variant(u=1, rpw=2), Variant(u=2, depth=2)),
-    8: (Variant(u=2), Variant(u=2, rpw=2), Variant(u=1, rpw=2, depth=2), Variant(u=2, rpw=2, pf=2)),
+    8: (Variant(u=2),),
 }
 
 
