@@ -34,6 +34,40 @@ __device__ __forceinline__ void store_f32x2_sw128(float* slab, int row, int col,
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_u32(slab) + off), "f"(x), "f"(y) : "memory");
 }
 
+// DIRECT output (rows not 16-byte aligned, which a TMA store cannot write): a 64 x PIECE piece, already
+// in its swizzled slab, stored row by row with bounds checks. Warp w takes rows 16w .. 16w + 15 and its
+// 32 lanes cover one row per store instruction (32 consecutive elements, or 32 pairs as 4-byte stores
+// where the row allows), so the stores coalesce instead of each instruction touching 8 rows.
+template <typename TO, int PIECE>
+__device__ __forceinline__ void store_piece_rows(const TO* slab, TO* __restrict__ Out, long long ldo, int row0,
+                                                 int col0, int M, int N, int t) {
+    const int warp = t / 32, lane = t % 32, valid = min(PIECE, N - col0);
+    const unsigned char* s = reinterpret_cast<const unsigned char*>(slab);
+#pragma unroll 4
+    for (int rr = 0; rr < 16; ++rr) {
+        const int r = warp * 16 + rr, gr = row0 + r;
+        if (gr >= M || valid <= 0) break;  // warp-uniform: rows only grow
+        TO* dst = Out + (long long)gr * ldo + col0;
+        if constexpr (sizeof(TO) == 4) {  // a 64 x 32 fp32 slab: one element per lane
+            const int c = lane;
+            if (c < valid) dst[c] = *reinterpret_cast<const TO*>(s + r * 128 + ((((c * 4) / 16) ^ (r % 8)) * 16) + (c * 4) % 16);
+        } else if (reinterpret_cast<size_t>(dst) % 4 == 0) {  // pairs: lane l writes columns 2l, 2l + 1
+            const int c = 2 * lane;
+            if (c + 1 < valid) {
+                *reinterpret_cast<u32*>(dst + c) = *reinterpret_cast<const u32*>(s + sw128_offset(r, c));
+            } else if (c < valid) {
+                dst[c] = *reinterpret_cast<const TO*>(s + sw128_offset(r, c));
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int c = lane + 32 * h;
+                if (c < valid) dst[c] = *reinterpret_cast<const TO*>(s + sw128_offset(r, c));
+            }
+        }
+    }
+}
+
 template <typename T, typename TO, typename TBIAS, int BN, int QSIZE, int A_MN, int B_MN, int EPI, int SPLIT,
           int OVERLAP>
 __global__ void __launch_bounds__(384, 1)
@@ -45,8 +79,8 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     constexpr int BM = 128, BK = 64, CONSUMERS = 2;
     constexpr bool HAS_BIAS = EPI & 1, HAS_C = EPI & 2;
     constexpr int ACT = (EPI >> 2) & 7;
-    // DIRECT: store straight from registers with bounds checks (an output whose rows are not 16-byte
-    // aligned, which a TMA store cannot write) instead of slab + TMA store.
+    // DIRECT: an output whose rows are not 16-byte aligned (a TMA store cannot write it) is stored from the
+    // slab by the threads, row by row with bounds checks (store_piece_rows).
     constexpr bool DIRECT = EPI & 32;
     constexpr int PIECE = sizeof(TO) == 4 ? 32 : 64;  // one 128-byte swizzle row per piece row
     constexpr u32 STAGE_BYTES = (BM + BN) * BK * sizeof(T);
@@ -210,8 +244,9 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     if (t == 0) {
                         if (p == 0) tma_store_wait_read<0>(); else tma_store_wait_read<1>();
                     }
-                    named_barrier_sync(1 + consumer, 128);
                 }
+                // DIRECT: every thread has read this slab's previous piece back (two pieces ago).
+                named_barrier_sync(1 + consumer, 128);
                 float v[PIECE / 2];  // this thread's values of the piece, in fragment order
 #pragma unroll
                 for (int i = 0; i < PIECE / 2; ++i) v[i] = d[p * (PIECE / 2) + i];
@@ -244,18 +279,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
 #pragma unroll
                     for (int h = 0; h < 4; ++h) v[4 * j + h] = epilogue(v[4 * j + h], p * (PIECE / 8) + j, h);
                 }
-                if constexpr (DIRECT) {
-#pragma unroll
-                    for (int j = 0; j < PIECE / 8; ++j) {
-                        const int c = n0 + 8 * (p * (PIECE / 8) + j) + frag_col(t);
-#pragma unroll
-                        for (int h = 0; h < 4; ++h) {
-                            const int r = h < 2 ? r_top : r_bot, cc = c + (h & 1);
-                            if (r < M && cc < N) Out[r * ldo + cc] = from_float<TO>(v[4 * j + h]);
-                        }
-                    }
-                    continue;
-                } else if constexpr (sizeof(TO) == 4) {
+                if constexpr (sizeof(TO) == 4) {
                     // fp32: each thread writes float2 pairs into the 128B-swizzled 64 x 32 slab.
 #pragma unroll
                     for (int j = 0; j < PIECE / 8; ++j) {
@@ -275,6 +299,11 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                                     pack2(v[4 * j + 4], v[4 * j + 5], (TO*)nullptr),
                                     pack2(v[4 * j + 6], v[4 * j + 7], (TO*)nullptr));
                     }
+                }
+                if constexpr (DIRECT) {
+                    named_barrier_sync(1 + consumer, 128);  // the piece is in the slab
+                    store_piece_rows<TO, PIECE>(slab, Out, ldo, m0 + row, n0 + p * PIECE, M, N, t);
+                    continue;
                 }
                 fence_proxy_async_smem();
                 named_barrier_sync(1 + consumer, 128);
