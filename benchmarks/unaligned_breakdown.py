@@ -4,9 +4,8 @@
 
 Times, interleaved with the one timer: torch.mm; gemmlab.matmul (the whole path); the aligned copy of one
 operand (what the engine does to A and to B); the engine on already-aligned operands writing an aligned
-output (TMA store), and writing the unaligned output through an aligned buffer and a copy (what the
-engine does for large outputs) or from the epilogue's slab row by row (DIRECT). The differences say what
-the copies and each output path cost.
+output (TMA store) and writing the unaligned output (stored from the epilogue's slab row by row, DIRECT).
+The differences say what the copies and the DIRECT output cost.
 """
 
 from __future__ import annotations
@@ -18,16 +17,6 @@ import torch
 from gemmlab import engine, matmul
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
-
-
-def direct(a, b, out) -> None:
-    """engine.gemm with the output stored from the slab row by row (DIRECT) whatever its size."""
-    saved = engine.DIRECT_MAX_ELEMENTS
-    engine.DIRECT_MAX_ELEMENTS = 1 << 62
-    try:
-        engine.gemm(a, b, out)
-    finally:
-        engine.DIRECT_MAX_ELEMENTS = saved
 
 
 def main() -> None:
@@ -50,8 +39,7 @@ def main() -> None:
         "gemmlab.matmul": lambda i: matmul(sets[i][0], sets[i][1], out=sets[i][2]),
         "copy of A": lambda i: engine._aligned_copy(sets[i][0]),
         "engine, aligned in, TMA out": lambda i: engine.gemm(sets[i][3], sets[i][4], sets[i][5]),
-        "engine, aligned in, staged out": lambda i: engine.gemm(sets[i][3], sets[i][4], sets[i][2]),
-        "engine, aligned in, DIRECT out": lambda i: direct(sets[i][3], sets[i][4], sets[i][2]),
+        "engine, aligned in, DIRECT out": lambda i: engine.gemm(sets[i][3], sets[i][4], sets[i][2]),
     }
     res = time_interleaved(cands, n_sets, rounds=args.rounds, replay_ms=10.0)
     base = res.timings["torch.mm"].median_ms

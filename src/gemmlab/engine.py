@@ -28,10 +28,6 @@ from .model import wave_quantization
 
 SOURCE = "hopper/h11_general.cu"
 PAD_COPY_SOURCE = "engine/pad_copy.cu"
-# An output TMA cannot store (rows not 16-byte aligned) of at least this many elements is computed into
-# an aligned buffer and copied (pad_copy) rather than stored from registers (DIRECT): at 4095^3 the DIRECT
-# epilogue cost 66 us over the TMA store (benchmarks/unaligned_breakdown.py), a copy ~20-40 us.
-DIRECT_MAX_ELEMENTS = 1 << 22
 BM, BK = 128, 64
 SMEM_LIMIT = 227 * 1024 - 128  # dynamic smem per block, less the kernel's static barriers
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
@@ -209,13 +205,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
         return
     ta, a_mn = _operand(a, 1)
     tb, b_mn = _operand(b, 0)
-    # An output TMA cannot write (rows not 16-byte aligned): small ones are stored straight from
-    # registers (DIRECT), large ones go through an aligned buffer and a copy.
-    if not _tma_ok(out) and M * N >= DIRECT_MAX_ELEMENTS:
-        staged = _aligned_empty(M, N, out.dtype, out.device)
-        gemm(a, b, staged, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
-        pad_copy(staged, out)
-        return
+    # An output TMA cannot write (rows not 16-byte aligned) is stored by the consumers from the epilogue's
+    # slab, row by row (DIRECT). At 4095^3 that cost 33 us over a TMA store, against 51 us for an aligned
+    # buffer plus a copy (benchmarks/unaligned_breakdown.py, sha 2244cdf).
     direct = not _tma_ok(out)
     has_c = c is not None and beta != 0.0
     has_bias = bias is not None
