@@ -142,3 +142,25 @@ def test_large_unaligned_output_with_epilogue_in_place():
     engine.gemm(a, b, out, bias=bias, activation="gelu", alpha=0.5, beta=-1.0, c=out)
     torch.cuda.synchronize()
     assert rel_error(out, _reference(a, b, bias, "gelu", 0.5, -1.0, c)) <= TOL[torch.bfloat16]
+
+
+def test_split_k_on_two_streams_at_once():
+    """h11's split-K workspace and counters are per stream: two streams running the same split shape
+    concurrently both get the right answer, five times over (counters back at zero each time)."""
+    from gemmlab import engine
+
+    M, N, K = 128, 1024, 8192
+    assert engine.choose_splits(-(-M // 128) * -(-N // engine.choose_bn(M, N, 132)), K, 132) > 1
+    assert not engine.use_decode(*_operands(M, N, K, torch.bfloat16, "NT"))  # M > decode.MAX_M: h11
+    a, b = _operands(M, N, K, torch.bfloat16, "NT")
+    outs = [torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    torch.cuda.synchronize()
+    for _ in range(5):
+        for s, o in zip(streams, outs):
+            with torch.cuda.stream(s):
+                poison_(o)
+                engine.gemm(a, b, o)
+        torch.cuda.synchronize()
+        for o in outs:
+            assert rel_error(o, _reference(a, b)) <= TOL[torch.bfloat16]

@@ -7,8 +7,8 @@ quantization), the pipeline depth that fits, and the fused epilogue variant. Com
 descriptors are cached, so a repeated call is a few dictionary lookups and one launch.
 
 Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands, see ``use_decode``) go to the small-M
-kernel in ``gemmlab.decode`` instead. (``_split_buffers`` below is keyed by device only: two streams
-running split-K h11 launches at once would share its counters; ``decode.split_buffers`` keys by stream.)
+kernel in ``gemmlab.decode`` instead. Split-K workspaces and counters come from ``decode.split_buffers``
+(one set per device and stream, so concurrent streams never share counters).
 """
 
 from __future__ import annotations
@@ -148,25 +148,6 @@ def choose_splits(tiles: int, K: int, sm_count: int) -> int:
     return math.ceil(k_iters / per)
 
 
-_SPLIT_BUFFERS: dict = {}
-
-
-def _split_buffers(device, tiles: int, splits: int, bn: int):
-    """fp32 partials (rows < M of each unit are used) and per-tile counters, grown as needed, kept.
-
-    Counters start at zero and the kernel puts each back to zero, so one allocation serves every launch
-    (and CUDA-graph replays)."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    need_ws, need_ctr = tiles * splits * BM * bn, tiles * 2
-    ws, ctr = _SPLIT_BUFFERS.get(idx, (None, None))
-    if ws is None or ws.numel() < need_ws:
-        ws = torch.empty(need_ws, dtype=torch.float32, device=device)
-    if ctr is None or ctr.numel() < need_ctr:
-        ctr = torch.zeros(max(need_ctr, 1024), dtype=torch.int32, device=device)
-    _SPLIT_BUFFERS[idx] = (ws, ctr)
-    return ws, ctr
-
-
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -232,7 +213,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     smem = q * (BM + bn) * BK * a.element_size() + 2 * 2 * 64 * 64 * 2 + 1024
     cin = c if has_c else out
     tiles = tiles_m * tiles_n
-    workspace, counters = _split_buffers(a.device, tiles, splits, bn) if splits > 1 else (out, out)
+    # fp32 partials (rows < M of each unit are used) and per-tile counters; per stream, shared with the
+    # decode kernel (both leave the counters at zero).
+    workspace, counters = (decode.split_buffers(a.device, tiles * splits * BM * bn, tiles * 2) if splits > 1
+                           else (out, out))
     args = (map_a, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
             np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
             bias if has_bias else out, np.int32(splits), workspace, counters, out, np.int64(out.stride(0)))
