@@ -123,6 +123,19 @@ def _shape_str(shape) -> str:
 
 # gemmlab ladder -----------------------------------------------------------------------------------------
 
+def _config_at(spec, shape, sm_count: int) -> dict:
+    """The config a step runs at ``shape`` (``KernelSpec.config_for``), or its defaults where the step
+    cannot run that shape (the row then says so)."""
+    from .errors import UnsupportedProblem
+
+    if spec.why_unsupported(*shape) is not None:
+        return spec.default_config()
+    try:
+        return spec.config_for(*shape, sm_count)
+    except UnsupportedProblem:
+        return spec.default_config()
+
+
 def _cmd_ladder(args) -> int:
     from rich.progress import Progress
     from rich.table import Table
@@ -138,13 +151,15 @@ def _cmd_ladder(args) -> int:
     lads = {n: lad for n, lad in registry.ladders().items() if not args.ladder or n == args.ladder}
     specs = [s for n in lads for s in registry.all_kernels(n)]
 
-    static, broken = {}, {}
+    static, broken, configs = {}, {}, {}
     with Progress(console=console, transient=True) as prog:
         task = prog.add_task("compiling", total=len(specs))
         for spec in specs:
             prog.update(task, description=f"compiling {spec.short}")
             try:
-                ck = spec.compile()
+                # The config the step runs at this shape (its heuristic, or a tuned one), as timing uses.
+                configs[spec.name] = cfg = _config_at(spec, shape, profile.sm_count)
+                ck = spec.compile(cfg)
                 summ = sass.kernel_summary(ck)
                 static[spec.name] = (ck, summ, sass.check(spec.sass, summ, ck.resources))
             except GemmlabError as e:  # one broken step must not hide the others
@@ -187,12 +202,12 @@ def _cmd_ladder(args) -> int:
                               *["-"] * (len(cols) - 7))
                 continue
             ck, summ, fails = static[spec.name]
-            cfg = spec.default_config()
+            cfg = configs[spec.name]
             smem = spec.smem_bytes(cfg) + ck.resources.static_shared
             rec = measured.get(spec.name)
             clock = rec.get("sm_clock_mhz") if rec else None
             mshape = shape if spec.why_unsupported(*shape) is None else None
-            pred = model.predict_step(spec, *mshape, profile=profile, clock_mhz=clock or args.clock,
+            pred = model.predict_step(spec, *mshape, cfg, profile=profile, clock_mhz=clock or args.clock,
                                       compiled=ck, summary=summ) if mshape else None
             occ = model.occupancy(spec.threads(cfg), ck.resources.registers, smem, profile)
             row = [spec.short, spec.technique, str(ck.resources.registers), f"{smem / 1024:.1f}",
