@@ -23,27 +23,29 @@ from gemmlab.timer import sets_for, time_interleaved
 
 
 def variants(M: int, N: int, K: int, sm: int) -> dict[str, dict]:
-    """name -> {"BN": width or None (the engine's), "splits": count or None}."""
+    """name -> {"BN": width or None (the engine's), "splits": count or None}. Where the engine would take
+    the decode kernel (M <= decode.MAX_M), the BN / splits variants run h11 instead."""
     out = {"engine": {"BN": None, "splits": None}}
     for bn in (128, 256):
         tiles = math.ceil(M / engine.BM) * math.ceil(N / bn)
         k_iters = math.ceil(K / engine.BK)
-        for s in sorted({1, 2, 4, engine.choose_splits(tiles, K, sm)}):
-            if s <= k_iters and (s == 1 or math.ceil(k_iters / s) * (s - 1) < k_iters):
+        for s in sorted({1, 2, 4, 8, engine.choose_splits(tiles, K, sm)}):
+            if s <= k_iters and tiles * s <= sm and (s == 1 or math.ceil(k_iters / s) * (s - 1) < k_iters):
                 out[f"BN={bn},splits={s}"] = {"BN": bn, "splits": s}
     return out
 
 
 def run_variant(v: dict, a, b, out) -> None:
-    saved = engine.choose_bn, engine.choose_splits
+    saved = engine.choose_bn, engine.choose_splits, engine.use_decode
     if v["BN"] is not None:
         engine.choose_bn = lambda M, N, sm: v["BN"]
+        engine.use_decode = lambda *args: False
     if v["splits"] is not None:
         engine.choose_splits = lambda tiles, K, sm: v["splits"]
     try:
         engine.gemm(a, b, out)
     finally:
-        engine.choose_bn, engine.choose_splits = saved
+        engine.choose_bn, engine.choose_splits, engine.use_decode = saved
 
 
 def main() -> None:

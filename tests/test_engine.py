@@ -10,18 +10,21 @@ from gemmlab.jit.compiler import compile_kernel
 
 
 @pytest.mark.parametrize("tiles, K, splits", [
-    (64, 1024, 1),  # 1024^3 at BN = 128: 16 k-steps cannot make two pieces of >= 16
-    (32, 4096, 4),  # 512x1024x4096: 64 k-steps, 4 SM-fillers of 16
-    (32, 8192, 4),  # limited by SMs / tiles
-    (8, 8192, 8),  # at most 8
+    (64, 1024, 2),  # 1024^3 at BN = 128: two SM-fillers of 8 k-steps
+    (32, 4096, 4),  # 512x1024x4096: limited by SMs / tiles
+    (8, 8192, 8),  # at most a cluster of 8
+    (16, 1024, 4),  # 16 k-steps: at least 4 per split
+    (4, 448, 1),  # 7 k-steps: one split of 4 and one of 3 would break the minimum
+    (10, 832, 3),  # 13 k-steps: 3 splits of 5, 5, 3 (a 4th would get 1)
     (70, 8192, 1),  # the tiles fill half the SMs already
 ])
-def test_choose_splits_keeps_pieces_of_at_least_16_k_steps(tiles, K, splits):
+def test_choose_splits_most_that_fit_one_wave(tiles, K, splits):
     got = engine.choose_splits(tiles, K, 132)
     assert got == splits
     k_iters = math.ceil(K / engine.BK)
     per = math.ceil(k_iters / got)
-    assert got == 1 or (per >= 16 and (got - 1) * per < k_iters)  # no split without k-steps
+    assert got <= engine.MAX_CLUSTER and tiles * got <= 132
+    assert got == 1 or (k_iters // got >= engine.MIN_SPLIT_K_STEPS and (got - 1) * per < k_iters)  # no empty split
 
 
 @pytest.mark.parametrize("elem, src_vec, dst_vec", [(2, 0, 1), (2, 1, 0), (4, 0, 1), (2, 0, 0), (4, 1, 1)])

@@ -77,7 +77,8 @@ def test_unaligned_output_and_fp32_bias():
 
 @pytest.mark.parametrize("shape", [(1, 4096, 4096), (16, 4096, 4096), (128, 1024, 8192), (77, 3000, 2000)])
 def test_split_k_decode_shapes(shape):
-    """Few tiles and long K: the engine splits K and the last unit of each tile reduces the partials."""
+    """Few tiles and long K: the engine splits K, a tile's splits one cluster reducing through
+    distributed shared memory; three launches in a row stay right."""
     from gemmlab import engine
 
     M, N, K = shape
@@ -86,11 +87,31 @@ def test_split_k_decode_shapes(shape):
     assert engine.choose_splits(tiles, K, torch.cuda.get_device_properties(0).multi_processor_count) > 1
     a, b = _operands(M, N, K, torch.bfloat16, "NT")
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):  # the per-tile counters must be back at zero after every launch
+    for _ in range(3):
         out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
         engine.gemm(a, b, out, bias=bias, activation="silu")
         torch.cuda.synchronize()
         assert rel_error(out, _reference(a, b, bias, "silu")) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_split_k_ragged_cluster_with_epilogue_in_place(out_dtype):
+    """Split-K with a cluster of 3 (13 k-steps of a ragged K: ranges of 5, 5, 3; 128 rows shared 43, 43,
+    42), a ragged N (the last four columns go one by one), and beta * C read from the output itself."""
+    from gemmlab import engine
+
+    M, N, K = 40, 498, 808
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    bn = engine.choose_bn(M, N, sm)
+    assert engine.choose_splits(-(-N // bn), K, sm) == 3
+    a, b = _operands(M, N, K, torch.bfloat16, "NT")
+    assert not engine.use_decode(a, b)  # M > decode.MAX_M: h11
+    bias = torch.randn(N, device="cuda", dtype=torch.float32)
+    c = torch.randn(M, N, device="cuda", dtype=out_dtype)
+    out = c.clone()
+    engine.gemm(a, b, out, bias=bias, activation="gelu_tanh", alpha=0.5, beta=-1.0, c=out)
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(a, b, bias, "gelu_tanh", 0.5, -1.0, c)) <= TOL[out_dtype]
 
 
 def test_split_k_in_a_cuda_graph():
@@ -145,8 +166,8 @@ def test_large_unaligned_output_with_epilogue_in_place():
 
 
 def test_split_k_on_two_streams_at_once():
-    """h11's split-K workspace and counters are per stream: two streams running the same split shape
-    concurrently both get the right answer, five times over (counters back at zero each time)."""
+    """Two streams running the same split shape concurrently both get the right answer, five times over
+    (split-K keeps its partials in each cluster's own shared memory, nothing shared between launches)."""
     from gemmlab import engine
 
     M, N, K = 128, 1024, 8192

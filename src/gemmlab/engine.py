@@ -7,8 +7,8 @@ quantization), the pipeline depth that fits, and the fused epilogue variant. Com
 descriptors are cached, so a repeated call is a few dictionary lookups and one launch.
 
 Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands, see ``use_decode``) go to the small-M
-kernel in ``gemmlab.decode`` instead. Split-K workspaces and counters come from ``decode.split_buffers``
-(one set per device and stream, so concurrent streams never share counters).
+kernel in ``gemmlab.decode`` instead. Split-K needs no workspace: a tile's splits run as one thread-block
+cluster and reduce through distributed shared memory.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from . import decode
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
-from .jit.launch import launch, tensor_map_2d
+from .jit.launch import launch, max_active_clusters, tensor_map_2d
 from .ladders.hopper import order_table
 from .model import wave_quantization
 
@@ -130,22 +130,30 @@ def _qsize(bn: int, in_bytes: int) -> int:
     raise UnsupportedProblem(f"no pipeline depth fits BN={bn}")
 
 
-def choose_splits(tiles: int, K: int, sm_count: int) -> int:
-    """Split K when the tiles cannot fill half the SMs (small M or N): at most 8 splits of >= 16 k-steps.
+MAX_CLUSTER = 8  # split-K CTAs of one tile form a cluster: 8 is the portable limit
+MIN_SPLIT_K_STEPS = 4
 
-    The result never leaves a split without k-steps (the kernel's k ranges are ceil(k_iters / splits)).
+
+def choose_splits(tiles: int, K: int, sm_count: int) -> int:
+    """Split K when the tiles fill at most half the SMs (small M or N): as many splits as one wave and
+    MAX_CLUSTER allow, each of at least MIN_SPLIT_K_STEPS k-steps.
+
+    A tile's splits run as one cluster and are reduced through distributed shared memory (h11_general.cu),
+    which costs each CTA about the same whatever the split count, while the k-loop shrinks with it: so the
+    most splits that fit. The result never leaves a split without k-steps (k ranges are
+    ceil(k_iters / splits)); ``gemm`` lowers it where the GPU cannot hold that many clusters at once.
     """
     k_iters = math.ceil(K / BK)
-    if tiles * 2 > sm_count or k_iters < 16:
+    if tiles * 2 > sm_count:
         return 1
-    # Each extra split costs the reducing unit one more partial read through L2 (~4.5 us for a second split
-    # of 128 x 128 tiles, benchmarks/results/engine_policies.jsonl): keep them few and long, >= 16
-    # k-steps each (1024^3: 2 splits of 8 took 11.9 us, none 8.6 us; 512x1024x4096: 4 of 16 17.0 us, none 22.0).
-    splits = min(sm_count // tiles, k_iters // 16, 8)
+    return _no_empty_split(min(sm_count // tiles, k_iters // MIN_SPLIT_K_STEPS, MAX_CLUSTER), k_iters)
+
+
+def _no_empty_split(splits: int, k_iters: int) -> int:
+    """The split count that ceil(k_iters / splits)-long ranges really make (never a range without k-steps)."""
     if splits <= 1:
         return 1
-    per = math.ceil(k_iters / splits)
-    return math.ceil(k_iters / per)
+    return math.ceil(k_iters / math.ceil(k_iters / splits))
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -197,7 +205,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     q = _qsize(bn, a.element_size())
     tbias = _CTYPE[bias.dtype] if has_bias else "float"
     tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
-    splits = choose_splits(tiles_m * tiles_n, K, _sm_count(a.device))
+    tiles = tiles_m * tiles_n
+    splits = choose_splits(tiles, K, _sm_count(a.device))
     # The overlapped epilogue (stores under the next tile's k-steps) needs a 16-bit TMA-stored output and
     # whole tiles (no split-K fixup).
     overlap = out.element_size() == 2 and not direct and splits == 1
@@ -212,12 +221,15 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
     smem = q * (BM + bn) * BK * a.element_size() + 2 * 2 * 64 * 64 * 2 + 1024
     cin = c if has_c else out
-    tiles = tiles_m * tiles_n
-    # fp32 partials (rows < M of each unit are used) and per-tile counters; per stream, shared with the
-    # decode kernel (both leave the counters at zero).
-    workspace, counters = (decode.split_buffers(a.device, tiles * splits * BM * bn, tiles * 2) if splits > 1
-                           else (out, out))
+    grid, cluster = min(_sm_count(a.device), tiles), None
+    if splits > 1:
+        # One CTA per (tile, split), a tile's splits one cluster; fewer splits where the GPU cannot hold
+        # every cluster at once (a second wave would cost more than the shorter k-loop saves).
+        k_iters = math.ceil(K / BK)
+        while splits > 1 and tiles > max_active_clusters(compiled, block=384, smem=smem, cluster=splits):
+            splits = _no_empty_split(splits - 1, k_iters)
+        grid, cluster = tiles * splits, (splits,)
     args = (map_a, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
             np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
-            bias if has_bias else out, np.int32(splits), workspace, counters, out, np.int64(out.stride(0)))
-    launch(compiled, grid=min(_sm_count(a.device), tiles * splits), block=384, smem=smem, args=args)
+            bias if has_bias else out, np.int32(splits), out, np.int64(out.stride(0)))
+    launch(compiled, grid=grid, block=384, smem=smem, args=args, cluster=cluster)

@@ -128,6 +128,27 @@ def launch(compiled, *, grid, block, args, smem: int = 0, cluster=None) -> None:
                           f"cluster={cluster}): {e}") from e
 
 
+_CLUSTERS: dict[tuple[int, int, int, int, int], int] = {}
+
+
+def max_active_clusters(compiled, *, block: int, smem: int, cluster: int) -> int:
+    """How many clusters of ``cluster`` CTAs (``block`` threads, ``smem`` bytes of dynamic shared memory
+    each) the current GPU can hold at once (the driver's occupancy query, through cuda-core). Cached."""
+    from cuda.core import LaunchConfig
+
+    dev = current_device()
+    kernel = prepare(compiled, smem, dev.device_id)
+    key = (id(kernel), dev.device_id, block, smem, cluster)
+    if key not in _CLUSTERS:
+        cfg = LaunchConfig(grid=(1,), block=block, shmem_size=smem, cluster=(cluster,))
+        try:
+            n = kernel.occupancy.max_active_clusters(cfg, stream=torch_stream())
+        except Exception as e:  # noqa: BLE001 - re-raised with the kernel's name
+            raise LaunchError(f"{compiled.name}: occupancy query for clusters of {cluster} failed: {e}") from e
+        _CLUSTERS[key] = int(n)
+    return _CLUSTERS[key]
+
+
 # TMA descriptors ---------------------------------------------------------------------------------
 
 _TMA_CACHE: OrderedDict = OrderedDict()

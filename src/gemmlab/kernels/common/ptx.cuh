@@ -41,6 +41,28 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 }
 
+// "st.shared.v2.f32": two floats to a shared-memory address (8-byte aligned).
+__device__ __forceinline__ void st_shared_f32x2(u32 smem_addr, float x, float y) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_addr), "f"(x), "f"(y) : "memory");
+}
+
+// "barrier.cluster.arrive.relaxed" + "barrier.cluster.wait": a cluster barrier that orders nothing but
+// itself, for when each thread's own reads are complete already (their values have been used).
+__device__ __forceinline__ void cluster_sync_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// "mapa" + "ld.shared::cluster": four floats at the same shared-memory offset in CTA `cta` of this
+// cluster (distributed shared memory, PTX "Data Movement: ld" with the .shared::cluster state space).
+__device__ __forceinline__ float4 ld_cluster_f32x4(u32 smem_addr, u32 cta) {
+    u32 remote;
+    float4 v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr), "r"(cta));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote));
+    return v;
+}
+
 // "setmaxnreg" (sm_90a): move registers between warpgroups. Takes effect only with a register cap at
 // entry (__launch_bounds__(threads, 1)) and when each role is one branch of one if/else.
 template <u32 N>

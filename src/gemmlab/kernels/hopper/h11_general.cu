@@ -8,11 +8,13 @@
 //  * Fused epilogue: out = act(alpha * acc + beta * C + bias) in fp32, stored as bf16, fp16 or fp32
 //    through swizzled smem pieces and TMA stores.
 //  * fp16 or bf16 inputs.
-//  * Split-K for shapes with fewer tiles than SMs (decode: M <= 128): work unit u is (tile u / splits,
-//    k-range u % splits). Each unit writes its fp32 partial (rows < M only) to a workspace; the last
-//    unit of a tile to finish (an atomic counter per tile and consumer, reset by that unit for the next
-//    launch) adds the others' partials to its accumulators and runs the epilogue. One launch, no
-//    separate reduction kernel.
+//  * Split-K for shapes with fewer tiles than SMs (decode M <= 128, small prefill): the `splits` CTAs
+//    of a tile form one thread-block cluster, CTA u is (tile u / splits, k-range u % splits) and the
+//    grid has exactly one unit per CTA. Each CTA leaves its fp32 partial in its own shared memory
+//    (over the drained pipeline stages); after a cluster barrier, CTA r reads rows r * 128 / splits ..
+//    of every partial through distributed shared memory, adds them in rank order (deterministic), runs
+//    the epilogue and stores those rows with plain coalesced stores. No workspace, no counters, no L2
+//    round trip, and the reduction is spread over the cluster instead of falling to the last CTA.
 //  * OVERLAP (16-bit output through TMA, no split-K): h12's overlapped epilogue. The fused epilogue
 //    runs on the accumulators, the result is packed in registers and stored during the next tile's
 //    first k-steps (common/stash.cuh).
@@ -74,8 +76,7 @@ __global__ void __launch_bounds__(384, 1)
 hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
            const __grid_constant__ CUtensorMap tmC, const int* __restrict__ order, int M, int N, int K,
            float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row, long long ldc_col,
-           const TBIAS* __restrict__ bias, int splits, float* __restrict__ workspace, int* __restrict__ counters,
-           TO* __restrict__ Out, long long ldo) {
+           const TBIAS* __restrict__ bias, int splits, TO* __restrict__ Out, long long ldo) {
     constexpr int BM = 128, BK = 64, CONSUMERS = 2;
     constexpr bool HAS_BIAS = EPI & 1, HAS_C = EPI & 2;
     constexpr int ACT = (EPI >> 2) & 7;
@@ -85,6 +86,8 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     constexpr int PIECE = sizeof(TO) == 4 ? 32 : 64;  // one 128-byte swizzle row per piece row
     constexpr u32 STAGE_BYTES = (BM + BN) * BK * sizeof(T);
     static_assert(!OVERLAP || (sizeof(TO) == 2 && !DIRECT && !SPLIT), "overlap: 16-bit TMA-stored output, no split");
+    constexpr int LDP = BN + 8;  // SPLIT: row stride (floats) of the CTA's partial in shared memory
+    static_assert(!SPLIT || BM * LDP * 4 <= QSIZE * STAGE_BYTES, "split-K: the partial must fit the stages");
     extern __shared__ unsigned char smem_raw[];
     T* sA = reinterpret_cast<T*>(align_1024(smem_raw));
     T* sB = sA + QSIZE * BM * BK;
@@ -96,7 +99,6 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     const int k_iters = (K + BK - 1) / BK;
     if constexpr (!SPLIT) splits = 1;  // only the SPLIT instantiation carries the fixup code
     const int k_per = (k_iters + splits - 1) / splits, num_units = num_tiles * splits;
-    __shared__ int last_unit[2];
     if (threadIdx.x == 0) {
         for (int s = 0; s < QSIZE; ++s) {
             mbar_init(&full[s], 1);
@@ -135,6 +137,10 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     if (++s == QSIZE) { s = 0; phase ^= 1; }
                 }
             }
+        }
+        if constexpr (SPLIT) {  // the consumers' two cluster barriers count every thread of the cluster
+            cluster_sync();
+            cluster_sync_relaxed();
         }
     } else {
         setmaxnreg_inc<232>();
@@ -181,9 +187,8 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             if (t == 0) mbar_arrive_notoken(&empty[prev]);  // the host never makes a split without k-steps
 
             const int r_top = m0 + row + frag_row(t), r_bot = r_top + 8;
-            // act(alpha * acc + beta * C + bias) of fragment value h (0..3) of 8-column group jj.
-            auto epilogue = [&](float acc, int jj, int h) {
-                const int r = h < 2 ? r_top : r_bot, cc = n0 + 8 * jj + frag_col(t) + (h & 1);
+            // act(alpha * acc + beta * C + bias) at output element (r, cc).
+            auto epilogue_at = [&](float acc, int r, int cc) {
                 float x = alpha * acc;
                 if constexpr (HAS_C) {
                     if (r < M && cc < N) x += beta * to_float(Cin[r * ldc_row + cc * ldc_col]);
@@ -192,6 +197,10 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     if (cc < N) x += to_float(bias[cc]);
                 }
                 return activate<ACT>(x);
+            };
+            // The same for fragment value h (0..3) of 8-column group jj.
+            auto epilogue = [&](float acc, int jj, int h) {
+                return epilogue_at(acc, h < 2 ? r_top : r_bot, n0 + 8 * jj + frag_col(t) + (h & 1));
             };
             if constexpr (OVERLAP) {
 #pragma unroll
@@ -207,32 +216,59 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 continue;
             }
 
-            const float* partials = nullptr;  // split-K: where the other splits' partials of this tile are
-            if (SPLIT && splits > 1) {
-                // Split-K fixup. This consumer's 64 x BN partial goes to the workspace (rows < M only),
-                // then a counter says whether every other split of the tile has finished.
-                float* mine = workspace + ((size_t)unit * BM + row) * BN;
-                const int rl = frag_row(t);
+            if constexpr (SPLIT) {
+                // Split-K through the cluster. Both consumers' wgmmas are done with the stages before
+                // either overwrites them with its 64 x BN partial (rows row .. row + 63, stride LDP).
+                named_barrier_sync(3, 256);
+                const u32 part = smem_u32(sA);  // 128 x BN fp32, row stride LDP
+                const int rl = row + frag_row(t);
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
                     const int cl = 8 * j + frag_col(t);
-                    if (m0 + row + rl < M)
-                        __stcg(reinterpret_cast<float2*>(mine + rl * BN + cl), make_float2(d[4 * j], d[4 * j + 1]));
-                    if (m0 + row + rl + 8 < M)
-                        __stcg(reinterpret_cast<float2*>(mine + (rl + 8) * BN + cl), make_float2(d[4 * j + 2], d[4 * j + 3]));
+                    st_shared_f32x2(part + 4 * (rl * LDP + cl), d[4 * j], d[4 * j + 1]);
+                    st_shared_f32x2(part + 4 * ((rl + 8) * LDP + cl), d[4 * j + 2], d[4 * j + 3]);
                 }
-                __threadfence();  // partials visible device-wide before the counter moves
-                named_barrier_sync(1 + consumer, 128);
-                if (t == 0) {
-                    int* ctr = counters + tile * 2 + consumer;
-                    const int done = atomicAdd(ctr, 1);
-                    last_unit[consumer] = done == splits - 1;
-                    if (done == splits - 1) *ctr = 0;  // ready for the next launch
+                cluster_sync();  // every CTA's partial is in its shared memory (release / acquire)
+                // This CTA's share: rows r0 .. r1 of the tile, four columns per thread and step, summed over
+                // the cluster's partials in rank order.
+                const int rows_per = (BM + splits - 1) / splits, r0 = split * rows_per, r1 = min(BM, r0 + rows_per);
+                constexpr int C4 = BN / 4;
+                const int items = max(0, r1 - r0) * C4;
+#pragma unroll 2
+                for (int i = threadIdx.x - 128; i < items; i += 256) {
+                    const int rr = r0 + i / C4, c4 = (i % C4) * 4, r = m0 + rr, cc = n0 + c4;
+                    if (r >= M || cc >= N) continue;
+                    const u32 addr = part + 4 * (rr * LDP + c4);
+                    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int o = 0; o < 8; ++o) {  // cluster size <= 8 (portable); all loads independent
+                        if (o < splits) {
+                            const float4 x = ld_cluster_f32x4(addr, o);
+                            v[0] += x.x;
+                            v[1] += x.y;
+                            v[2] += x.z;
+                            v[3] += x.w;
+                        }
+                    }
+#pragma unroll
+                    for (int h = 0; h < 4; ++h) v[h] = epilogue_at(v[h], r, cc + h);
+                    TO* dst = Out + (long long)r * ldo + cc;
+                    if (cc + 3 < N && reinterpret_cast<size_t>(dst) % (4 * sizeof(TO)) == 0) {
+                        if constexpr (sizeof(TO) == 4) {
+                            *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+                        } else {
+                            *reinterpret_cast<uint2*>(dst) =
+                                make_uint2(pack2(v[0], v[1], (TO*)nullptr), pack2(v[2], v[3], (TO*)nullptr));
+                        }
+                    } else {
+#pragma unroll
+                        for (int h = 0; h < 4; ++h) {
+                            if (cc + h < N) dst[h] = from_float<TO>(v[h]);
+                        }
+                    }
                 }
-                named_barrier_sync(1 + consumer, 128);
-                if (!last_unit[consumer]) continue;
-                __threadfence();
-                partials = workspace + ((size_t)tile * splits * BM + row) * BN;
+                cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory
+                continue;
             }
 
             // Epilogue, PIECE columns at a time through two alternating slabs.
@@ -250,30 +286,6 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 float v[PIECE / 2];  // this thread's values of the piece, in fragment order
 #pragma unroll
                 for (int i = 0; i < PIECE / 2; ++i) v[i] = d[p * (PIECE / 2) + i];
-                if constexpr (SPLIT) {
-                    // Add the other splits' partials: per split, all of this piece's loads are independent
-                    // (one L2 round trip per split, not one per element).
-                    if (partials != nullptr) {
-                        for (int o = 0; o < splits; ++o) {
-                            if (o == split) continue;
-                            const float* part = partials + (size_t)o * BM * BN;
-#pragma unroll
-                            for (int j = 0; j < PIECE / 8; ++j) {
-                                const int cl = 8 * (p * (PIECE / 8) + j) + frag_col(t), rl = frag_row(t);
-                                if (r_top < M) {
-                                    const float2 x = __ldcg(reinterpret_cast<const float2*>(part + rl * BN + cl));
-                                    v[4 * j] += x.x;
-                                    v[4 * j + 1] += x.y;
-                                }
-                                if (r_bot < M) {
-                                    const float2 x = __ldcg(reinterpret_cast<const float2*>(part + (rl + 8) * BN + cl));
-                                    v[4 * j + 2] += x.x;
-                                    v[4 * j + 3] += x.y;
-                                }
-                            }
-                        }
-                    }
-                }
 #pragma unroll
                 for (int j = 0; j < PIECE / 8; ++j) {
 #pragma unroll
