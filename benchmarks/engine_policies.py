@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/engine_policies.py --shapes 1024,1024,1024;512,1024,4096 --out r.jsonl
 
-Each candidate runs ``engine.gemm`` with ``choose_bn`` / ``choose_splits`` replaced for its own launches
+Each candidate runs ``engine.gemm`` with ``choose_plan`` (tile width, split count) replaced for its own launches
 (the CUDA graph captures the launch that choice made), so the engine's heuristics can be checked against
 the alternatives on the shapes where they matter. An experiment, not a suite: records carry
 ``suite = "engine-policies"`` and the variant in ``config``.
@@ -29,23 +29,22 @@ def variants(M: int, N: int, K: int, sm: int) -> dict[str, dict]:
     for bn in (128, 256):
         tiles = math.ceil(M / engine.BM) * math.ceil(N / bn)
         k_iters = math.ceil(K / engine.BK)
-        for s in sorted({1, 2, 4, 8, engine.choose_splits(tiles, K, sm)}):
-            if s <= k_iters and tiles * s <= sm and (s == 1 or math.ceil(k_iters / s) * (s - 1) < k_iters):
+        cap = engine.cluster_capacity(torch.device("cuda"))
+        for s in range(1, engine.MAX_CLUSTER + 1):
+            if s <= k_iters and (s == 1 or (tiles <= cap[s] and math.ceil(k_iters / s) * (s - 1) < k_iters)):
                 out[f"BN={bn},splits={s}"] = {"BN": bn, "splits": s}
     return out
 
 
 def run_variant(v: dict, a, b, out) -> None:
-    saved = engine.choose_bn, engine.choose_splits, engine.use_decode
+    saved = engine.choose_plan, engine.use_decode
     if v["BN"] is not None:
-        engine.choose_bn = lambda M, N, sm: v["BN"]
+        engine.choose_plan = lambda *args: (v["BN"], v["splits"])
         engine.use_decode = lambda *args: False
-    if v["splits"] is not None:
-        engine.choose_splits = lambda tiles, K, sm: v["splits"]
     try:
         engine.gemm(a, b, out)
     finally:
-        engine.choose_bn, engine.choose_splits, engine.use_decode = saved
+        engine.choose_plan, engine.use_decode = saved
 
 
 def main() -> None:

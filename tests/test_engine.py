@@ -9,22 +9,32 @@ from gemmlab import engine, sass
 from gemmlab.jit.compiler import compile_kernel
 
 
-@pytest.mark.parametrize("tiles, K, splits", [
-    (64, 1024, 2),  # 1024^3 at BN = 128: two SM-fillers of 8 k-steps
-    (32, 4096, 4),  # 512x1024x4096: limited by SMs / tiles
-    (8, 8192, 8),  # at most a cluster of 8
-    (16, 1024, 4),  # 16 k-steps: at least 4 per split
-    (4, 448, 1),  # 7 k-steps: one split of 4 and one of 3 would break the minimum
-    (10, 832, 3),  # 13 k-steps: 3 splits of 5, 5, 3 (a 4th would get 1)
-    (70, 8192, 1),  # the tiles fill half the SMs already
+@pytest.mark.parametrize("shape, plan", [
+    ((1024, 1024, 1024), (128, 1)),  # 64 tiles of 16 k-steps: halving the loop saves less than the reduction
+    ((128, 1024, 4096), (128, 8)),  # 8 tiles: a cluster of 8 each (the H200 holds 15 at once)
+    ((128, 4096, 4096), (128, 3)),  # 32 tiles: clusters of 4 would need two waves (30 at once)
+    ((512, 1024, 8192), (128, 3)),
+    ((2048, 2048, 2048), (256, 1)),  # the tiles fill the GPU
+    ((40, 3998, 1800), (128, 3)),
 ])
-def test_choose_splits_most_that_fit_one_wave(tiles, K, splits):
-    got = engine.choose_splits(tiles, K, 132)
-    assert got == splits
+def test_choose_plan_on_the_h200_table(shape, plan):
+    M, N, K = shape
+    assert engine.choose_plan(M, N, K, 132) == plan
+    bn, splits = plan
+    tiles = math.ceil(M / engine.BM) * math.ceil(N / bn)
     k_iters = math.ceil(K / engine.BK)
-    per = math.ceil(k_iters / got)
-    assert got <= engine.MAX_CLUSTER and tiles * got <= 132
-    assert got == 1 or (k_iters // got >= engine.MIN_SPLIT_K_STEPS and (got - 1) * per < k_iters)  # no empty split
+    assert splits == 1 or tiles <= engine.H200_CLUSTER_CAPACITY[splits]  # one wave of clusters
+    assert splits == 1 or (k_iters // splits >= engine.MIN_SPLIT_K_STEPS
+                           and (splits - 1) * math.ceil(k_iters / splits) < k_iters)  # no empty split
+
+
+@pytest.mark.parametrize("M, N, K", [(1, 4096, 4096), (64, 1024, 8192), (300, 700, 9000), (33, 5, 64 * 64)])
+def test_choose_plan_is_the_least_modelled_time(M, N, K):
+    bn, splits = engine.choose_plan(M, N, K, 132)
+    best = engine.split_seconds(M, N, K, bn, splits, 132, engine.H200_CLUSTER_CAPACITY)
+    for width in (128, 192, 256):
+        assert best <= engine.split_seconds(M, N, K, width, 1, 132, engine.H200_CLUSTER_CAPACITY)
+    assert splits <= engine.MAX_CLUSTER
 
 
 @pytest.mark.parametrize("elem, src_vec, dst_vec", [(2, 0, 1), (2, 1, 0), (4, 0, 1), (2, 0, 0), (4, 1, 1)])

@@ -82,9 +82,8 @@ def test_split_k_decode_shapes(shape):
     from gemmlab import engine
 
     M, N, K = shape
-    bn = engine.choose_bn(M, N, torch.cuda.get_device_properties(0).multi_processor_count)
-    tiles = -(-M // 128) * -(-N // bn)
-    assert engine.choose_splits(tiles, K, torch.cuda.get_device_properties(0).multi_processor_count) > 1
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    assert engine.choose_plan(M, N, K, sm, engine.cluster_capacity(torch.device("cuda")))[1] > 1
     a, b = _operands(M, N, K, torch.bfloat16, "NT")
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
@@ -96,14 +95,14 @@ def test_split_k_decode_shapes(shape):
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_split_k_ragged_cluster_with_epilogue_in_place(out_dtype):
-    """Split-K with a cluster of 3 (13 k-steps of a ragged K: ranges of 5, 5, 3; 128 rows shared 43, 43,
-    42), a ragged N (the last four columns go one by one), and beta * C read from the output itself."""
+    """Split-K with a cluster of 3 (29 k-steps of a ragged K: ranges of 10, 10, 9; the 128 rows shared
+    43, 43, 42), M = 40 (the second consumer idles), a ragged N (the last columns go one by one), and
+    beta * C read from the output itself."""
     from gemmlab import engine
 
-    M, N, K = 40, 498, 808
+    M, N, K = 40, 3998, 1800
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    bn = engine.choose_bn(M, N, sm)
-    assert engine.choose_splits(-(-N // bn), K, sm) == 3
+    assert engine.choose_plan(M, N, K, sm, engine.cluster_capacity(torch.device("cuda"))) == (128, 3)
     a, b = _operands(M, N, K, torch.bfloat16, "NT")
     assert not engine.use_decode(a, b)  # M > decode.MAX_M: h11
     bias = torch.randn(N, device="cuda", dtype=torch.float32)
@@ -171,7 +170,7 @@ def test_split_k_on_two_streams_at_once():
     from gemmlab import engine
 
     M, N, K = 128, 1024, 8192
-    assert engine.choose_splits(-(-M // 128) * -(-N // engine.choose_bn(M, N, 132)), K, 132) > 1
+    assert engine.choose_plan(M, N, K, 132)[1] > 1
     assert not engine.use_decode(*_operands(M, N, K, torch.bfloat16, "NT"))  # M > decode.MAX_M: h11
     a, b = _operands(M, N, K, torch.bfloat16, "NT")
     outs = [torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in range(2)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -132,21 +133,57 @@ def _qsize(bn: int, in_bytes: int) -> int:
 
 MAX_CLUSTER = 8  # split-K CTAs of one tile form a cluster: 8 is the portable limit
 MIN_SPLIT_K_STEPS = 4
+# Clusters of 1..8 CTAs of one SM each that an H200 holds at once (cuda-core's occupancy query, sha
+# 4fc772e): GPCs of uneven size leave SMs over. The engine asks the GPU it runs on (cluster_capacity);
+# this table is for planning without one.
+H200_CLUSTER_CAPACITY = {1: 132, 2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15}
+# The split-K model, fitted on the H200 (benchmarks/results/engine_policies.jsonl, sha 4fc772e): a
+# k-step costs its SM the larger of the MMAs (SM_FLOPS_PER_S) and the TMA bytes (SM_BYTES_PER_S); the
+# cluster reduction costs about REDUCE_S per 128 columns of tile (1024^3: 2 splits of 8 k-steps were
+# slower than none; 128x1024x4096: 8 splits of 8 beat 4 of 16 by 1.9 us).
+SM_FLOPS_PER_S = 6.6e12
+SM_BYTES_PER_S = 100e9
+REDUCE_S = 3.0e-6
 
 
-def choose_splits(tiles: int, K: int, sm_count: int) -> int:
-    """Split K when the tiles fill at most half the SMs (small M or N): as many splits as one wave and
-    MAX_CLUSTER allow, each of at least MIN_SPLIT_K_STEPS k-steps.
+def kstep_seconds(M: int, bn: int, in_bytes: int = 2) -> float:
+    """One 64-deep k-step of a 128 x bn tile on one SM: MMAs for the live rows (one consumer's 64 when
+    M <= 64) against the bytes the TMA brings (A rows past M are zero-filled, not read)."""
+    rows = 64 if M <= 64 else BM
+    return max(2.0 * rows * bn * BK / SM_FLOPS_PER_S, (min(M, BM) + bn) * BK * in_bytes / SM_BYTES_PER_S)
 
-    A tile's splits run as one cluster and are reduced through distributed shared memory (h11_general.cu),
-    which costs each CTA about the same whatever the split count, while the k-loop shrinks with it: so the
-    most splits that fit. The result never leaves a split without k-steps (k ranges are
-    ceil(k_iters / splits)); ``gemm`` lowers it where the GPU cannot hold that many clusters at once.
-    """
+
+def split_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int,
+                  capacity: dict[int, int]) -> float:
+    """Modelled time of the split-K plan (bn, splits): waves of clusters x (k-loop + reduction)."""
+    tiles = math.ceil(M / BM) * math.ceil(N / bn)
+    slots = sm_count if splits == 1 else capacity.get(splits, sm_count // splits)
+    waves = math.ceil(tiles / max(1, slots))
+    k_per = math.ceil(math.ceil(K / BK) / splits)
+    return waves * (k_per * kstep_seconds(M, bn) + (REDUCE_S * bn / 128 if splits > 1 else 0.0))
+
+
+def choose_plan(M: int, N: int, K: int, sm_count: int,
+                capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None) -> tuple[int, int]:
+    """(tile width, split count) for a problem. Where the tiles of ``choose_bn`` fill more than half the
+    SMs: that width, no split. Otherwise the (BN, splits) pair of least ``split_seconds``, with splits
+    clusters of up to MAX_CLUSTER CTAs, each split at least MIN_SPLIT_K_STEPS k-steps and never empty
+    (k ranges are ceil(k_iters / splits)). ``capacity``: clusters the GPU holds at once per size, or a
+    function returning that (asked only when splitting is considered); default: the H200's table."""
+    bn = choose_bn(M, N, sm_count)
+    if math.ceil(M / BM) * math.ceil(N / bn) * 2 > sm_count:
+        return bn, 1
+    capacity = (capacity() if callable(capacity) else capacity) or H200_CLUSTER_CAPACITY
     k_iters = math.ceil(K / BK)
-    if tiles * 2 > sm_count:
-        return 1
-    return _no_empty_split(min(sm_count // tiles, k_iters // MIN_SPLIT_K_STEPS, MAX_CLUSTER), k_iters)
+    best = None
+    for width in (128, 192, 256):
+        for s in range(1, MAX_CLUSTER + 1):
+            if s > 1 and (k_iters // s < MIN_SPLIT_K_STEPS or _no_empty_split(s, k_iters) != s):
+                continue
+            key = (split_seconds(M, N, K, width, s, sm_count, capacity), s, width)
+            if best is None or key < best:
+                best = key
+    return best[2], best[1]
 
 
 def _no_empty_split(splits: int, k_iters: int) -> int:
@@ -154,6 +191,23 @@ def _no_empty_split(splits: int, k_iters: int) -> int:
     if splits <= 1:
         return 1
     return math.ceil(k_iters / math.ceil(k_iters / splits))
+
+
+_CAPACITY: dict[int, dict[int, int]] = {}
+
+
+def cluster_capacity(device: torch.device) -> dict[int, int]:
+    """Clusters of 1..MAX_CLUSTER one-SM CTAs that ``device`` holds at once (asked once per device with
+    the bf16 split-K kernel, whose shared memory keeps one CTA per SM as every split-K variant does)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _CAPACITY:
+        q = _qsize(128, 2)
+        expr = f"hopper_h11<__nv_bfloat16, __nv_bfloat16, float, 128, {q}, 0, 0, 0, 1, 0>"
+        compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
+        smem = q * (BM + 128) * BK * 2 + 2 * 2 * 64 * 64 * 2 + 1024
+        _CAPACITY[idx] = {s: max_active_clusters(compiled, block=384, smem=smem, cluster=s)
+                          for s in range(1, MAX_CLUSTER + 1)}
+    return _CAPACITY[idx]
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -201,12 +255,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     has_c = c is not None and beta != 0.0
     has_bias = bias is not None
     epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2) | (int(direct) << 5)
-    bn = choose_bn(M, N, _sm_count(a.device))
+    sm = _sm_count(a.device)
+    bn, splits = choose_plan(M, N, K, sm, lambda: cluster_capacity(a.device))
     q = _qsize(bn, a.element_size())
     tbias = _CTYPE[bias.dtype] if has_bias else "float"
     tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
     tiles = tiles_m * tiles_n
-    splits = choose_splits(tiles, K, _sm_count(a.device))
     # The overlapped epilogue (stores under the next tile's k-steps) needs a 16-bit TMA-stored output and
     # whole tiles (no split-K fixup).
     overlap = out.element_size() == 2 and not direct and splits == 1
@@ -221,14 +275,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
     smem = q * (BM + bn) * BK * a.element_size() + 2 * 2 * 64 * 64 * 2 + 1024
     cin = c if has_c else out
-    grid, cluster = min(_sm_count(a.device), tiles), None
-    if splits > 1:
-        # One CTA per (tile, split), a tile's splits one cluster; fewer splits where the GPU cannot hold
-        # every cluster at once (a second wave would cost more than the shorter k-loop saves).
-        k_iters = math.ceil(K / BK)
-        while splits > 1 and tiles > max_active_clusters(compiled, block=384, smem=smem, cluster=splits):
-            splits = _no_empty_split(splits - 1, k_iters)
-        grid, cluster = tiles * splits, (splits,)
+    # Split-K: one CTA per (tile, split), a tile's splits one cluster.
+    grid, cluster = (tiles * splits, (splits,)) if splits > 1 else (min(sm, tiles), None)
     args = (map_a, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
             np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
             bias if has_bias else out, np.int32(splits), out, np.int64(out.stride(0)))

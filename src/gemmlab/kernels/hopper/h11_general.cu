@@ -176,15 +176,29 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 prev = s;
                 if (++s == QSIZE) { s = 0; phase ^= 1; }
             };
-            int kt = k_begin;
-            if constexpr (OVERLAP) {  // k_begin = 0: no split
-                ksteps_with_pieces<BN, 0>(stash, k_end, kstep, reinterpret_cast<unsigned char*>(slabs), &tmC, t,
-                                          consumer);
-                kt = BN / 64;
+            // A consumer whose 64 rows all lie past M (M <= 64, or the last row of tiles) issues no MMAs
+            // and hands each stage straight back: the other consumer has the tensor cores to itself. Its
+            // zeros are never stored. (A separate loop: a branch around the MMAs inside the k-loop makes
+            // ptxas serialize them. OVERLAP keeps both consumers in step for the stash.)
+            if (!OVERLAP && m0 + row >= M) {
+#pragma unroll
+                for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+                for (int kt = k_begin; kt < k_end; ++kt) {
+                    mbar_wait_parity(&full[s], phase);
+                    if (t == 0) mbar_arrive_notoken(&empty[s]);
+                    if (++s == QSIZE) { s = 0; phase ^= 1; }
+                }
+            } else {
+                int kt = k_begin;
+                if constexpr (OVERLAP) {  // k_begin = 0: no split
+                    ksteps_with_pieces<BN, 0>(stash, k_end, kstep, reinterpret_cast<unsigned char*>(slabs), &tmC,
+                                              t, consumer);
+                    kt = BN / 64;
+                }
+                for (; kt < k_end; ++kt) kstep(kt);
+                wgmma_wait<0>();
+                if (t == 0) mbar_arrive_notoken(&empty[prev]);  // the host never makes a split without k-steps
             }
-            for (; kt < k_end; ++kt) kstep(kt);
-            wgmma_wait<0>();
-            if (t == 0) mbar_arrive_notoken(&empty[prev]);  // the host never makes a split without k-steps
 
             const int r_top = m0 + row + frag_row(t), r_bot = r_top + 8;
             // act(alpha * acc + beta * C + bias) at output element (r, cc).
