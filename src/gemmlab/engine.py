@@ -268,7 +268,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
             f"{int(b_mn)}, {epi}, {int(splits > 1)}, {int(overlap)}>")
     compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
 
-    map_a = tensor_map_2d(ta, (BK, 64) if a_mn else (BM, BK))
+    map_a = tensor_map_2d(ta, (64, 64))  # 64 x 64 boxes either way, two per 128-row tile
     map_b = tensor_map_2d(tb, (BK, 64) if b_mn else (bn, BK))
     piece = 32 if out.element_size() == 4 else 64
     map_c = map_a if direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C map

@@ -117,15 +117,21 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 const int packed = order[unit / splits], split = unit % splits;
                 const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
                 const int k_end = min(k_iters, (split + 1) * k_per);
+                // A comes as two 64-row boxes; where rows m0 + 64 .. lie past M (M <= 64, the last row of
+                // tiles) the second is not loaded at all: zero-filled bytes cost the TMA as much as read
+                // ones, and that consumer issues no MMAs (or, under OVERLAP, rows no store keeps).
+                const bool two = m0 + 64 < M;
+                const u32 stage_bytes = STAGE_BYTES - (two ? 0u : 64u * BK * sizeof(T));
                 for (int kt = split * k_per; kt < k_end; ++kt) {
                     mbar_wait_parity(&empty[s], phase ^ 1);
                     // The full box bytes arrive even where the box hangs over the tensor's edge (zero-filled).
-                    mbar_expect_tx(&full[s], STAGE_BYTES);
-                    if constexpr (A_MN) {  // A stored (K, M): two 64 x 64 boxes per 128 rows
+                    mbar_expect_tx(&full[s], stage_bytes);
+                    if constexpr (A_MN) {  // A stored (K, M): 64 x 64 boxes at (m, k)
                         tma_load_2d(sA + s * BM * BK, &tmA, &full[s], m0, kt * BK);
-                        tma_load_2d(sA + s * BM * BK + 64 * BK, &tmA, &full[s], m0 + 64, kt * BK);
-                    } else {
+                        if (two) tma_load_2d(sA + s * BM * BK + 64 * BK, &tmA, &full[s], m0 + 64, kt * BK);
+                    } else {  // A stored (M, K): 64 x 64 boxes at (k, m), rows as one 128-row box would have them
                         tma_load_2d(sA + s * BM * BK, &tmA, &full[s], kt * BK, m0);
+                        if (two) tma_load_2d(sA + s * BM * BK + 64 * BK, &tmA, &full[s], kt * BK, m0 + 64);
                     }
                     if constexpr (B_MN) {  // B stored (K, N): BN / 64 boxes
 #pragma unroll
