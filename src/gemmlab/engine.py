@@ -268,7 +268,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
             f"{int(b_mn)}, {epi}, {int(splits > 1)}, {int(overlap)}>")
     compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
 
-    map_a = tensor_map_2d(ta, (64, 64))  # 64 x 64 boxes either way, two per 128-row tile
+    # K-major A: a 128-row box, and a 64-row one for tiles whose second half lies past M. MN-major A:
+    # 64 x 64 boxes (the 128-byte swizzle's widest), two per tile or one.
+    map_a = tensor_map_2d(ta, (BK, 64) if a_mn else (BM, BK))
+    map_a_half = map_a if a_mn else tensor_map_2d(ta, (64, BK))
     map_b = tensor_map_2d(tb, (BK, 64) if b_mn else (bn, BK))
     piece = 32 if out.element_size() == 4 else 64
     map_c = map_a if direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C map
@@ -277,7 +280,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     cin = c if has_c else out
     # Split-K: one CTA per (tile, split), a tile's splits one cluster.
     grid, cluster = (tiles * splits, (splits,)) if splits > 1 else (min(sm, tiles), None)
-    args = (map_a, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
+    args = (map_a, map_a_half, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
             np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
             bias if has_bias else out, np.int32(splits), out, np.int64(out.stride(0)))
     launch(compiled, grid=grid, block=384, smem=smem, args=args, cluster=cluster)
