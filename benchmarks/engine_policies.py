@@ -17,7 +17,7 @@ import math
 import torch
 
 from gemmlab import engine
-from gemmlab.bench import rel_error
+from gemmlab.bench import git_sha, rel_error
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
 
@@ -26,7 +26,7 @@ def variants(M: int, N: int, K: int, sm: int) -> dict[str, dict]:
     """name -> {"BN": width or None (the engine's), "splits": count or None}. Where the engine would take
     the decode kernel (M <= decode.MAX_M), the BN / splits variants run h11 instead."""
     out = {"engine": {"BN": None, "splits": None}}
-    for bn in (128, 256):
+    for bn in (64, 128, 256):
         tiles = math.ceil(M / engine.BM) * math.ceil(N / bn)
         k_iters = math.ceil(K / engine.BK)
         cap = engine.cluster_capacity(torch.device("cuda"))
@@ -83,7 +83,7 @@ def main() -> None:
                     f.write(json.dumps({"suite": "engine-policies", "M": M, "N": N, "K": K, "config": name,
                                         "time_ms": t.median_ms, "baseline_ms": base, "ratio": base / t.median_ms,
                                         "rel_error": errors[name], "sm_clock_mhz": res.clocks.sm_mhz,
-                                        "gpu": info.name}) + "\n")
+                                        "gpu": info.name, "git_sha": git_sha()}) + "\n")
 
 
 if __name__ == "__main__":

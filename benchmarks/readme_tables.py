@@ -112,6 +112,11 @@ def matmul_table(records: list[dict]) -> str:
     suites = defaultdict(list)
     for r in records:
         suites[r["suite"]].append(r)
+    # `prefill` and `decode` are the halves of `llm`: a separate run of one is shown only while it is newer.
+    llm_time = max((r["time"] for r in suites.get("llm", [])), default="")
+    for half in ("prefill", "decode"):
+        if half in suites and max(r["time"] for r in suites[half]) < llm_time:
+            del suites[half]
     rows = ["| suite | cases | geomean x torch | min | max | note | run |", "|---|---|---|---|---|---|---|"]
     for name, rs in suites.items():
         ratios = [r["ratio"] for r in rs]

@@ -10,12 +10,11 @@ from gemmlab.jit.compiler import compile_kernel
 
 
 @pytest.mark.parametrize("shape, plan", [
-    ((1024, 1024, 1024), (128, 1)),  # 64 tiles of 16 k-steps: halving the loop saves less than the reduction
-    ((128, 1024, 4096), (128, 8)),  # 8 tiles: a cluster of 8 each (the H200 holds 15 at once)
-    ((128, 4096, 4096), (128, 3)),  # 32 tiles: clusters of 4 would need two waves (30 at once)
-    ((512, 1024, 8192), (128, 3)),
+    ((1024, 1024, 1024), (64, 1)),  # 128 narrow tiles fill the GPU: no split (the reduction costs more)
+    ((128, 1024, 4096), (64, 6)),  # 16 tiles: clusters of 6 (an H200 holds 17 of them at once)
+    ((512, 1024, 8192), (128, 3)),  # 32 tiles: clusters of 4 would need two waves (30 at once)
     ((2048, 2048, 2048), (256, 1)),  # the tiles fill the GPU
-    ((40, 3998, 1800), (128, 3)),
+    ((128, 8192, 8192), (128, 2)),
 ])
 def test_choose_plan_on_the_h200_table(shape, plan):
     M, N, K = shape
@@ -28,11 +27,19 @@ def test_choose_plan_on_the_h200_table(shape, plan):
                            and (splits - 1) * math.ceil(k_iters / splits) < k_iters)  # no empty split
 
 
+def test_split_k_stages_take_the_slabs_room():
+    for bn in engine.SPLIT_WIDTHS:
+        q, qs = engine._qsize(bn, 2), engine._qsize(bn, 2, split=True)
+        assert qs >= q and engine.smem_bytes(bn, qs, 2, split=True) <= engine.SMEM_LIMIT
+        assert engine.smem_bytes(bn, q, 2) <= engine.SMEM_LIMIT
+    assert engine._qsize(128, 2, split=True) == 7 and engine._qsize(128, 2) == 5
+
+
 @pytest.mark.parametrize("M, N, K", [(1, 4096, 4096), (64, 1024, 8192), (300, 700, 9000), (33, 5, 64 * 64)])
 def test_choose_plan_is_the_least_modelled_time(M, N, K):
     bn, splits = engine.choose_plan(M, N, K, 132)
     best = engine.split_seconds(M, N, K, bn, splits, 132, engine.H200_CLUSTER_CAPACITY)
-    for width in (128, 192, 256):
+    for width in engine.SPLIT_WIDTHS:
         assert best <= engine.split_seconds(M, N, K, width, 1, 132, engine.H200_CLUSTER_CAPACITY)
     assert splits <= engine.MAX_CLUSTER
 

@@ -94,15 +94,16 @@ def test_split_k_decode_shapes(shape):
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
-def test_split_k_ragged_cluster_with_epilogue_in_place(out_dtype):
-    """Split-K with a cluster of 3 (29 k-steps of a ragged K: ranges of 10, 10, 9; the 128 rows shared
-    43, 43, 42), M = 40 (the second consumer idles), a ragged N (the last columns go one by one), and
-    beta * C read from the output itself."""
+@pytest.mark.parametrize("plan", [(128, 3), (64, 2), (192, 5), (256, 8), (64, 1)])
+def test_split_k_ragged_clusters_with_epilogue_in_place(monkeypatch, out_dtype, plan):
+    """Split-K through clusters of 2, 3, 5 and 8 (29 k-steps of a ragged K: e.g. ranges of 10, 10, 9; the
+    128 rows shared 43, 43, 42), tile widths 64 to 256, M = 40 (the second consumer idles and only a
+    64-row box of A is loaded), a ragged N (the last columns go one by one), and beta * C read from the
+    output itself. (256, 8) makes 16 clusters, more than an H200 holds at once: a second wave."""
     from gemmlab import engine
 
     M, N, K = 40, 3998, 1800
-    sm = torch.cuda.get_device_properties(0).multi_processor_count
-    assert engine.choose_plan(M, N, K, sm, engine.cluster_capacity(torch.device("cuda"))) == (128, 3)
+    monkeypatch.setattr(engine, "choose_plan", lambda *args: plan)
     a, b = _operands(M, N, K, torch.bfloat16, "NT")
     assert not engine.use_decode(a, b)  # M > decode.MAX_M: h11
     bias = torch.randn(N, device="cuda", dtype=torch.float32)
@@ -111,6 +112,15 @@ def test_split_k_ragged_cluster_with_epilogue_in_place(out_dtype):
     engine.gemm(a, b, out, bias=bias, activation="gelu_tanh", alpha=0.5, beta=-1.0, c=out)
     torch.cuda.synchronize()
     assert rel_error(out, _reference(a, b, bias, "gelu_tanh", 0.5, -1.0, c)) <= TOL[out_dtype]
+
+
+def test_cluster_capacity_is_queried_from_the_gpu():
+    from gemmlab import engine
+
+    cap = engine.cluster_capacity(torch.device("cuda"))
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    assert cap[1] == sm  # one CTA per SM
+    assert all(0 < cap[s] * s <= sm for s in range(1, engine.MAX_CLUSTER + 1))
 
 
 def test_split_k_in_a_cuda_graph():

@@ -123,14 +123,25 @@ def choose_bn(M: int, N: int, sm_count: int) -> int:
     return best
 
 
-def _qsize(bn: int, in_bytes: int) -> int:
-    slabs = 2 * 2 * 64 * 64 * 2  # two consumers x two 8 KB output slabs (any output dtype)
-    for q in (5, 4, 3, 2):
-        if q * (BM + bn) * BK * in_bytes + slabs + 1024 <= SMEM_LIMIT:
+SLAB_BYTES = 2 * 2 * 64 * 64 * 2  # two consumers x two 8 KB output slabs (any output dtype)
+
+
+def _qsize(bn: int, in_bytes: int, split: bool = False) -> int:
+    """Pipeline stages that fit. Split-K stores without the output slabs, so its stages take their room:
+    a split tile is a short, latency-bound k-loop, and more bytes in flight is what shortens it."""
+    for q in ((7, 6) if split else ()) + (5, 4, 3, 2):
+        if smem_bytes(bn, q, in_bytes, split) <= SMEM_LIMIT:
             return q
     raise UnsupportedProblem(f"no pipeline depth fits BN={bn}")
 
 
+def smem_bytes(bn: int, q: int, in_bytes: int, split: bool = False) -> int:
+    """Dynamic shared memory of an h11 launch: q stages of A and B, the output slabs unless split-K, and
+    1 KB for aligning the stages to the 128-byte swizzle's 1024-byte atoms."""
+    return q * (BM + bn) * BK * in_bytes + (0 if split else SLAB_BYTES) + 1024
+
+
+SPLIT_WIDTHS = (64, 128, 192, 256)  # tile widths weighed for few-tile shapes (64: twice the tiles of 128)
 MAX_CLUSTER = 8  # split-K CTAs of one tile form a cluster: 8 is the portable limit
 MIN_SPLIT_K_STEPS = 4
 # Clusters of 1..8 CTAs of one SM each that an H200 holds at once (cuda-core's occupancy query, sha
@@ -155,7 +166,18 @@ def kstep_seconds(M: int, bn: int, in_bytes: int = 2) -> float:
 
 def split_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int,
                   capacity: dict[int, int]) -> float:
-    """Modelled time of the split-K plan (bn, splits): waves of clusters x (k-loop + reduction)."""
+    """Modelled time of the split-K plan (bn, splits): waves of clusters x (k-loop + reduction), but no
+    less than the operands' bytes take from HBM once, or from L2 as often as the tiles read them (each
+    tile reads its rows of A and columns of B: narrow tiles read A more often)."""
+    tiles = math.ceil(M / BM) * math.ceil(N / bn)
+    k_iters = math.ceil(K / BK)
+    hbm = 2.0 * (M * K + N * K) / decode.HBM_BYTES_PER_S
+    l2 = tiles * k_iters * (min(M, BM) + bn) * BK * 2.0 / decode.L2_BYTES_PER_S
+    return max(_cta_seconds(M, N, K, bn, splits, sm_count, capacity), hbm, l2)
+
+
+def _cta_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int, capacity: dict[int, int]) -> float:
+    """The per-SM part of ``split_seconds``: waves of clusters x (k-loop + reduction)."""
     tiles = math.ceil(M / BM) * math.ceil(N / bn)
     slots = sm_count if splits == 1 else capacity.get(splits, sm_count // splits)
     waves = math.ceil(tiles / max(1, slots))
@@ -166,7 +188,8 @@ def split_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int,
 def choose_plan(M: int, N: int, K: int, sm_count: int,
                 capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None) -> tuple[int, int]:
     """(tile width, split count) for a problem. Where the tiles of ``choose_bn`` fill more than half the
-    SMs: that width, no split. Otherwise the (BN, splits) pair of least ``split_seconds``, with splits
+    SMs: that width, no split. Otherwise the (BN, splits) pair of least ``split_seconds`` (then least
+    per-SM time), with splits
     clusters of up to MAX_CLUSTER CTAs, each split at least MIN_SPLIT_K_STEPS k-steps and never empty
     (k ranges are ceil(k_iters / splits)). ``capacity``: clusters the GPU holds at once per size, or a
     function returning that (asked only when splitting is considered); default: the H200's table."""
@@ -176,14 +199,16 @@ def choose_plan(M: int, N: int, K: int, sm_count: int,
     capacity = (capacity() if callable(capacity) else capacity) or H200_CLUSTER_CAPACITY
     k_iters = math.ceil(K / BK)
     best = None
-    for width in (128, 192, 256):
+    for width in SPLIT_WIDTHS:
         for s in range(1, MAX_CLUSTER + 1):
             if s > 1 and (k_iters // s < MIN_SPLIT_K_STEPS or _no_empty_split(s, k_iters) != s):
                 continue
-            key = (split_seconds(M, N, K, width, s, sm_count, capacity), s, width)
+            # Ties (at a bandwidth floor): the shorter per-SM time, then fewer splits.
+            key = (split_seconds(M, N, K, width, s, sm_count, capacity),
+                   _cta_seconds(M, N, K, width, s, sm_count, capacity), s, width)
             if best is None or key < best:
                 best = key
-    return best[2], best[1]
+    return best[3], best[2]
 
 
 def _no_empty_split(splits: int, k_iters: int) -> int:
@@ -201,10 +226,10 @@ def cluster_capacity(device: torch.device) -> dict[int, int]:
     the bf16 split-K kernel, whose shared memory keeps one CTA per SM as every split-K variant does)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _CAPACITY:
-        q = _qsize(128, 2)
+        q = _qsize(128, 2, split=True)
         expr = f"hopper_h11<__nv_bfloat16, __nv_bfloat16, float, 128, {q}, 0, 0, 0, 1, 0>"
         compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
-        smem = q * (BM + 128) * BK * 2 + 2 * 2 * 64 * 64 * 2 + 1024
+        smem = smem_bytes(128, q, 2, split=True)
         _CAPACITY[idx] = {s: max_active_clusters(compiled, block=384, smem=smem, cluster=s)
                           for s in range(1, MAX_CLUSTER + 1)}
     return _CAPACITY[idx]
@@ -257,7 +282,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2) | (int(direct) << 5)
     sm = _sm_count(a.device)
     bn, splits = choose_plan(M, N, K, sm, lambda: cluster_capacity(a.device))
-    q = _qsize(bn, a.element_size())
+    q = _qsize(bn, a.element_size(), split=splits > 1)
     tbias = _CTYPE[bias.dtype] if has_bias else "float"
     tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
     tiles = tiles_m * tiles_n
@@ -276,7 +301,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     piece = 32 if out.element_size() == 4 else 64
     map_c = map_a if direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C map
     order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
-    smem = q * (BM + bn) * BK * a.element_size() + 2 * 2 * 64 * 64 * 2 + 1024
+    smem = smem_bytes(bn, q, a.element_size(), split=splits > 1)
     cin = c if has_c else out
     # Split-K: one CTA per (tile, split), a tile's splits one cluster.
     grid, cluster = (tiles * splits, (splits,)) if splits > 1 else (min(sm, tiles), None)
