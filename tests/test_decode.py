@@ -184,6 +184,20 @@ def test_use_decode_takes_linear_layer_shapes():
     assert not engine.use_decode(torch.empty(decode.MAX_M + 1, 4096, dtype=torch.bfloat16), w.t())
 
 
+@pytest.mark.parametrize("M, N, K, decode_kernel", [
+    (1, 28672, 8192, True),  # M <= 8: the decode kernel for any weight
+    (8, 8192, 28672, True),
+    (9, 28672, 8192, False),  # a weight dimension past DECODE_MAX_WEIGHT_DIM: h11 from M = 9
+    (16, 4096, 14336, False),
+    (16, 8192, 8192, True),
+    (32, 12288, 12288, True),
+])
+def test_use_decode_sends_large_weights_to_h11_past_m_8(M, N, K, decode_kernel):
+    x = torch.empty(M, K, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(N, K, dtype=torch.bfloat16, device="meta")
+    assert engine.use_decode(x, w.t()) is decode_kernel
+
+
 @pytest.mark.parametrize("case,reason", [
     ("b row-major (K, N)", "weight"),
     ("a column-major", "a is not K-contiguous"),

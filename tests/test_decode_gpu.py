@@ -32,11 +32,12 @@ def _reference(a, b, bias=None, act=None, alpha=1.0, beta=0.0, c=None):
 
 
 def _run(a, b, out_dtype, variant=None, **kw):
-    """Through engine.gemm up to MAX_M; past it (NT = 8, which the engine sends to h11) or with an explicit
-    variant through decode.run_variant."""
+    """Through engine.gemm where the engine takes the decode kernel; past MAX_M (NT = 8), for the large
+    weights the engine sends to h11 from M = 9, or with an explicit variant, through decode.run_variant."""
     out = poison_(torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=out_dtype))
-    if a.shape[0] <= decode.MAX_M and variant is None:
+    if a.shape[0] <= 8:
         assert engine.use_decode(a, b), decode.why_not(a, b)
+    if variant is None and engine.use_decode(a, b):
         engine.gemm(a, b, out, **kw)
     else:
         decode.run_variant(a, b, out, variant, **kw)

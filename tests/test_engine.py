@@ -15,6 +15,7 @@ from gemmlab.jit.compiler import compile_kernel
     ((512, 1024, 8192), (128, 3)),  # 32 tiles: clusters of 4 would need two waves (30 at once)
     ((2048, 2048, 2048), (256, 1)),  # the tiles fill the GPU
     ((128, 8192, 8192), (128, 2)),
+    ((16, 28672, 8192), (256, 1)),  # a weight stream: wide tiles, 112 of them, no split
 ])
 def test_choose_plan_on_the_h200_table(shape, plan):
     M, N, K = shape

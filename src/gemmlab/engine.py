@@ -149,19 +149,30 @@ MIN_SPLIT_K_STEPS = 4
 # this table is for planning without one.
 H200_CLUSTER_CAPACITY = {1: 132, 2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15}
 # The split-K model, fitted on the H200 (benchmarks/results/engine_policies.jsonl, sha 4fc772e): a
-# k-step costs its SM the larger of the MMAs (SM_FLOPS_PER_S) and the TMA bytes (SM_BYTES_PER_S); the
+# k-step costs its SM the largest of the MMAs (SM_FLOPS_PER_S), the TMA bytes (SM_BYTES_PER_S) and a
+# load's latency over the stages in flight (L2_LATENCY_S .. HBM_LATENCY_S); the
 # cluster reduction costs about REDUCE_S per 128 columns of tile (1024^3: 2 splits of 8 k-steps were
 # slower than none; 128x1024x4096: 8 splits of 8 beat 4 of 16 by 1.9 us).
 SM_FLOPS_PER_S = 6.6e12
 SM_BYTES_PER_S = 100e9
 REDUCE_S = 3.0e-6
+# A TMA load's round trip: while HBM streams, 1x8192x28672 unsplit took 0.53 us per k-step with five
+# 10 KB stages (BN = 64) and 0.58 us with four 40 KB stages (BN = 256): the stages in flight, not their
+# bytes, set the pace; loads that hit L2 come back sooner. Fitted to the 18 shapes x (BN, splits) of
+# engine_policies.jsonl at sha 227f35c: the plans chosen run 3.7% (geomean) behind the best measured.
+L2_LATENCY_S = 1.0e-6
+HBM_LATENCY_S = 2.4e-6
 
 
-def kstep_seconds(M: int, bn: int, in_bytes: int = 2) -> float:
-    """One 64-deep k-step of a 128 x bn tile on one SM: MMAs for the live rows (one consumer's 64 when
-    M <= 64) against the bytes the TMA brings (A rows past M are zero-filled, not read)."""
+def kstep_seconds(M: int, bn: int, q: int, hbm_share: float, in_bytes: int = 2) -> float:
+    """One 64-deep k-step of a 128 x bn tile on one SM with q stages: the MMAs for the live rows (one
+    consumer's 64 when M <= 64), the bytes the TMA brings (64 or 128 rows of A) at the SM's rate, or a
+    load's round trip over the q stages in flight (Little's law), whichever is longest. The round trip
+    runs from L2_LATENCY_S to HBM_LATENCY_S with ``hbm_share``, the part of the loads that come from HBM."""
     rows = 64 if M <= 64 else BM
-    return max(2.0 * rows * bn * BK / SM_FLOPS_PER_S, (min(M, BM) + bn) * BK * in_bytes / SM_BYTES_PER_S)
+    stage = (rows + bn) * BK * in_bytes
+    latency = L2_LATENCY_S + hbm_share * (HBM_LATENCY_S - L2_LATENCY_S)
+    return max(2.0 * rows * bn * BK / SM_FLOPS_PER_S, stage / SM_BYTES_PER_S, latency / q)
 
 
 def split_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int,
@@ -182,7 +193,11 @@ def _cta_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int, ca
     slots = sm_count if splits == 1 else capacity.get(splits, sm_count // splits)
     waves = math.ceil(tiles / max(1, slots))
     k_per = math.ceil(math.ceil(K / BK) / splits)
-    return waves * (k_per * kstep_seconds(M, bn) + (REDUCE_S * bn / 128 if splits > 1 else 0.0))
+    q = _qsize(bn, 2, split=splits > 1)
+    loaded = tiles * math.ceil(K / BK) * (min(M, BM) + bn) * BK * 2.0  # bytes all tiles load
+    hbm_share = min(1.0, 2.0 * (M * K + N * K) / loaded)  # each operand byte comes from HBM once
+    return waves * (k_per * kstep_seconds(M, bn, q, hbm_share)
+                    + (REDUCE_S * bn / 128 if splits > 1 else 0.0))
 
 
 def choose_plan(M: int, N: int, K: int, sm_count: int,
@@ -245,9 +260,20 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+DECODE_MAX_WEIGHT_DIM = 12288  # past it, h11 streams a weight faster than the decode kernel from M = 9
+
+
 def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
     """Whether ``a @ b`` runs on the decode kernel (``gemmlab.decode``: M <= decode.MAX_M, K-contiguous
-    operands, K % 8 == 0, 16-byte alignment) instead of h11. The one place this choice is made."""
+    operands, K % 8 == 0, 16-byte alignment) instead of h11. The one place this choice is made.
+
+    Large weights at M > 8 go to h11 (its TMA pipeline keeps more bytes in flight): on the H200 at
+    M = 16, 16x28672x8192 ran 116 us on h11 against 141 us, 16x8192x28672 116 against 138 and
+    16x14336x4096 37.5 against 38.5, while 16x8192x8192 (37 against 42 us), every 4096-wide weight and
+    every M <= 8 stayed faster on the decode kernel (engine_policies.jsonl, sha 227f35c)."""
+    M, K = a.shape
+    if M > 8 and max(b.shape[1], K) > DECODE_MAX_WEIGHT_DIM:
+        return False
     return decode.why_not(a, b, out) is None
 
 
