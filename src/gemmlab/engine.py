@@ -3,11 +3,12 @@
 ``gemm`` takes validated tensors (``gemmlab.ops`` validates) and works out, per call: which operand is
 K-major or MN-major (no copy for either), whether a leading dimension breaks TMA's 16-byte rule (then
 that operand, or the output, goes through an aligned copy), the tile width for the shape (wave
-quantization), the pipeline depth that fits, and the fused epilogue variant. Compiled variants and TMA
+quantization; for few-tile shapes, tile width and split-K together from a fitted model, ``choose_plan``),
+the pipeline depth that fits, and the fused epilogue variant. Compiled variants and TMA
 descriptors are cached, so a repeated call is a few dictionary lookups and one launch.
 
-Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands, see ``use_decode``) go to the small-M
-kernel in ``gemmlab.decode`` instead. Split-K needs no workspace: a tile's splits run as one thread-block
+Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands; past M = 8 only weights up to
+``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) go to the small-M kernel in ``gemmlab.decode`` instead. Split-K needs no workspace: a tile's splits run as one thread-block
 cluster and reduce through distributed shared memory.
 """
 
