@@ -8,8 +8,9 @@ the pipeline depth that fits, and the fused epilogue variant. Compiled variants 
 descriptors are cached, so a repeated call is a few dictionary lookups and one launch.
 
 Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands; past M = 8 only weights up to
-``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) go to the small-M kernel in ``gemmlab.decode`` instead. Split-K needs no workspace: a tile's splits run as one thread-block
-cluster and reduce through distributed shared memory.
+``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) go to the small-M kernel in ``gemmlab.decode`` instead.
+Split-K needs no workspace: a tile's splits run as one thread-block cluster and reduce through
+distributed shared memory.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ REDUCE_S = 3.0e-6
 # A TMA load's round trip: while HBM streams, 1x8192x28672 unsplit took 0.53 us per k-step with five
 # 10 KB stages (BN = 64) and 0.58 us with four 40 KB stages (BN = 256): the stages in flight, not their
 # bytes, set the pace; loads that hit L2 come back sooner. Fitted to the 18 shapes x (BN, splits) of
-# engine_policies.jsonl at sha 227f35c: the plans chosen run 3.7% (geomean) behind the best measured.
+# engine_policies.jsonl at sha 227f35c: the plans chosen run 3.4% (geomean) behind the best measured.
 L2_LATENCY_S = 1.0e-6
 HBM_LATENCY_S = 2.4e-6
 
@@ -205,9 +206,8 @@ def choose_plan(M: int, N: int, K: int, sm_count: int,
                 capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None) -> tuple[int, int]:
     """(tile width, split count) for a problem. Where the tiles of ``choose_bn`` fill more than half the
     SMs: that width, no split. Otherwise the (BN, splits) pair of least ``split_seconds`` (then least
-    per-SM time), with splits
-    clusters of up to MAX_CLUSTER CTAs, each split at least MIN_SPLIT_K_STEPS k-steps and never empty
-    (k ranges are ceil(k_iters / splits)). ``capacity``: clusters the GPU holds at once per size, or a
+    per-SM time), with splits clusters of up to MAX_CLUSTER CTAs, each split at least MIN_SPLIT_K_STEPS
+    k-steps and never empty (k ranges are ceil(k_iters / splits)). ``capacity``: clusters the GPU holds at once per size, or a
     function returning that (asked only when splitting is considered); default: the H200's table."""
     bn = choose_bn(M, N, sm_count)
     if math.ceil(M / BM) * math.ceil(N / bn) * 2 > sm_count:
@@ -332,7 +332,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     cin = c if has_c else out
     # Split-K: one CTA per (tile, split), a tile's splits one cluster.
     grid, cluster = (tiles * splits, (splits,)) if splits > 1 else (min(sm, tiles), None)
-    args = (map_a, map_a_half, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K), np.float32(alpha),
-            np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
+    args = (map_a, map_a_half, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K),
+            np.float32(alpha), np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
             bias if has_bias else out, np.int32(splits), out, np.int64(out.stride(0)))
     launch(compiled, grid=grid, block=384, smem=smem, args=args, cluster=cluster)
