@@ -183,11 +183,12 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 prev = s;
                 if (++s == QSIZE) { s = 0; phase ^= 1; }
             };
-            // A consumer whose 64 rows all lie past M (M <= 64, or the last row of tiles) issues no MMAs
-            // and hands each stage straight back: the other consumer has the tensor cores to itself. Its
-            // zeros are never stored. (A separate loop: a branch around the MMAs inside the k-loop makes
-            // ptxas serialize them. OVERLAP keeps both consumers in step for the stash.)
-            if (!OVERLAP && m0 + row >= M) {
+            // Split-K: a consumer whose 64 rows all lie past M (M <= 64) issues no MMAs and hands each
+            // stage straight back: the other consumer has the tensor cores to itself. Its zeros are never
+            // stored. (A separate loop: a branch around the MMAs inside the k-loop makes ptxas serialize
+            // them. Only the split instantiations carry it: in the others the extra path cost 8-11% at
+            // 4095^3 and 8191^3, where M > 64 anyway.)
+            if (SPLIT && m0 + row >= M) {
 #pragma unroll
                 for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
                 for (int kt = k_begin; kt < k_end; ++kt) {
