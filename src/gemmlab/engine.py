@@ -114,6 +114,7 @@ def _operand(x: torch.Tensor, k_dim: int) -> tuple[torch.Tensor, bool]:
     return _aligned_copy(k_major), False
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_bn(M: int, N: int, sm_count: int) -> int:
     """Tile width by wave quantization (h10's heuristic with ceil-divided tiles)."""
     best, best_score = 256, -1.0
@@ -213,6 +214,13 @@ def choose_plan(M: int, N: int, K: int, sm_count: int,
     if math.ceil(M / BM) * math.ceil(N / bn) * 2 > sm_count:
         return bn, 1
     capacity = (capacity() if callable(capacity) else capacity) or H200_CLUSTER_CAPACITY
+    return _best_split(M, N, K, sm_count, tuple(sorted(capacity.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _best_split(M: int, N: int, K: int, sm_count: int, capacity_items: tuple) -> tuple[int, int]:
+    """``choose_plan``'s search, cached: it weighs 32 plans (~140 us of Python), once per shape and GPU."""
+    capacity = dict(capacity_items)
     k_iters = math.ceil(K / BK)
     best = None
     for width in SPLIT_WIDTHS:
