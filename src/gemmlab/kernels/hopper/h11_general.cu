@@ -22,6 +22,7 @@
 #include "common/mbarrier.cuh"
 #include "common/stash.cuh"
 #include "common/tile.cuh"
+#include "common/timeline.cuh"
 #include "common/tma.cuh"
 
 // MN-major matrix descriptor for a 64-deep K slab stored as 64 x 64 boxes (one box = 64 K rows of 128 B).
@@ -100,6 +101,10 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
     const int k_iters = (K + BK - 1) / BK;
     if constexpr (!SPLIT) splits = 1;  // only the SPLIT instantiation carries the fixup code
     const int k_per = (k_iters + splits - 1) / splits, num_units = num_tiles * splits;
+    // Probe events (benchmarks/h11_timeline.py; empty in the library's builds): 0 entry, 1 first loads
+    // issued, 2 first stage landed, 3 k-loop done, 4 partial written, 5 partials visible, 6 rows reduced
+    // and stored, 7 done. Marked by the producer's and the first consumer's thread 0.
+    TIMELINE_MARK(threadIdx.x == 0, 0);
     if (threadIdx.x == 0) {
         for (int s = 0; s < QSIZE; ++s) {
             mbar_init(&full[s], 1);
@@ -141,6 +146,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     } else {
                         tma_load_2d(sB + s * BN * BK, &tmB, &full[s], kt * BK, n0);
                     }
+                    TIMELINE_MARK(kt == split * k_per, 1);
                     if (++s == QSIZE) { s = 0; phase ^= 1; }
                 }
             }
@@ -166,6 +172,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             const int k_begin = split * k_per, k_end = min(k_iters, k_begin + k_per);
             auto kstep = [&](int kt) {
                 mbar_wait_parity(&full[s], phase);
+                TIMELINE_MARK(threadIdx.x == 128 && kt == k_begin, 2);
                 const T* a = sA + s * BM * BK + row * BK;  // this consumer's 64 rows (one 64 x 64 box if MN)
                 const T* b = sB + s * BN * BK;
                 wgmma_fence();
@@ -207,6 +214,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 wgmma_wait<0>();
                 if (t == 0) mbar_arrive_notoken(&empty[prev]);  // the host never makes a split without k-steps
             }
+            TIMELINE_MARK(threadIdx.x == 128, 3);
 
             const int r_top = m0 + row + frag_row(t), r_bot = r_top + 8;
             // act(alpha * acc + beta * C + bias) at output element (r, cc).
@@ -250,7 +258,9 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     st_shared_f32x2(part + 4 * (rl * LDP + cl), d[4 * j], d[4 * j + 1]);
                     st_shared_f32x2(part + 4 * ((rl + 8) * LDP + cl), d[4 * j + 2], d[4 * j + 3]);
                 }
+                TIMELINE_MARK(threadIdx.x == 128, 4);
                 cluster_sync();  // every CTA's partial is in its shared memory (release / acquire)
+                TIMELINE_MARK(threadIdx.x == 128, 5);
                 // This CTA's share: rows r0 .. r1 of the tile, four columns per thread and step, summed over
                 // the cluster's partials in rank order.
                 const int rows_per = (BM + splits - 1) / splits, r0 = split * rows_per, r1 = min(BM, r0 + rows_per);
@@ -289,7 +299,9 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                         }
                     }
                 }
+                TIMELINE_MARK(threadIdx.x == 128, 6);
                 cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory
+                TIMELINE_MARK(threadIdx.x == 128, 7);
                 continue;
             }
 
@@ -351,5 +363,6 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             if (stash.pending) flush_pieces<BN>(stash, reinterpret_cast<unsigned char*>(slabs), &tmC, t, consumer);
         }
         if (!DIRECT && t == 0) tma_store_wait_all<0>();
+        if constexpr (!SPLIT) TIMELINE_MARK(threadIdx.x == 128, 7);
     }
 }
