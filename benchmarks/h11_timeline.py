@@ -46,9 +46,12 @@ def parse_case(text: str) -> tuple[tuple[int, int, int], tuple[int, int] | None]
     return (M, N, K), (tuple(int(x) for x in plan.split("x")) if plan else None)
 
 
-def run(a, b, out, plan, buf=None) -> None:
-    """engine.gemm with ``plan`` (or the engine's own) and, with ``buf``, the probe build."""
-    saved = engine.choose_plan, engine.use_decode, engine.compile_kernel
+def run(a, b, out, plan, buf=None, source=None) -> None:
+    """engine.gemm with ``plan`` (or the engine's own), with ``buf`` the probe build, with ``source``
+    another copy of the kernel (an A/B)."""
+    saved = engine.choose_plan, engine.use_decode, engine.compile_kernel, engine.SOURCE
+    if source is not None:
+        engine.SOURCE = source
     if plan is not None:
         engine.choose_plan = lambda *args: plan
         engine.use_decode = lambda *args: False
@@ -61,7 +64,7 @@ def run(a, b, out, plan, buf=None) -> None:
     try:
         engine.gemm(a, b, out)
     finally:
-        engine.choose_plan, engine.use_decode, engine.compile_kernel = saved
+        engine.choose_plan, engine.use_decode, engine.compile_kernel, engine.SOURCE = saved
 
 
 def summarize(raw: torch.Tensor, ctas: int, ns_per_clock: float) -> dict:
@@ -94,6 +97,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None)
+    p.add_argument("--ab", default=None, help="another h11 source under kernels/ (e.g. hopper/_ab_old.cu): "
+                                              "timed beside the current one and torch.mm")
     args = p.parse_args()
     info, sha = gpu_info(), git_sha()
     sm = info.sm_count
@@ -125,19 +130,29 @@ def main() -> None:
         n_sets = max(1, min(sets_for(2 * (M * K + N * K + M * N), info.l2_bytes), 64))
         sets = [(torch.randn(M, K, device="cuda").bfloat16(), torch.randn(N, K, device="cuda").bfloat16().t(),
                  torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
-        res = time_interleaved({"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2]),
-                                "h11": lambda i: run(*sets[i], used)}, n_sets, rounds=args.rounds, replay_ms=10.0)
+        cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2]),
+                 "h11": lambda i: run(*sets[i], used)}
+        if args.ab:
+            cands["ab"] = lambda i: run(*sets[i], used, source=args.ab)
+            sets[0][2].fill_(float("nan"))
+            run(*sets[0], used, source=args.ab)
+            ab_ref = sets[0][0].double() @ sets[0][1].double()
+            ab_err = float((sets[0][2].double() - ab_ref).norm() / ab_ref.norm())
+        res = time_interleaved(cands, n_sets, rounds=args.rounds, replay_ms=10.0)
         mid = sorted(launches, key=lambda r: r["span_us"] or 0)[len(launches) // 2]
         rec = {"suite": "h11-timeline", "git_sha": sha, "gpu": info.name, "sm_mhz": res.clocks.sm_mhz,
                "M": M, "N": N, "K": K, "BN": used[0], "splits": used[1], "engine_plan": plan is None,
                "rel_error": err, "h11_us": res.timings["h11"].median_ms * 1e3,
                "torch_us": res.timings["torch"].median_ms * 1e3,
                "spans_us": [r["span_us"] for r in launches], **mid}
+        if args.ab:
+            rec.update(ab_source=args.ab, ab_us=res.timings["ab"].median_ms * 1e3, ab_rel_error=ab_err)
         phases = "  ".join(f"{k[:-3]} {v['median']:.2f}/{v['max']:.2f}" for k, v in mid.items()
                            if isinstance(v, dict))
         print(f"{M}x{N}x{K} BN={used[0]} s={used[1]}: h11 {rec['h11_us']:.1f} us, torch {rec['torch_us']:.1f} us, "
               f"span {mid['span_us']:.1f}, entry spread {mid['entry_spread_us']:.2f} | {phases} "
-              f"(err {err:.1e}, {res.clocks.sm_mhz} MHz)", flush=True)
+              f"(err {err:.1e}, {res.clocks.sm_mhz} MHz)"
+              + (f" | ab {rec['ab_us']:.1f} us (err {ab_err:.1e})" if args.ab else ""), flush=True)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(rec) + "\n")

@@ -32,7 +32,7 @@ from .model import wave_quantization
 SOURCE = "hopper/h11_general.cu"
 PAD_COPY_SOURCE = "engine/pad_copy.cu"
 BM, BK = 128, 64
-SMEM_LIMIT = 227 * 1024 - 128  # dynamic smem per block, less the kernel's static barriers
+SMEM_LIMIT = 227 * 1024 - 256  # dynamic smem per block, less the kernel's static barriers (16 B a stage)
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.float32: "float"}
 
@@ -129,10 +129,15 @@ def choose_bn(M: int, N: int, sm_count: int) -> int:
 SLAB_BYTES = 2 * 2 * 64 * 64 * 2  # two consumers x two 8 KB output slabs (any output dtype)
 
 
+MAX_STAGES = 9
+
+
 def _qsize(bn: int, in_bytes: int, split: bool = False) -> int:
-    """Pipeline stages that fit. Split-K stores without the output slabs, so its stages take their room:
-    a split tile is a short, latency-bound k-loop, and more bytes in flight is what shortens it."""
-    for q in ((7, 6) if split else ()) + (5, 4, 3, 2):
+    """Pipeline stages: as many as fit, up to MAX_STAGES (split-K stores without the output slabs, so its
+    stages take their room). Narrow tiles are latency-bound, and the stages in flight set their pace: at
+    BN = 64, 8 stages instead of 5 ran 1024^3 in 6.7 us instead of 7.4 and 128x4096x4096 unsplit in 16.0
+    instead of 20.1; 256-wide tiles fit 4 either way (benchmarks/results/h11_timeline.jsonl, sha 97805c5)."""
+    for q in range(MAX_STAGES, 1, -1):
         if smem_bytes(bn, q, in_bytes, split) <= SMEM_LIMIT:
             return q
     raise UnsupportedProblem(f"no pipeline depth fits BN={bn}")

@@ -52,6 +52,14 @@ __device__ __forceinline__ void cluster_sync_relaxed() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 }
 
+// "ld.shared.v4.f32": four floats from this CTA's shared memory (16-byte aligned).
+__device__ __forceinline__ float4 ld_shared_f32x4(u32 smem_addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem_addr));
+    return v;
+}
+
 // "mapa" + "ld.shared::cluster": four floats at the same shared-memory offset in CTA `cta` of this
 // cluster (distributed shared memory, PTX "Data Movement: ld" with the .shared::cluster state space).
 __device__ __forceinline__ float4 ld_cluster_f32x4(u32 smem_addr, u32 cta) {

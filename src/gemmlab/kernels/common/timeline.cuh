@@ -23,6 +23,16 @@ __device__ __forceinline__ void timeline_mark(int event) {
     do {                           \
         if (cond) timeline_mark(event); \
     } while (0)
+// Wait for a stage (again: the wait the k-loop does next returns at once) and mark its arrival, outside
+// the k-loop: a mark inside it would change how ptxas schedules the loop being measured.
+#define TIMELINE_MARK_AFTER_WAIT(bar, parity, cond, event) \
+    do {                                                    \
+        if (cond) {                                         \
+            mbar_wait_parity(bar, parity);                  \
+            timeline_mark(event);                           \
+        }                                                   \
+    } while (0)
 #else
 #define TIMELINE_MARK(cond, event) ((void)0)
+#define TIMELINE_MARK_AFTER_WAIT(bar, parity, cond, event) ((void)0)
 #endif

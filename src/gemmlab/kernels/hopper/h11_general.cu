@@ -172,7 +172,6 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
             const int k_begin = split * k_per, k_end = min(k_iters, k_begin + k_per);
             auto kstep = [&](int kt) {
                 mbar_wait_parity(&full[s], phase);
-                TIMELINE_MARK(threadIdx.x == 128 && kt == k_begin, 2);
                 const T* a = sA + s * BM * BK + row * BK;  // this consumer's 64 rows (one 64 x 64 box if MN)
                 const T* b = sB + s * BN * BK;
                 wgmma_fence();
@@ -204,6 +203,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                     if (++s == QSIZE) { s = 0; phase ^= 1; }
                 }
             } else {
+                TIMELINE_MARK_AFTER_WAIT(&full[s], phase, threadIdx.x == 128, 2);
                 int kt = k_begin;
                 if constexpr (OVERLAP) {  // k_begin = 0: no split
                     ksteps_with_pieces<BN, 0>(stash, k_end, kstep, reinterpret_cast<unsigned char*>(slabs), &tmC,
@@ -261,25 +261,34 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 TIMELINE_MARK(threadIdx.x == 128, 4);
                 cluster_sync();  // every CTA's partial is in its shared memory (release / acquire)
                 TIMELINE_MARK(threadIdx.x == 128, 5);
-                // This CTA's share: rows r0 .. r1 of the tile, four columns per thread and step, summed over
-                // the cluster's partials in rank order.
+                // This CTA's share: rows r0 .. r1 of the tile, four columns per item. Reads over the SM-to-SM
+                // network are slow (BN = 128, 3 splits: 64 KB in 2.6 us, ~26 GB/s per SM on the H200,
+                // benchmarks/h11_timeline.py), so the CTA's own partial is read locally, only the others'
+                // cross, and a thread issues all its loads of an item before the first add. (Two items
+                // at a time spilled registers in the heaviest epilogues.) Each element is
+                // summed by one CTA in a fixed order (own rank first, then the next ranks cyclically):
+                // deterministic.
                 const int rows_per = (BM + splits - 1) / splits, r0 = split * rows_per, r1 = min(BM, r0 + rows_per);
                 constexpr int C4 = BN / 4;
                 const int items = max(0, r1 - r0) * C4;
-#pragma unroll 2
                 for (int i = threadIdx.x - 128; i < items; i += 256) {
                     const int rr = r0 + i / C4, c4 = (i % C4) * 4, r = m0 + rr, cc = n0 + c4;
                     if (r >= M || cc >= N) continue;
                     const u32 addr = part + 4 * (rr * LDP + c4);
-                    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    float4 x[7];  // the other ranks' values
 #pragma unroll
-                    for (int o = 0; o < 8; ++o) {  // cluster size <= 8 (portable); all loads independent
+                    for (int o = 1; o < 8; ++o) {  // cluster size <= 8 (portable)
+                        if (o < splits) x[o - 1] = ld_cluster_f32x4(addr, split + o < splits ? split + o : split + o - splits);
+                    }
+                    const float4 own = ld_shared_f32x4(addr);
+                    float v[4] = {own.x, own.y, own.z, own.w};
+#pragma unroll
+                    for (int o = 1; o < 8; ++o) {
                         if (o < splits) {
-                            const float4 x = ld_cluster_f32x4(addr, o);
-                            v[0] += x.x;
-                            v[1] += x.y;
-                            v[2] += x.z;
-                            v[3] += x.w;
+                            v[0] += x[o - 1].x;
+                            v[1] += x[o - 1].y;
+                            v[2] += x[o - 1].z;
+                            v[3] += x[o - 1].w;
                         }
                     }
 #pragma unroll
