@@ -33,7 +33,9 @@ def test_split_k_stages_take_the_slabs_room():
         q, qs = engine._qsize(bn, 2), engine._qsize(bn, 2, split=True)
         assert qs >= q and engine.smem_bytes(bn, qs, 2, split=True) <= engine.SMEM_LIMIT
         assert engine.smem_bytes(bn, q, 2) <= engine.SMEM_LIMIT
-    assert engine._qsize(128, 2, split=True) == 7 and engine._qsize(128, 2) == 5
+    assert engine._qsize(128, 2, split=True) == 7 and engine._qsize(128, 2) == 6
+    assert engine._qsize(64, 2, split=True) == engine.MAX_STAGES and engine._qsize(64, 2) == 8
+    assert engine._qsize(256, 2) == engine._qsize(256, 2, split=True) == 4
 
 
 @pytest.mark.parametrize("M, N, K", [(1, 4096, 4096), (64, 1024, 8192), (300, 700, 9000), (33, 5, 64 * 64)])
