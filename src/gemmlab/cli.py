@@ -161,7 +161,7 @@ def _cmd_ladder(args) -> int:
                 configs[spec.name] = cfg = _config_at(spec, shape, profile.sm_count)
                 ck = spec.compile(cfg)
                 summ = sass.kernel_summary(ck)
-                static[spec.name] = (ck, summ, sass.check(spec.sass, summ, ck.resources))
+                static[spec.name] = (ck, summ, sass.check(spec.sass_expect(cfg), summ, ck.resources))
             except GemmlabError as e:  # one broken step must not hide the others
                 broken[spec.name] = str(e).splitlines()[0]
             prog.advance(task)

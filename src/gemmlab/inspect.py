@@ -243,8 +243,9 @@ def inspect_compiled(compiled: CompiledKernel, *, spec=None, config: dict | None
         cfg = spec.resolve(config)
         rep.dynamic_smem = spec.smem_bytes(cfg)
         rep.threads = spec.threads(cfg)
-        rep.checks = sass.check(spec.sass, summary, compiled.resources)
-        rep.claims = spec.sass.describe()
+        expect = spec.sass_expect(cfg)
+        rep.checks = sass.check(expect, summary, compiled.resources)
+        rep.claims = expect.describe()
     return rep
 
 

@@ -68,6 +68,11 @@ class KernelSpec:
     heuristic: Callable | None = None  # (M, N, K, sm_count) -> config overrides chosen for that shape
     template_prefix: tuple[str, ...] = ()  # fixed template arguments before the parameters (e.g. types)
     template_suffix: tuple[str, ...] = ()  # fixed template arguments after them
+    # config -> every template argument, for a step whose instantiation is not its template parameters in
+    # order (an argument derived from several parameters); replaces prefix, parameters and suffix.
+    template_args: Callable | None = None
+    # config -> SassExpect, for a step whose instantiations keep different promises (default: ``sass``)
+    sass_for: Callable | None = None
     notes: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -115,9 +120,16 @@ class KernelSpec:
 
     def name_expression(self, config: dict | None = None) -> str:
         cfg = self.resolve(config)
-        targs = [*self.template_prefix, *(str(cfg[p.name]) for p in self.params if p.template),
-                 *self.template_suffix]
+        if self.template_args is not None:
+            targs = [str(a) for a in self.template_args(cfg)]
+        else:
+            targs = [*self.template_prefix, *(str(cfg[p.name]) for p in self.params if p.template),
+                     *self.template_suffix]
         return f"{self.template}<{', '.join(targs)}>" if targs else self.template
+
+    def sass_expect(self, config: dict | None = None) -> SassExpect:
+        """What the SASS of ``config``'s instantiation must show (``sass`` unless the step says per config)."""
+        return self.sass if self.sass_for is None else self.sass_for(self.resolve(config))
 
     def compile(self, config: dict | None = None, **kwargs):
         """Compile (or load from cache) this step for ``config``. Works without a GPU."""
