@@ -341,6 +341,24 @@ def test_stale_or_unrunnable_tuned_configs_are_ignored(monkeypatch):
     assert autotune.best_config(spec, 2048, 4096, 4096) is None
 
 
+def test_best_config_is_one_stat_until_the_file_changes(monkeypatch):
+    spec = registry.get("k08")
+    autotune.save_entry(FAKE, _entry(config={"BM": 64}))
+    want = {**spec.default_config(), "BM": 64}
+    assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) == want  # no visible GPU: the one given
+    assert autotune.best_config(spec, 4096, 4096, 4096, 108, gpu=FAKE) is None  # not that GPU's SM count
+    real_load = autotune.load
+    monkeypatch.setattr(autotune, "load", lambda path: pytest.fail("the file was read again"))
+    assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) == want
+    autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE)["BM"] = 0  # callers get a copy
+    assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) == want
+    monkeypatch.setattr(autotune, "load", real_load)
+    autotune.save_entry(FAKE, _entry(config={"BM": 128}))  # a new file (os.replace): read again
+    assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) == {**spec.default_config(), "BM": 128}
+    autotune.tuned_path(FAKE).unlink()
+    assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) is None
+
+
 def test_fp32_matmul_path_picks_the_tuned_step_config(monkeypatch):
     from gemmlab import ops
 

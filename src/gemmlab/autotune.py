@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import UnsupportedProblem
-from .jit.cache import cache_dir
+from .jit.cache import cache_dir, cache_env
 from .registry import KernelSpec
 
 FORMAT = "gemmlab-autotune-1"
@@ -265,15 +265,58 @@ def _gpu_for(sm_count: int | None) -> GpuKey | None:
     return gpu
 
 
-def best_config(spec: KernelSpec, M: int, N: int, K: int, sm_count: int | None = None) -> dict[str, int] | None:
-    """The config ``gemmlab tune`` saved for ``spec`` at exactly (M, N, K) on the visible GPU, or None: no
-    GPU, ``sm_count`` given and not the visible GPU's, nothing saved, or a saved config that no longer
-    resolves or runs the shape. Cheap: one ``stat`` after the first call."""
-    gpu = _gpu_for(sm_count)
+_FOUND: dict[tuple, tuple] = {}  # (file, step, M, N, K) -> (the file's stamp, the spec, config or None)
+_FOUND_MAX = 4096
+
+
+def best_config(spec: KernelSpec, M: int, N: int, K: int, sm_count: int | None = None, *,
+                gpu: GpuKey | None = None) -> dict[str, int] | None:
+    """The config ``gemmlab tune`` saved for ``spec`` at exactly (M, N, K) on ``gpu`` (default: the visible
+    GPU), or None: no GPU, ``sm_count`` given and not that GPU's, nothing saved, or a saved config that no
+    longer resolves or runs the shape.
+
+    On the engine's path for every eager call, so it is kept cheap: the answer is remembered per shape
+    until the file changes (inode, mtime or size), and a repeated lookup is one ``stat`` (~3 us)."""
+    if gpu is None:
+        gpu = _gpu_for(sm_count)
+    elif sm_count is not None and int(sm_count) != gpu.sm_count:
+        return None
     if gpu is None:
         return None
-    entry = load(tuned_path(gpu))["entries"].get(entry_key(spec.name, M, N, K))
-    return _usable(spec, M, N, K, entry)
+    path = _tuned_file(cache_env(), gpu)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+    key = (path, spec.name, M, N, K)
+    hit = _FOUND.get(key)
+    if hit is None or hit[0] != stamp or hit[1] is not spec:
+        entry = load(Path(path))["entries"].get(entry_key(spec.name, M, N, K))
+        hit = (stamp, spec, _usable(spec, M, N, K, entry))
+        if len(_FOUND) >= _FOUND_MAX:  # shapes without end (e.g. every sequence length): start over
+            _FOUND.clear()
+        _FOUND[key] = hit
+    return dict(hit[2]) if hit[2] is not None else None
+
+
+@functools.lru_cache(maxsize=64)
+def _tuned_file(env: tuple, gpu: GpuKey) -> str:
+    """``tuned_path(gpu)`` as a string, remembered per ``cache_env()`` (building it costs ~8 us)."""
+    return os.fspath(tuned_path(gpu))
+
+
+_DEVICE_GPU: dict[int, GpuKey] = {}
+
+
+def device_gpu(index: int) -> GpuKey:
+    """The key of CUDA device ``index``, read once per process: whose results the engine looks up."""
+    key = _DEVICE_GPU.get(index)
+    if key is None:
+        from . import gpu
+
+        key = _DEVICE_GPU[index] = GpuKey.from_info(gpu.gpu_info(index))
+    return key
 
 
 def nearest_config(spec: KernelSpec, M: int, N: int, K: int, sm_count: int | None = None, *,

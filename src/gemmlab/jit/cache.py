@@ -33,6 +33,12 @@ def cache_dir() -> Path:
     return Path(base) / "gemmlab"
 
 
+def cache_env() -> tuple[str | None, str | None, str | None]:
+    """What ``cache_dir`` reads from the environment: a cheap key for paths remembered under it."""
+    env = os.environ
+    return env.get("GEMMLAB_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get("HOME")
+
+
 def cache_key(*, sources: dict[str, str], options: tuple, arch: str, name_expression: str,
               nvrtc_version: tuple[int, int]) -> str:
     """A hex SHA-256 over everything that changes the cubin."""
