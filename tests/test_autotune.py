@@ -1,5 +1,6 @@
 """The autotuner on the CPU, with the GPU faked: candidates, the winner, the per-GPU file, config_for, the CLI."""
 
+import dataclasses
 import json
 import math
 import multiprocessing as mp
@@ -137,9 +138,12 @@ def test_no_config_runs_the_shape(fake_gpu):
 def test_steps_that_cannot_be_tuned_say_why(fake_gpu):
     fake_gpu(FakeBench(k08_speed))
     assert autotune.tunable(registry.get("k08")) is None
-    assert "choose_bn" in autotune.tunable(registry.get("h11"))
+    assert autotune.tunable(registry.get("h11")) is None  # its launcher runs the config's plan
+    frozen = dataclasses.replace(registry.get("k08"), extra={"not_tunable": "its launcher ignores the config"})
+    assert "ignores" in autotune.tunable(frozen)
     with pytest.raises(UnsupportedProblem, match="cannot be tuned"):
-        autotune.tune("h11", 4096, 4096, 4096)
+        autotune.tune(frozen, 4096, 4096, 4096)
+    assert "no parameters" in autotune.tunable(dataclasses.replace(frozen, params=()))
 
 
 # Choosing the winner --------------------------------------------------------------------------------
@@ -407,7 +411,7 @@ def test_tune_without_gpu_is_a_clear_error(capsys):
 @pytest.mark.parametrize("argv, rc, message", [
     (["tune", "k08"], 2, "name a step and a shape"),
     (["tune", "--shape", "64,64,64"], 2, "name a step and a shape"),
-    (["tune", "h11", "--shape", "64,64,64"], 2, "cannot be tuned"),
+    (["tune", "h11", "--shape", "64,64,64"], 2, "needs an NVIDIA GPU"),  # tunable: it gets as far as the GPU
     (["tune", "k08", "--shape", "64,64,64", "--rounds", "0"], 2, "at least 1"),
     (["tune", "nope", "--shape", "64,64,64"], 1, "no kernel named"),
 ])

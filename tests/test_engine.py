@@ -1,11 +1,14 @@
 """The Hopper engine's host-side choices and the copy kernel's SASS; no GPU needed (the GPU side is
 tests/test_engine_gpu.py)."""
 
+import json
 import math
 
 import pytest
+import torch
 
-from gemmlab import engine, sass
+from gemmlab import autotune, engine, registry, sass
+from gemmlab.errors import UnsupportedProblem
 from gemmlab.jit.compiler import compile_kernel
 
 
@@ -57,3 +60,111 @@ def test_pad_copy_moves_16_byte_chunks_on_the_aligned_side(elem, src_vec, dst_ve
         + ((r"^STG\.E\.128$",) if dst_vec else (rf"^STG\.E{scalar if elem == 2 else '$'}",)),
         no_local_memory=True)
     assert sass.check(expect, summary, ck.resources) == []
+
+
+# Plans: forced, tuned, validated ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("plan, K, message", [
+    ((96, 1), 4096, "not one of the tile widths"),
+    ((128, 9), 4096, "not in 1..8"),
+    ((128, 0), 4096, "not in 1..8"),
+    ((128, 8), 1024, "fewer than 4 k-steps"),  # 16 k-steps: 2 per split
+    ((64, 6), 1600, "a split would be empty"),  # 25 k-steps in ranges of 5: 5 splits, not 6
+    ((128, "2"), 4096, "two integers"),
+    ((128.0, 2), 4096, "two integers"),
+    ((128,), 4096, "two integers"),
+    (128, 4096, "two integers"),
+])
+def test_bad_plans_are_rejected_with_the_reason(plan, K, message):
+    with pytest.raises(UnsupportedProblem, match=message):
+        engine.validate_plan(plan, K)
+
+
+def test_a_plan_whose_cluster_cannot_launch_is_rejected():
+    assert engine.validate_plan((128, 4), 8192) == (128, 4)
+    assert engine.validate_plan((256, 1), 64, {}) == (256, 1)  # no cluster: capacity not asked
+    with pytest.raises(UnsupportedProblem, match="cannot launch a cluster of 4"):
+        engine.validate_plan((128, 4), 8192, {**engine.H200_CLUSTER_CAPACITY, 4: 0})
+    asked = []
+    engine.validate_plan((128, 1), 8192, lambda: asked.append(1) or {})
+    assert not asked
+
+
+def test_gemm_validates_a_forced_plan_before_touching_a_gpu():
+    a = torch.zeros(100, 1024, dtype=torch.bfloat16)
+    b = torch.zeros(1024, 300, dtype=torch.bfloat16)
+    out = torch.empty(100, 300, dtype=torch.bfloat16)
+    with pytest.raises(UnsupportedProblem, match=r"plan \(BN=128, splits=8\) at K=1024: .*fewer than 4"):
+        engine.gemm(a, b, out, plan=(128, 8))
+    with pytest.raises(UnsupportedProblem, match="tile widths"):
+        engine.gemm(a, b, out, plan=(32, 1))
+
+
+FAKE = autotune.GpuKey("FAKE H200", 132, "570")
+SHAPE = (200, 1024, 4096)  # choose_plan: (128, 6) on the H200 table
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch):
+    """A fresh cache folder; ``tuned(config, gpu=FAKE, shape=SHAPE)`` saves an h11 entry there."""
+    monkeypatch.setenv("GEMMLAB_CACHE_DIR", str(tmp_path))
+
+    def save(config, gpu=FAKE, shape=SHAPE):
+        M, N, K = shape
+        return autotune.save_entry(gpu, {"kernel": "hopper.h11_general", "M": M, "N": N, "K": K, "config": config})
+    return save
+
+
+def test_plan_for_prefers_the_tuned_plan(tuned):
+    heuristic = engine.choose_plan(*SHAPE, 132)
+    assert heuristic == (128, 6)
+    assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == heuristic  # nothing saved
+    tuned({"BN": 64, "SPLITS": 4})
+    assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == (64, 4)
+    assert engine.plan_for(*SHAPE, 132, engine.H200_CLUSTER_CAPACITY, gpu=FAKE) == (64, 4)
+    tuned({"BN": 256, "SPLITS": 1})  # a new save is seen at once (the file's stat changed)
+    assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == (256, 1)
+    assert engine.plan_for(*SHAPE, 132) == heuristic  # no GPU key: no lookup
+    assert engine.plan_for(200, 1024, 4095, 132, gpu=FAKE) == engine.choose_plan(200, 1024, 4095, 132)  # exact shape only
+    # The ladder step's own answer agrees (KernelSpec.config_for asks the same file).
+    spec = registry.get("h11")
+    assert spec.config_for(*SHAPE, 132, tuned=False) == {"BN": 128, "SPLITS": 6}
+
+
+def test_plan_for_falls_back_for_another_gpu(tuned):
+    tuned({"BN": 64, "SPLITS": 4}, gpu=autotune.GpuKey("FAKE H100", 132, "570"))
+    tuned({"BN": 64, "SPLITS": 4}, gpu=autotune.GpuKey("FAKE H200", 132, "575"))  # another driver
+    assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == (128, 6)
+    tuned({"BN": 64, "SPLITS": 4})
+    assert engine.plan_for(*SHAPE, 114, gpu=FAKE) == engine.choose_plan(*SHAPE, 114)  # not this GPU's SM count
+
+
+@pytest.mark.parametrize("config", [
+    {"BN": 128, "QSIZE": 4},  # the spec's parameters before plans were tunable
+    {"BN": 96, "SPLITS": 1},  # not a tile width
+    {"BN": 64, "SPLITS": 8, "ORDER": 1},  # an unknown parameter
+])
+def test_plan_for_ignores_configs_that_no_longer_resolve(tuned, config):
+    tuned(config)
+    assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == (128, 6)
+
+
+def test_plan_for_ignores_plans_the_engine_would_not_run(tuned):
+    shape = (128, 1024, 1600)  # 25 k-steps
+    tuned({"BN": 64, "SPLITS": 6}, shape=shape)  # a split would be empty
+    assert engine.plan_for(*shape, 132, gpu=FAKE) == engine.choose_plan(*shape, 132)
+    tuned({"BN": 128, "SPLITS": 4})
+    assert engine.plan_for(*SHAPE, 132, {**engine.H200_CLUSTER_CAPACITY, 4: 0}, gpu=FAKE) == (128, 6)
+    assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == (128, 4)
+
+
+def test_plan_for_survives_a_damaged_file(tuned):
+    path = tuned({"BN": 64, "SPLITS": 4})
+    path.write_text("{not json")
+    with pytest.warns(autotune.AutotuneCacheWarning):
+        assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == (128, 6)
+    doc = {"format": autotune.FORMAT, "entries": {"hopper.h11_general@200x1024x4096": {
+        "kernel": "hopper.h11_general", "M": 200, "N": 1024, "K": 4096, "config": {"BN": "64"}}}}
+    path.write_text(json.dumps(doc))
+    with pytest.warns(autotune.AutotuneCacheWarning, match="malformed"):
+        assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == (128, 6)

@@ -194,3 +194,91 @@ def test_split_k_on_two_streams_at_once():
         torch.cuda.synchronize()
         for o in outs:
             assert rel_error(o, _reference(a, b)) <= TOL[torch.bfloat16]
+
+
+def _h11_plans(monkeypatch) -> list[tuple[int, int]]:
+    """Spy on the engine's launches: the (BN, splits) of each h11 launch, read from the instantiation it
+    launches and the cluster it launches with."""
+    from gemmlab import engine
+
+    plans, real = [], engine.launch
+
+    def spy(compiled, **kw):
+        if compiled.name_expression.startswith("hopper_h11<"):
+            bn = int(compiled.name_expression.split(", ")[3])  # hopper_h11<T, TO, TBIAS, BN, ...>
+            plans.append((bn, kw["cluster"][0] if kw.get("cluster") else 1))
+        real(compiled, **kw)
+
+    monkeypatch.setattr(engine, "launch", spy)
+    return plans
+
+
+@pytest.mark.parametrize("plan", [(64, 1), (256, 1), (128, 3), (192, 5), (64, 8), (256, 8)])
+def test_forced_plans_on_a_ragged_shape(monkeypatch, plan):
+    """engine.gemm(plan=...) runs exactly that plan (what the autotuner times), right on a shape of no
+    tile or k-step multiple: 100 x 1000 x 3000 is 47 k-steps (8 splits: ranges of 6, the last 5)."""
+    from gemmlab import engine
+
+    M, N, K = 100, 1000, 3000
+    plans = _h11_plans(monkeypatch)
+    a, b = _operands(M, N, K, torch.bfloat16, "NT")
+    out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+    engine.gemm(a, b, out, plan=plan)
+    torch.cuda.synchronize()
+    assert plans == [plan]
+    assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16]
+
+
+def test_a_forced_plan_runs_h11_at_a_decode_shape(monkeypatch):
+    from gemmlab import engine
+
+    M, N, K = 16, 4096, 4096
+    a, b = _operands(M, N, K, torch.bfloat16, "NT")
+    assert engine.use_decode(a, b)  # unforced, the decode kernel
+    plans = _h11_plans(monkeypatch)
+    out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+    engine.gemm(a, b, out, plan=(128, 4))
+    torch.cuda.synchronize()
+    assert plans == [(128, 4)]
+    assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16]
+
+
+def test_matmul_runs_the_tuned_plan(tmp_path, monkeypatch):
+    """`gemmlab tune hopper.h11_general` at a shape saves a plan for this GPU; from then on gemmlab.matmul
+    at exactly that shape launches it (and stays right); a plan saved later replaces it at once."""
+    import gemmlab
+    from gemmlab import autotune, engine
+
+    monkeypatch.setenv("GEMMLAB_CACHE_DIR", str(tmp_path))
+    M, N, K = 200, 1024, 4096
+    res = autotune.tune("hopper.h11_general", M, N, K, max_configs=6, rounds=2)
+    assert res.winner is not None and res.winner["correct"] and len(res.candidates) == 6
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gpu = autotune.device_gpu(dev.index)
+    assert res.saved_to == autotune.tuned_path(gpu) and res.saved_to.exists()
+    sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    won = (res.config["BN"], res.config["SPLITS"])
+    assert engine.plan_for(M, N, K, sm, engine.cluster_capacity(dev), gpu=gpu) == won
+
+    plans = _h11_plans(monkeypatch)
+
+    def matmul_plan() -> tuple[int, int]:
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)  # an nn.Linear weight: the tuned layout
+        out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+        plans.clear()
+        gemmlab.matmul(a, w.t(), out=out)
+        torch.cuda.synchronize()
+        assert rel_error(out, _reference(a, w.t())) <= TOL[torch.bfloat16]
+        assert len(plans) == 1
+        return plans[0]
+
+    assert matmul_plan() == won
+    other = next(r["config"] for r in res.records if r.get("correct") and r["config"] != res.config)
+    autotune.save_entry(gpu, {"kernel": "hopper.h11_general", "M": M, "N": N, "K": K, "config": other})
+    assert matmul_plan() == (other["BN"], other["SPLITS"])
+    heuristic = engine.choose_plan(M, N, K + 64, sm, engine.cluster_capacity(dev))
+    a = torch.randn(M, K + 64, device="cuda", dtype=torch.bfloat16)
+    gemmlab.matmul(a, torch.randn(K + 64, N, device="cuda", dtype=torch.bfloat16))
+    torch.cuda.synchronize()
+    assert plans[-1] == heuristic  # another shape: the engine's own plan

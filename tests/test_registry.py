@@ -77,3 +77,55 @@ def test_k10_takes_the_tuned_tile_only_when_it_fills_the_gpu_twice():
     assert big == K10_LARGE and spec.check_config(big) is None
     assert spec.config_for(1024, 1024, 1024, 132, tuned=False) == spec.default_config()  # 32 tiles of 256 x 128
     assert spec.config_for(4096, 4096, 4096, 1000, tuned=False) == spec.default_config()  # a (made-up) wide GPU
+
+
+def test_h11_configs_are_the_engines_plans():
+    """h11's space is every (BN, SPLITS) the engine runs; each config names the instantiation the engine
+    launches for the ladder's plain TN bf16 call (QSIZE and the split/overlap flags derived as it does)."""
+    from gemmlab import autotune, engine
+
+    spec = registry.get("h11")
+    cfgs = spec.configs()
+    assert sorted((c["BN"], c["SPLITS"]) for c in cfgs) == sorted(
+        (bn, s) for bn in engine.SPLIT_WIDTHS for s in range(1, engine.MAX_CLUSTER + 1))
+    assert len({autotune.variant_key(spec, c) for c in cfgs}) == len(cfgs)
+    for c in cfgs:
+        split = c["SPLITS"] > 1
+        q = engine._qsize(c["BN"], 2, split=split)
+        assert spec.name_expression(c) == (f"hopper_h11<__nv_bfloat16, __nv_bfloat16, float, {c['BN']}, {q}, "
+                                           f"0, 0, 0, {int(split)}, {int(not split)}>")
+        assert spec.smem_bytes(c) == engine.smem_bytes(c["BN"], q, 2, split=split) <= engine.SMEM_LIMIT
+        assert spec.tile(c) == (engine.BM, c["BN"], engine.BK) and spec.threads(c) == 384
+        assert (r"^UTMASTG" in spec.sass_expect(c).contains) != split  # split-K stores without TMA
+
+
+def test_h11_split_instantiation_meets_its_own_sass_expectations():
+    cfg = {"BN": 256, "SPLITS": 8}
+    spec = registry.get("h11")
+    ck = spec.compile(cfg)
+    assert sass.check(spec.sass_expect(cfg), sass.kernel_summary(ck), ck.resources) == []
+    assert sass.check(spec.sass_expect(), sass.kernel_summary(ck), ck.resources) != []  # not the default's
+
+
+@pytest.mark.parametrize("shape, cfg, message", [
+    ((200, 1024, 1024), {"BN": 128, "SPLITS": 8}, "fewer than 4 k-steps"),
+    ((128, 1024, 1600), {"BN": 64, "SPLITS": 6}, "a split would be empty"),
+    ((1, 2**23, 64), {"BN": 128, "SPLITS": 1}, "out of range"),
+])
+def test_h11_rejects_plans_the_engine_would_not_run(shape, cfg, message):
+    spec = registry.get("h11")
+    assert message in spec.why_unsupported(*shape, cfg)
+
+
+def test_h11_heuristic_is_the_engines_plan():
+    from gemmlab import engine
+
+    spec = registry.get("h11")
+    for shape in ((200, 1024, 4096), (4096, 4096, 4096), (16, 28672, 8192), (300, 700, 9000)):
+        bn, splits = engine.choose_plan(*shape, 132)
+        assert spec.config_for(*shape, 132, tuned=False) == {"BN": bn, "SPLITS": splits}
+        assert spec.why_unsupported(*shape, {"BN": bn, "SPLITS": splits}) is None
+    with pytest.raises(UnsupportedProblem, match="not in"):
+        spec.resolve({"BN": 96})
+    with pytest.raises(UnsupportedProblem, match="unknown parameter"):
+        spec.resolve({"QSIZE": 4})  # derived from the plan, not chosen

@@ -25,16 +25,20 @@ an unreadable, truncated or foreign file is ignored with an ``AutotuneCacheWarni
 next save; a malformed entry is dropped.
 
 ``best_config`` (what ``KernelSpec.config_for`` asks first) returns the saved winner for a step and shape
-on the visible GPU, or None; the parsed file is kept in memory keyed by its inode, mtime and size, so a
-lookup is a ``stat``. The Hopper engine (``gemmlab.engine``, h11) does not consult it yet: its tile width
-comes from ``choose_bn``. When the engine takes its config from outside, ``choose_bn`` becomes the fallback
-of ``best_config(h11, M, N, K)``, and h11 drops ``extra["not_tunable"]`` (which ``tune`` refuses today,
-because its ladder launcher would time the same kernel for every config).
+on the visible GPU (or a given one), or None; the answer is remembered per shape until the file changes
+(inode, mtime or size), so a repeated lookup is one ``stat``. The Hopper engine (``gemmlab.engine``) asks
+it on every call that runs h11: its plan (tile width, split-K count) is h11's config ``{"BN", "SPLITS"}``, and
+``engine.plan_for`` takes the winner saved for ``hopper.h11_general`` at exactly (M, N, K) on the
+tensors' GPU while the engine can still run it, else ``choose_plan``. h11's ladder launcher runs the
+config's plan (``engine.gemm(..., plan=)``) in the nn.Linear layout ``gemmlab.matmul`` sees, so tuning
+times what matmul runs; one entry serves bf16 and fp16 (same element size), every epilogue and layout.
+A step whose launcher ignored its config would set ``extra["not_tunable"]`` (``tune`` refuses it).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import math

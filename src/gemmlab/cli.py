@@ -998,12 +998,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "per interleaved run with cuBLAS, correctness checked first, the best few re-timed "
                           "together), print every candidate and save the fastest correct one for this GPU under "
                           "the cache folder (GEMMLAB_CACHE_DIR/autotune). From then on KernelSpec.config_for (the "
-                          "benchmarks, gemmlab.matmul's fp32 path) picks it for that step and shape on this GPU. "
+                          "benchmarks, gemmlab.matmul's fp32 path) picks it for that step and shape on this GPU; "
+                          "h11's config is the Hopper engine's plan (BN, SPLITS), which gemmlab.matmul then runs "
+                          "for bf16/fp16 at that shape. "
                           "Candidates: the step's own choice (heuristic or defaults) plus an even spread over its "
                           "valid configs, or --configs. Needs a GPU (exits with status 2 without one); --show "
                           "lists the saved results, without a GPU those of every GPU."),
         epilog="examples:\n  gemmlab tune k08 --shape 4096,4096,4096\n"
                "  gemmlab tune h10 --shape 3072,3072,3072 --max-configs 16 --rounds 7\n"
+               "  gemmlab tune h11 --shape 200,1024,4096   (the plan gemmlab.matmul runs at that shape)\n"
                "  gemmlab tune k10 --shape 4095,4097,1023 --configs 'WM=32,WN=64;BK=8'\n"
                "  gemmlab tune --show\n  gemmlab tune k08 --show")
     tun.add_argument("kernel", nargs="?", metavar="KERNEL", help="step name: k08, h10, sgemm.k10_double_buffered, ...")

@@ -2,10 +2,11 @@
 
 ``gemm`` takes validated tensors (``gemmlab.ops`` validates) and works out, per call: which operand is
 K-major or MN-major (no copy for either), whether a leading dimension breaks TMA's 16-byte rule (then
-that operand, or the output, goes through an aligned copy), the tile width for the shape (wave
-quantization; for few-tile shapes, tile width and split-K together from a fitted model, ``choose_plan``),
-the pipeline depth that fits, and the fused epilogue variant. Compiled variants and TMA
-descriptors are cached, so a repeated call is a few dictionary lookups and one launch.
+that operand, or the output, goes through an aligned copy), the plan: tile width and split-K count
+(``plan_for``: what ``gemmlab tune hopper.h11_general`` saved for this exact shape on this GPU, else
+``choose_plan``: wave quantization, and for few-tile shapes a fitted model; ``gemm(plan=)`` forces one),
+the pipeline depth that fits, and the fused epilogue variant. Compiled variants and TMA descriptors are
+cached, so a repeated call is a few dictionary lookups, one ``stat`` and one launch.
 
 Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands; past M = 8 only weights up to
 ``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) go to the small-M kernel in ``gemmlab.decode`` instead.
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from . import decode
+from . import autotune, decode
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
 from .jit.launch import launch, max_active_clusters, tensor_map_2d
@@ -218,8 +220,7 @@ def choose_plan(M: int, N: int, K: int, sm_count: int,
     bn = choose_bn(M, N, sm_count)
     if math.ceil(M / BM) * math.ceil(N / bn) * 2 > sm_count:
         return bn, 1
-    capacity = (capacity() if callable(capacity) else capacity) or H200_CLUSTER_CAPACITY
-    return _best_split(M, N, K, sm_count, tuple(sorted(capacity.items())))
+    return _best_split(M, N, K, sm_count, tuple(sorted(_capacity_of(capacity).items())))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -230,7 +231,7 @@ def _best_split(M: int, N: int, K: int, sm_count: int, capacity_items: tuple) ->
     best = None
     for width in SPLIT_WIDTHS:
         for s in range(1, MAX_CLUSTER + 1):
-            if s > 1 and (k_iters // s < MIN_SPLIT_K_STEPS or _no_empty_split(s, k_iters) != s):
+            if not _split_ok(s, k_iters):
                 continue
             # Ties (at a bandwidth floor): the shorter per-SM time, then fewer splits.
             key = (split_seconds(M, N, K, width, s, sm_count, capacity),
@@ -240,11 +241,94 @@ def _best_split(M: int, N: int, K: int, sm_count: int, capacity_items: tuple) ->
     return best[3], best[2]
 
 
+def _split_ok(splits: int, k_iters: int) -> bool:
+    """Whether ``splits`` splits of ``k_iters`` k-steps are each at least MIN_SPLIT_K_STEPS long and none
+    is empty (a single split always is)."""
+    return splits == 1 or (k_iters // splits >= MIN_SPLIT_K_STEPS and _no_empty_split(splits, k_iters) == splits)
+
+
 def _no_empty_split(splits: int, k_iters: int) -> int:
     """The split count that ceil(k_iters / splits)-long ranges really make (never a range without k-steps)."""
     if splits <= 1:
         return 1
     return math.ceil(k_iters / math.ceil(k_iters / splits))
+
+
+def plan_problem(K: int, bn: int, splits: int) -> str | None:
+    """Why ``gemm`` would not run the plan (tile width ``bn``, ``splits`` split-K CTAs per tile) at depth
+    ``K``, or None. Whether the GPU can launch a cluster of ``splits`` CTAs is asked at launch
+    (``validate_plan``)."""
+    if bn not in SPLIT_WIDTHS:
+        return f"BN={bn} is not one of the tile widths {SPLIT_WIDTHS}"
+    if not 1 <= splits <= MAX_CLUSTER:
+        return f"splits={splits} is not in 1..{MAX_CLUSTER} (a tile's splits form one cluster)"
+    k_iters = math.ceil(K / BK)
+    if not _split_ok(splits, k_iters):
+        if k_iters // splits < MIN_SPLIT_K_STEPS:
+            return (f"{splits} splits of K={K} ({k_iters} k-steps of {BK}) leave fewer than "
+                    f"{MIN_SPLIT_K_STEPS} k-steps per split")
+        per = math.ceil(k_iters / splits)
+        return (f"K={K} is {k_iters} k-steps of {BK}: ranges of {per} fill only "
+                f"{_no_empty_split(splits, k_iters)} of {splits} splits (a split would be empty)")
+    return None
+
+
+def _capacity_of(capacity: dict[int, int] | Callable[[], dict[int, int]] | None) -> dict[int, int]:
+    return (capacity() if callable(capacity) else capacity) or H200_CLUSTER_CAPACITY
+
+
+def validate_plan(plan, K: int, capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None
+                  ) -> tuple[int, int]:
+    """``plan`` as ``(bn, splits)`` if ``gemm`` can run it at depth ``K``; else ``UnsupportedProblem`` saying
+    why. ``capacity``: as for ``choose_plan`` (asked only for a split plan: its cluster must launch)."""
+    try:
+        bn, splits = (operator.index(v) for v in plan)
+    except (TypeError, ValueError):
+        raise UnsupportedProblem(f"plan must be (BN, splits), two integers; got {plan!r}") from None
+    why = plan_problem(K, bn, splits)
+    if why is None and splits > 1 and _capacity_of(capacity).get(splits, 0) < 1:
+        why = f"this GPU cannot launch a cluster of {splits} CTAs of the split-K kernel"
+    if why is not None:
+        raise UnsupportedProblem(f"plan (BN={bn}, splits={splits}) at K={K}: {why}")
+    return bn, splits
+
+
+TUNED_STEP = "hopper.h11_general"  # the registry step whose tuned configs are the engine's plans
+
+
+@functools.cache
+def _tuned_spec():
+    from . import registry
+
+    return registry.get(TUNED_STEP)
+
+
+def plan_for(M: int, N: int, K: int, sm_count: int,
+             capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None, *,
+             gpu: autotune.GpuKey | None = None) -> tuple[int, int]:
+    """The (tile width, split count) ``gemm`` runs when no plan is forced: the winner ``gemmlab tune
+    hopper.h11_general`` saved for exactly (M, N, K) on ``gpu`` while it is still a plan the engine runs
+    there (its config resolves, it runs the shape, its cluster launches: ``capacity`` as for
+    ``choose_plan``), else ``choose_plan``. ``gpu`` None: no lookup. After the first call for a shape the
+    lookup is one ``stat`` of the file (``autotune.best_config``)."""
+    if gpu is not None:
+        cfg = autotune.best_config(_tuned_spec(), M, N, K, sm_count, gpu=gpu)
+        if cfg is not None:
+            bn, splits = cfg["BN"], cfg["SPLITS"]
+            if splits == 1 or _capacity_of(capacity).get(splits, 0) >= 1:
+                return bn, splits
+    return choose_plan(M, N, K, sm_count, capacity)
+
+
+def visible_capacity(sm_count: int) -> dict[int, int] | None:
+    """``cluster_capacity`` of the current GPU when it is a Hopper with ``sm_count`` SMs (asked once), else
+    None: ``choose_plan`` then plans with the H200's table."""
+    if not torch.cuda.is_available():
+        return None
+    device = torch.device("cuda", torch.cuda.current_device())
+    if hopper_available(device) is not None or _sm_count(device) != sm_count:
+        return None
+    return cluster_capacity(device)
 
 
 _CAPACITY: dict[int, dict[int, int]] = {}
@@ -267,8 +351,12 @@ def cluster_capacity(device: torch.device) -> dict[int, int]:
 _SM_COUNT: dict[int, int] = {}
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _sm_count(device: torch.device) -> int:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    idx = _index(device)
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
     return _SM_COUNT[idx]
@@ -293,11 +381,13 @@ def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None = None,
          activation: str | None = None, alpha: float = 1.0, beta: float = 0.0,
-         c: torch.Tensor | None = None) -> None:
+         c: torch.Tensor | None = None, plan: tuple[int, int] | None = None) -> None:
     """out = act(alpha * a @ b + beta * c + bias), see the module docstring. Inputs are validated by the caller.
 
     a: (M, K), b: (K, N), any strides, both bf16 or both fp16. out: (M, N) contiguous, bf16/fp16/fp32.
     c: (M, N) in out's dtype, any strides (used when beta != 0). bias: (N,) contiguous, a's dtype or fp32.
+    plan: (BN, splits) to run h11 with, even at a decode shape (``validate_plan``; UnsupportedProblem if
+    the engine cannot run it); None: the decode kernel where ``use_decode`` says so, else ``plan_for``.
     """
     M, K = a.shape
     N = b.shape[1]
@@ -305,7 +395,10 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
         raise UnsupportedProblem(f"the Hopper engine takes bf16 or fp16 operands of one dtype, got {a.dtype}, {b.dtype}")
     if activation not in ACTIVATIONS:
         raise UnsupportedProblem(f"unknown activation {activation!r}; known: {[k for k in ACTIVATIONS if k]}")
-    if use_decode(a, b, out):
+    capacity = lambda: cluster_capacity(a.device)  # noqa: E731 - asked only when a split plan is weighed
+    if plan is not None:
+        plan = validate_plan(plan, K, capacity)
+    elif use_decode(a, b, out):
         epi = int(bias is not None) | (int(c is not None and beta != 0.0) << 1) | (ACTIVATIONS[activation] << 2)
         ctypes = (_CTYPE[a.dtype], _CTYPE[out.dtype], _CTYPE[bias.dtype] if bias is not None else "float")
         decode.gemm(a, b, out, epi=epi, ctypes=ctypes, alpha=alpha, beta=beta, c=c, bias=bias,
@@ -321,7 +414,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     has_bias = bias is not None
     epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2) | (int(direct) << 5)
     sm = _sm_count(a.device)
-    bn, splits = choose_plan(M, N, K, sm, lambda: cluster_capacity(a.device))
+    bn, splits = plan or plan_for(M, N, K, sm, capacity, gpu=autotune.device_gpu(_index(a.device)))
     q = _qsize(bn, a.element_size(), split=splits > 1)
     tbias = _CTYPE[bias.dtype] if has_bias else "float"
     tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)

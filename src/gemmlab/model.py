@@ -856,16 +856,18 @@ def ladder_dtype(spec) -> str:
 
 
 def main_loop(spec, cfg: dict, registers: int, smem_bytes: int, profile: DeviceProfile = H200) -> MainLoop:
-    """A tensor-core step's ``MainLoop``, from the registry: stages = the ``QSIZE`` parameter (1 without
-    one), CTAs per SM = occupancy from threads, ptxas registers and shared memory (or
-    ``extra["blocks_per_sm"]``), a producer warp whenever there is more than one warpgroup, the cluster
-    size from the ``CLUSTER`` parameter or ``extra["cluster"]``, and the facts the source states but no
-    parameter does: ``extra["persistent"]``, ``extra["wgmma_in_flight"]``, ``extra["epilogue_overlapped"]``."""
+    """A tensor-core step's ``MainLoop``, from the registry: stages = the ``QSIZE`` parameter (else
+    ``extra["stages"](config)`` where the depth is derived, else 1), CTAs per SM = occupancy from threads,
+    ptxas registers and shared memory (or ``extra["blocks_per_sm"]``), a producer warp whenever there is
+    more than one warpgroup, the cluster size from the ``CLUSTER`` parameter or ``extra["cluster"]``, and
+    the facts the source states but no parameter does: ``extra["persistent"]``, ``extra["wgmma_in_flight"]``,
+    ``extra["epilogue_overlapped"]``."""
     threads = spec.threads(cfg)
     bps = spec.extra.get("blocks_per_sm")
     if bps is None:
         bps = max(1, occupancy(threads, registers, smem_bytes, profile).blocks_per_sm)
-    return MainLoop(stages=int(cfg.get("QSIZE", 1)), ctas_per_sm=int(bps),
+    stages = cfg["QSIZE"] if "QSIZE" in cfg else spec.extra.get("stages", lambda c: 1)(cfg)
+    return MainLoop(stages=int(stages), ctas_per_sm=int(bps),
                     persistent=bool(spec.extra.get("persistent", False)),
                     wgmma_in_flight=int(spec.extra.get("wgmma_in_flight", 0)),
                     cluster=int(cfg.get("CLUSTER", spec.extra.get("cluster", 1))), producer_warp=threads > 128,

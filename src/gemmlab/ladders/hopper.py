@@ -462,10 +462,58 @@ register(KernelSpec(
 # h11: general (the engine of gemmlab.matmul) --------------------------------------------------------
 
 def _launch_h11(spec, compiled, cfg, a, b, c, alpha, beta):
-    """The ladder view of h11: TN bf16, C = alpha * A @ B^T (+ beta * C). gemmlab.engine drives the rest."""
+    """The ladder view of h11: TN bf16, C = alpha * A @ B^T (+ beta * C), the nn.Linear layout
+    ``gemmlab.matmul`` sees, through ``gemmlab.engine`` with the config's plan (BN, SPLITS)."""
     from .. import engine
 
-    engine.gemm(a, b.t(), c, alpha=alpha, beta=beta, c=c.clone() if beta != 0.0 else None)
+    engine.gemm(a, b.t(), c, alpha=alpha, beta=beta, c=c.clone() if beta != 0.0 else None,
+                plan=(cfg["BN"], cfg["SPLITS"]))
+
+
+def _h11_qsize(cfg) -> int:
+    """The pipeline depth the engine gives the plan (split-K stages take the output slabs' room)."""
+    from .. import engine
+
+    return engine._qsize(cfg["BN"], 2, split=cfg["SPLITS"] > 1)
+
+
+def _h11_template_args(cfg) -> tuple:
+    """hopper_h11<T, TO, TBIAS, BN, QSIZE, A_MN, B_MN, EPI, SPLIT, OVERLAP> as the engine instantiates it for
+    the ladder's plain TN bf16 call (alpha = 1, beta = 0): K-major operands, no epilogue extras, the split
+    instantiation for SPLITS > 1, else the overlapped epilogue."""
+    split = int(cfg["SPLITS"] > 1)
+    return ("__nv_bfloat16", "__nv_bfloat16", "float", cfg["BN"], _h11_qsize(cfg), 0, 0, 0, split, 1 - split)
+
+
+def _h11_smem(cfg) -> int:
+    from .. import engine
+
+    return engine.smem_bytes(cfg["BN"], _h11_qsize(cfg), 2, split=cfg["SPLITS"] > 1)
+
+
+def _supports_h11(cfg, M, N, K):
+    from .. import engine
+
+    if min(M, N, K) < 1 or max(M, N) >= 2**23:
+        return "sizes out of range"
+    return engine.plan_problem(K, cfg["BN"], cfg["SPLITS"])
+
+
+def h11_heuristic(M: int, N: int, K: int, sm_count: int) -> dict:
+    """The engine's own plan (``choose_plan``), with this GPU's cluster capacity when it is the GPU asked
+    about, else the H200's table."""
+    from .. import engine
+
+    bn, splits = engine.choose_plan(M, N, K, sm_count, lambda: engine.visible_capacity(sm_count))
+    return {"BN": bn, "SPLITS": splits}
+
+
+H11_SASS = SassExpect(contains=WS_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
+                      no_local_memory=True, loop_absent=(r"^MEMBAR\.ALL\.GPU",))
+# Split-K: partials reduced through distributed shared memory behind cluster barriers and stored by the
+# threads; the barrier's default .release is a MEMBAR.ALL.GPU once per tile, inside the unit loop.
+H11_SPLIT_SASS = SassExpect(contains=WS_SASS["contains"] + (r"^UCGABAR_ARV", r"^UCGABAR_WAIT", r"^STG"),
+                            absent=HOPPER_SASS["absent"] + (r"^UTMASTG",), no_local_memory=True)
 
 
 register(KernelSpec(
@@ -473,17 +521,16 @@ register(KernelSpec(
     technique="any M, N, K (TMA bounds), K- or MN-major operands, fused alpha/beta/bias/activation "
               "epilogue: the engine of gemmlab.matmul",
     source="hopper/h11_general.cu", template="hopper_h11",
-    params=(Param("BN", (256, 192, 128), "tile width (wgmma N)"), Param("QSIZE", (4, 3), "pipeline stages")),
-    template_prefix=("__nv_bfloat16", "__nv_bfloat16", "float"), template_suffix=("0", "0", "0", "0", "1"),
+    params=(Param("BN", (128, 64, 192, 256), "tile width (wgmma N)"),
+            Param("SPLITS", (1, 2, 3, 4, 5, 6, 7, 8), "split-K CTAs per tile, one cluster (> 1: the split "
+                  "instantiation, whose stages take the output slabs' room)", template=False)),
+    template_args=_h11_template_args,
     arch="sm_90a", constraints="any M, N, K >= 1 (16-byte aligned rows; gemmlab.matmul copies others); "
-                               "alpha, beta any",
-    sass=SassExpect(contains=WS_SASS["contains"] + (r"^UTMASTG", r"^STSM"), absent=HOPPER_SASS["absent"],
-                    no_local_memory=True, loop_absent=(r"^MEMBAR\.ALL\.GPU",)),
-    launcher=_launch_h11,
-    supports=lambda cfg, M, N, K: None if min(M, N, K) >= 1 and max(M, N) < 2**23 else "sizes out of range",
-    threads=lambda c: 384, smem_bytes=lambda c: _ring_smem(128, c["BN"], c["QSIZE"], extra=H10_SLABS),
-    tile=lambda c: (128, c["BN"], BK),
-    extra={"persistent": True, "wgmma_in_flight": 1,
-           # gemmlab.autotune refuses to tune a step whose launcher does not run the config it is given.
-           "not_tunable": "its launcher runs gemmlab.engine, which picks BN and QSIZE itself (choose_bn, _qsize)"},
+                               "alpha, beta any; SPLITS > 1: at least 4 k-steps of 64 per split, none empty, "
+                               "and a cluster of SPLITS CTAs this GPU can launch",
+    sass=H11_SASS, sass_for=lambda cfg: H11_SPLIT_SASS if cfg["SPLITS"] > 1 else H11_SASS,
+    launcher=_launch_h11, supports=_supports_h11,
+    threads=lambda c: 384, smem_bytes=_h11_smem, tile=lambda c: (128, c["BN"], BK),
+    heuristic=h11_heuristic,
+    extra={"persistent": True, "wgmma_in_flight": 1, "stages": _h11_qsize},
 ))
