@@ -2,9 +2,9 @@
 
     PYTHONPATH=src python3 benchmarks/engine_policies.py --shapes 1024,1024,1024;512,1024,4096 --out r.jsonl
 
-Each candidate runs ``engine.gemm`` with ``choose_plan`` (tile width, split count) replaced for its own launches
-(the CUDA graph captures the launch that choice made), so the engine's heuristics can be checked against
-the alternatives on the shapes where they matter. An experiment, not a suite: records carry
+Each candidate runs ``engine.gemm`` with a forced plan (tile width, split count; ``gemm(plan=)`` runs h11 even
+where the engine would take the decode kernel), so the engine's heuristics can be checked against the
+alternatives on the shapes where they matter. An experiment, not a suite: records carry
 ``suite = "engine-policies"`` and the variant in ``config``.
 """
 
@@ -37,14 +37,7 @@ def variants(M: int, N: int, K: int, sm: int) -> dict[str, dict]:
 
 
 def run_variant(v: dict, a, b, out) -> None:
-    saved = engine.choose_plan, engine.use_decode
-    if v["BN"] is not None:
-        engine.choose_plan = lambda *args: (v["BN"], v["splits"])
-        engine.use_decode = lambda *args: False
-    try:
-        engine.gemm(a, b, out)
-    finally:
-        engine.choose_plan, engine.use_decode = saved
+    engine.gemm(a, b, out, plan=None if v["BN"] is None else (v["BN"], v["splits"]))
 
 
 def main() -> None:

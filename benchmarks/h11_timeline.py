@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from gemmlab import engine
+from gemmlab import autotune, engine
 from gemmlab.bench import git_sha
 from gemmlab.gpu import gpu_info, sample_clocks
 from gemmlab.jit import compiler
@@ -49,12 +49,9 @@ def parse_case(text: str) -> tuple[tuple[int, int, int], tuple[int, int] | None]
 def run(a, b, out, plan, buf=None, source=None) -> None:
     """engine.gemm with ``plan`` (or the engine's own), with ``buf`` the probe build, with ``source``
     another copy of the kernel (an A/B)."""
-    saved = engine.choose_plan, engine.use_decode, engine.compile_kernel, engine.SOURCE
+    saved = engine.compile_kernel, engine.SOURCE
     if source is not None:
         engine.SOURCE = source
-    if plan is not None:
-        engine.choose_plan = lambda *args: plan
-        engine.use_decode = lambda *args: False
     if buf is not None:
         def probe_compile(source, expr, **kw):
             if source == engine.SOURCE:
@@ -62,9 +59,9 @@ def run(a, b, out, plan, buf=None, source=None) -> None:
             return compiler.compile_kernel(source, expr, **kw)
         engine.compile_kernel = probe_compile
     try:
-        engine.gemm(a, b, out)
+        engine.gemm(a, b, out, plan=plan)
     finally:
-        engine.choose_plan, engine.use_decode, engine.compile_kernel, engine.SOURCE = saved
+        engine.compile_kernel, engine.SOURCE = saved
 
 
 def summarize(raw: torch.Tensor, ctas: int, ns_per_clock: float) -> dict:
@@ -110,7 +107,8 @@ def main() -> None:
         a = torch.randn(M, K, device="cuda").bfloat16()
         b = torch.randn(N, K, device="cuda").bfloat16().t()
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-        used = plan or engine.choose_plan(M, N, K, sm, lambda: engine.cluster_capacity(a.device))
+        used = plan or engine.plan_for(M, N, K, sm, lambda: engine.cluster_capacity(a.device),
+                                       gpu=autotune.device_gpu(a.device.index or 0))
         tiles = -(-M // engine.BM) * -(-N // used[0])
         ctas = tiles * used[1] if used[1] > 1 else min(sm, tiles)
         if ctas > MAX_CTAS:
