@@ -46,10 +46,17 @@ def parse_case(text: str) -> tuple[tuple[int, int, int], tuple[int, int] | None]
     return (M, N, K), (tuple(int(x) for x in plan.split("x")) if plan else None)
 
 
-def run(a, b, out, plan, buf=None, source=None) -> None:
+# --ab-full-a-box: the A/B candidate loads 64 rows of A for tiles past M + 64, as before a_rows_loaded.
+FULL_A_BOX = {"a_rows_loaded": lambda M, a_mn: 64}
+
+
+def run(a, b, out, plan, buf=None, source=None, patch=None) -> None:
     """engine.gemm with ``plan`` (or the engine's own), with ``buf`` the probe build, with ``source``
-    another copy of the kernel (an A/B)."""
+    another copy of the kernel, with ``patch`` engine attributes replaced (an A/B)."""
     saved = engine.compile_kernel, engine.SOURCE
+    saved_attrs = {k: getattr(engine, k) for k in (patch or {})}
+    for k, v in (patch or {}).items():
+        setattr(engine, k, v)
     if source is not None:
         engine.SOURCE = source
     if buf is not None:
@@ -62,6 +69,8 @@ def run(a, b, out, plan, buf=None, source=None) -> None:
         engine.gemm(a, b, out, plan=plan)
     finally:
         engine.compile_kernel, engine.SOURCE = saved
+        for k, v in saved_attrs.items():
+            setattr(engine, k, v)
 
 
 def summarize(raw: torch.Tensor, ctas: int, ns_per_clock: float) -> dict:
@@ -96,6 +105,8 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--ab", default=None, help="another h11 source under kernels/ (e.g. hopper/_ab_old.cu): "
                                               "timed beside the current one and torch.mm")
+    p.add_argument("--ab-full-a-box", action="store_true",
+                   help="the A/B candidate is this kernel loading 64 rows of A for short tiles")
     args = p.parse_args()
     info, sha = gpu_info(), git_sha()
     sm = info.sm_count
@@ -130,10 +141,13 @@ def main() -> None:
                  torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2]),
                  "h11": lambda i: run(*sets[i], used)}
+        if args.ab_full_a_box:
+            args.ab = args.ab or "full-a-box"
+        ab_kw = {"patch": FULL_A_BOX} if args.ab_full_a_box else {"source": args.ab}
         if args.ab:
-            cands["ab"] = lambda i: run(*sets[i], used, source=args.ab)
+            cands["ab"] = lambda i: run(*sets[i], used, **ab_kw)
             sets[0][2].fill_(float("nan"))
-            run(*sets[0], used, source=args.ab)
+            run(*sets[0], used, **ab_kw)
             ab_ref = sets[0][0].double() @ sets[0][1].double()
             ab_err = float((sets[0][2].double() - ab_ref).norm() / ab_ref.norm())
         res = time_interleaved(cands, n_sets, rounds=args.rounds, replay_ms=10.0)

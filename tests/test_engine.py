@@ -168,3 +168,12 @@ def test_plan_for_survives_a_damaged_file(tuned):
     path.write_text(json.dumps(doc))
     with pytest.warns(autotune.AutotuneCacheWarning, match="malformed"):
         assert engine.plan_for(*SHAPE, 132, gpu=FAKE) == (128, 6)
+
+
+@pytest.mark.parametrize("M, a_mn, rows", [(1, False, 8), (13, False, 16), (64, False, 64), (65, False, 64),
+                                           (128, False, 64), (150, False, 24), (192, False, 64),
+                                           (200, False, 64), (13, True, 64)])
+def test_short_a_box_holds_the_rows_left(M, a_mn, rows):
+    """Tiles whose rows m0 + 64 .. lie past M load the rows left in the tile, rounded up to 8 (K-major A);
+    64 where no tile takes the short box or A is MN-major."""
+    assert engine.a_rows_loaded(M, a_mn) == rows

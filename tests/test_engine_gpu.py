@@ -98,7 +98,7 @@ def test_split_k_decode_shapes(shape):
 def test_split_k_ragged_clusters_with_epilogue_in_place(monkeypatch, out_dtype, plan):
     """Split-K through clusters of 2, 3, 5 and 8 (29 k-steps of a ragged K: e.g. ranges of 10, 10, 9; the
     128 rows shared 43, 43, 42), tile widths 64 to 256, M = 40 (the second consumer idles and only a
-    64-row box of A is loaded), a ragged N (the last columns go one by one), and beta * C read from the
+    40-row box of A is loaded), a ragged N (the last columns go one by one), and beta * C read from the
     output itself. (256, 8) makes 16 clusters, more than an H200 holds at once: a second wave."""
     from gemmlab import engine
 
@@ -112,6 +112,32 @@ def test_split_k_ragged_clusters_with_epilogue_in_place(monkeypatch, out_dtype, 
     engine.gemm(a, b, out, bias=bias, activation="gelu_tanh", alpha=0.5, beta=-1.0, c=out)
     torch.cuda.synchronize()
     assert rel_error(out, _reference(a, b, bias, "gelu_tanh", 0.5, -1.0, c)) <= TOL[out_dtype]
+
+
+@pytest.mark.parametrize("M", [13, 150])
+@pytest.mark.parametrize("plan", [(128, 1), (64, 3), (256, 2)])
+@pytest.mark.parametrize("aligned_out", [True, False])
+def test_short_a_boxes_leave_rows_past_m_alone(M, plan, aligned_out):
+    """Tiles whose rows past M + 64 lie outside A load only the rows left, rounded up to 8 (M = 13: 16
+    rows; M = 150: the last tile's 22 rows, 24), so the MMAs make garbage in rows past M. Those rows must
+    never reach memory: the output is a view into a poisoned buffer with 8 spare rows below it (and a
+    row stride that is not 16-byte aligned for the DIRECT stores), the epilogue reads C and a bias."""
+    from gemmlab import engine
+
+    N, K = 1000, 2000
+    assert engine.a_rows_loaded(M, False) == {13: 16, 150: 24}[M]
+    a, b = _operands(M, N, K, torch.bfloat16, "NT")
+    ld = N if aligned_out else N + 3
+    buf = poison_(torch.empty((M + 8) * ld, device="cuda", dtype=torch.bfloat16))
+    out = buf[:M * ld].view(M, ld)[:, :N]
+    c = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    out.copy_(c)
+    bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    engine.gemm(a, b, out, bias=bias, activation="relu", beta=0.5, c=out, plan=plan)
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(a, b, bias, "relu", 1.0, 0.5, c)) <= TOL[torch.bfloat16]
+    spare = buf[M * ld:]
+    assert torch.isnan(spare.float()).all(), "rows past M were written"
 
 
 def test_cluster_capacity_is_queried_from_the_gpu():

@@ -362,6 +362,18 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+def a_rows_loaded(M: int, a_mn: bool) -> int:
+    """Rows of A that h11 loads for a tile whose rows m0 + 64 .. lie past M (the last row of tiles, or
+    every tile when M <= 64): the rows left in that tile rounded up to 8 (a K-major box may be as short as
+    that; the MMA rows past them only make output rows past M, never stored), 64 when the last tile
+    fills more than half its rows (no tile uses the short box then), and 64 for MN-major A (its box is
+    64 rows of M wide)."""
+    left = M - (math.ceil(M / BM) - 1) * BM
+    if a_mn or left > 64:
+        return 64
+    return math.ceil(left / 8) * 8
+
+
 DECODE_MAX_WEIGHT_DIM = 12288  # past it, h11 streams a weight faster than the decode kernel from M = 9
 
 
@@ -426,10 +438,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
             f"{int(b_mn)}, {epi}, {int(splits > 1)}, {int(overlap)}>")
     compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
 
-    # K-major A: a 128-row box, and a 64-row one for tiles whose second half lies past M. MN-major A:
-    # 64 x 64 boxes (the 128-byte swizzle's widest), two per tile or one.
+    # K-major A: a 128-row box, and a shorter one (a_rows_loaded) for tiles whose second half lies past M.
+    # MN-major A: 64 x 64 boxes (the 128-byte swizzle's widest), two per tile or one.
+    a_rows = a_rows_loaded(M, a_mn)
     map_a = tensor_map_2d(ta, (BK, 64) if a_mn else (BM, BK))
-    map_a_half = map_a if a_mn else tensor_map_2d(ta, (64, BK))
+    map_a_half = map_a if a_mn else tensor_map_2d(ta, (a_rows, BK))
     map_b = tensor_map_2d(tb, (BK, 64) if b_mn else (bn, BK))
     piece = 32 if out.element_size() == 4 else 64
     map_c = map_a if direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C map
@@ -440,5 +453,5 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     grid, cluster = (tiles * splits, (splits,)) if splits > 1 else (min(sm, tiles), None)
     args = (map_a, map_a_half, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K),
             np.float32(alpha), np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
-            bias if has_bias else out, np.int32(splits), out, np.int64(out.stride(0)))
+            bias if has_bias else out, np.int32(splits), np.int32(a_rows), out, np.int64(out.stride(0)))
     launch(compiled, grid=grid, block=384, smem=smem, args=args, cluster=cluster)

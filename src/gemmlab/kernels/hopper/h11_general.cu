@@ -78,7 +78,7 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
            const __grid_constant__ CUtensorMap tmB,
            const __grid_constant__ CUtensorMap tmC, const int* __restrict__ order, int M, int N, int K,
            float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row, long long ldc_col,
-           const TBIAS* __restrict__ bias, int splits, TO* __restrict__ Out, long long ldo) {
+           const TBIAS* __restrict__ bias, int splits, int a_rows, TO* __restrict__ Out, long long ldo) {
     constexpr int BM = 128, BK = 64, CONSUMERS = 2;
     constexpr bool HAS_BIAS = EPI & 1, HAS_C = EPI & 2;
     constexpr int ACT = (EPI >> 2) & 7;
@@ -123,12 +123,15 @@ hopper_h11(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUte
                 const int packed = order[unit / splits], split = unit % splits;
                 const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
                 const int k_end = min(k_iters, (split + 1) * k_per);
-                // Where rows m0 + 64 .. lie past M (M <= 64, the last row of tiles) only A's first 64 rows
-                // are loaded (K-major: through tmA_half, a 64-row box): zero-filled bytes cost the TMA as much
-                // as read ones, and that consumer issues no MMAs (or, under OVERLAP, makes rows no store
-                // keeps). Whole tiles keep one 128-row box: two 64-row boxes measured ~5% slower there.
+                // Where rows m0 + 64 .. lie past M (M <= 64, the last row of tiles) only A's first a_rows
+                // rows are loaded (K-major: tmA_half, a box of the rows left in the tile rounded up to 8, at
+                // most 64; MN-major: one 64 x 64 box): zero-filled bytes cost the TMA as much as read ones.
+                // The slot's other rows keep whatever an earlier stage (or nothing) left there: each MMA
+                // output row depends on its A row alone, so they only make output rows past M, which no
+                // store and no split-K reduction reads (the second consumer issues no MMAs in split
+                // instantiations). Whole tiles keep one 128-row box: two 64-row boxes measured ~5% slower.
                 const bool two = m0 + 64 < M;
-                const u32 stage_bytes = STAGE_BYTES - (two ? 0u : 64u * BK * sizeof(T));
+                const u32 stage_bytes = STAGE_BYTES - (two ? 0u : u32(BM - a_rows) * BK * sizeof(T));
                 for (int kt = split * k_per; kt < k_end; ++kt) {
                     mbar_wait_parity(&empty[s], phase ^ 1);
                     // The full box bytes arrive even where the box hangs over the tensor's edge (zero-filled).
