@@ -185,14 +185,16 @@ def test_use_decode_takes_linear_layer_shapes():
 
 
 @pytest.mark.parametrize("M, N, K, decode_kernel", [
-    (1, 28672, 8192, True),  # M <= 8: the decode kernel for any weight
-    (8, 8192, 28672, True),
-    (9, 28672, 8192, False),  # a weight dimension past DECODE_MAX_WEIGHT_DIM: h11 from M = 9
+    (1, 28672, 8192, False),  # a weight dimension past DECODE_MAX_WEIGHT_DIM: h11 at any M
+    (8, 8192, 28672, False),
+    (9, 28672, 8192, False),
+    (1, 8192, 8192, True),
+    (8, 4096, 4096, True),
     (16, 4096, 14336, False),
     (16, 8192, 8192, True),
     (32, 12288, 12288, True),
 ])
-def test_use_decode_sends_large_weights_to_h11_past_m_8(M, N, K, decode_kernel):
+def test_use_decode_sends_large_weights_to_h11(M, N, K, decode_kernel):
     x = torch.empty(M, K, dtype=torch.bfloat16, device="meta")
     w = torch.empty(N, K, dtype=torch.bfloat16, device="meta")
     assert engine.use_decode(x, w.t()) is decode_kernel

@@ -33,9 +33,9 @@ def _reference(a, b, bias=None, act=None, alpha=1.0, beta=0.0, c=None):
 
 def _run(a, b, out_dtype, variant=None, **kw):
     """Through engine.gemm where the engine takes the decode kernel; past MAX_M (NT = 8), for the large
-    weights the engine sends to h11 from M = 9, or with an explicit variant, through decode.run_variant."""
+    weights the engine sends to h11, or with an explicit variant, through decode.run_variant."""
     out = poison_(torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=out_dtype))
-    if a.shape[0] <= 8:
+    if a.shape[0] <= 8 and max(a.shape[1], b.shape[1]) <= engine.DECODE_MAX_WEIGHT_DIM:
         assert engine.use_decode(a, b), decode.why_not(a, b)
     if variant is None and engine.use_decode(a, b):
         engine.gemm(a, b, out, **kw)

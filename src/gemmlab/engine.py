@@ -8,7 +8,7 @@ that operand, or the output, goes through an aligned copy), the plan: tile width
 the pipeline depth that fits, and the fused epilogue variant. Compiled variants and TMA descriptors are
 cached, so a repeated call is a few dictionary lookups, one ``stat`` and one launch.
 
-Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands; past M = 8 only weights up to
+Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands and weights up to
 ``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) go to the small-M kernel in ``gemmlab.decode`` instead.
 Split-K needs no workspace: a tile's splits run as one thread-block cluster and reduce through
 distributed shared memory.
@@ -374,19 +374,22 @@ def a_rows_loaded(M: int, a_mn: bool) -> int:
     return math.ceil(left / 8) * 8
 
 
-DECODE_MAX_WEIGHT_DIM = 12288  # past it, h11 streams a weight faster than the decode kernel from M = 9
+DECODE_MAX_WEIGHT_DIM = 12288  # past it, h11 streams a weight faster than the decode kernel at any M
 
 
 def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
     """Whether ``a @ b`` runs on the decode kernel (``gemmlab.decode``: M <= decode.MAX_M, K-contiguous
     operands, K % 8 == 0, 16-byte alignment) instead of h11. The one place this choice is made.
 
-    Large weights at M > 8 go to h11 (its TMA pipeline keeps more bytes in flight): on the H200 at
-    M = 16, 16x28672x8192 ran 116 us on h11 against 141 us, 16x8192x28672 116 against 138 and
-    16x14336x4096 37.5 against 38.5, while 16x8192x8192 (37 against 42 us), every 4096-wide weight and
-    every M <= 8 stayed faster on the decode kernel (engine_policies.jsonl, sha 227f35c)."""
+    Weights with a dimension past DECODE_MAX_WEIGHT_DIM go to h11 at every M (its TMA pipeline keeps
+    more bytes in flight). On the H200 (engine_policies.jsonl): at M = 16, 16x28672x8192 ran 116 us on
+    h11 against 141 us and 16x8192x28672 116 against 138 (sha 227f35c); once h11 loaded only the rows of
+    A that exist (``a_rows_loaded``) also M <= 8 (sha 6ea410a): 1x14336x4096 31.8 against 35.6 us,
+    1x8192x28672 112.1 against 124.0, 1x28672x8192 118.4 against 130.5, 8x14336x4096 32.2 against 35.9.
+    8192x8192 (h11 36.1 against 35.7 us at M = 1) and 4096-wide weights (1x4096x4096: 13.5 against 10.8)
+    stay on the decode kernel."""
     M, K = a.shape
-    if M > 8 and max(b.shape[1], K) > DECODE_MAX_WEIGHT_DIM:
+    if max(b.shape[1], K) > DECODE_MAX_WEIGHT_DIM:
         return False
     return decode.why_not(a, b, out) is None
 
