@@ -1,6 +1,6 @@
 // hopper.h11_general: h10 (CLUSTER = 1) made general; this is the engine behind gemmlab.matmul.
 //  * Any M, N, K: tiles are ceil-divided; the TMA zero-fills loads that fall outside the tensor and
-//    clips stores, so edges need no code. (Leading dimensions must be 16-byte multiples: the Python side
+//    clips stores, so edges need no code (a tile that ends past M loads only the A rows it has, below). (Leading dimensions must be 16-byte multiples: the Python side
 //    copies operands that are not.)
 //  * Either operand K-major or MN-major: an MN-major slab is loaded as 64 x 64 boxes and handed to
 //    wgmma with its transpose flag and an MN-major descriptor (PTX ISA "Matrix Descriptor Format":
@@ -12,8 +12,8 @@
 //    of a tile form one thread-block cluster, CTA u is (tile u / splits, k-range u % splits) and the
 //    grid has exactly one unit per CTA. Each CTA leaves its fp32 partial in its own shared memory
 //    (over the drained pipeline stages); after a cluster barrier, CTA r reads rows r * 128 / splits ..
-//    of every partial through distributed shared memory, adds them in rank order (deterministic), runs
-//    the epilogue and stores those rows with plain coalesced stores. No workspace, no counters, no L2
+//    of its own partial and, through distributed shared memory, of the others', adds them in a fixed
+//    order (deterministic), runs the epilogue and stores those rows with plain coalesced stores. No workspace, no counters, no L2
 //    round trip, and the reduction is spread over the cluster instead of falling to the last CTA.
 //  * OVERLAP (16-bit output through TMA, no split-K): h12's overlapped epilogue. The fused epilogue
 //    runs on the accumulators, the result is packed in registers and stored during the next tile's
