@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gemmlab import autotune, engine, registry, sass
+from gemmlab import autotune, decode, engine, registry, sass
 from gemmlab.errors import UnsupportedProblem
 from gemmlab.jit.compiler import compile_kernel
 
@@ -177,3 +177,52 @@ def test_short_a_box_holds_the_rows_left(M, a_mn, rows):
     """Tiles whose rows m0 + 64 .. lie past M load the rows left in the tile, rounded up to 8 (K-major A);
     64 where no tile takes the short box or A is MN-major."""
     assert engine.a_rows_loaded(M, a_mn) == rows
+
+
+# The prepared launches' parameter blocks match the kernels' signatures ---------------------------------
+
+def _ptx_param_types(source: str, expr: str) -> list[str]:
+    """The .param types of ``expr``'s entry in PTX compiled from ``kernels/<source>``: "u64", "f32",
+    "b8[128]" (a by-value CUtensorMap) and so on."""
+    import re
+
+    from cuda.bindings import nvrtc
+
+    from gemmlab.jit.compiler import KERNEL_ROOT, collect_sources
+    from gemmlab.jit.toolchain import cuda_include_dir
+
+    def ok(result):  # NVRTC calls return (status, value...); cuda-core's PTX path asks the driver, absent here
+        assert result[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS, result
+        return result[1] if len(result) == 2 else result[1:]
+
+    prog = ok(nvrtc.nvrtcCreateProgram(collect_sources(source)[source].encode(), source.encode(), 0, [], []))
+    ok((nvrtc.nvrtcAddNameExpression(prog, expr.encode())[0], None))
+    opts = [b"-arch=compute_90a", b"-std=c++17"] + [b"-I" + str(d).encode() for d in
+                                                  (KERNEL_ROOT, (KERNEL_ROOT / source).parent, cuda_include_dir())]
+    ok((nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0], None))
+    size = ok(nvrtc.nvrtcGetPTXSize(prog))
+    buf = b" " * size
+    ok((nvrtc.nvrtcGetPTX(prog, buf)[0], None))
+    mangled = ok(nvrtc.nvrtcGetLoweredName(prog, expr.encode())).decode()
+    ptx = buf.decode(errors="replace")
+    entry = ptx[ptx.index(f".entry {mangled}("):]
+    params = entry[:entry.index(")")]
+    return [t + (f"[{n}]" if n else "") for t, n in re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+[\w$]+(?:\[(\d+)\])?", params)]
+
+
+_KIND_TYPES = {"ptr": {"u64", "b64"}, "i64": {"u64", "s64", "b64"}, "i32": {"u32", "s32", "b32"}, "f32": {"f32"},
+               "tmap": {"b8[128]"}}
+
+
+@pytest.mark.parametrize("source, expr, kinds", [
+    (engine.SOURCE, "hopper_h11<__nv_bfloat16, __nv_bfloat16, float, 128, 6, 0, 1, 0, 0, 1>", engine._H11_PARAMS),
+    (engine.PAD_COPY_SOURCE, "pad_copy<2, 1, 0>", ("ptr", "i64", "ptr", "i64", "i64", "i32")),
+    ("engine/decode.cu", "engine_decode<__nv_bfloat16, __nv_bfloat16, float, 2, 2, 1, 2, 1, 0, 1>", decode._PARAMS),
+])
+def test_launcher_parameter_kinds_match_the_kernel(source, expr, kinds):
+    """Each prepared launch writes its parameters by position and kind; a kernel signature that changes
+    without them would pass garbage, so compare with the PTX entry's parameters."""
+    types = _ptx_param_types(source, expr)
+    assert len(types) == len(kinds), (types, kinds)
+    for i, (t, k) in enumerate(zip(types, kinds)):
+        assert t in _KIND_TYPES[k], f"parameter {i}: PTX .{t}, launcher kind {k!r}"

@@ -51,9 +51,23 @@ class FakeEngine:
     def __init__(self, reason=None):
         self.reason = reason
         self.calls = []
+        self.prepared = []
+        self.streams = []
 
     def hopper_available(self, device):
         return self.reason
+
+    def prepare(self, a, b, out, *, bias, activation, has_c, c):
+        """What ops keeps per metadata key: here a recorder whose ``run`` is ``gemm``."""
+        self.prepared.append(dict(shape=(a.shape, b.shape), strides=(a.stride(), b.stride()), has_c=has_c))
+        engine = self
+
+        class Launch:
+            def run(self, stream, a, b, out, bias, c, alpha, beta):
+                engine.streams.append(stream)
+                engine.gemm(a, b, out, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
+
+        return Launch()
 
     def gemm(self, a, b, out, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None):
         self.calls.append(dict(a=a, b=b, out=out, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c))
@@ -87,7 +101,10 @@ def on_cpu(monkeypatch):
     monkeypatch.setattr(ops, "_load_engine", lambda: eng)
     monkeypatch.setattr(ops, "_sm_count", lambda device: 132)
     monkeypatch.setattr(ops, "best_sgemm_step", lambda M, N, K, sm: (step, {}))
-    return types.SimpleNamespace(engine=eng, sgemm=step)
+    monkeypatch.setattr(ops, "_stream", lambda dev: 7)
+    ops.clear_prepared_calls()  # calls prepared with another test's fake engine
+    yield types.SimpleNamespace(engine=eng, sgemm=step)
+    ops.clear_prepared_calls()
 
 
 def rnd(*shape, dtype=BF16, device="cpu", gen=None):
@@ -414,6 +431,130 @@ def test_fp32_route_without_c_passes_beta_zero(on_cpu):
     assert on_cpu.sgemm.calls == [dict(alpha=1.0, beta=0.0)]
 
 
+# The eager path: prepared calls, keyed on metadata (CPU, fake engine) -------------------------------------
+
+@pytest.fixture
+def eager_cpu(on_cpu, monkeypatch):
+    """on_cpu, and CPU tensors take the eager path (as CUDA tensors do)."""
+    monkeypatch.setattr(ops, "_fast_device", lambda a: True)
+    return on_cpu
+
+
+def test_eager_calls_prepare_once_and_follow_each_calls_tensors(eager_cpu):
+    eng = eager_cpu.engine
+    for i in range(4):
+        a, w, bias = rnd(8, 32), rnd(16, 32), rnd(16)
+        y = gemmlab.matmul(a, w.t(), bias=bias, activation="silu", alpha=0.5 + i)
+        assert rel_error(y, reference(a, w.t(), bias=bias, activation="silu", alpha=0.5 + i)) < TOL[BF16]
+        assert eng.calls[-1]["a"] is a and eng.calls[-1]["alpha"] == 0.5 + i
+    assert len(eng.prepared) == 1 and len(eng.calls) == 4
+
+
+@pytest.mark.parametrize("change", ["shape", "b transposed", "dtype", "misaligned a", "bias", "bias dtype",
+                                    "activation", "c", "out_dtype", "out", "out strided"])
+def test_eager_calls_prepare_again_when_metadata_changes(eager_cpu, change):
+    """Anything the launch depends on is in the key: a changed call never runs a stale preparation."""
+    eng = eager_cpu.engine
+    a, b = rnd(8, 32), rnd(32, 16)
+    gemmlab.matmul(a, b)
+    kw, dtype = {}, BF16
+    if change == "shape":
+        a = rnd(9, 32)
+    elif change == "b transposed":
+        b = rnd(16, 32).t()
+    elif change == "dtype":
+        a, b, dtype = a.to(FP16), b.to(FP16), FP16
+    elif change == "misaligned a":  # same shape and strides, data pointer off 16 bytes
+        a = rnd(8 * 32 + 1)[1:].view(8, 32)
+    elif change == "bias":
+        kw = dict(bias=rnd(16))
+    elif change == "bias dtype":
+        gemmlab.matmul(a, b, bias=rnd(16))
+        kw = dict(bias=rnd(16, dtype=FP32))
+    elif change == "activation":
+        kw = dict(activation="relu")
+    elif change == "c":
+        kw = dict(c=rnd(8, 16), beta=2.0)
+    elif change == "out_dtype":
+        kw = dict(out_dtype=FP32)
+    elif change == "out":
+        kw = dict(out=poison_(torch.empty(8, 16, dtype=BF16)))
+    elif change == "out strided":
+        gemmlab.matmul(a, b, out=poison_(torch.empty(8, 16, dtype=BF16)))
+        kw = dict(out=poison_(torch.empty(16, 8, dtype=BF16)).t())
+    before = len(eng.prepared)
+    y = gemmlab.matmul(a, b, **kw)
+    assert len(eng.prepared) == before + 1
+    want = reference(a, b, **{k: v for k, v in kw.items() if k not in ("out", "out_dtype")})
+    assert rel_error(y, want) < TOL[kw.get("out_dtype", dtype)]
+    if "out" in kw:
+        assert y is kw["out"]
+
+
+def test_eager_calls_read_the_current_stream_every_call(eager_cpu, monkeypatch):
+    a, b = rnd(8, 32), rnd(32, 16)
+    for stream in (3, 5, 3):
+        monkeypatch.setattr(ops, "_stream", lambda dev, s=stream: s)
+        gemmlab.matmul(a, b)
+    assert eager_cpu.engine.streams == [3, 5, 3] and len(eager_cpu.engine.prepared) == 1
+
+
+def test_a_saved_tuned_plan_empties_the_prepared_calls(eager_cpu, monkeypatch):
+    from gemmlab import autotune, engine
+
+    a, b = rnd(8, 32), rnd(32, 16)
+    gemmlab.matmul(a, b)
+    gemmlab.matmul(a, b)
+    assert len(eager_cpu.engine.prepared) == 1
+    monkeypatch.setattr(autotune, "SAVES", autotune.SAVES + 1)  # a save in this process: seen at once
+    gemmlab.matmul(a, b)
+    assert len(eager_cpu.engine.prepared) == 2
+    stamp = engine.tuned_plans_stamp()
+    monkeypatch.setattr(engine, "tuned_plans_stamp", lambda: stamp + (("another process saved", 1),))
+    gemmlab.matmul(a, b)  # another process's save: seen at the next watch, not on every call
+    assert len(eager_cpu.engine.prepared) == 2
+    monkeypatch.setattr(ops._CALLS, "next_watch", 0.0)
+    gemmlab.matmul(a, b)
+    assert len(eager_cpu.engine.prepared) == 3
+
+
+def test_eager_out_is_checked_for_overlap_on_every_call(eager_cpu):
+    a, b = rnd(8, 32), rnd(32, 16)
+    gemmlab.matmul(a, b, out=torch.empty(8, 16, dtype=BF16))
+    buf = rnd(8 * 32)
+    with pytest.raises(UnsupportedProblem, match="out overlaps a"):
+        gemmlab.matmul(buf.view(8, 32), b, out=buf[:128].view(8, 16))
+
+
+def test_eager_bad_input_raises_and_prepares_nothing(eager_cpu):
+    with pytest.raises(UnsupportedProblem, match="inner dimensions differ"):
+        gemmlab.matmul(rnd(8, 31), rnd(32, 16))
+    with pytest.raises(TypeError, match="activation must be a string"):
+        gemmlab.matmul(rnd(8, 32), rnd(32, 16), activation=["relu"])
+    assert not eager_cpu.engine.prepared and not ops._CALLS.calls
+
+
+def test_autograd_and_dispatch_modes_take_the_op(eager_cpu):
+    """What must see the op (autograd, a dispatch mode) never takes the eager path."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    a, b = rnd(8, 32), rnd(32, 16)
+    with Recorder() as rec:
+        gemmlab.matmul(a, b)
+    assert any("gemmlab.matmul" in name for name in rec.ops)
+    with pytest.raises(RuntimeError, match="autograd"):
+        gemmlab.matmul(a.requires_grad_(), b).sum().backward()
+
+
 @pytest.mark.parametrize("activation", [None, *ops.ACTIVATIONS])
 def test_activations_match_torch(activation):
     x = torch.linspace(-6, 6, 1001, dtype=torch.float64)
@@ -694,6 +835,64 @@ def test_gpu_cuda_graph_capture_replays_like_eager(dtype, gen):
     assert rel_error(out, reference(a, b)) <= tol
     eager = gemmlab.matmul(a, b, bias=bias, activation="gelu")
     assert torch.equal(eager, y)
+
+
+@pytest.mark.parametrize("M, N, K", [(16, 4096, 4096), (24, 14336, 4096), (300, 1000, 512), (64, 1024, 8192),
+                                     (2048, 1024, 4096), (100, 4095, 4095)], ids=lambda v: str(v))
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_prepared_calls_never_reuse_stale_state(M, N, K, gen):
+    """The eager path keeps one prepared launch per metadata key (decode, h11, split-K, copies of unaligned
+    operands): new tensors every call, another stream, then another layout and dtype under the same
+    shape each give their own correct result."""
+    for dtype in (BF16, FP16):
+        for _ in range(3):  # one key, new pointers (the descriptors' addresses must follow)
+            a, b = make(M, N, K, dtype, "TN", gen)
+            bias = rnd(N, dtype=dtype, device="cuda", gen=gen)
+            want = reference(a, b, bias=bias, activation="gelu", alpha=0.5)
+            poison_allocator(M * N * 2)
+            check(gemmlab.matmul(a, b, bias=bias, activation="gelu", alpha=0.5), want, dtype)
+        side = torch.cuda.Stream()
+        a, b = make(M, N, K, dtype, "TN", gen)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = gemmlab.matmul(a, b)
+        torch.cuda.current_stream().wait_stream(side)
+        check(y, reference(a, b), dtype)
+        for layout in ("NN", "NT"):
+            a, b = make(M, N, K, dtype, layout, gen)
+            check(gemmlab.matmul(a, b), reference(a, b), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_prepared_calls_from_several_threads(gen):
+    """Threads sharing prepared launches: each call's own tensors, no mixed-up parameters."""
+    import threading
+
+    M, N, K = 16, 4096, 4096
+    a_s = [make(M, N, K, BF16, "TN", gen) for _ in range(4)]
+    wants = [reference(a, b) for a, b in a_s]
+    errors: list = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(20):
+                a, b = a_s[i]
+                y = gemmlab.matmul(a, b)
+                torch.cuda.current_stream().synchronize()
+                err = rel_error(y, wants[i])
+                if not err <= TOL[BF16]:
+                    errors.append((i, err))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
 
 
 @pytest.mark.gpu

@@ -216,6 +216,20 @@ def _write_atomic(path: Path, doc: dict) -> None:
         raise
 
 
+SAVES = 0  # entries saved by this process (whoever keeps decisions made from the files compares it)
+
+
+def tuned_file_stamp(gpu: GpuKey) -> tuple:
+    """(path, inode, mtime, size) of ``gpu``'s tuned-config file, or (path, None) when there is none: what
+    changes when any process saves a config for that GPU."""
+    path = _tuned_file(cache_env(), gpu)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, None)
+    return (path, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def save_entry(gpu: GpuKey, entry: dict) -> Path:
     """Add or replace ``entry`` (needs ``kernel``, ``M``, ``N``, ``K``, ``config``) in ``gpu``'s file.
 
@@ -228,6 +242,8 @@ def save_entry(gpu: GpuKey, entry: dict) -> Path:
         entries = dict(_read(path)["entries"])
         entries[entry_key(entry["kernel"], entry["M"], entry["N"], entry["K"])] = entry
         _write_atomic(path, {"format": FORMAT, "gpu": asdict(gpu), "entries": entries})
+    global SAVES
+    SAVES += 1
     return path
 
 

@@ -12,7 +12,6 @@ import functools
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 SOURCE = "engine/decode.cu"
@@ -254,12 +253,14 @@ _BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list[torch.Tensor] = []
 
 
-def split_buffers(device: torch.device, ws_floats: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 workspace and int32 counters (zeroed once; the kernel leaves them at zero) for the current
-    stream of ``device``, grown as needed."""
+def split_buffers(device: torch.device, ws_floats: int, counters: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 workspace and int32 counters (zeroed once; the kernel leaves them at zero) for ``stream`` (a raw
+    stream handle) on ``device``, grown as needed."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
-    key = (idx, torch.cuda.current_stream(idx).cuda_stream)
+    key = (idx, stream)
     ws, ctr = _BUFFERS.get(key, (None, None))
+    if ws is not None and ws.numel() >= ws_floats and ctr.numel() >= counters:
+        return ws, ctr
     if ws is None or ws.numel() < ws_floats:
         if ws is not None:
             _RETIRED.append(ws)
@@ -272,37 +273,84 @@ def split_buffers(device: torch.device, ws_floats: int, counters: int) -> tuple[
     return ws, ctr
 
 
+# engine_decode's kernel parameters, in order (kernels/engine/decode.cu).
+_PARAMS = ("ptr", "i64", "ptr", "i64", "i32", "i32", "i32", "i32", "i32", "f32", "f32", "ptr", "i64", "i64",
+           "ptr", "ptr", "ptr", "ptr", "i64")
+_W, _X, _ALPHA, _BETA, _CIN, _BIAS, _WS, _CTR, _OUT = 0, 2, 9, 10, 11, 14, 15, 16, 17
+
+
+class DecodeLaunch:
+    """One decode launch, decided and built once (``prepare``): the split, the instantiation, the launch
+    shape and the parameter block; ``run`` sets the addresses and scalars of a call and launches."""
+
+    def __init__(self, a, b, out, *, epi: int, ctypes: tuple[str, str, str], c, bias, sm_count: int,
+                 variant: Variant | None = None):
+        from .jit.compiler import compile_kernel
+        from .jit.launch import Launcher
+
+        M, K = a.shape
+        N = b.shape[1]
+        p = self.plan = plan(M, N, K, sm_count, variant)
+        expr = kernel_expr(*ctypes, p.nt, epi, p.splits > 1, p.variant)
+        compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"engine.decode[{expr[14:-1]}]")
+        self.device = a.device
+        self.split = p.splits > 1
+        self.ws_floats = p.row_blocks * p.splits * M * p.rows_cta
+        self.has_c, self.has_bias = bool(epi & 2), bias is not None
+        lda = a.stride(0) if M > 1 else K
+        ldw = b.stride(1) if N > 1 else K
+        cin = c if self.has_c else out
+        L = self.launcher = Launcher(compiled, _PARAMS, grid=p.grid, block=WARPS * 32, smem=p.smem_bytes,
+                                     device_index=a.device.index if a.device.index is not None
+                                     else torch.cuda.current_device())
+        L.set_args((b, ldw, a, lda, M, N, K, p.rw, p.piece, 1.0, 0.0, cin, cin.stride(0), cin.stride(1),
+                    bias if bias is not None else out, out, out, out, out.stride(0)))
+        self._buffers = None  # (stream, workspace, counters) of the last split-K call
+
+    def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
+        L = self.launcher
+        with L.lock:
+            po = out.data_ptr()
+            L.set_ptr(_W, b.data_ptr())
+            L.set_ptr(_X, a.data_ptr())
+            L.set_f32(_ALPHA, alpha)
+            L.set_f32(_BETA, beta)
+            L.set_ptr(_CIN, c.data_ptr() if self.has_c else po)
+            L.set_ptr(_BIAS, bias.data_ptr() if self.has_bias else po)
+            L.set_ptr(_OUT, po)
+            if self.split:
+                ws, ctr = split_buffers(self.device, self.ws_floats, self.plan.row_blocks, stream)
+                L.set_ptr(_WS, ws.data_ptr())
+                L.set_ptr(_CTR, ctr.data_ptr())
+            else:  # never touched without split-K
+                L.set_ptr(_WS, po)
+                L.set_ptr(_CTR, po)
+            L.launch(stream)
+
+
+def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctypes: tuple[str, str, str],
+            c: torch.Tensor | None, bias: torch.Tensor | None, sm_count: int,
+            variant: Variant | None = None) -> DecodeLaunch:
+    """The decode launch for tensors with the metadata of these (``DecodeLaunch``), for the engine to keep.
+
+    Called by ``gemmlab.engine.prepare`` after ``why_not(a, b, out)`` returned None. ``epi`` is the
+    engine's epilogue bit field (bias | c << 1 | activation << 2), ``ctypes`` the C++ names of the input,
+    output and bias types. ``run`` does no host synchronisation and no data-dependent allocation
+    (graph-capturable). ``variant`` (default: ``default_variant``) is for benchmarks; so is M up to
+    KERNEL_MAX_M, past MAX_M."""
+    return DecodeLaunch(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=sm_count, variant=variant)
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctypes: tuple[str, str, str],
          alpha: float, beta: float, c: torch.Tensor | None, bias: torch.Tensor | None, sm_count: int,
          variant: Variant | None = None) -> None:
-    """Launch the decode kernel on torch's current stream: out = act(alpha * a @ b + beta * c + bias).
+    """Launch the decode kernel on torch's current stream: out = act(alpha * a @ b + beta * c + bias)
+    (``prepare`` and ``run`` once; see ``prepare``)."""
+    from .jit.launch import raw_stream
 
-    Called by ``gemmlab.engine.gemm`` after ``why_not(a, b, out)`` returned None. ``epi`` is the
-    engine's epilogue bit field (bias | c << 1 | activation << 2), ``ctypes`` the C++ names of the input,
-    output and bias types. No host synchronisation and no data-dependent allocation (graph-capturable).
-    ``variant`` (default: ``default_variant``) is for benchmarks; so is M up to KERNEL_MAX_M, past MAX_M.
-    """
-    from .jit.compiler import compile_kernel
-    from .jit.launch import launch
-
-    M, K = a.shape
-    N = b.shape[1]
-    p = plan(M, N, K, sm_count, variant)
-    expr = kernel_expr(*ctypes, p.nt, epi, p.splits > 1, p.variant)
-    compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"engine.decode[{expr[14:-1]}]")
-    rows_cta = p.rows_cta
-    if p.splits > 1:
-        workspace, counters = split_buffers(a.device, p.row_blocks * p.splits * M * rows_cta, p.row_blocks)
-    else:
-        workspace, counters = out, out  # never touched without split-K
-    lda = a.stride(0) if M > 1 else K
-    ldw = b.stride(1) if N > 1 else K
-    cin = c if (epi & 2) else out
-    args = (b, np.int64(ldw), a, np.int64(lda), np.int32(M), np.int32(N), np.int32(K), np.int32(p.rw),
-            np.int32(p.piece), np.float32(alpha), np.float32(beta), cin, np.int64(cin.stride(0)),
-            np.int64(cin.stride(1)), bias if bias is not None else out, workspace, counters, out,
-            np.int64(out.stride(0)))
-    launch(compiled, grid=p.grid, block=WARPS * 32, args=args, smem=p.smem_bytes)
+    call = prepare(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=sm_count, variant=variant)
+    idx = a.device.index if a.device.index is not None else torch.cuda.current_device()
+    call.run(raw_stream(idx), a, b, out, bias, c if epi & 2 else None, alpha, beta)
 
 
 def run_variant(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, variant: Variant | None = None, *,

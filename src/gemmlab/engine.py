@@ -21,13 +21,12 @@ import math
 import operator
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from . import autotune, decode
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
-from .jit.launch import launch, max_active_clusters, tensor_map_2d
+from .jit.launch import Launcher, MapSlot, max_active_clusters, raw_stream
 from .ladders.hopper import order_table
 from .model import wave_quantization
 
@@ -85,35 +84,7 @@ def pad_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
     if src.stride(1) != 1 or dst.stride(1) != 1 or es not in (2, 4) or src.numel() == 0:
         dst.copy_(src)
         return
-
-    def vec(t: torch.Tensor) -> int:
-        return int(t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0)
-
-    expr = f"pad_copy<{es}, {vec(src)}, {vec(dst)}>"
-    compiled = compile_kernel(PAD_COPY_SOURCE, expr, arch="sm_90a", name=f"engine.{expr}")
-    rows, cols = src.shape
-    chunks = rows * math.ceil(cols / (16 // es))
-    blocks = max(1, min(math.ceil(chunks / 256), _sm_count(src.device) * 8))
-    launch(compiled, grid=blocks, block=256, args=(src, np.int64(src.stride(0)), dst, np.int64(dst.stride(0)),
-                                                   np.int64(rows), np.int32(cols)))
-
-
-def _operand(x: torch.Tensor, k_dim: int) -> tuple[torch.Tensor, bool]:
-    """The 2-D tensor TMA reads for one operand and whether it is MN-major.
-
-    ``x`` is A (M,K) with k_dim=1, or B (K,N) with k_dim=0. K-major means K is the contiguous dimension.
-    """
-    k_major = x.t() if k_dim == 0 else x  # (MN, K) view
-    mn_major = x if k_dim == 0 else x.t()  # (K, MN) view
-    if k_major.stride(1) == 1 and _tma_ok(k_major):
-        return k_major, False
-    if mn_major.stride(1) == 1 and _tma_ok(mn_major):
-        return mn_major, True
-    # Neither view is TMA-legal as it stands: copy in whichever order is contiguous already (cheapest),
-    # else K-major.
-    if mn_major.stride(1) == 1 and k_major.stride(1) != 1:
-        return _aligned_copy(mn_major), True
-    return _aligned_copy(k_major), False
+    _PadCopy(src, dst)(src, dst, raw_stream(_index(src.device)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -312,12 +283,23 @@ def plan_for(M: int, N: int, K: int, sm_count: int,
     ``choose_plan``), else ``choose_plan``. ``gpu`` None: no lookup. After the first call for a shape the
     lookup is one ``stat`` of the file (``autotune.best_config``)."""
     if gpu is not None:
+        _PLANNED.add(gpu)
         cfg = autotune.best_config(_tuned_spec(), M, N, K, sm_count, gpu=gpu)
         if cfg is not None:
             bn, splits = cfg["BN"], cfg["SPLITS"]
             if splits == 1 or _capacity_of(capacity).get(splits, 0) >= 1:
                 return bn, splits
     return choose_plan(M, N, K, sm_count, capacity)
+
+
+_PLANNED: set = set()  # the GPUs plan_for has looked up tuned plans for
+
+
+def tuned_plans_stamp() -> tuple:
+    """What plans chosen so far depend on besides the shape: the tuned-plan file of each GPU ``plan_for``
+    looked up (``autotune.tuned_file_stamp``). Callers that keep prepared launches compare it to know
+    when to forget them (``gemmlab.ops``); ``autotune.SAVES`` counts saves in this process."""
+    return tuple(autotune.tuned_file_stamp(gpu) for gpu in sorted(_PLANNED, key=repr))
 
 
 def visible_capacity(sm_count: int) -> dict[int, int] | None:
@@ -403,7 +385,21 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     c: (M, N) in out's dtype, any strides (used when beta != 0). bias: (N,) contiguous, a's dtype or fp32.
     plan: (BN, splits) to run h11 with, even at a decode shape (``validate_plan``; UnsupportedProblem if
     the engine cannot run it); None: the decode kernel where ``use_decode`` says so, else ``plan_for``.
+    Launches on torch's current stream. ``prepare`` + ``run``: callers that repeat a call keep the prepared
+    launch (``gemmlab.ops`` does, per metadata key) instead of deciding everything again.
     """
+    has_c = c is not None and beta != 0.0
+    call = prepare(a, b, out, bias=bias, activation=activation, has_c=has_c, c=c if has_c else None, plan=plan)
+    call.run(raw_stream(_index(a.device)), a, b, out, bias, c if has_c else None, alpha, beta)
+
+
+def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None,
+            activation: str | None, has_c: bool, c: torch.Tensor | None, plan: tuple[int, int] | None = None):
+    """Everything ``gemm`` decides, decided once for tensors with the metadata of these (shapes, strides,
+    dtypes, 16-byte alignment of the data pointers, device): the kernel (decode or h11), its plan,
+    instantiation, launch shape and parameter block. Returns an object whose ``run(stream, a, b, out,
+    bias, c, alpha, beta)`` launches it for any tensors with that same metadata (only their addresses
+    and the scalars may differ; the caller guarantees the rest, e.g. by keying on it)."""
     M, K = a.shape
     N = b.shape[1]
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
@@ -414,47 +410,166 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     if plan is not None:
         plan = validate_plan(plan, K, capacity)
     elif use_decode(a, b, out):
-        epi = int(bias is not None) | (int(c is not None and beta != 0.0) << 1) | (ACTIVATIONS[activation] << 2)
+        epi = int(bias is not None) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2)
         ctypes = (_CTYPE[a.dtype], _CTYPE[out.dtype], _CTYPE[bias.dtype] if bias is not None else "float")
-        decode.gemm(a, b, out, epi=epi, ctypes=ctypes, alpha=alpha, beta=beta, c=c, bias=bias,
-                    sm_count=_sm_count(a.device))
-        return
-    ta, a_mn = _operand(a, 1)
-    tb, b_mn = _operand(b, 0)
-    # An output TMA cannot write (rows not 16-byte aligned) is stored by the consumers from the epilogue's
-    # slab, row by row (DIRECT). At 4095^3 that cost 33 us over a TMA store, against 51 us for an aligned
-    # buffer plus a copy (benchmarks/unaligned_breakdown.py, sha 2244cdf).
-    direct = not _tma_ok(out)
-    has_c = c is not None and beta != 0.0
-    has_bias = bias is not None
-    epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2) | (int(direct) << 5)
-    sm = _sm_count(a.device)
-    bn, splits = plan or plan_for(M, N, K, sm, capacity, gpu=autotune.device_gpu(_index(a.device)))
-    q = _qsize(bn, a.element_size(), split=splits > 1)
-    tbias = _CTYPE[bias.dtype] if has_bias else "float"
-    tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
-    tiles = tiles_m * tiles_n
-    # The overlapped epilogue (stores under the next tile's k-steps) needs a 16-bit TMA-stored output and
-    # whole tiles (no split-K fixup).
-    overlap = out.element_size() == 2 and not direct and splits == 1
-    expr = (f"hopper_h11<{_CTYPE[a.dtype]}, {_CTYPE[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
-            f"{int(b_mn)}, {epi}, {int(splits > 1)}, {int(overlap)}>")
-    compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
+        return decode.prepare(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=_sm_count(a.device))
+    if plan is None:
+        plan = plan_for(M, N, K, _sm_count(a.device), capacity, gpu=autotune.device_gpu(_index(a.device)))
+    return H11Launch(a, b, out, bias=bias, activation=activation, has_c=has_c, c=c, plan=plan)
 
-    # K-major A: a 128-row box, and a shorter one (a_rows_loaded) for tiles whose second half lies past M.
-    # MN-major A: 64 x 64 boxes (the 128-byte swizzle's widest), two per tile or one.
-    a_rows = a_rows_loaded(M, a_mn)
-    map_a = tensor_map_2d(ta, (BK, 64) if a_mn else (BM, BK))
-    map_a_half = map_a if a_mn else tensor_map_2d(ta, (a_rows, BK))
-    map_b = tensor_map_2d(tb, (BK, 64) if b_mn else (bn, BK))
-    piece = 32 if out.element_size() == 4 else 64
-    map_c = map_a if direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C map
-    order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
-    smem = smem_bytes(bn, q, a.element_size(), split=splits > 1)
-    cin = c if has_c else out
-    # Split-K: one CTA per (tile, split), a tile's splits one cluster.
-    grid, cluster = (tiles * splits, (splits,)) if splits > 1 else (min(sm, tiles), None)
-    args = (map_a, map_a_half, map_b, map_c, order, np.int32(M), np.int32(N), np.int32(K),
-            np.float32(alpha), np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
-            bias if has_bias else out, np.int32(splits), np.int32(a_rows), out, np.int64(out.stride(0)))
-    launch(compiled, grid=grid, block=384, smem=smem, args=args, cluster=cluster)
+
+class _OperandCopy:
+    """An operand TMA cannot read as it is (a leading dimension or base not 16-byte aligned): copied on
+    every call into a fresh buffer with 16-byte aligned rows (``pad_copy`` through a prepared launch when
+    the view has unit column stride, else torch's copy)."""
+
+    def __init__(self, view: torch.Tensor):
+        self.rows, self.cols = view.shape
+        self.dtype, self.device = view.dtype, view.device
+        dst = _aligned_empty(self.rows, self.cols, self.dtype, self.device)
+        unit = view.stride(1) == 1 and view.element_size() in (2, 4)
+        self.copy = _PadCopy(view, dst) if unit else None
+
+    def __call__(self, view: torch.Tensor, stream: int) -> torch.Tensor:
+        dst = _aligned_empty(self.rows, self.cols, self.dtype, self.device)
+        if self.copy is None:
+            dst.copy_(view)
+        else:
+            self.copy(view, dst, stream)
+        return dst
+
+
+class _PadCopy:
+    """``pad_copy`` prepared for one (shape, strides, alignment) of source and destination."""
+
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor):
+        es = src.element_size()
+
+        def vec(t: torch.Tensor) -> int:
+            return int(t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0)
+
+        expr = f"pad_copy<{es}, {vec(src)}, {vec(dst)}>"
+        compiled = compile_kernel(PAD_COPY_SOURCE, expr, arch="sm_90a", name=f"engine.{expr}")
+        rows, cols = src.shape
+        chunks = rows * math.ceil(cols / (16 // es))
+        blocks = max(1, min(math.ceil(chunks / 256), _sm_count(src.device) * 8))
+        self.launcher = Launcher(compiled, ("ptr", "i64", "ptr", "i64", "i64", "i32"), grid=blocks, block=256,
+                                 device_index=_index(src.device))
+        self.launcher.set_args((src, src.stride(0), dst, dst.stride(0), rows, cols))
+
+    def __call__(self, src: torch.Tensor, dst: torch.Tensor, stream: int) -> None:
+        L = self.launcher
+        with L.lock:
+            L.set_ptr(0, src.data_ptr())
+            L.set_ptr(2, dst.data_ptr())
+            L.launch(stream)
+
+
+# h11's kernel parameters, in order (hopper_h11 in kernels/hopper/h11_general.cu).
+_H11_PARAMS = ("tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "f32", "f32", "ptr", "i64", "i64",
+               "ptr", "i32", "i32", "ptr", "i64")
+_A, _A_HALF, _B, _C, _ALPHA, _BETA, _CIN, _BIAS, _OUT = 0, 1, 2, 3, 8, 9, 10, 13, 16
+
+
+class H11Launch:
+    """One h11 launch, decided and built once (``prepare``): the instantiation, the descriptors (whose
+    addresses follow the tensors passed to ``run``), the tile order and the launch shape."""
+
+    def __init__(self, a, b, out, *, bias, activation, has_c, c, plan):
+        M, K = a.shape
+        N = b.shape[1]
+        dev = _index(a.device)
+        ta, a_mn, self.copy_a = _operand_plan(a, 1)
+        tb, b_mn, self.copy_b = _operand_plan(b, 0)
+        self.a_view, self.b_view = _view_fn(a_mn, 1), _view_fn(b_mn, 0)
+        # An output TMA cannot write (rows not 16-byte aligned) is stored by the consumers from the epilogue's
+        # slab, row by row (DIRECT). At 4095^3 that cost 33 us over a TMA store, against 51 us for an aligned
+        # buffer plus a copy (benchmarks/unaligned_breakdown.py, sha 2244cdf).
+        self.direct = direct = not _tma_ok(out)
+        has_bias = bias is not None
+        self.has_c, self.has_bias = has_c, has_bias
+        epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2) | (int(direct) << 5)
+        sm = _sm_count(a.device)
+        bn, splits = self.plan = plan
+        q = _qsize(bn, a.element_size(), split=splits > 1)
+        tbias = _CTYPE[bias.dtype] if has_bias else "float"
+        tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
+        tiles = tiles_m * tiles_n
+        # The overlapped epilogue (stores under the next tile's k-steps) needs a 16-bit TMA-stored output and
+        # whole tiles (no split-K fixup).
+        overlap = out.element_size() == 2 and not direct and splits == 1
+        expr = (f"hopper_h11<{_CTYPE[a.dtype]}, {_CTYPE[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
+                f"{int(b_mn)}, {epi}, {int(splits > 1)}, {int(overlap)}>")
+        self.compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
+        smem = smem_bytes(bn, q, a.element_size(), split=splits > 1)
+        # Split-K: one CTA per (tile, split), a tile's splits one cluster.
+        grid, cluster = (tiles * splits, splits) if splits > 1 else (min(sm, tiles), None)
+        L = self.launcher = Launcher(self.compiled, _H11_PARAMS, grid=grid, block=384, smem=smem, cluster=cluster,
+                                     device_index=dev)
+        self.order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
+        cin = c if has_c else out
+        a_rows = a_rows_loaded(M, a_mn)
+        for i, v in ((4, self.order), (10, cin), (13, bias if has_bias else out), (16, out)):
+            L.set_ptr(i, v.data_ptr())
+        for i, v in ((5, M), (6, N), (7, K), (14, splits), (15, a_rows)):
+            L.set_i32(i, v)
+        for i, v in ((11, cin.stride(0)), (12, cin.stride(1)), (17, out.stride(0))):
+            L.set_i64(i, v)
+        # K-major A: a 128-row box, and a shorter one (a_rows_loaded) for tiles whose second half lies past M.
+        # MN-major A: 64 x 64 boxes (the 128-byte swizzle's widest), two per tile or one.
+        pa, pb = ta.data_ptr(), tb.data_ptr()
+        self.map_a = MapSlot(L, _A, pa, *ta.shape, ta.stride(0), ta.dtype, (BK, 64) if a_mn else (BM, BK))
+        self.map_a_half = self.map_a if a_mn else MapSlot(L, _A_HALF, pa, *ta.shape, ta.stride(0), ta.dtype,
+                                                          (a_rows, BK))
+        L.set_map(_A_HALF, self.map_a_half.tmap)
+        self.map_b = MapSlot(L, _B, pb, *tb.shape, tb.stride(0), tb.dtype, (BK, 64) if b_mn else (bn, BK))
+        piece = 32 if out.element_size() == 4 else 64
+        # DIRECT never touches the C map: it gets A's.
+        self.map_c = None if direct else MapSlot(L, _C, out.data_ptr(), M, N, out.stride(0), out.dtype, (64, piece))
+        if direct:
+            L.set_map(_C, self.map_a.tmap)
+
+    def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
+        ta = self.copy_a(self.a_view(a), stream) if self.copy_a else a
+        tb = self.copy_b(self.b_view(b), stream) if self.copy_b else b
+        L = self.launcher
+        with L.lock:
+            pa = ta.data_ptr()
+            self.map_a.point_at(pa)
+            if self.map_a_half is not self.map_a:
+                self.map_a_half.point_at(pa)
+            self.map_b.point_at(tb.data_ptr())
+            po = out.data_ptr()
+            if self.map_c is not None:
+                self.map_c.point_at(po)
+            L.set_f32(_ALPHA, alpha)
+            L.set_f32(_BETA, beta)
+            L.set_ptr(_CIN, c.data_ptr() if self.has_c else po)
+            L.set_ptr(_BIAS, bias.data_ptr() if self.has_bias else po)
+            L.set_ptr(_OUT, po)
+            L.launch(stream)
+
+
+def _view_fn(mn_major: bool, k_dim: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The 2-D view TMA reads of an operand: (MN, K) when K-major, (K, MN) when MN-major; A is (M, K)
+    (k_dim 1), B is (K, N) (k_dim 0)."""
+    transposed = (k_dim == 0) != mn_major
+    return (lambda x: x.t()) if transposed else (lambda x: x)
+
+
+def _operand_plan(x: torch.Tensor, k_dim: int):
+    """How TMA reads one operand: (a tensor with the shape and strides of what it reads, whether that is
+    MN-major, and None or the ``_OperandCopy`` to run on every call). The view as it is where TMA can
+    read it K-major or else MN-major (no copy for either); else a 16-byte aligned copy in whichever
+    order is contiguous already (cheapest), else K-major.
+
+    ``x`` is A (M, K) with k_dim=1, or B (K, N) with k_dim=0. K-major means K is the contiguous dimension."""
+    k_major = x.t() if k_dim == 0 else x  # (MN, K) view
+    mn_major = x if k_dim == 0 else x.t()  # (K, MN) view
+    if k_major.stride(1) == 1 and _tma_ok(k_major):
+        return k_major, False, None
+    if mn_major.stride(1) == 1 and _tma_ok(mn_major):
+        return mn_major, True, None
+    view, mn = (mn_major, True) if mn_major.stride(1) == 1 and k_major.stride(1) != 1 else (k_major, False)
+    copy = _OperandCopy(view)
+    return _aligned_empty(*view.shape, view.dtype, view.device), mn, copy

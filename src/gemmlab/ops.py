@@ -20,6 +20,13 @@ Which exception means what:
 - ``gemmlab.errors.NoGPUError``: torch sees no GPU (and the inputs are not CUDA tensors), or bf16/fp16 on a
   GPU the Hopper engine cannot run on (fp32 inputs run on any CUDA GPU).
 
+Eager calls skip the op's dispatch (~20-60 us of host time on the H200's host, benchmarks/results/eager.jsonl):
+a call on plain CUDA tensors outside tracing, torch modes, the profiler and autograd looks up its prepared
+call by a key of everything the validation and the launch depend on (shapes, strides, dtypes, devices,
+16-byte alignment of the data pointers, which optional tensors are given, the activation, whether beta is
+0), so a repeated call validates nothing again and pays an allocation and one driver launch. The op's
+implementation (what ``torch.compile`` and the paths around the fast one run) uses the same cache.
+
 Meta tensors are accepted and give a meta result (shape and dtype only), like any torch op.
 There is no autograd formula: the op is forward-only (inference). Backward through it raises torch's
 "no autograd formula was registered" error rather than returning a wrong gradient.
@@ -29,6 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import sys
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -291,18 +300,14 @@ def _load_engine():
     return engine
 
 
-def _run_engine(p: Problem, a, b, bias, activation, alpha, beta, c, out) -> None:
-    """bf16/fp16 inputs on the Hopper engine, with bias, activation, alpha and beta * c fused."""
+def _engine_for(p: Problem):
+    """The engine module, or ``NoGPUError`` saying why it cannot run ``p`` here."""
     eng = _load_engine()
     why = eng.hopper_available(p.device)
     if why:
         raise NoGPUError(f"{_NAME} on {p.in_dtype} inputs needs the Hopper (sm_90) engine, which cannot run "
                          f"here: {why}. float32 inputs run on any CUDA GPU (the CUDA-core path).")
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
-    with _on_device(p.device):
-        eng.gemm(a, b, out, bias=bias, activation=activation, alpha=float(alpha),
-                 beta=float(beta) if c is not None else 0.0, c=c)
+    return eng
 
 
 def _epilogue_only(p: Problem, bias, activation, c, beta, out) -> None:
@@ -318,15 +323,174 @@ def _epilogue_only(p: Problem, bias, activation, c, beta, out) -> None:
 
 def _compute(p: Problem, a, b, bias, activation, alpha, beta, c, out) -> None:
     """Write the result into ``out`` ((M, N), dtype ``p.out_dtype``, dense row-major, 16-byte aligned,
-    sharing no memory with the inputs)."""
+    sharing no memory with the inputs) on a path other than the engine's: empty, K = 0, or fp32."""
     if p.M == 0 or p.N == 0:
         return
     if p.K == 0:
         _epilogue_only(p, bias, activation, c, beta, out)
-    elif p.in_dtype == torch.float32:
-        _run_fp32(p, a, b, bias, activation, alpha, beta, c, out)
     else:
-        _run_engine(p, a, b, bias, activation, alpha, beta, c, out)
+        _run_fp32(p, a, b, bias, activation, alpha, beta, c, out)
+
+
+# Prepared calls: validated and decided once per metadata key -----------------------------------------
+
+def _meta(t: torch.Tensor) -> tuple:
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15)
+
+
+def _call_key(a, b, bias, activation, beta, c, out_dtype, out) -> tuple:
+    """Everything ``_validate`` checks and the launch depends on, except the tensors' addresses and the
+    values of alpha and beta (the callers make sure alpha and beta are plain numbers): calls with one key
+    validate alike and run alike."""
+    return (_meta(a), _meta(b), None if bias is None else _meta(bias), None if c is None else _meta(c),
+            activation, beta != 0, out_dtype,
+            None if out is None else (_meta(out), c is not None and out.data_ptr() == c.data_ptr()))
+
+
+class _Call:
+    """A validated call with its launch prepared: ``gemmlab.matmul`` runs this for every call whose
+    ``_call_key`` is the same. On the engine's route the launch is the engine's prepared one (plan,
+    instantiation, descriptors whose addresses follow the tensors); elsewhere ``_compute``."""
+
+    __slots__ = ("p", "shape", "device", "dev", "launch", "activation", "bias_contiguous", "temporary")
+
+    def __init__(self, p: Problem, a, b, bias, activation, beta, c, out):
+        self.p, self.shape, self.device, self.activation = p, (p.M, p.N), p.device, activation
+        self.dev = a.get_device()
+        self.bias_contiguous = bias is None or bias.is_contiguous()
+        self.temporary = out is not None and _needs_temporary(out, p, c)
+        self.launch = None
+        if p.in_dtype != torch.float32 and p.M and p.N and p.K:
+            eng = _engine_for(p)
+            example = torch.empty(self.shape, dtype=p.out_dtype, device=p.device) if out is None or self.temporary else out
+            has_c = c is not None and beta != 0
+            with _on_device(p.device):
+                self.launch = eng.prepare(a, b, example, bias=bias if self.bias_contiguous else bias.contiguous(),
+                                          activation=activation, has_c=has_c, c=c if has_c else None)
+
+    def __call__(self, a, b, bias, alpha, beta, c, out):
+        """Run for these tensors (the key's metadata) and scalars; returns ``out``, or a new result."""
+        if out is None:
+            out = target = torch.empty(self.shape, dtype=self.p.out_dtype, device=self.device)
+        else:
+            _check_out_overlap(out, a, b, bias, c)
+            target = torch.empty(self.shape, dtype=self.p.out_dtype, device=self.device) if self.temporary else out
+        if self.launch is None:
+            _compute(self.p, a, b, bias, self.activation, alpha, beta, c, target)
+        else:
+            if not self.bias_contiguous:
+                bias = bias.contiguous()
+            dev = self.dev
+            if dev >= 0 and dev != torch.cuda.current_device():
+                with torch.cuda.device(dev):
+                    self.launch.run(_stream(dev), a, b, target, bias, c, float(alpha), float(beta))
+            else:
+                self.launch.run(_stream(dev), a, b, target, bias, c, float(alpha), float(beta))
+        if target is not out:
+            out.copy_(target)
+        return out
+
+
+def _stream(dev: int) -> int:
+    """torch's current stream on device ``dev``, as a raw handle (tests on CPU replace this)."""
+    return torch._C._cuda_getCurrentRawStream(dev)
+
+
+class _CallCache:
+    """Prepared calls by key. A tuned plan saved after a call was prepared must reach the next call, so the
+    engine's tuned-plan files are watched (``engine.tuned_plans_stamp``): a save in this process is seen
+    by the next call (a counter), a save by another process within WATCH_S (one ``stat`` per file per
+    WATCH_S, never one per call); a change empties the cache."""
+
+    WATCH_S = 1.0
+    MAX_CALLS = 4096  # keys without end (e.g. every sequence length): start over
+
+    def __init__(self):
+        self.calls: dict[tuple, _Call] = {}
+        self.next_watch = 0.0
+        self.saves = -1
+        self.stamp = None
+
+    def get(self, key: tuple) -> _Call | None:
+        eng = sys.modules.get("gemmlab.engine")
+        if eng is not None and (eng.autotune.SAVES != self.saves or time.monotonic() >= self.next_watch):
+            self._watch(eng)
+        return self.calls.get(key)
+
+    def _watch(self, eng) -> None:
+        self.next_watch = time.monotonic() + self.WATCH_S
+        self.saves = eng.autotune.SAVES
+        stamp = eng.tuned_plans_stamp()
+        if stamp != self.stamp:
+            self.calls.clear()
+            self.stamp = stamp
+
+    def put(self, key: tuple, call: _Call) -> None:
+        if len(self.calls) >= self.MAX_CALLS:
+            self.calls.clear()
+        self.calls[key] = call
+
+    def clear(self) -> None:
+        self.calls.clear()
+
+
+_CALLS = _CallCache()
+
+
+def _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out) -> _Call:
+    """The prepared call for these arguments: from the cache, else validated (every error raised here,
+    before any device work) and prepared. Not kept while a CUDA graph is being captured (the tile-order
+    table it would build there is not the one an eager call wants)."""
+    try:
+        key = _call_key(a, b, bias, activation, beta, c, out_dtype, out)
+        call = _CALLS.get(key)
+    except (RuntimeError, TypeError, AttributeError):  # no strides (sparse), unhashable arguments...
+        key = call = None
+    if call is not None:
+        return call
+    p = _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out)
+    if out is not None:
+        _check_out_overlap(out, a, b, bias, c)
+    call = _Call(p, a, b, bias, activation, beta, c, out)
+    if key is not None and not (p.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        _CALLS.put(key, call)
+    return call
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_NUMBERS = (float, int)
+
+
+def _eager(a, b, bias, alpha, beta, c, out) -> bool:
+    """Whether a ``gemmlab.matmul`` call can skip the op: plain CUDA tensors (no subclass, no fake or meta
+    tensor), plain numbers, and nothing that must see the op (tracing, a torch function or dispatch mode,
+    the profiler, autograd). ``torch.compiler.is_compiling`` comes first, so a trace sees only that."""
+    if torch.compiler.is_compiling():
+        return False
+    if type(a) not in _PLAIN or type(b) not in _PLAIN or not _fast_device(a):
+        return False
+    if type(alpha) not in _NUMBERS or type(beta) not in _NUMBERS:
+        return False
+    for t in (bias, c, out):
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    if torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() or \
+            torch.autograd._profiler_enabled():
+        return False
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
+                                    or (c is not None and c.requires_grad)):
+        return False
+    return True
+
+
+def _fast_device(a: torch.Tensor) -> bool:
+    """Whether ``a`` lives where the eager path runs: a CUDA device (tests on CPU replace this)."""
+    return a.is_cuda
+
+
+def clear_prepared_calls() -> None:
+    """Forget every prepared call (the next call of each key validates and prepares again)."""
+    _CALLS.clear()
 
 
 # The custom op ----------------------------------------------------------------------------------------
@@ -335,10 +499,7 @@ def _compute(p: Problem, a, b, bias, activation, alpha, beta, c, out) -> None:
 def _matmul_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
                alpha: float, beta: float, c: Optional[torch.Tensor],
                out_dtype: Optional[torch.dtype]) -> torch.Tensor:
-    p = _validate(a, b, bias, activation, alpha, beta, c, out_dtype)
-    out = torch.empty((p.M, p.N), dtype=p.out_dtype, device=p.device)
-    _compute(p, a, b, bias, activation, alpha, beta, c, out)
-    return out
+    return _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, None)(a, b, bias, alpha, beta, c, None)
 
 
 @_matmul_op.register_fake
@@ -399,18 +560,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     for shapes, limits (each dimension < 2^31, each operand < 2^40 elements), devices and overlap;
     ``NoGPUError`` when no GPU, or no Hopper GPU for bf16/fp16, is available. See ``gemmlab.ops``.
     """
+    if _eager(a, b, bias, alpha, beta, c, out):
+        return _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out)(a, b, bias, alpha, beta, c, out)
     alpha, beta = _as_float(alpha), _as_float(beta)
     p = _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out)
     if out is None:
         return torch.ops.gemmlab.matmul(a, b, bias, activation, alpha, beta, c, p.out_dtype)
     if torch.compiler.is_compiling() or p.device.type == "meta" or _is_fake(out) or _is_fake(a):
         return out.copy_(torch.ops.gemmlab.matmul(a, b, bias, activation, alpha, beta, c, p.out_dtype))
-    _check_out_overlap(out, a, b, bias, c)
-    target = torch.empty((p.M, p.N), dtype=p.out_dtype, device=p.device) if _needs_temporary(out, p, c) else out
-    _compute(p, a, b, bias, activation, alpha, beta, c, target)
-    if target is not out:
-        out.copy_(target)
-    return out
+    return _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out)(a, b, bias, alpha, beta, c, out)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -433,6 +591,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.shape[1] != K:
         raise UnsupportedProblem(f"gemmlab.linear: x has {K} features (last dimension) but weight (N, K) has "
                                  f"shape {tuple(weight.shape)}; weight.shape[1] must equal x.shape[-1]")
+    if x.dim() == 2:
+        return matmul(x, weight.t(), bias=bias, activation=activation)
     lead = tuple(x.shape[:-1])
     rows = 1
     for d in lead:

@@ -1,11 +1,22 @@
 """Launch compiled kernels on PyTorch's current stream, with checked CUDA calls.
 
+Two ways to launch:
+
+- ``launch(compiled, grid=..., block=..., args=...)``: cuda-core's ``launch``, which packs the arguments
+  anew on every call. Simple; what the ladder steps use. About 20 us of host time per call on the H200's
+  host (benchmarks/results/eager.jsonl, "mechanisms").
+- ``Launcher``: one kernel at one launch shape with its parameter block built once; a call writes only the
+  values that changed (pointers, scalars, a descriptor's address) and calls the driver's
+  ``cuLaunchKernel``/``cuLaunchKernelEx`` with the block's address. About 4.5 us per call. What the
+  engine behind ``gemmlab.matmul`` uses, since its eager calls must cost no more than ``torch.mm``'s.
+
 Everything here needs a GPU; every entry point says so clearly (``NoGPUError``) when there is none.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -189,3 +200,204 @@ def tensor_map_2d(t: torch.Tensor, box: tuple[int, int], *, swizzle_bytes: int =
     if len(_TMA_CACHE) > _TMA_CACHE_SIZE:
         _TMA_CACHE.popitem(last=False)
     return desc
+
+
+# The driver path: prebuilt parameter blocks ------------------------------------------------------------
+
+def raw_stream(device_index: int) -> int:
+    """The handle of torch's current stream on ``device_index`` (0.1 us, against ~4.5 us for
+    ``torch.cuda.current_stream().cuda_stream``, which builds a Python stream object)."""
+    return torch._C._cuda_getCurrentRawStream(device_index)
+
+
+_TMA_DTYPES = {torch.bfloat16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", torch.float16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+               torch.float32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+
+
+def encode_tensor_map(ptr: int, rows: int, cols: int, row_stride_elems: int, dtype: torch.dtype,
+                      box: tuple[int, int], *, swizzle_bytes: int = 128):
+    """A 2-D TMA descriptor (``driver.CUtensorMap``) for a row-major (rows, cols) tensor at ``ptr`` whose
+    rows are ``row_stride_elems`` apart, loaded in (box rows, box cols) boxes with the given swizzle.
+
+    The same descriptor ``tensor_map_2d`` gets from cuda-core (no L2 promotion, zero fill past the
+    edges), encoded by the driver directly: ~3.4 us instead of ~13, and its address can later be replaced
+    in place (``cuTensorMapReplaceAddress``, ~0.8 us), which cuda-core's descriptor offers only through a
+    new memory view of the tensor."""
+    from cuda.bindings import driver
+
+    es = _ELEM_SIZE[dtype]
+    if ptr % 16 or (row_stride_elems * es) % 16:
+        raise LaunchError("TMA needs 16-byte aligned rows and base pointer")
+    swz = {0: "CU_TENSOR_MAP_SWIZZLE_NONE", 32: "CU_TENSOR_MAP_SWIZZLE_32B", 64: "CU_TENSOR_MAP_SWIZZLE_64B",
+           128: "CU_TENSOR_MAP_SWIZZLE_128B"}[swizzle_bytes]
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    err, tmap = driver.cuTensorMapEncodeTiled(
+        getattr(driver.CUtensorMapDataType, _TMA_DTYPES[dtype]), 2, ptr,
+        [u64(cols), u64(rows)], [u64(row_stride_elems * es)], [u32(box[1]), u32(box[0])], [u32(1), u32(1)],
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, getattr(driver.CUtensorMapSwizzle, swz),
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise LaunchError(f"encoding a TMA descriptor for ({rows}, {cols}) rows of {row_stride_elems} "
+                          f"elements, box {box}, failed: {err}")
+    return tmap
+
+
+_ELEM_SIZE = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+
+
+class Launcher:
+    """``compiled`` at one launch shape, launched through the driver from a parameter block built once.
+
+    ``kinds`` names each kernel parameter in order: ``"ptr"`` (a device pointer), ``"i32"``, ``"i64"``,
+    ``"f32"`` or ``"tmap"`` (a ``__grid_constant__ CUtensorMap`` passed by value). Every parameter has an
+    8-byte slot (a descriptor has its own 128 bytes, see ``set_map``) and the driver reads each through
+    the array of slot addresses, so a call sets what changed (``set_*``) and launches (``launch``).
+    ``grid`` counts blocks, also with clusters (it is divided by the cluster shape here).
+
+    The block is host memory that the driver copies at launch (CUDA's kernel parameters are copied when a
+    launch is enqueued, so the next call may overwrite it at once); a lock makes set-and-launch atomic
+    for callers that share a launcher across threads (``locked``)."""
+
+    def __init__(self, compiled, kinds, *, grid, block: int, smem: int = 0, cluster: int | None = None,
+                 device_index: int):
+        import numpy as np
+
+        from cuda.bindings import driver
+
+        self.name = compiled.name
+        self.kinds = tuple(kinds)
+        self.kernel = prepare(compiled, smem, device_index)
+        self.handle = self.kernel.handle
+        grid = tuple(grid) if isinstance(grid, (tuple, list)) else (int(grid),)
+        grid = grid + (1,) * (3 - len(grid))
+        if cluster is not None and cluster > 1:
+            if grid[0] % cluster:
+                raise LaunchError(f"{self.name}: grid {grid} is not a multiple of cluster {cluster}")
+        self.grid, self.block, self.smem, self.cluster = grid, int(block), int(smem), cluster
+        self.device_index = device_index
+        n = len(self.kinds)
+        self._slots = np.zeros(max(1, n), dtype=np.uint64)
+        self._i64 = self._slots.view(np.int64)
+        self._i32 = self._slots.view(np.int32)
+        self._f32 = self._slots.view(np.float32)
+        base = self._slots.ctypes.data
+        self._addrs = np.array([base + 8 * i for i in range(max(1, n))], dtype=np.uint64)
+        self._params = int(self._addrs.ctypes.data)
+        self._maps: list = [None] * n
+        self.lock = threading.Lock()
+        self._success = driver.CUresult.CUDA_SUCCESS
+        self._launch_plain = driver.cuLaunchKernel
+        self._launch_ex = driver.cuLaunchKernelEx
+        self._config = None
+        if cluster is not None and cluster > 1:
+            cfg = driver.CUlaunchConfig()
+            # With a cluster attribute, the grid is still given in blocks (a multiple of the cluster).
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block, 1, 1
+            cfg.sharedMemBytes = self.smem
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            self._config = cfg
+
+    # Setters: index = the parameter's position in the kernel's signature.
+    def set_ptr(self, i: int, value: int) -> None:
+        self._slots[i] = value
+
+    def set_i64(self, i: int, value: int) -> None:
+        self._i64[i] = value
+
+    def set_i32(self, i: int, value: int) -> None:
+        self._i32[2 * i] = value  # the slot's low 4 bytes (little-endian)
+
+    def set_f32(self, i: int, value: float) -> None:
+        self._f32[2 * i] = value
+
+    def set_map(self, i: int, tmap) -> None:
+        """Parameter ``i`` is ``tmap`` (a ``driver.CUtensorMap``): the driver reads its 128 bytes where
+        they are, so a later ``cuTensorMapReplaceAddress`` on it changes what the next launch passes."""
+        self._maps[i] = tmap  # kept alive with the launcher
+        self._addrs[i] = tmap.getPtr()
+
+    def set_args(self, args) -> None:
+        """Set every parameter from ``args`` (tensors as their data pointers, descriptors as ``set_map``),
+        following ``kinds``. For the first call and for tests; calls after it set only what changes."""
+        for i, (kind, v) in enumerate(zip(self.kinds, args)):
+            if kind == "tmap":
+                self.set_map(i, v)
+            elif kind == "ptr":
+                self.set_ptr(i, v.data_ptr() if isinstance(v, torch.Tensor) else int(v))
+            elif kind == "i64":
+                self.set_i64(i, int(v))
+            elif kind == "i32":
+                self.set_i32(i, int(v))
+            elif kind == "f32":
+                self.set_f32(i, float(v))
+            else:
+                raise LaunchError(f"{self.name}: unknown parameter kind {kind!r}")
+
+    def launch(self, stream: int) -> None:
+        """Enqueue the kernel on ``stream`` (a raw handle, see ``raw_stream``) with the block as it is."""
+        cfg = self._config
+        if cfg is None:
+            gx, gy, gz = self.grid
+            (err,) = self._launch_plain(self.handle, gx, gy, gz, self.block, 1, 1, self.smem, stream,
+                                        self._params, 0)
+        else:
+            cfg.hStream = stream
+            (err,) = self._launch_ex(cfg, self.handle, self._params, 0)
+        if err != self._success:
+            self._failed(err, stream)
+
+    def _failed(self, err, stream: int) -> None:
+        from cuda.bindings import driver
+
+        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+            # A thread that has not used this device through the driver yet (torch's runtime calls do not
+            # always make its context current): make it current once and retry.
+            current_device(self.device_index)
+            cfg = self._config
+            if cfg is None:
+                gx, gy, gz = self.grid
+                (err,) = self._launch_plain(self.handle, gx, gy, gz, self.block, 1, 1, self.smem, stream,
+                                            self._params, 0)
+            else:
+                (err,) = self._launch_ex(cfg, self.handle, self._params, 0)
+            if err == self._success:
+                return
+        raise LaunchError(f"{self.name}: launch failed (grid={self.grid}, block={self.block}, smem={self.smem}, "
+                          f"cluster={self.cluster}): {err}")
+
+
+@functools.cache
+def _success():
+    from cuda.bindings import driver
+
+    return driver.CUresult.CUDA_SUCCESS
+
+
+class MapSlot:
+    """A descriptor parameter of a ``Launcher`` that follows a tensor's address from call to call: encoded
+    once for the first tensor's shape and strides, then only its address is replaced when it changes
+    (the caller guarantees shape, strides and dtype stay those it was built for)."""
+
+    __slots__ = ("tmap", "ptr", "_replace")
+
+    def __init__(self, launcher: Launcher, index: int, ptr: int, rows: int, cols: int, row_stride_elems: int,
+                 dtype: torch.dtype, box: tuple[int, int]):
+        from cuda.bindings import driver
+
+        self.tmap = encode_tensor_map(ptr, rows, cols, row_stride_elems, dtype, box)
+        self.ptr = ptr
+        self._replace = driver.cuTensorMapReplaceAddress
+        launcher.set_map(index, self.tmap)
+
+    def point_at(self, ptr: int) -> None:
+        if ptr != self.ptr:
+            (err,) = self._replace(self.tmap, ptr)
+            if err != _success():
+                raise LaunchError(f"replacing a TMA descriptor's address failed: {err}")
+            self.ptr = ptr

@@ -1,0 +1,375 @@
+"""What one eager ``gemmlab.matmul`` call costs its caller, against ``torch.mm`` (issue 13).
+
+No CUDA graphs anywhere here: graph replay hides the host path, which is what this measures.
+
+- ``host``: the host time of one call. The GPU is first given a long sleep kernel, so every call only
+  queues its work and returns: N back-to-back calls over a wall clock are the host path alone.
+- ``wall``: N back-to-back calls on an idle GPU, then one synchronize, over N: what an eager loop of this
+  call costs (about the larger of the host time and the GPU time).
+- ``stack``: the 7 projections of a Llama-2-7B layer (q, k, v, o, gate, up, down), repeated to 32
+  calls, at batch 1 and 16: one eager forward's worth of GEMMs, wall time per stack.
+- ``--breakdown``: the stages of gemmlab's path, each timed alone over many repetitions.
+- ``--mechanisms``: the building blocks a launch can be made of (launch interfaces, stream lookup,
+  descriptor encoding and address replacement, allocation, custom-op dispatch), each timed alone.
+
+Every record carries the git sha, GPU, SM clock and both sides' numbers; they are appended as JSON lines
+to ``--out`` (default ``benchmarks/results/eager.jsonl``).
+
+    python benchmarks/eager_host.py [--breakdown] [--mechanisms] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# GEMMLAB_SRC: another checkout's src/ (e.g. the code before a change, to time both in one session).
+sys.path.insert(0, os.environ.get("GEMMLAB_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
+
+import gemmlab  # noqa: E402
+from gemmlab.bench import append_records, git_sha  # noqa: E402
+from gemmlab.gpu import gpu_info, sample_clocks  # noqa: E402
+
+DECODE_WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336), (1024, 4096), (8192, 8192), (16384, 16384))
+DECODE_M = (1, 8, 16, 32)
+PREFILL = ((128, 4096, 4096), (512, 4096, 4096), (2048, 4096, 4096))
+LLAMA2_7B_LAYER = ((4096, 4096), (4096, 4096), (4096, 4096), (4096, 4096),  # q, k, v, o (N, K)
+                   (11008, 4096), (11008, 4096), (4096, 11008))  # gate, up, down
+STACK_CALLS = 32
+
+
+def _median_us(fn, reps: int, inner: int = 1) -> float:
+    """Median over ``reps`` of the wall time of ``inner`` calls, per call, in microseconds."""
+    xs = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        xs.append((time.perf_counter_ns() - t0) / inner / 1e3)
+    return statistics.median(xs)
+
+
+def host_us(fn, calls: int = 100, rounds: int = 5) -> float:
+    """Host time per call with the GPU kept busy (calls only queue work): median over rounds."""
+    xs = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(150_000_000)  # 75-115 ms of GPU time: longer than 100 calls take to queue
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        xs.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(xs)
+
+
+def wall_us(fn, calls: int = 100, rounds: int = 5) -> float:
+    """Eager wall time per call on an idle GPU: ``calls`` back-to-back calls and one synchronize."""
+    xs = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        xs.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    return statistics.median(xs)
+
+
+def _common(kind: str) -> dict:
+    info = gpu_info()
+    return {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git_sha(),
+            "gpu": info.name, "driver": info.driver, "torch": info.torch, "suite": "eager", "kind": kind,
+            "sm_clock_mhz": sample_clocks().sm_mhz}
+
+
+def _rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def per_call_records(dtype=torch.bfloat16, reps: int = 1) -> list[dict]:
+    """host and wall time per call, gemmlab.matmul against torch.mm, decode and small prefill shapes."""
+    shapes = [(m, n, k) for n, k in DECODE_WEIGHTS for m in DECODE_M] + list(PREFILL)
+    recs = []
+    for M, N, K in shapes:
+        a, w = _rand(M, K, dtype=dtype), _rand(N, K, dtype=dtype)
+        b = w.t()
+        ref = a.double() @ b.double()
+        got = gemmlab.matmul(a, b)
+        err = float((got.double() - ref).norm() / ref.norm())
+        ours = lambda: gemmlab.matmul(a, b)  # noqa: E731
+        theirs = lambda: torch.mm(a, b)  # noqa: E731
+        for _ in range(20):  # warm: compile, descriptors, cuBLAS handles
+            ours(), theirs()
+        row = dict(_common("per_call"), dtype=str(dtype).replace("torch.", ""), M=M, N=N, K=K, rel_error=err)
+        # Interleaved, each measurement twice (ours, theirs, ours, theirs) and the medians kept.
+        h = {"gemmlab": [], "torch": []}
+        wl = {"gemmlab": [], "torch": []}
+        for _ in range(reps):
+            for name, fn in (("gemmlab", ours), ("torch", theirs)):
+                h[name].append(host_us(fn))
+                wl[name].append(wall_us(fn))
+        row.update(host_us=min(h["gemmlab"]), baseline_host_us=min(h["torch"]),
+                   wall_us=min(wl["gemmlab"]), baseline_wall_us=min(wl["torch"]))
+        row["wall_ratio"] = row["baseline_wall_us"] / row["wall_us"]
+        row["host_excess_us"] = row["host_us"] - row["baseline_host_us"]
+        recs.append(row)
+        print(f"{dtype} {M:>5} x {N:>5} x {K:>5}  host {row['host_us']:7.1f} us (torch {row['baseline_host_us']:6.1f})"
+              f"  wall {row['wall_us']:7.1f} us (torch {row['baseline_wall_us']:6.1f})  x{row['wall_ratio']:.3f}"
+              f"  err {err:.1e}", flush=True)
+    return recs
+
+
+def stack_records(dtype=torch.bfloat16) -> list[dict]:
+    """A 7B layer's projections repeated to 32 calls, eager, at batch 1 and 16: wall time per stack."""
+    recs = []
+    weights = [_rand(n, k, dtype=dtype) for n, k in LLAMA2_7B_LAYER]
+    for M in (1, 16):
+        xs = {k: _rand(M, k, dtype=dtype) for k in {k for _, k in LLAMA2_7B_LAYER}}
+        calls = [(xs[w.shape[1]], w) for w in (weights * 5)[:STACK_CALLS]]
+
+        def ours():
+            for x, w in calls:
+                gemmlab.linear(x, w)
+
+        def theirs():
+            for x, w in calls:
+                F.linear(x, w)
+
+        for _ in range(3):
+            ours(), theirs()
+        t = {"gemmlab": [], "torch": []}
+        for _ in range(3):
+            for name, fn in (("gemmlab", ours), ("torch", theirs)):
+                t[name].append(wall_us(fn, calls=20) / STACK_CALLS)
+                t.setdefault(name + "_host", []).append(host_us(fn, calls=5) / STACK_CALLS)
+        row = dict(_common("stack"), dtype=str(dtype).replace("torch.", ""), M=M, calls=STACK_CALLS,
+                   model="llama2_7b", wall_us=min(t["gemmlab"]), baseline_wall_us=min(t["torch"]),
+                   host_us=min(t["gemmlab_host"]), baseline_host_us=min(t["torch_host"]))
+        row["wall_ratio"] = row["baseline_wall_us"] / row["wall_us"]
+        recs.append(row)
+        print(f"stack {dtype} M={M}: {row['wall_us']:.1f} us/call (torch {row['baseline_wall_us']:.1f}) "
+              f"x{row['wall_ratio']:.3f}; host {row['host_us']:.1f} (torch {row['baseline_host_us']:.1f})",
+              flush=True)
+    return recs
+
+
+def breakdown_records(M: int = 16, N: int = 4096, K: int = 4096) -> list[dict]:
+    """gemmlab's eager path, stage by stage (the prepared-call path where it exists, else the path before
+    it), the whole call and torch.mm beside it."""
+    a, w = _rand(M, K), _rand(N, K)
+    b = w.t()
+    gemmlab.matmul(a, b)
+    stages = {"gemmlab.matmul (whole call)": lambda: gemmlab.matmul(a, b),
+              "torch.mm (whole call)": lambda: torch.mm(a, b)}
+    from gemmlab import ops
+
+    stages.update(_prepared_stages(a, b) if hasattr(ops, "_prepared") else _legacy_stages(a, b))
+    rec = dict(_common("breakdown"), M=M, N=N, K=K, stages={})
+    for name, fn in stages.items():
+        for _ in range(50):
+            fn()
+        us = _median_us(fn, reps=21, inner=200)
+        torch.cuda.synchronize()
+        rec["stages"][name] = us
+        print(f"  {name:<60} {us:8.2f} us", flush=True)
+    return [rec]
+
+
+def _prepared_stages(a, b) -> dict:
+    """The stages of the eager path with prepared calls: the eligibility test, the key, the lookup, the
+    output's allocation, the stream, and the prepared launch (addresses, descriptors, driver launch)."""
+    from gemmlab import ops
+
+    M, N = a.shape[0], b.shape[1]
+    out = torch.empty(M, N, device="cuda", dtype=a.dtype)
+    key = ops._call_key(a, b, None, None, 0.0, None, None, None)
+    call = ops._CALLS.get(key)
+    dev = a.get_device()
+    return {
+        "ops._eager (may the call skip the op?)": lambda: ops._eager(a, b, None, 1.0, 0.0, None, None),
+        "ops._call_key": lambda: ops._call_key(a, b, None, None, 0.0, None, None, None),
+        "ops._CALLS.get (lookup, plan-file watch)": lambda: ops._CALLS.get(key),
+        "torch.empty (M, N)": lambda: torch.empty((M, N), dtype=a.dtype, device=a.device),
+        "ops._stream (raw current stream)": lambda: ops._stream(dev),
+        "prepared launch .run (addresses, scalars, driver launch)":
+            lambda: call.launch.run(ops._stream(dev), a, b, out, None, None, 1.0, 0.0),
+        "torch.ops.gemmlab.matmul (the op, as torch.compile calls it)":
+            lambda: torch.ops.gemmlab.matmul(a, b, None, None, 1.0, 0.0, None, None),
+    }
+
+
+def _legacy_stages(a, b) -> dict:
+    """The stages of the path before the fast path (sha 5b5f2aa): validation (run twice: by matmul and
+    inside the op), the op's dispatch, the engine's per-call analysis, descriptors and the launch."""
+    from gemmlab import autotune, decode, engine, ops
+    from gemmlab.jit import launch as L
+
+    M, K = a.shape
+    N = b.shape[1]
+    out = torch.empty(M, N, device="cuda", dtype=a.dtype)
+    p = ops._validate(a, b, None, None, 1.0, 0.0, None, None)
+    dev = a.device
+    ta, _ = engine._operand(a, 1)
+    tb, _ = engine._operand(b, 0)
+    sm = engine._sm_count(dev)
+    gpu = autotune.device_gpu(engine._index(dev))
+    return {
+        "ops._validate (runs twice per call)": lambda: ops._validate(a, b, None, None, 1.0, 0.0, None, None),
+        "custom op: torch.ops.gemmlab.matmul (whole)": lambda: torch.ops.gemmlab.matmul(a, b, None, None, 1.0, 0.0, None, None),
+        "ops._compute (engine path, preallocated out)": lambda: ops._compute(p, a, b, None, None, 1.0, 0.0, None, out),
+        "torch.empty (M, N)": lambda: torch.empty((M, N), dtype=a.dtype, device=dev),
+        "engine.hopper_available": lambda: engine.hopper_available(dev),
+        "torch.cuda.device(dev) context": lambda: _enter_exit(ops._on_device(dev)),
+        "engine.use_decode (decode.why_not)": lambda: engine.use_decode(a, b, out),
+        "engine._operand x2": lambda: (engine._operand(a, 1), engine._operand(b, 0)),
+        "engine.plan_for (tuned-plan lookup + choose_plan)": lambda: engine.plan_for(M, N, K, sm, None, gpu=gpu),
+        **({"decode.plan (cached)": lambda: decode.plan(M, N, K, sm)} if M <= decode.MAX_M else {}),
+        "autotune.device_gpu": lambda: autotune.device_gpu(engine._index(dev)),
+        "tensor_map_2d (cache hit) x3": lambda: (L.tensor_map_2d(ta, (128, 64)), L.tensor_map_2d(tb, (128, 64)),
+                                                 L.tensor_map_2d(out, (64, 64))),
+        "jit.launch.current_device": lambda: L.current_device(),
+        "jit.launch.torch_stream": lambda: L.torch_stream(),
+    }
+
+
+def _enter_exit(ctx) -> None:
+    with ctx:
+        pass
+
+
+def mechanism_records() -> list[dict]:
+    """The building blocks, each timed alone: which launch interface and which descriptor update to use."""
+    import ctypes
+
+    import numpy as np
+    from cuda.bindings import driver
+
+    from gemmlab import engine
+    from gemmlab.jit import launch as L
+    from gemmlab.jit.compiler import compile_kernel
+
+    src = _rand(64, 64)
+    dst = torch.empty_like(src)
+    compiled = compile_kernel(engine.PAD_COPY_SOURCE, "pad_copy<2, 1, 1>", arch="sm_90a", name="pad_copy")
+    kernel = L.prepare(compiled, 0, torch.cuda.current_device())
+    args = (src, np.int64(64), dst, np.int64(64), np.int64(64), np.int32(64))
+    # A packed parameter buffer: each argument at an 8-byte slot, and the array of pointers to the slots.
+    vals = np.zeros(len(args), dtype=np.uint64)
+    vals[0], vals[1], vals[2], vals[3], vals[4] = src.data_ptr(), 64, dst.data_ptr(), 64, 64
+    vals.view(np.int32)[10] = 64
+    ptrs = np.array([vals.ctypes.data + 8 * i for i in range(len(args))], dtype=np.uint64)
+    ptrs_addr = ptrs.ctypes.data
+    handle = kernel.handle
+    stream_int = torch.cuda.current_stream().cuda_stream
+    dev_idx = torch.cuda.current_device()
+
+    def raw_launch():
+        (err,) = driver.cuLaunchKernel(handle, 1, 1, 1, 256, 1, 1, 0, stream_int, ptrs_addr, 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(err)
+
+    raw_launch()
+    torch.cuda.synchronize()
+    assert torch.equal(dst, src), "raw launch did not copy"
+
+    tmap = L.tensor_map_2d(src, (64, 64))
+    enc = _encode_map(driver, src)
+    enc_ptr = enc.getPtr()
+
+    @torch.library.custom_op("eagerbench::noop", mutates_args=())
+    def noop(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    @noop.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    def fresh_map():
+        L._TMA_CACHE.clear()
+        L.tensor_map_2d(src, (64, 64))
+
+    stages = {
+        "cuda.core launch (jit.launch.launch, pad_copy)": lambda: L.launch(compiled, grid=1, block=256, args=args),
+        "driver.cuLaunchKernel, packed params (pad_copy)": raw_launch,
+        "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
+        "torch._C._cuda_getCurrentRawStream": lambda: torch._C._cuda_getCurrentRawStream(dev_idx),
+        "torch.cuda.current_device": torch.cuda.current_device,
+        "tensor.get_device()": src.get_device,
+        "StridedMemoryView.as_tensor_map (fresh descriptor)": fresh_map,
+        "driver.cuTensorMapEncodeTiled": lambda: _encode_map(driver, src),
+        "driver.cuTensorMapReplaceAddress": lambda: driver.cuTensorMapReplaceAddress(enc, src.data_ptr()),
+        "ctypes.memmove 128 B": lambda: ctypes.memmove(vals.ctypes.data, enc_ptr, 8),
+        "torch.empty (16, 4096) bf16": lambda: torch.empty((16, 4096), dtype=torch.bfloat16, device="cuda"),
+        "custom op dispatch (noop returning empty_like)": lambda: torch.ops.eagerbench.noop(src),
+        "plain call (noop's body)": lambda: torch.empty_like(src),
+        "torch.compiler.is_compiling()": torch.compiler.is_compiling,
+        "torch.is_grad_enabled()": torch.is_grad_enabled,
+    }
+    del tmap
+    rec = dict(_common("mechanisms"), stages={})
+    for name, fn in stages.items():
+        for _ in range(50):
+            fn()
+        us = _median_us(fn, reps=21, inner=200)
+        torch.cuda.synchronize()
+        rec["stages"][name] = us
+        print(f"  {name:<60} {us:8.2f} us", flush=True)
+    return [rec]
+
+
+def _encode_map(driver, t):
+    """A 2-D bf16 128B-swizzled descriptor through the driver directly (the same one cuda-core encodes)."""
+    rows, cols = t.shape
+    dt_ = driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    err, m = driver.cuTensorMapEncodeTiled(
+        dt_, 2, t.data_ptr(), [driver.cuuint64_t(cols), driver.cuuint64_t(rows)],
+        [driver.cuuint64_t(t.stride(0) * 2)], [driver.cuuint32_t(64)] * 2, [driver.cuuint32_t(1)] * 2,
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(err)
+    return m
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/results/eager.jsonl")
+    ap.add_argument("--breakdown", action="store_true", help="time gemmlab's path stage by stage")
+    ap.add_argument("--mechanisms", action="store_true", help="time the launch building blocks")
+    ap.add_argument("--no-calls", action="store_true", help="skip the per-call and stack measurements")
+    ap.add_argument("--dtypes", default="bfloat16,float16")
+    ap.add_argument("--reps", type=int, default=1, help="interleaved repetitions per shape (the best is kept)")
+    args = ap.parse_args(argv)
+    recs = []
+    if args.mechanisms:
+        print("== mechanisms", flush=True)
+        recs += mechanism_records()
+    if args.breakdown:
+        print("== breakdown (M=16, N=4096, K=4096)", flush=True)
+        recs += breakdown_records()
+        print("== breakdown (M=2048, N=4096, K=4096)", flush=True)
+        recs += breakdown_records(2048, 4096, 4096)
+    if not args.no_calls:
+        for name in args.dtypes.split(","):
+            dtype = getattr(torch, name)
+            print(f"== per call, {name}", flush=True)
+            recs += per_call_records(dtype, args.reps)
+            print(f"== stack, {name}", flush=True)
+            recs += stack_records(dtype)
+    append_records(args.out, recs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
