@@ -419,11 +419,10 @@ class _CallCache:
 
     def _watch(self, eng) -> None:
         self.next_watch = time.monotonic() + self.WATCH_S
-        self.saves = eng.autotune.SAVES
         stamp = eng.tuned_plans_stamp()
-        if stamp != self.stamp:
+        if stamp != self.stamp or eng.autotune.SAVES != self.saves:
             self.calls.clear()
-            self.stamp = stamp
+            self.stamp, self.saves = stamp, eng.autotune.SAVES
 
     def put(self, key: tuple, call: _Call) -> None:
         if len(self.calls) >= self.MAX_CALLS:
