@@ -227,15 +227,14 @@ def _h11_plans(monkeypatch) -> list[tuple[int, int]]:
     launches and the cluster it launches with."""
     from gemmlab import engine
 
-    plans, real = [], engine.launch
+    plans, real = [], engine.H11Launch.run
 
-    def spy(compiled, **kw):
-        if compiled.name_expression.startswith("hopper_h11<"):
-            bn = int(compiled.name_expression.split(", ")[3])  # hopper_h11<T, TO, TBIAS, BN, ...>
-            plans.append((bn, kw["cluster"][0] if kw.get("cluster") else 1))
-        real(compiled, **kw)
+    def spy(self, *args):
+        bn = int(self.compiled.name_expression.split(", ")[3])  # hopper_h11<T, TO, TBIAS, BN, ...>
+        plans.append((bn, self.launcher.cluster or 1))
+        real(self, *args)
 
-    monkeypatch.setattr(engine, "launch", spy)
+    monkeypatch.setattr(engine.H11Launch, "run", spy)
     return plans
 
 
