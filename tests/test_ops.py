@@ -526,6 +526,25 @@ def test_eager_out_is_checked_for_overlap_on_every_call(eager_cpu):
         gemmlab.matmul(buf.view(8, 32), b, out=buf[:128].view(8, 16))
 
 
+@pytest.mark.parametrize("make_out", [
+    lambda: torch.empty(16, dtype=BF16).expand(8, 16),  # every row the same memory
+    lambda: torch.empty(8, dtype=BF16)[:, None].expand(8, 16),
+    lambda: torch.empty(64, dtype=BF16).as_strided((8, 16), (4, 1)),  # rows step inside each other
+])
+def test_out_that_overlaps_itself_is_refused_before_any_work(on_cpu, make_out):
+    with pytest.raises(UnsupportedProblem, match="share memory"):
+        gemmlab.matmul(rnd(8, 32), rnd(32, 16), out=make_out())
+    assert not on_cpu.engine.calls
+
+
+def test_out_views_that_do_not_overlap_are_accepted(on_cpu):
+    big = poison_(torch.empty(16, 40, dtype=BF16))
+    for out in (big[:8, :16], big.t()[:16, :8].t(), big[::2, ::2][:, :16]):
+        a, b = rnd(8, 32), rnd(32, 16)
+        assert gemmlab.matmul(a, b, out=out) is out
+        assert rel_error(out, reference(a, b)) < TOL[BF16]
+
+
 def test_eager_bad_input_raises_and_prepares_nothing(eager_cpu):
     with pytest.raises(UnsupportedProblem, match="inner dimensions differ"):
         gemmlab.matmul(rnd(8, 31), rnd(32, 16))

@@ -175,6 +175,10 @@ def _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out=None) -> Pr
         raise UnsupportedProblem(f"{_NAME}: beta={beta} needs c (the (M, N) tensor it scales)")
     if out is not None and (out.dim() != 2 or tuple(out.shape) != (M, N)):
         raise UnsupportedProblem(f"{_NAME}: out must have shape (M, N) = ({M}, {N}), got {tuple(out.shape)}")
+    if out is not None and _overlaps_itself(out):
+        raise UnsupportedProblem(f"{_NAME}: out (shape {tuple(out.shape)}, strides {out.stride()}) has elements "
+                                 "that share memory (e.g. an expanded tensor), so results would overwrite each "
+                                 "other; pass a tensor with distinct elements (out=c.contiguous(), or no out)")
 
     for dim_name, d in (("M", M), ("N", N), ("K", K)):
         if d >= MAX_DIM:
@@ -193,6 +197,17 @@ def _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out=None) -> Pr
         raise UnsupportedProblem(f"{_NAME}: all tensors must be on one device; got {where}")
     _check_device(a.device)
     return Problem(M, N, K, a.dtype, out_dtype, a.device)
+
+
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of 2-D ``t`` share memory: a dimension of more than one element with stride 0,
+    or the larger-stride dimension stepping inside the span of the other (metadata only)."""
+    dims = sorted((abs(st), n) for n, st in zip(t.shape, t.stride()) if n > 1)
+    if not dims:
+        return False
+    if dims[0][0] == 0:
+        return True
+    return len(dims) == 2 and dims[1][0] < dims[0][0] * dims[0][1]
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
