@@ -11,6 +11,7 @@ import types
 import pytest
 
 from gemmlab import autotune, cli, registry
+from gemmlab import tuned as store
 from gemmlab.autotune import AutotuneCacheWarning, GpuKey
 from gemmlab.errors import UnsupportedProblem
 
@@ -24,6 +25,7 @@ def cache(tmp_path, monkeypatch):
     """Every test gets its own cache folder; no test sees a GPU unless it asks for the fake one."""
     monkeypatch.setenv("GEMMLAB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("COLUMNS", "250")  # rich tables unwrapped
+    monkeypatch.setattr(store, "current_gpu", lambda: None)
     monkeypatch.setattr(autotune, "current_gpu", lambda: None)
     monkeypatch.setattr(cli, "_has_gpu", lambda: False)
     return tmp_path / "cache"
@@ -65,6 +67,7 @@ def fake_gpu(monkeypatch):
     import gemmlab.gpu
 
     monkeypatch.setattr(gemmlab.gpu, "gpu_info", lambda *a: FAKE_INFO)
+    monkeypatch.setattr(store, "current_gpu", lambda: FAKE)
     monkeypatch.setattr(autotune, "current_gpu", lambda: FAKE)
     monkeypatch.setattr(cli, "_has_gpu", lambda: True)
 
@@ -322,18 +325,22 @@ def test_config_for_prefers_a_tuned_config_only_for_this_gpu(monkeypatch):
     autotune.save_entry(OTHER, _entry(kernel=spec.name, M=3072, N=3072, K=3072, config={**heuristic, "ORDER": 0}))
 
     assert spec.config_for(*shape, 132) == heuristic  # no GPU visible: the heuristic
+    monkeypatch.setattr(store, "current_gpu", lambda: FAKE)
     monkeypatch.setattr(autotune, "current_gpu", lambda: FAKE)
     assert spec.config_for(*shape, 132) == tuned
     assert spec.config_for(*shape, 132, tuned=False) == heuristic
     assert spec.config_for(*shape, 114) == spec.config_for(*shape, 114, tuned=False)  # asked about another device
     assert spec.config_for(4096, 4096, 4096, 132) == spec.config_for(4096, 4096, 4096, 132, tuned=False)
+    monkeypatch.setattr(store, "current_gpu", lambda: GpuKey("FAKE H200", 132, "575"))
     monkeypatch.setattr(autotune, "current_gpu", lambda: GpuKey("FAKE H200", 132, "575"))  # other driver
     assert spec.config_for(*shape, 132) == heuristic
+    monkeypatch.setattr(store, "current_gpu", lambda: OTHER)
     monkeypatch.setattr(autotune, "current_gpu", lambda: OTHER)
     assert spec.config_for(*shape, 108) == {**heuristic, "ORDER": 0}
 
 
 def test_stale_or_unrunnable_tuned_configs_are_ignored(monkeypatch):
+    monkeypatch.setattr(store, "current_gpu", lambda: FAKE)
     monkeypatch.setattr(autotune, "current_gpu", lambda: FAKE)
     spec = registry.get("h10")
     base = spec.config_for(4096, 4096, 4096, 132, tuned=False)
@@ -352,11 +359,11 @@ def test_best_config_is_one_stat_until_the_file_changes(monkeypatch):
     assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) == want  # no visible GPU: the one given
     assert autotune.best_config(spec, 4096, 4096, 4096, 108, gpu=FAKE) is None  # not that GPU's SM count
     real_load = autotune.load
-    monkeypatch.setattr(autotune, "load", lambda path: pytest.fail("the file was read again"))
+    monkeypatch.setattr(store, "load", lambda path: pytest.fail("the file was read again"))
     assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) == want
     autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE)["BM"] = 0  # callers get a copy
     assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) == want
-    monkeypatch.setattr(autotune, "load", real_load)
+    monkeypatch.setattr(store, "load", real_load)
     autotune.save_entry(FAKE, _entry(config={"BM": 128}))  # a new file (os.replace): read again
     assert autotune.best_config(spec, 4096, 4096, 4096, gpu=FAKE) == {**spec.default_config(), "BM": 128}
     autotune.tuned_path(FAKE).unlink()
@@ -369,11 +376,13 @@ def test_fp32_matmul_path_picks_the_tuned_step_config(monkeypatch):
     spec, cfg = ops.best_sgemm_step(1000, 1000, 1000, 132)
     tuned = next(c for c in spec.configs() if c != cfg and not spec.why_unsupported(1000, 1000, 1000, c))
     autotune.save_entry(FAKE, _entry(kernel=spec.name, M=1000, N=1000, K=1000, config=tuned))
+    monkeypatch.setattr(store, "current_gpu", lambda: FAKE)
     monkeypatch.setattr(autotune, "current_gpu", lambda: FAKE)
     assert ops.best_sgemm_step(1000, 1000, 1000, 132) == (spec, tuned)
 
 
 def test_nearest_config(monkeypatch):
+    monkeypatch.setattr(store, "current_gpu", lambda: FAKE)
     monkeypatch.setattr(autotune, "current_gpu", lambda: FAKE)
     spec = registry.get("k08")
     autotune.save_entry(FAKE, _entry(config={"BM": 64}))

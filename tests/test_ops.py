@@ -500,13 +500,13 @@ def test_eager_calls_read_the_current_stream_every_call(eager_cpu, monkeypatch):
 
 
 def test_a_saved_tuned_plan_empties_the_prepared_calls(eager_cpu, monkeypatch):
-    from gemmlab import autotune, engine
+    from gemmlab import engine, tuned
 
     a, b = rnd(8, 32), rnd(32, 16)
     gemmlab.matmul(a, b)
     gemmlab.matmul(a, b)
     assert len(eager_cpu.engine.prepared) == 1
-    monkeypatch.setattr(autotune, "SAVES", autotune.SAVES + 1)  # a save in this process: seen at once
+    monkeypatch.setattr(tuned, "SAVES", tuned.SAVES + 1)  # a save in this process: seen at once
     gemmlab.matmul(a, b)
     assert len(eager_cpu.engine.prepared) == 2
     stamp = engine.tuned_plans_stamp()

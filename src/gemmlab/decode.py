@@ -359,11 +359,12 @@ def run_variant(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, variant: Va
     """``engine.gemm``'s decode branch with an explicit ``variant`` and M up to KERNEL_MAX_M (past MAX_M):
     for tests and benchmarks (benchmarks/decode_variants.py). Same operands and contract as engine.gemm,
     plus ``why_not``'s layout rules other than the M cutoff."""
-    from . import engine
+    from .epilogue import ctypes as ctype_names
+    from .epilogue import epi_bits
 
     if a.shape[0] > KERNEL_MAX_M:
         raise ValueError(f"M={a.shape[0]} > {KERNEL_MAX_M}")
-    epi = int(bias is not None) | (int(c is not None and beta != 0.0) << 1) | (engine.ACTIVATIONS[activation] << 2)
-    ctypes = (engine._CTYPE[a.dtype], engine._CTYPE[out.dtype], engine._CTYPE[bias.dtype] if bias is not None else "float")
+    epi = epi_bits(bias is not None, c is not None and beta != 0.0, activation)
+    ctypes = ctype_names(a.dtype, out.dtype, None if bias is None else bias.dtype)
     sm = torch.cuda.get_device_properties(a.device).multi_processor_count
     gemm(a, b, out, epi=epi, ctypes=ctypes, alpha=alpha, beta=beta, c=c, bias=bias, sm_count=sm, variant=variant)

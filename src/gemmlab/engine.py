@@ -23,19 +23,17 @@ from collections.abc import Callable
 
 import torch
 
-from . import autotune, decode
+from . import decode, tuned
+from .epilogue import ACTIVATIONS, DIRECT, ctypes, epi_bits
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
 from .jit.launch import Launcher, MapSlot, max_active_clusters, raw_stream
-from .ladders.hopper import order_table
-from .model import wave_quantization
+from .schedule import device_order_table, wave_quantization
 
 SOURCE = "hopper/h11_general.cu"
 PAD_COPY_SOURCE = "engine/pad_copy.cu"
 BM, BK = 128, 64
 SMEM_LIMIT = 227 * 1024 - 256  # dynamic smem per block, less the kernel's static barriers (16 B a stage)
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
-_CTYPE = {torch.bfloat16: "__nv_bfloat16", torch.float16: "__half", torch.float32: "float"}
 
 
 def hopper_available(device: torch.device) -> str | None:
@@ -267,27 +265,21 @@ def validate_plan(plan, K: int, capacity: dict[int, int] | Callable[[], dict[int
 TUNED_STEP = "hopper.h11_general"  # the registry step whose tuned configs are the engine's plans
 
 
-@functools.cache
-def _tuned_spec():
-    from . import registry
-
-    return registry.get(TUNED_STEP)
-
-
 def plan_for(M: int, N: int, K: int, sm_count: int,
              capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None, *,
-             gpu: autotune.GpuKey | None = None) -> tuple[int, int]:
+             gpu: tuned.GpuKey | None = None) -> tuple[int, int]:
     """The (tile width, split count) ``gemm`` runs when no plan is forced: the winner ``gemmlab tune
     hopper.h11_general`` saved for exactly (M, N, K) on ``gpu`` while it is still a plan the engine runs
-    there (its config resolves, it runs the shape, its cluster launches: ``capacity`` as for
-    ``choose_plan``), else ``choose_plan``. ``gpu`` None: no lookup. After the first call for a shape the
-    lookup is one ``stat`` of the file (``autotune.best_config``)."""
-    if gpu is not None:
+    there (exactly the keys BN and SPLITS, ``plan_problem`` finds nothing, its cluster launches:
+    ``capacity`` as for ``choose_plan``), else ``choose_plan``. ``gpu`` None: no lookup, and one whose SM
+    count is not ``sm_count`` neither. The lookup is one ``stat`` of the file (``tuned.saved_config``);
+    ``gemmlab.ops`` keeps the answer per call key and watches the files (``tuned_plans_stamp``)."""
+    if gpu is not None and gpu.sm_count == sm_count:
         _PLANNED.add(gpu)
-        cfg = autotune.best_config(_tuned_spec(), M, N, K, sm_count, gpu=gpu)
-        if cfg is not None:
+        cfg = tuned.saved_config(TUNED_STEP, M, N, K, gpu)
+        if cfg is not None and set(cfg) == {"BN", "SPLITS"}:
             bn, splits = cfg["BN"], cfg["SPLITS"]
-            if splits == 1 or _capacity_of(capacity).get(splits, 0) >= 1:
+            if plan_problem(K, bn, splits) is None and (splits == 1 or _capacity_of(capacity).get(splits, 0) >= 1):
                 return bn, splits
     return choose_plan(M, N, K, sm_count, capacity)
 
@@ -297,9 +289,9 @@ _PLANNED: set = set()  # the GPUs plan_for has looked up tuned plans for
 
 def tuned_plans_stamp() -> tuple:
     """What plans chosen so far depend on besides the shape: the tuned-plan file of each GPU ``plan_for``
-    looked up (``autotune.tuned_file_stamp``). Callers that keep prepared launches compare it to know
-    when to forget them (``gemmlab.ops``); ``autotune.SAVES`` counts saves in this process."""
-    return tuple(autotune.tuned_file_stamp(gpu) for gpu in sorted(_PLANNED, key=repr))
+    looked up (``tuned.tuned_file_stamp``). Callers that keep prepared launches compare it to know
+    when to forget them (``gemmlab.ops``); ``tuned.SAVES`` counts saves in this process."""
+    return tuple(tuned.tuned_file_stamp(gpu) for gpu in sorted(_PLANNED, key=repr))
 
 
 def visible_capacity(sm_count: int) -> dict[int, int] | None:
@@ -410,11 +402,11 @@ def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.
     if plan is not None:
         plan = validate_plan(plan, K, capacity)
     elif use_decode(a, b, out):
-        epi = int(bias is not None) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2)
-        ctypes = (_CTYPE[a.dtype], _CTYPE[out.dtype], _CTYPE[bias.dtype] if bias is not None else "float")
-        return decode.prepare(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=_sm_count(a.device))
+        return decode.prepare(a, b, out, epi=epi_bits(bias is not None, has_c, activation),
+                              ctypes=ctypes(a.dtype, out.dtype, None if bias is None else bias.dtype), c=c,
+                              bias=bias, sm_count=_sm_count(a.device))
     if plan is None:
-        plan = plan_for(M, N, K, _sm_count(a.device), capacity, gpu=autotune.device_gpu(_index(a.device)))
+        plan = plan_for(M, N, K, _sm_count(a.device), capacity, gpu=tuned.device_gpu(_index(a.device)))
     return H11Launch(a, b, out, bias=bias, activation=activation, has_c=has_c, c=c, plan=plan)
 
 
@@ -488,17 +480,17 @@ class H11Launch:
         self.direct = direct = not _tma_ok(out)
         has_bias = bias is not None
         self.has_c, self.has_bias = has_c, has_bias
-        epi = int(has_bias) | (int(has_c) << 1) | (ACTIVATIONS[activation] << 2) | (int(direct) << 5)
+        epi = epi_bits(has_bias, has_c, activation) | (DIRECT if direct else 0)
         sm = _sm_count(a.device)
         bn, splits = self.plan = plan
         q = _qsize(bn, a.element_size(), split=splits > 1)
-        tbias = _CTYPE[bias.dtype] if has_bias else "float"
+        t_in, t_out, tbias = ctypes(a.dtype, out.dtype, bias.dtype if has_bias else None)
         tiles_m, tiles_n = math.ceil(M / BM), math.ceil(N / bn)
         tiles = tiles_m * tiles_n
         # The overlapped epilogue (stores under the next tile's k-steps) needs a 16-bit TMA-stored output and
         # whole tiles (no split-K fixup).
         overlap = out.element_size() == 2 and not direct and splits == 1
-        expr = (f"hopper_h11<{_CTYPE[a.dtype]}, {_CTYPE[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
+        expr = (f"hopper_h11<{t_in}, {t_out}, {tbias}, {bn}, {q}, {int(a_mn)}, "
                 f"{int(b_mn)}, {epi}, {int(splits > 1)}, {int(overlap)}>")
         self.compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"hopper.h11_general[{expr[11:-1]}]")
         smem = smem_bytes(bn, q, a.element_size(), split=splits > 1)
@@ -506,7 +498,7 @@ class H11Launch:
         grid, cluster = (tiles * splits, splits) if splits > 1 else (min(sm, tiles), None)
         L = self.launcher = Launcher(self.compiled, _H11_PARAMS, grid=grid, block=384, smem=smem, cluster=cluster,
                                      device_index=dev)
-        self.order = order_table("hilbert", tiles_m, tiles_n, 8, a.device)
+        self.order = device_order_table("hilbert", tiles_m, tiles_n, 8, a.device)
         cin = c if has_c else out
         a_rows = a_rows_loaded(M, a_mn)
         for i, v in ((4, self.order), (10, cin), (13, bias if has_bias else out), (16, out)):

@@ -63,6 +63,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from .schedule import Waves, tile_quantization, wave_quantization  # noqa: F401 - part of the model's API
+
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 DEFAULT_EFFICIENCY = 0.9  # a main loop that keeps the math pipe busy 90% of the time
@@ -243,46 +245,7 @@ def ridge_point(peak_flops: float, bandwidth: float) -> float:
     return peak_flops / bandwidth
 
 
-# Tile and wave quantization ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Waves:
-    tiles_m: int
-    tiles_n: int
-    tiles: int
-    slots: int  # tiles that run at once: SMs x blocks per SM
-    waves: float  # tiles / slots
-    full_waves: int
-    last_wave_tiles: int  # tiles in the last wave (== slots when the last wave is full)
-    last_wave_utilization: float  # last_wave_tiles / slots
-    efficiency: float  # waves / ceil(waves): the fraction of the launched SM time doing work
-
-    @property
-    def wave_count(self) -> int:
-        return math.ceil(self.waves)
-
-
-def wave_quantization(M: int, N: int, BM: int, BN: int, sm_count: int = 132, blocks_per_sm: int = 1) -> Waves:
-    """How ``ceil(M/BM) x ceil(N/BN)`` tiles fill ``sm_count x blocks_per_sm`` slots.
-
-    Example: 4096 x 4096 with 128 x 256 tiles on 132 SMs: 512 tiles, 3.88 waves, the last wave 116/132 = 88%
-    full, efficiency 3.88 / 4 = 97%.
-    """
-    tm, tn = math.ceil(M / BM), math.ceil(N / BN)
-    tiles = tm * tn
-    slots = max(1, sm_count * blocks_per_sm)
-    waves = tiles / slots
-    n_waves = math.ceil(waves)
-    last = tiles - (n_waves - 1) * slots if tiles else 0
-    return Waves(tiles_m=tm, tiles_n=tn, tiles=tiles, slots=slots, waves=waves, full_waves=tiles // slots,
-                 last_wave_tiles=last, last_wave_utilization=last / slots,
-                 efficiency=waves / n_waves if n_waves else 1.0)
-
-
-def tile_quantization(M: int, N: int, BM: int, BN: int) -> float:
-    """Useful fraction of the computed tile area: M N / (ceil(M/BM) BM ceil(N/BN) BN)."""
-    return (M * N) / (math.ceil(M / BM) * BM * math.ceil(N / BN) * BN)
-
+# Tile and wave quantization: in ``gemmlab.schedule`` (the engine plans with them), re-exported here.
 
 # Occupancy -----------------------------------------------------------------------------------------
 
@@ -850,9 +813,8 @@ def step_efficiency(spec, summary=None, profile: DeviceProfile = H200) -> tuple[
 
 
 def ladder_dtype(spec) -> str:
-    from .registry import ladders
-
-    return ladders()[spec.ladder].dtype
+    """The element type of a registered step's ladder ("fp32" or "bf16")."""
+    return spec.dtype
 
 
 def main_loop(spec, cfg: dict, registers: int, smem_bytes: int, profile: DeviceProfile = H200) -> MainLoop:

@@ -428,16 +428,16 @@ class _CallCache:
 
     def get(self, key: tuple) -> _Call | None:
         eng = sys.modules.get("gemmlab.engine")
-        if eng is not None and (eng.autotune.SAVES != self.saves or time.monotonic() >= self.next_watch):
+        if eng is not None and (eng.tuned.SAVES != self.saves or time.monotonic() >= self.next_watch):
             self._watch(eng)
         return self.calls.get(key)
 
     def _watch(self, eng) -> None:
         self.next_watch = time.monotonic() + self.WATCH_S
         stamp = eng.tuned_plans_stamp()
-        if stamp != self.stamp or eng.autotune.SAVES != self.saves:
+        if stamp != self.stamp or eng.tuned.SAVES != self.saves:
             self.calls.clear()
-            self.stamp, self.saves = stamp, eng.autotune.SAVES
+            self.stamp, self.saves = stamp, eng.tuned.SAVES
 
     def put(self, key: tuple, call: _Call) -> None:
         if len(self.calls) >= self.MAX_CALLS:

@@ -77,6 +77,11 @@ class KernelSpec:
     extra: dict = field(default_factory=dict)
 
     @property
+    def dtype(self) -> str:
+        """The element type of the step's ladder ("fp32", "bf16")."""
+        return LADDERS[self.ladder].dtype
+
+    @property
     def short(self) -> str:
         return self.name.split(".", 1)[1]
 
@@ -147,10 +152,10 @@ class KernelSpec:
 
     def config_for(self, M: int, N: int, K: int, sm_count: int, *, tuned: bool = True) -> dict[str, int]:
         """The config this step would pick for a shape: what ``gemmlab tune`` saved for this step and exact
-        shape on the visible GPU (``gemmlab.autotune.best_config``; skipped with ``tuned=False``, without a
+        shape on the visible GPU (``gemmlab.tuned.best_config``; skipped with ``tuned=False``, without a
         GPU, or when ``sm_count`` is not the visible GPU's), else its heuristic over the defaults."""
         if tuned and self.params:
-            from .autotune import best_config
+            from .tuned import best_config
 
             best = best_config(self, M, N, K, sm_count)
             if best is not None:
@@ -209,8 +214,16 @@ def register(spec: KernelSpec) -> KernelSpec:
     return spec
 
 
+# The modules that register the ladders' steps when imported. The registry loads them by name, as a plugin
+# host does: they import the registry to register, the registry never imports their code.
+LADDER_MODULES = ("gemmlab.ladders.sgemm", "gemmlab.ladders.hopper")
+
+
 def _load() -> None:
-    from . import ladders  # noqa: F401  (registers everything on import)
+    import importlib
+
+    for name in LADDER_MODULES:
+        importlib.import_module(name)
 
 
 def all_kernels(ladder: str | None = None) -> list[KernelSpec]:

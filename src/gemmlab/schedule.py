@@ -11,13 +11,19 @@ touches, the more of its loads hit in L2. Three orders:
   "grouped ordering"). A window is a ``group_m``-tall block. ``grouped_tile`` maps one index to its tile
   in O(1), which is what a persistent kernel's tile scheduler computes per tile.
 - ``hilbert``: a generalized Hilbert curve over the rectangle (any size, not only powers of two), so
-  every window is a compact blob. Persistent kernels read it as a table (``order_table``).
+  every window is a compact blob. Persistent kernels read it as a table (``order_table``, on the device
+  ``device_order_table``).
+
+How many tiles there are for the SMs is wave quantization (``wave_quantization``): the last wave of a grid
+may leave SMs idle.
 
 A tile is ``(m, n)``: row ``m`` of tiles (``M / BM`` of them), column ``n`` (``N / BN``).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -144,3 +150,66 @@ def window_traffic_bytes(order: list[Tile], window: int, BM: int, BN: int, K: in
         chunk = order[s:s + window]
         out.append((len({m for m, _ in chunk}) * BM + len({n for _, n in chunk}) * BN) * K * elem_bytes)
     return out
+
+
+# Tile and wave quantization ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Waves:
+    tiles_m: int
+    tiles_n: int
+    tiles: int
+    slots: int  # tiles that run at once: SMs x blocks per SM
+    waves: float  # tiles / slots
+    full_waves: int
+    last_wave_tiles: int  # tiles in the last wave (== slots when the last wave is full)
+    last_wave_utilization: float  # last_wave_tiles / slots
+    efficiency: float  # waves / ceil(waves): the fraction of the launched SM time doing work
+
+    @property
+    def wave_count(self) -> int:
+        return math.ceil(self.waves)
+
+
+def wave_quantization(M: int, N: int, BM: int, BN: int, sm_count: int = 132, blocks_per_sm: int = 1) -> Waves:
+    """How ``ceil(M/BM) x ceil(N/BN)`` tiles fill ``sm_count x blocks_per_sm`` slots.
+
+    Example: 4096 x 4096 with 128 x 256 tiles on 132 SMs: 512 tiles, 3.88 waves, the last wave 116/132 = 88%
+    full, efficiency 3.88 / 4 = 97%.
+    """
+    tm, tn = math.ceil(M / BM), math.ceil(N / BN)
+    tiles = tm * tn
+    slots = max(1, sm_count * blocks_per_sm)
+    waves = tiles / slots
+    n_waves = math.ceil(waves)
+    last = tiles - (n_waves - 1) * slots if tiles else 0
+    return Waves(tiles_m=tm, tiles_n=tn, tiles=tiles, slots=slots, waves=waves, full_waves=tiles // slots,
+                 last_wave_tiles=last, last_wave_utilization=last / slots,
+                 efficiency=waves / n_waves if n_waves else 1.0)
+
+
+def tile_quantization(M: int, N: int, BM: int, BN: int) -> float:
+    """Useful fraction of the computed tile area: M N / (ceil(M/BM) BM ceil(N/BN) BN)."""
+    return (M * N) / (math.ceil(M / BM) * BM * math.ceil(N / BN) * BN)
+
+
+_DEVICE_TABLES: dict = {}
+
+
+def device_order_table(name: str, tiles_m: int, tiles_n: int, group_m: int, device):
+    """``order_table`` of ``tile_order(name, ...)`` as a device int32 tensor (torch), built once per grid,
+    order and device: what the persistent kernels read their tiles from."""
+    import torch
+
+    key = (name, tiles_m, tiles_n, group_m if name == "grouped" else 0, device)
+    t = _DEVICE_TABLES.get(key)
+    if t is None and torch.cuda.is_current_stream_capturing():
+        # A host-to-device copy cannot be captured in a CUDA graph: build row-major order on the
+        # device instead (not cached, so an uncaptured call later still gets the order asked for).
+        idx = torch.arange(tiles_m * tiles_n, device=device, dtype=torch.int32)
+        return (idx // tiles_n) * 65536 + idx % tiles_n
+    if t is None:
+        kw = {"group_m": group_m} if name == "grouped" else {}
+        t = torch.from_numpy(order_table(tile_order(name, tiles_m, tiles_n, **kw))).to(device)
+        _DEVICE_TABLES[key] = t
+    return t

@@ -1,3 +1,2 @@
-"""The ladders' registrations. Importing this package fills ``gemmlab.registry``."""
-
-from . import hopper, sgemm  # noqa: F401
+"""The ladders' steps, one module per ladder; each registers its steps in ``gemmlab.registry`` when
+imported (``registry.LADDER_MODULES`` names them; the registry imports them on first use)."""

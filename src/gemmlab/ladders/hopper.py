@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..jit.launch import launch, tensor_map_2d
+from ..schedule import device_order_table as order_table
 from ..registry import KernelSpec, Ladder, Param, register, register_ladder
 from ..sass import SassExpect
 
@@ -318,28 +319,6 @@ register(KernelSpec(
 # h09: tile order -------------------------------------------------------------------------------------
 
 ORDER_NAMES = {0: "row_major", 1: "grouped", 2: "hilbert"}
-_ORDER_TABLES: dict = {}
-
-
-def order_table(name: str, tiles_m: int, tiles_n: int, group_m: int, device) -> torch.Tensor:
-    """The tile order as a device int32 table of (m << 16 | n), built once per grid and order."""
-    from .. import schedule
-
-    key = (name, tiles_m, tiles_n, group_m if name == "grouped" else 0, device)
-    t = _ORDER_TABLES.get(key)
-    if t is None and torch.cuda.is_current_stream_capturing():
-        # A host-to-device copy cannot be captured in a CUDA graph: build row-major order on the
-        # device instead (not cached, so an uncaptured call later still gets the order asked for).
-        idx = torch.arange(tiles_m * tiles_n, device=device, dtype=torch.int32)
-        return (idx // tiles_n) * 65536 + idx % tiles_n
-    if t is None:
-        kw = {"group_m": group_m} if name == "grouped" else {}
-        table = schedule.order_table(schedule.tile_order(name, tiles_m, tiles_n, **kw))
-        t = torch.from_numpy(table).to(device)
-        _ORDER_TABLES[key] = t
-    return t
-
-
 register(KernelSpec(
     name="hopper.h09_tile_order", ladder="hopper", step=9,
     technique="tile order for L2 reuse (row-major, grouped or Hilbert curve), read from a table",
@@ -383,7 +362,7 @@ def h10_heuristic(M: int, N: int, K: int, sm_count: int) -> dict:
     Per-tile efficiency falls a little with BN (less B reuse per A byte); the weights are rough
     measurements from the ladder runs (see docs/worklog.md), the wave term is exact.
     """
-    from ..model import wave_quantization
+    from ..schedule import wave_quantization
 
     best, best_score = None, -1.0
     for bn, weight in ((256, 1.0), (192, 0.97), (128, 0.92)):
