@@ -24,7 +24,7 @@ struct GemmTraits {
     static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
     static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
-    static constexpr int CONSUMER_REGS = CONSUMERS == 1 ? 240 : 232;  // setmaxnreg: 128 x (40 + sum) <= 64 K
+    static constexpr int CONSUMER_REGS = 232;  // two consumers: setmaxnreg, 128 x (40 + 2 x 232) <= 64 K
 
     static constexpr u32 A_STAGE = BM * BK * sizeof(T), B_STAGE = BN * BK * sizeof(T);
     static constexpr u32 STAGE_BYTES = A_STAGE + B_STAGE;

@@ -39,7 +39,9 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     TileScheduler<Tr::SCHEDULE> sched(num_tiles, k_iters, sargs);
     WorkUnit u;
     if (wg == 0) {
-        setmaxnreg_dec<40>();
+        // setmaxnreg (PTX ISA "setmaxnreg"): with two consumers the producer gives its registers to them
+        // (128 x (40 + 2 x 232) <= 64 K). One consumer (256 threads) has 240+ at entry already.
+        if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
         if (t == 0) {
             RingCursor cur;
             while (sched.next(u)) {
@@ -55,7 +57,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
         return;
     }
 
-    setmaxnreg_inc<Tr::CONSUMER_REGS>();
+    if constexpr (Tr::CONSUMERS > 1) setmaxnreg_inc<Tr::CONSUMER_REGS>();
     const int consumer = wg - 1;
     const EpilogueArgs<Tr> ep{alpha, beta, Cin, ldc_row, ldc_col, bias, Out, ldo, M, N};
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
