@@ -109,15 +109,16 @@ class DeviceProfile:
     plan_clock_mhz: float = 1755.0  # the clock planned for: median of those records' sustained clocks
     hbm_read_bytes_per_s: float = 4.0e12  # a weight streamed once (decode kernel, h11 at M = 1..16)
     smem_bytes_per_clk: float = 144.0  # wgmma operand reads + TMA writes one SM's shared memory serves
-    sm_l2_bytes_per_s: float = 100e9  # what one SM's TMA draws from L2 when few SMs share it
+    engine_l2_bytes_per_s: float = 14e12  # L2 -> SMEM over all SMs as the h11 plans draw it (ladder fit: 10)
+    sm_l2_bytes_per_s: float = 150e9  # what one SM's TMA draws from L2 when few SMs share it
     l2_latency_s: float = 1.0e-6  # a TMA load's round trip when it hits L2 ...
     hbm_latency_s: float = 2.4e-6  # ... and when it streams from HBM (the stages in flight hide it)
     launch_s: float = 2.0e-6  # launch, barrier setup, first loads, last stores: once per launch
-    tile_fixed_s: float = 1.5e-6  # per tile: the last wgmma group's drain and the next tile's restart
+    tile_fixed_s: float = 0.5e-6  # per tile: the last wgmma group's drain and the next tile's restart
     store_bytes_per_s: float = 22e9  # one SM converting and storing its output tile
     partial_bytes_per_s: float = 100e9  # one SM writing or reading an fp32 stream-K partial (L2)
     dsmem_bytes_per_s: float = 26e9  # one SM reading its cluster's split-K partials (SM-to-SM network)
-    cluster_sync_s: float = 1.5e-6  # split-K: two cluster barriers and the partial's round through smem
+    cluster_sync_s: float = 3.0e-6  # split-K: two cluster barriers and the partial's round through smem
     # Clusters of 1..8 one-SM CTAs the GPU holds at once (GPCs of uneven size leave SMs over): the
     # H200's, from cuda-core's occupancy query (sha 4fc772e). ``gemmlab.engine`` asks the GPU it runs on.
     cluster_capacity: tuple = ((1, 132), (2, 66), (3, 39), (4, 30), (5, 22), (6, 17), (7, 15), (8, 15))

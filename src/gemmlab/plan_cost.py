@@ -10,7 +10,7 @@ floored by the HBM time of the operands. One 64-deep k-step of a BM x BN tile co
     warpgroup, BM = 64, keeps ``ONE_CONSUMER_EFFICIENCY`` of that: nothing covers its k-step turnaround
     and its epilogue),
   * the TMA bytes (the A rows a tile really loads + BN rows of B, 64 deep) at the SM's share of the L2:
-    min(``sm_l2_bytes_per_s``, ``l2_smem_bytes_per_s`` / active SMs),
+    min(``sm_l2_bytes_per_s``, ``engine_l2_bytes_per_s`` / active SMs),
   * the shared-memory traffic (each m64 wgmma reads its A block and all of B; the TMA writes the
     stage) at ``smem_bytes_per_clk``,
   * a load's round trip over the stages in flight: ``l2_latency_s`` when the loads hit L2 ..
@@ -46,15 +46,23 @@ BK = 64
 ONE_CONSUMER_EFFICIENCY = 0.85
 
 DEVICE_CONSTANTS_FIT = """
-Fitted with benchmarks/fit_plan_model.py to the h11 records (BM = 128 tiles of BN 64..256, data-parallel
-and cluster split-K) in benchmarks/results/engine_policies.jsonl (shas 227f35c .. 090adea, 18 + 16
-shapes x plans, each timed against torch.mm at its recorded clock) and the llm / square suites of
-matmul.jsonl (sha 090adea / 0f8f206, the engine's own h11 plans, M = 1 .. 16384):
-  launch_s 2.0 us, tile_fixed_s 1.5 us, store_bytes_per_s 22 GB/s (128 x 256 bf16 tile: 4.5 us, the
-  h10 sweep's epilogue E), sm_l2_bytes_per_s 100 GB/s and the latencies 1.0 / 2.4 us (engine.py's
-  split-K fit), l2_smem_bytes_per_s 10 TB/s and mma_efficiency 0.94 (gemmlab.model's pipeline fit),
-  dsmem_bytes_per_s 26 GB/s (h11 timeline), cluster_sync_s 1.5 us (split launches' reduce minus bytes).
-partial_bytes_per_s (stream-K) is not fitted: no stream-K record exists; 100 GB/s = the SM's L2 rate.
+Fitted with benchmarks/fit_plan_model.py (a grid search over the constants below, loss = mean |log
+measured / predicted| + 2 x mean log(picked plan / best measured plan)) to the h11 records: every
+(BN, splits) plan of the few-tile shapes in benchmarks/results/engine_policies.jsonl from the runs with
+cluster split-K (shas 4fc772e, 227f35c, 0f8f206, 6ea410a, 090adea; 34 shape runs) and the engine's own
+plans of the llm (090adea) and square (0f8f206) suites of matmul.jsonl, each at its recorded clock:
+  launch_s 2.0 us and tile_fixed_s 0.5 us (flat: 1.5-3 us and 0.25-1 us fit within 1%),
+  engine_l2_bytes_per_s 14 TB/s and sm_l2_bytes_per_s 150 GB/s (the unsplit few-tile launches run
+  their k-steps at ~100-120 GB/s per SM with 128 SMs busy; gemmlab.model's 10 TB/s is the ladder's fit
+  of the same ceiling), l2_latency_s 1.0 us, cluster_sync_s 3.0 us (1.5-4 us: the split reductions),
+  store_bytes_per_s 22 GB/s (15-30 fit alike; 128 x 256 bf16: 3 us, the h10 sweep's epilogue E
+  less the drain), hbm_latency_s 2.4 us and dsmem_bytes_per_s 26 GB/s (engine.py's fit and the h11
+  timeline, kept), mma_efficiency 0.94 (gemmlab.model's pipeline fit, kept).
+  Result: measured / predicted 0.55-1.5 per record (mean |log| 0.18); among the measured plans of
+  each shape the model's pick runs 3.8% (geomean) behind the best, 49% at worst (1x4096x4096, where
+  h11's 128-row tile is the wrong tool and the new kernel has 64-row tiles).
+partial_bytes_per_s (stream-K) and smem_bytes_per_clk (144 B/clk: h10 at BN = 128 ran 2-5% slower
+than at 256, the worklog) are not fitted to a sweep: no stream-K or 64- / 256-row record exists yet.
 """
 
 
@@ -68,7 +76,7 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     clock = clock_mhz * 1e6
     eff = prof.mma_efficiency * (ONE_CONSUMER_EFFICIENCY if bm == 64 else 1.0)
     t_mma = 2.0 * bm * bn * BK / (prof.flop_per_clk_sm[dtype] * clock * eff)
-    bw = min(prof.sm_l2_bytes_per_s, prof.l2_smem_bytes_per_s / max(1, active_sms))
+    bw = min(prof.sm_l2_bytes_per_s, prof.engine_l2_bytes_per_s / max(1, active_sms))
     stage = (rows + bn) * BK * in_bytes(dtype)
     t_bytes = stage / bw
     # Shared memory: every m64 wgmma reads its A block and all of B (16 deep per k16), and the TMA

@@ -59,6 +59,12 @@ struct TileScheduler {
 
     __device__ __forceinline__ int dp_tiles() const { return num_tiles - (SCHED == STREAM_K ? args.sk_tiles : 0); }
 
+    // STREAM_K: one past the last streamed k-step of `tile`. The owner adds the partials of CTAs
+    // b + 1, b + 2, ... while sk_begin(j) < streamed_end(tile): exactly the CTAs whose first unit lies in it.
+    __device__ __forceinline__ long long streamed_end(int tile) const {
+        return (long long)(tile - dp_tiles() + 1) * k_iters;
+    }
+
     // The next unit of this CTA; false when it has none left.
     __device__ __forceinline__ bool next(WorkUnit& u) {
         if constexpr (SCHED == SPLIT_K) {

@@ -84,8 +84,8 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
                     continue;
                 }
                 if (u.kind == UNIT_OWNER) {
-                    const long long tile_end = (long long)(u.tile - sched.dp_tiles() + 1) * k_iters;
-                    sk_add_partials<Tr>(acc, workspace, flags, sched, blockIdx.x + 1, tile_end, consumer, t, m0, M);
+                    sk_add_partials<Tr>(acc, workspace, flags, sched, blockIdx.x + 1, sched.streamed_end(u.tile),
+                                        consumer, t, m0, M);
                 }
             }
 #pragma unroll
