@@ -143,3 +143,37 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, alpha: float = 
     p = plan or plan_for(a, b, out, bias=bias, activation=activation, has_c=has_c)
     launch(p, a, b, out, alpha=alpha, beta=beta, c=c if has_c else None, bias=bias)
     return p
+
+
+def sass_expect(p: planner.Plan):
+    """What the SASS of ``p``'s instantiation must show: wgmma (its shape: ``hgmma_shapes``), TMA loads,
+    no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
+    cluster barriers; stream-K's flag release (RED); no GPU-wide fence inside a loop for data-parallel
+    plans (split-K's cluster barrier and stream-K's release are one, once per unit)."""
+    from .sass import SassExpect
+
+    contains = [r"^HGMMA", r"^UTMALDG"]
+    absent = [r"^HMMA"]
+    if p.schedule == "split_k":
+        contains += [r"^UCGABAR_ARV", r"^UCGABAR_WAIT"]
+        absent += [r"^UTMASTG"]
+    elif p.direct:
+        absent += [r"^UTMASTG"]
+    else:
+        contains += [r"^UTMASTG"] + ([r"^STSM"] if p.out_dtype != "fp32" else [])
+    if p.schedule == "stream_k":
+        contains += [r"^RED"]
+    if p.consumers > 1:
+        contains += [r"^USETMAXREG"]
+    return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True,
+                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule == "data_parallel" else ())
+
+
+def hgmma_shapes(compiled) -> set[str]:
+    """The wgmma shapes in a compiled kernel's SASS, e.g. {"64x256x16.F32.BF16"} (fp16 operands print
+    no type suffix: "64x256x16.F32")."""
+    import re
+
+    from .sass import disassemble
+
+    return set(re.findall(r"HGMMA\.(\d+x\d+x\d+\.F32(?:\.BF16)?)\b", disassemble(compiled.cubin, compiled.mangled_name)))
