@@ -99,52 +99,62 @@ __device__ __forceinline__ void split_store_partial(const float (&acc)[Tr::MI][T
     }
 }
 
-// Split-K: after the cluster barrier, CTA `rank` of `splits` reduces its share of the tile's rows, four
-// columns per item, over the consumer threads (ct = 0 .. CONSUMERS x 128 - 1). Remote loads of an item
-// are all issued before the first add (the SM-to-SM network is slow: ~26 GB/s per SM, h11 timeline).
-// Each element is summed by one CTA in a fixed order (own rank first, then the next ranks cyclically).
+// The four floats at `addr` in the cluster's `splits` partials, summed in a fixed order: this CTA's own
+// first, then the next ranks cyclically. Every remote load is issued before the first add (the
+// SM-to-SM network is slow: ~26 GB/s per SM in the h11 timeline), the own value read locally.
+__device__ __forceinline__ float4 cluster_sum_f32x4(u32 addr, int rank, int splits) {
+    float4 remote[7];  // cluster size <= 8, the portable limit
+#pragma unroll
+    for (int o = 1; o < 8; ++o) {
+        if (o < splits) remote[o - 1] = ld_cluster_f32x4(addr, (rank + o) % splits);
+    }
+    float4 sum = ld_shared_f32x4(addr);
+#pragma unroll
+    for (int o = 1; o < 8; ++o) {
+        if (o < splits) {
+            sum.x += remote[o - 1].x;
+            sum.y += remote[o - 1].y;
+            sum.z += remote[o - 1].z;
+            sum.w += remote[o - 1].w;
+        }
+    }
+    return sum;
+}
+
+// Four consecutive outputs from dst on, `valid` of them inside the tensor: one 16- or 8-byte store when
+// all are and the address is aligned for it, else one store per element.
+template <typename TO>
+__device__ __forceinline__ void store_out4(TO* dst, const float (&v)[4], int valid) {
+    if (valid >= 4 && reinterpret_cast<size_t>(dst) % (4 * sizeof(TO)) == 0) {
+        if constexpr (sizeof(TO) == 4) {
+            *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(pack2(v[0], v[1], (TO*)nullptr), pack2(v[2], v[3], (TO*)nullptr));
+        }
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        if (h < valid) dst[h] = from_float<TO>(v[h]);
+    }
+}
+
+// Split-K: after the cluster barrier, CTA `rank` of `splits` reduces its share of the tile's rows
+// (rows rank * ceil(BM / splits) ..), four columns per item, over the consumer threads (ct = 0 ..
+// CONSUMERS x 128 - 1), applies the epilogue and stores. Each element is summed by one CTA in one order.
 template <class Tr>
 __device__ __forceinline__ void split_reduce_store(u32 part, int rank, int splits, int m0, int n0,
                                                    const EpilogueArgs<Tr>& ep, int ct) {
-    using TO = typename Tr::TO;
     constexpr int C4 = Tr::BN / 4;
     const int rows_per = (Tr::BM + splits - 1) / splits, r0 = rank * rows_per, r1 = min(Tr::BM, r0 + rows_per);
     const int items = max(0, r1 - r0) * C4;
     for (int i = ct; i < items; i += Tr::CONSUMERS * 128) {
         const int rr = r0 + i / C4, c4 = (i % C4) * 4, r = m0 + rr, cc = n0 + c4;
         if (r >= ep.M || cc >= ep.N) continue;
-        const u32 addr = part + 4 * (rr * Tr::LDP + c4);
-        float4 x[7];  // the other ranks' values (cluster size <= 8, the portable limit)
-#pragma unroll
-        for (int o = 1; o < 8; ++o) {
-            if (o < splits) x[o - 1] = ld_cluster_f32x4(addr, rank + o < splits ? rank + o : rank + o - splits);
-        }
-        const float4 own = ld_shared_f32x4(addr);
-        float v[4] = {own.x, own.y, own.z, own.w};
-#pragma unroll
-        for (int o = 1; o < 8; ++o) {
-            if (o < splits) {
-                v[0] += x[o - 1].x;
-                v[1] += x[o - 1].y;
-                v[2] += x[o - 1].z;
-                v[3] += x[o - 1].w;
-            }
-        }
+        const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);
+        float v[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
         for (int h = 0; h < 4; ++h) v[h] = ep.apply(v[h], r, cc + h);
-        TO* dst = ep.Out + (long long)r * ep.ldo + cc;
-        if (cc + 3 < ep.N && reinterpret_cast<size_t>(dst) % (4 * sizeof(TO)) == 0) {
-            if constexpr (sizeof(TO) == 4) {
-                *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-            } else {
-                *reinterpret_cast<uint2*>(dst) =
-                    make_uint2(pack2(v[0], v[1], (TO*)nullptr), pack2(v[2], v[3], (TO*)nullptr));
-            }
-        } else {
-#pragma unroll
-            for (int h = 0; h < 4; ++h) {
-                if (cc + h < ep.N) dst[h] = from_float<TO>(v[h]);
-            }
-        }
+        store_out4(ep.Out + (long long)r * ep.ldo + cc, v, ep.N - cc);
     }
 }
