@@ -79,6 +79,7 @@ def test_template_args_name_every_choice():
     assert all(c.bn % 64 == 0 for c in planner.candidates(4096, 4096, 4096, b_mn=True))
     heavy = planner.candidates(4096, 4096, 4096, out_dtype="fp32")
     assert max(c.bn for c in heavy if c.bm == 256) == 112
+    assert max(c.bn for c in heavy if c.bm == 256 and c.schedule == "stream_k") == 96
     with pytest.raises(ValueError, match="unsupported dtype"):
         planner.plan(64, 64, 64, dtype="int8")
     with pytest.raises(ValueError, match="unknown activation"):

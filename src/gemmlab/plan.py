@@ -196,9 +196,12 @@ def register_problem(bm: int, bn: int, schedule: str, heavy: bool) -> str | None
     plainest and the heaviest epilogue (fp32 out, beta * C, bias, gelu, DIRECT); tests/test_plan.py
     compiles the accepted ones and checks for spills. 256-row tiles: data-parallel up to 256 x 192,
     split-K 256 x 160, stream-K (the partial's adds live beside the accumulators) 256 x 144, and with
-    a heavy epilogue 256 x 112; 64- and 128-row tiles fit every width."""
+    a heavy epilogue 256 x 112 (stream-K 256 x 96); 64- and 128-row tiles fit every width."""
     acc = (2 if bm == 256 else 1) * bn // 2
-    limit = 112 if heavy else {"data_parallel": 192, "split_k": 160, "stream_k": 144}[schedule]
+    if heavy:
+        limit = 96 if schedule == "stream_k" else 112
+    else:
+        limit = {"data_parallel": 192, "split_k": 160, "stream_k": 144}[schedule]
     if bm != 256 or acc <= limit:
         return None
     return f"{acc} accumulators per thread spill with this schedule and epilogue (limit {limit})"
