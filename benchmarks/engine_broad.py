@@ -12,7 +12,8 @@ the model's best plan of each other schedule, its best plan with another tile he
 an fp32 reference before it is timed (``gemmlab.timer``: graph replays, interleaved rounds, per-candidate
 SM clocks). One JSON line per (shape, candidate): git sha, GPU, clocks, shape and class, the plan and its
 predicted time, the measured time, torch's, and the ratio. Every instantiation is compiled up front in a
-process pool (the disk cache then serves the timing process). ``--budget-s`` stops between shapes.
+process pool (the disk cache then serves the timing process). Shapes run in a fixed shuffled order, and
+``--budget-s`` stops between shapes, so a cut-short run still covers every class.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import math
 import multiprocessing
 import os
+import random
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -50,6 +52,8 @@ def load_cases(args) -> list[dict]:
     if args.limit and len(cases) > args.limit:  # an even spread over the (sorted) set
         step = len(cases) / args.limit
         cases = [cases[int(i * step)] for i in range(args.limit)]
+    if not args.shapes:  # a fixed shuffle: a run the time budget cuts short still samples every class
+        random.Random(14).shuffle(cases)
     return cases
 
 
