@@ -22,7 +22,7 @@ def _pick(M, N, K, bm, bn, schedule, **kw) -> planner.Plan:
     pytest.skip(f"no {bm}x{bn} {schedule} plan for {M}x{N}x{K}")
 
 
-def _run_case(p: planner.Plan, *, alpha=1.0, beta=0.0, layout="TN", seed=0):
+def _run_case(p: planner.Plan, *, alpha=1.0, beta=0.0, seed=0):
     """Inputs, a poisoned output inside a poisoned frame, one launch; returns (out, frame, reference)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     dt, odt = _TYPES[p.dtype], _TYPES[p.out_dtype]
@@ -33,10 +33,9 @@ def _run_case(p: planner.Plan, *, alpha=1.0, beta=0.0, layout="TN", seed=0):
     w = torch.randn(N, K, device="cuda", generator=g).to(dt)
     b = torch.randn(K, N, device="cuda", generator=g).to(dt) if p.b_mn else w.t()
     # The output sits inside a larger NaN frame: a store past the tile or the tensor shows up as a
-    # non-NaN value outside it.
-    pad = 8 if not p.direct else 3
-    frame = torch.full((M + 8, N + pad), float("nan"), device="cuda", dtype=odt)
-    out = frame[:M, :N] if not p.direct else frame[:M, :N]
+    # non-NaN value outside it. Rows of N + 8 elements stay 16-byte aligned (TMA stores), N + 1 do not.
+    frame = torch.full((M + 8, N + (1 if p.direct else 8)), float("nan"), device="cuda", dtype=odt)
+    out = frame[:M, :N]
     c = torch.randn(M, N, device="cuda", generator=g).to(odt) if p.has_c else None
     bias = torch.randn(N, device="cuda", generator=g).to(_TYPES[p.bias_dtype]) if p.bias_dtype else None
     engine2.launch(p, a, b, out, alpha=alpha, beta=beta, c=c, bias=bias)
