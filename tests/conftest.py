@@ -19,7 +19,11 @@ def _has_hopper() -> bool:
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU")
     skip_hopper = pytest.mark.skip(reason="needs a Hopper (sm_90) GPU")
+    # Long CPU sweeps (every instantiation the planner may pick) run only when asked for: -m slow.
+    skip_slow = None if "slow" in (config.getoption("markexpr") or "") else pytest.mark.skip(reason="slow: -m slow")
     for item in items:
+        if skip_slow is not None and "slow" in item.keywords:
+            item.add_marker(skip_slow)
         if "gpu" in item.keywords and not _has_gpu():
             item.add_marker(skip_gpu)
         elif "hopper" in item.keywords and not _has_hopper():

@@ -4,6 +4,7 @@
     gemmlab.kernels()                    # the registered ladder steps
     gemmlab.kernel("h01").run(a, b, c)   # one step on torch tensors
     gemmlab.matmul(a, b, bias=bias, activation="gelu")   # the GEMM to call: any shape, layout, epilogue
+    gemmlab.plan(4096, 4096, 4096)       # what the engine kernel would run there (no GPU needed)
 
 See the README for the ladders, the tools (``gemmlab --help``) and the benchmark records.
 """
@@ -24,4 +25,8 @@ def __getattr__(name: str):
 
         globals()[name] = getattr(ops, name)
         return globals()[name]
+    if name == "plan":  # the module, callable: gemmlab.plan(M, N, K, ...) -> Plan (pure Python)
+        import importlib
+
+        return importlib.import_module(".plan", __name__)
     raise AttributeError(f"module 'gemmlab' has no attribute {name!r}")

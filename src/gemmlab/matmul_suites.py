@@ -10,6 +10,8 @@ K input features. Pure data: nothing here needs a GPU or torch.
 - ``decode``: the decode half of ``llm`` (memory-bound: the weight is streamed once).
 - ``unaligned``: sizes whose leading dimensions are not 16-byte multiples, or not tile multiples.
 - ``epilogue``: a few ``llm`` shapes with bias + gelu / silu fused (against torch.mm + separate ops).
+- ``broad``: issue 14's broad set (``gemmlab.broad_shapes``): 300+ projections of many model families at
+  M = 1 .. 16384, aligned and not.
 """
 
 from __future__ import annotations
@@ -78,9 +80,16 @@ EPILOGUE = (
     MatmulCase("llama3_8b.gate_proj decode M=16 silu", 16, 14336, 4096, activation="silu"),
 )
 
+def _broad() -> tuple[MatmulCase, ...]:
+    from .broad_shapes import broad_cases
+
+    return tuple(MatmulCase(f"{c.cls} {c.name}", c.M, c.N, c.K) for c in broad_cases())
+
+
+BROAD = _broad()
 SUITES: dict[str, tuple[MatmulCase, ...]] = {
     "square": SQUARE, "llm": LLM, "prefill": PREFILL, "decode": DECODE, "unaligned": UNALIGNED,
-    "epilogue": EPILOGUE,
+    "epilogue": EPILOGUE, "broad": BROAD,
 }
 
 

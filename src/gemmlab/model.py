@@ -59,138 +59,16 @@ registry and ptxas, never a fitted per-step number.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .schedule import Waves, tile_quantization, wave_quantization  # noqa: F401 - part of the model's API
+from .devices import H200, PROFILES, DeviceProfile, device_profile  # noqa: F401 - re-exported (PROFILES too)
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 DEFAULT_EFFICIENCY = 0.9  # a main loop that keeps the math pipe busy 90% of the time
 DEFAULT_L2_HIT = 0.9  # tiles in flight share most A/B panels through L2
-
-
-@dataclass(frozen=True)
-class DeviceProfile:
-    """The figures of one GPU the models need. Per-SM limits are those of compute capability 9.0.
-
-    The pipeline constants (``l2_smem_bytes_per_s`` .. ``epilogue_bytes_per_s``) are the H200's, read off
-    the committed records (``benchmarks/results/*.jsonl``): each from the records of the step whose time
-    it dominates, with the other terms subtracted, then used unchanged for every step and shape. A
-    "k-step" is one BK = 64 slab; t, x, g, E as in ``kstep_time`` and ``pipeline_time``.
-
-    l2_smem_bytes_per_s = 10 TB/s. A tile streams (BM + BN) x K x 2 B from L2 into shared memory; h01
-      (64 x 128 tiles, 5 one-stage CTAs per SM) is the step it bounds. At 4096^3 (0.3725 ms) its 3 full
-      waves take 1.56 us per round of 5 x 24 KB slabs per SM once the partial last wave and the
-      epilogues are taken out: 132 x 5 x 24 KB / 1.56 us = 10.4 TB/s; at 8192^3 (2.811 ms, 25.8 GB)
-      the same arithmetic gives 9.5 TB/s. h10 at BN = 128 (explore run 0227d28) averaged 10.6-10.7 TB/s
-      at 12288^3 and 16384^3. 10 TB/s is within 7% of all of them. It does not bind the 128 x 256 steps
-      at the clocks of these records: they draw 7.7-8.4 TB/s; h07 halves B's traffic (multicast)
-      without getting faster; BN = 128 draws 33% more bytes per FLOP than BN = 256 yet ran 2-5% slower.
-    tma_latency_s = 0.6 us. h02 has one stage (load, wait, compute) and 3 CTAs per SM covering one
-      another, so its k-step is the whole round trip: (0.2947 ms - 3 rounds x E) / (3 x 64) = 1.50 us
-      at 4096^3, 1.54 us at 8192^3; minus x = 32 KB / (10 TB/s / 132) = 0.43 us, t = 512 clk / 0.94 =
-      0.36-0.38 us and g = 200 clk = 0.13-0.14 us, that leaves 0.58-0.59 us.
-    ring_handoff_s = 0.25 us. With two stages and one wgmma group in flight a slab is freed only after
-      the next one has landed, so one load is in flight and each k-step is a whole refill: h08 / h09 at
-      QSIZE = 2 (explore run 5217d18) give 1.25-1.35 us per k-step without the epilogues; minus 0.6 us
-      latency and x = 0.43 us (A and half of B: multicast) leaves 0.22-0.31 us. That is the consumer's
-      arrive on "empty" waking the producer warp, a hop the one-stage loop does not have.
-    mma_efficiency = 0.94 and epilogue_bytes_per_s = 14.5 GB/s. The two ends of the h10 sweep (closing
-      run): the busiest SM runs 63 tiles of 256 k-steps at 16384^3 (12.351 ms, 1455 MHz) and 4 tiles of
-      64 at 4096^3 (0.2035 ms, 1515 MHz). time = fill + tiles x (k_tiles x 1024 clk / (eta x clock) + E)
-      at both gives eta = 0.941 and E = 4.5 us per 128 x 256 bf16 tile (64 KB / 4.5 us = 14.5 GB/s). eta
-      is against the *recorded* clock, a median over a whole interleaved run (see docs/worklog.md), so
-      it also carries the gap between that and the kernel's own clock. E is the time the consumers
-      spend converting and storing C while they issue no wgmma.
-    The CUDA-core constants (``predict_cuda_core``), read off ``benchmarks/results/sgemm_ladder.jsonl``
-    (1980 MHz):
-
-    issue_efficiency = 0.75. The fraction of a clock's issue (and LSU dispatch) slot a ptxas-compiled
-      fp32 loop fills when it binds: k10 (latency hidden by its prefetch, 2 blocks x 4 warps, 2251
-      instructions per 16-deep tile on its fast path) needs 2 x 4 x 2251 / 4 = 4502 issue clocks per
-      iteration and took 5959 (4096^3: 3.082 ms = 6.10 M clk / 4 rounds / 256) and 5866 (8192^3):
-      0.76-0.77. cuBLAS SGEMM reaches 77% of the FFMA peak in the same records, consistent with a loop
-      that is ~all FFMA at this rate. (Register-bank conflicts and dependency stalls that two to four
-      warps per scheduler do not cover; not decomposed further.)
-    tile_latency_s = 0.75 us. What a block waits per k-tile in a load -> STS -> barrier -> math ->
-      barrier loop, hidden only by other blocks: k05 runs one block per SM (149 registers), so nothing
-      hides it: 3203 clk per iteration at 4096^3 (6.627 ms / 8 rounds / 512) minus its issue 8 x 645 /
-      4 / 0.75 = 1720 leaves 1483 clk = 0.75 us (0.72 us at 8192^3). Same order as the TMA round trip
-      (0.6 us) above.
-    l1_wavefronts_per_clk = 1 per SM: the L1's tag stage handles one 128-byte line per clock; not
-      fitted (k01, bound by it, then comes out at 1.01).
-    kstep_turnaround_clk = 200 clocks. h05 and h06 differ only in how a k-step ends: h05 waits for its
-      wgmma group (wait_group 0: the tensor pipe drains) and uses token barriers (every waiting thread
-      arrives, then polls its token: 2 x (1 + 128 x consumers) arrivals per stage); h06 keeps one group
-      in flight and waits on parity. h05 / h06 = 1.151 at 4096^3 and 1.183 at 8192^3 =
-      (fill + R (k (t + g) + E)) / (fill + R (k t + E)): g = 182 and 209 clocks.
-    """
-
-    name: str
-    sm_count: int
-    sm_clock_mhz: float  # the sustained clock under load: the default for "speed of light"
-    max_clock_mhz: float
-    hbm_bytes_per_s: float  # achievable copy bandwidth (read + write)
-    l2_bytes: int
-    flop_per_clk_sm: dict = field(default_factory=lambda: {"bf16": 4096, "fp16": 4096, "fp8": 8192,
-                                                           "tf32": 2048, "fp32": 256})
-    regs_per_sm: int = 65536
-    max_regs_per_thread: int = 255
-    reg_alloc_unit: int = 256  # registers are allocated per warp, in units of 256
-    sub_partitions: int = 4  # each SM quarter holds a quarter of the register file and its own warps
-    smem_per_sm: int = 228 * 1024
-    smem_per_block: int = 227 * 1024  # the most one block may use
-    smem_reserved_per_block: int = 1024  # the runtime keeps 1 KB of each block's share
-    max_threads_per_sm: int = 2048
-    max_threads_per_block: int = 1024
-    max_blocks_per_sm: int = 32
-    source: str = "profile"  # "profile" or "gpu" (SM count and L2 read from the device)
-    # The TMA -> shared memory -> wgmma pipeline (``predict_pipelined``): the H200's values; where they
-    # come from is in the docstring above.
-    l2_smem_bytes_per_s: float = 10e12  # L2 -> shared memory, all SMs together; clock-independent
-    tma_latency_s: float = 0.6e-6  # a TMA load's issue -> bytes in smem -> waiter released, before transfer
-    ring_handoff_s: float = 0.25e-6  # extra per stage refill when a producer warp waits on an "empty" barrier
-    mma_efficiency: float = 0.94  # fraction of the tensor peak at the recorded clock a wgmma-bound loop keeps
-    kstep_turnaround_clk: float = 200.0  # tensor pipe drained + token barrier round trip, per k-step
-    epilogue_bytes_per_s: float = 14.5e9  # one CTA writing its C tile out while its tensor work waits
-    # The CUDA-core k-tile model (``predict_cuda_core``); where they come from is in the docstring above.
-    issue_efficiency: float = 0.75  # fraction of issue / LSU-dispatch slots a binding fp32 loop fills
-    tile_latency_s: float = 0.75e-6  # exposed load + barrier time per k-tile of a non-prefetching loop
-    l1_wavefronts_per_clk: float = 1.0  # global-load lines the L1 handles per clock per SM
-    lsu_per_clk: float = 1.0  # memory instructions dispatched per clock per SM (8 LSU lanes per scheduler)
-
-    def peak_flops(self, dtype: str = "bf16", clock_mhz: float | None = None) -> float:
-        """Dense FLOP/s at ``clock_mhz`` (default: the sustained clock)."""
-        return speed_of_light(clock_mhz or self.sm_clock_mhz, self.sm_count, self.flop_per_clk_sm[dtype])
-
-
-# H200 SXM: 132 SMs; sustained ~1320 MHz at the 700 W limit, 1980 MHz boost; ~4.3 TB/s HBM copy; 50 MB L2.
-H200 = DeviceProfile(name="H200", sm_count=132, sm_clock_mhz=1320.0, max_clock_mhz=1980.0,
-                     hbm_bytes_per_s=4.3e12, l2_bytes=50 * 2**20)
-PROFILES: dict[str, DeviceProfile] = {"H200": H200}
-
-
-def device_profile(name: str | None = None) -> DeviceProfile:
-    """The profile called ``name``; without a name, the visible GPU's (SM count, L2 and name read from it,
-    the rest from the H200 profile), or the H200 profile when there is no GPU."""
-    if name is not None:
-        try:
-            return PROFILES[name]
-        except KeyError:
-            raise ValueError(f"unknown device profile {name!r}; known: {', '.join(PROFILES)}") from None
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return H200
-        from .gpu import gpu_info
-
-        info = gpu_info()
-    except Exception:  # noqa: BLE001 - no usable GPU: the named default
-        return H200
-    return dataclasses.replace(H200, name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes, source="gpu")
 
 
 # Work and traffic ----------------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""Time the engine kernel on the broad shape set: the plan model's plan and a few other plans of the new
+kernel, the current engine (h11, ``gemmlab.engine``) and torch.mm, interleaved in one process per shape.
+
+    PYTHONPATH=src python3 benchmarks/engine_broad.py --out $OUT/engine_broad.jsonl [--limit 40]
+        [--shapes "2040,3584,3584;512,1024,4096"] [--classes mid,unaligned] [--budget-s 300]
+
+Shapes come from ``benchmarks/shapes/broad.json`` (``gemmlab.broad_shapes``), spread over the set in a
+fixed order when ``--limit`` takes a subset. Per shape the candidates are: ``model`` (``plan()``'s pick),
+the model's best plan of each other schedule, its best plan with another tile height, ``engine`` (what
+``gemmlab.matmul`` runs today through ``engine.gemm``: h11's plan, or the decode kernel), and ``torch`` (torch.mm on the same operands, TN:
+``a @ w.t()``). Inputs are fresh randn, rotated over sets of 2x the L2; every candidate is checked against
+an fp32 reference before it is timed (``gemmlab.timer``: graph replays, interleaved rounds, per-candidate
+SM clocks). One JSON line per (shape, candidate): git sha, GPU, clocks, shape and class, the plan and its
+predicted time, the measured time, torch's, and the ratio. Every instantiation is compiled up front in a
+process pool (the disk cache then serves the timing process). Shapes run in a fixed shuffled order, and
+``--budget-s`` stops between shapes, so a cut-short run still covers every class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import random
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import torch
+
+from gemmlab import engine, engine2
+from gemmlab import plan as planner
+from gemmlab.bench import git_sha, rel_error
+from gemmlab.gpu import gpu_info
+from gemmlab.timer import sets_for, time_interleaved
+
+SHAPES = Path(__file__).resolve().parent / "shapes" / "broad.json"
+
+
+def load_cases(args) -> list[dict]:
+    cases = json.loads(SHAPES.read_text())["cases"]
+    if args.shapes:
+        want = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
+        known = {(c["M"], c["N"], c["K"]): c for c in cases}
+        cases = [known.get(w) or {"name": "x".join(map(str, w)), "M": w[0], "N": w[1], "K": w[2], "cls": "adhoc",
+                                  "family": "adhoc", "source": "adhoc"} for w in want]
+    if args.classes:
+        cases = [c for c in cases if c["cls"] in args.classes.split(",")]
+    if args.limit and len(cases) > args.limit:  # an even spread over the (sorted) set
+        step = len(cases) / args.limit
+        cases = [cases[int(i * step)] for i in range(args.limit)]
+    if not args.shapes:  # a fixed shuffle: a run the time budget cuts short still samples every class
+        random.Random(14).shuffle(cases)
+    return cases
+
+
+def candidate_plans(M: int, N: int, K: int, profile) -> dict[str, planner.Plan]:
+    """name -> plan: the model's pick, the best of each other schedule, the best of another tile height."""
+    cands = planner.candidates(M, N, K, profile=profile)
+    best = cands[0]
+    out = {"model": best}
+    for sched in planner.SCHEDULES:
+        if sched != best.schedule:
+            alt = next((c for c in cands if c.schedule == sched), None)
+            if alt is not None:
+                out[f"best {sched}"] = alt
+    alt = next((c for c in cands if c.bm != best.bm and c.schedule == best.schedule), None)
+    if alt is not None:
+        out[f"best bm={alt.bm}"] = alt
+    return out
+
+
+def _compile(expr_plan: planner.Plan) -> str:
+    engine2.compile_plan(expr_plan)
+    return expr_plan.name_expression
+
+
+def precompile(plans: list[planner.Plan], workers: int) -> None:
+    unique = {p.name_expression: p for p in plans}
+    t0 = time.perf_counter()
+    # spawn: the parent has a CUDA context, and the workers only need NVRTC.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile, unique.values()))
+    print(f"compiled {len(unique)} instantiations in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "engine_broad.jsonl"))
+    p.add_argument("--shapes", default=None, help="M,N,K;M,N,K (instead of the broad set)")
+    p.add_argument("--classes", default=None, help="only these classes (decode,mid,prefill,square,unaligned)")
+    p.add_argument("--limit", type=int, default=0, help="at most this many shapes, spread over the set")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--replay-ms", type=float, default=4.0)
+    p.add_argument("--budget-s", type=float, default=300.0, help="stop starting shapes after this long")
+    p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    args = p.parse_args()
+    t_start = time.perf_counter()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    info = gpu_info()
+    prof = engine2._profile(torch.device("cuda"))
+    cases = load_cases(args)
+    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof)) for c in cases]
+    precompile([pl for _, ps in per_case for pl in ps.values()], args.workers)
+    sha = git_sha()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    ratios: dict[str, list[float]] = {}
+    best_loss = []
+    for n, (case, plans) in enumerate(per_case):
+        if time.perf_counter() - t_start > args.budget_s:
+            print(f"budget reached after {n} of {len(per_case)} shapes", flush=True)
+            break
+        M, N, K = case["M"], case["N"], case["K"]
+        n_sets = max(1, min(sets_for(2 * (M * K + N * K + M * N), info.l2_bytes), 16))
+        sets = [(torch.randn(M, K, device="cuda").bfloat16(), torch.randn(N, K, device="cuda").bfloat16().t(),
+                 torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
+        ref = sets[0][0].float() @ sets[0][1].float()
+        runs = {name: (lambda i, pl=pl: engine2.launch(pl, *sets[i])) for name, pl in plans.items()}
+        runs["engine"] = lambda i: engine.gemm(*sets[i])
+        cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2])}
+        errors = {}
+        for name, fn in runs.items():
+            sets[0][2].fill_(float("nan"))
+            try:
+                fn(0)
+                torch.cuda.synchronize()
+                errors[name] = rel_error(sets[0][2], ref.double())
+            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+                errors[name] = f"{type(e).__name__}: {e}"[:300]
+            if isinstance(errors[name], float) and errors[name] <= 1e-2:
+                cands[name] = fn
+        res = time_interleaved(cands, n_sets, rounds=args.rounds, replay_ms=args.replay_ms)
+        base = res.timings["torch"].median_ms
+        times = {k: t.median_ms for k, t in res.timings.items() if k != "torch"}
+        line = f"[{n + 1}/{len(per_case)}] {M}x{N}x{K} {case['cls']:9s} torch {base * 1e3:8.1f} us"
+        with open(args.out, "a") as f:
+            for name in runs:
+                pl = plans.get(name)
+                t = times.get(name)
+                rec = {"suite": "engine-broad", "case": case["name"], "cls": case["cls"], "family": case["family"],
+                       "M": M, "N": N, "K": K, "candidate": name, "time_ms": t, "baseline": "torch.mm",
+                       "baseline_ms": base, "ratio": base / t if t else None, "rel_error": errors[name],
+                       "correct": t is not None, "sm_clock_mhz": res.clocks.sm_mhz,
+                       "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
+                       "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__}
+                if pl is not None:
+                    rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, schedule=pl.schedule, splits=pl.splits,
+                               sk_tiles=pl.sk_tiles, sk_ctas=pl.sk_ctas, stages=pl.stages, grid=pl.grid,
+                               predicted_ms=pl.predicted_s * 1e3)
+                f.write(json.dumps(rec) + "\n")
+                line += f" | {name} " + (f"x{base / t:.3f}" if t else "WRONG")
+                if t:
+                    ratios.setdefault(name, []).append(base / t)
+        if "model" in times:
+            best_loss.append(times["model"] / min(v for k, v in times.items() if k != "engine"))
+        print(line, flush=True)
+    print(f"{time.perf_counter() - t_start:.0f} s; ratios to torch.mm (geomean, min, share >= 1.0):")
+    for name, xs in sorted(ratios.items()):
+        gm = math.exp(statistics.fmean(map(math.log, xs)))
+        print(f"  {name:22s} {gm:.3f}  {min(xs):.3f}  {sum(x >= 1.0 for x in xs) / len(xs):.0%}  ({len(xs)} shapes)")
+    if best_loss:
+        gm = math.exp(statistics.fmean(map(math.log, best_loss)))
+        print(f"model plan / best measured new-kernel plan: geomean {gm:.3f}, worst {max(best_loss):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Launch the engine kernel (``kernels/engine/gemm.cu``) with a ``gemmlab.plan.Plan``, outside ``engine.py``.
+
+Phase 1 of issue 14: the benchmark (``benchmarks/engine_broad.py``) and the GPU tests
+(``tests/test_engine2_gpu.py``) run the new kernel through here; ``gemmlab.matmul`` still runs h11 until
+the engine's call path adopts the plan. ``gemm`` takes torch tensors, works out the operand layouts (no
+copy for K- or MN-major operands with 16-byte aligned rows; others are copied as ``engine`` does), and
+plans unless a plan is given; ``launch`` runs one plan. Everything the launch needs that depends on the
+plan (template arguments, grid, cluster, shared memory, the short A box, the stream-K workspace) comes
+from the ``Plan``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import plan as planner
+from .engine import _operand, _tma_ok
+from .errors import UnsupportedProblem
+from .jit.compiler import compile_kernel
+from .jit.launch import launch as _launch
+from .jit.launch import tensor_map_2d
+
+_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def compile_plan(p: planner.Plan):
+    """The compiled instantiation of ``p`` (cached in memory and on disk; works without a GPU)."""
+    return compile_kernel(planner.SOURCE, p.name_expression, arch="sm_90a", name=p.compiled_name)
+
+
+def plan_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None = None,
+             activation: str | None = None, has_c: bool = False) -> planner.Plan:
+    """The model's plan for ``out = act(alpha * a @ b + beta * c + bias)`` with these tensors' dtypes and
+    layouts (a: (M, K), b: (K, N), out: (M, N))."""
+    M, K = a.shape
+    N = b.shape[1]
+    a_mn, b_mn = _is_mn_major(a, 1), _is_mn_major(b, 0)
+    return planner.plan(M, N, K, dtype=_NAMES[a.dtype], out_dtype=_NAMES[out.dtype],
+                        bias_dtype=_NAMES[bias.dtype] if bias is not None else None, has_c=has_c,
+                        activation=activation, a_mn=a_mn, b_mn=b_mn, direct=not _tma_ok(out),
+                        profile=_profile(a.device))
+
+
+def _is_mn_major(x: torch.Tensor, k_dim: int) -> bool:
+    """Whether ``engine._operand`` will hand the kernel an MN-major view (decided without copying)."""
+    k_major = x.t() if k_dim == 0 else x
+    mn_major = x if k_dim == 0 else x.t()
+    if k_major.stride(1) == 1 and _tma_ok(k_major):
+        return False
+    if mn_major.stride(1) == 1 and _tma_ok(mn_major):
+        return True
+    return mn_major.stride(1) == 1 and k_major.stride(1) != 1
+
+
+_PROFILES: dict[int, object] = {}
+
+
+def _profile(device: torch.device):
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PROFILES:
+        _PROFILES[idx] = planner._profile(None, idx)
+    return _PROFILES[idx]
+
+
+_ORDERS: dict = {}
+
+
+def _order(tiles_m: int, tiles_n: int, device) -> torch.Tensor:
+    """The Hilbert tile order as a device table of (m << 16 | n), built once per grid."""
+    from . import schedule
+
+    key = (tiles_m, tiles_n, device)
+    t = _ORDERS.get(key)
+    if t is None:
+        table = schedule.order_table(schedule.tile_order("hilbert", tiles_m, tiles_n))
+        t = _ORDERS[key] = torch.from_numpy(table).to(device)
+    return t
+
+
+_WORKSPACES: dict = {}
+
+
+def workspace(p: planner.Plan, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream-K partial slots (fp32) and flags (int32, zero between launches: each owner clears the
+    flags it consumed) for ``p`` on torch's current stream of ``device``. Kept per (device, stream) and
+    grown as needed; launches on one stream run one after the other, so they can share it."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    ws, flags = _WORKSPACES.get(key, (None, None))
+    need = max(1, p.workspace_floats)
+    if ws is None or ws.numel() < need:
+        ws = torch.empty(need, dtype=torch.float32, device=device)
+    if flags is None or flags.numel() < 2 * max(1, p.sk_ctas):
+        flags = torch.zeros(2 * max(256, p.sk_ctas), dtype=torch.int32, device=device)
+    _WORKSPACES[key] = (ws, flags)
+    return ws, flags
+
+
+def launch(p: planner.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, alpha: float = 1.0,
+           beta: float = 0.0, c: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> None:
+    """Run plan ``p``: out = act(alpha * a @ b + beta * c + bias), act = ``p.activation``.
+
+    a: (M, K), b: (K, N), bf16 or fp16 (``p.dtype``), any strides (copied if TMA cannot read them). out:
+    (M, N) in ``p.out_dtype``, unit column stride; ``p.direct`` must say whether its rows are 16-byte
+    aligned. c: (M, N) in out's dtype (``p.has_c``), bias: (N,) (``p.bias_dtype``)."""
+    M, K = a.shape
+    N = b.shape[1]
+    if (M, N, K) != (p.M, p.N, p.K):
+        raise UnsupportedProblem(f"plan is for {p.M}x{p.N}x{p.K}, the operands are {M}x{N}x{K}")
+    if p.direct == _tma_ok(out):
+        raise UnsupportedProblem(f"plan says direct={p.direct}, but the output's rows are "
+                                 f"{'' if _tma_ok(out) else 'not '}16-byte aligned")
+    if (bias is not None) != (p.bias_dtype is not None) or (c is not None) != p.has_c:
+        raise UnsupportedProblem("the plan's epilogue (bias, beta * C) does not match the arguments")
+    ta, a_mn = _operand(a, 1)
+    tb, b_mn = _operand(b, 0)
+    if (a_mn, b_mn) != (p.a_mn, p.b_mn):
+        raise UnsupportedProblem(f"plan is for a_mn={p.a_mn}, b_mn={p.b_mn}; the operands are {a_mn}, {b_mn}")
+    compiled = compile_plan(p)
+    map_a = tensor_map_2d(ta, (planner.BK, 64) if a_mn else (p.bm, planner.BK))
+    map_a_short = map_a if a_mn else tensor_map_2d(ta, (p.a_rows, planner.BK))
+    map_b = tensor_map_2d(tb, (planner.BK, 64) if b_mn else (p.bn, planner.BK))
+    piece = 32 if out.element_size() == 4 else 64
+    tail = p.bn % piece
+    map_c = map_a if p.direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C maps
+    map_c_tail = tensor_map_2d(out, (64, tail), swizzle_bytes=0) if tail and not p.direct else map_c
+    order = _order(p.tiles_m, p.tiles_n, a.device)
+    ws, flags = workspace(p, a.device) if p.schedule == "stream_k" else (out, out)
+    cin = c if c is not None else out
+    la = p.launch_args()
+    args = (map_a, map_a_short, map_b, map_c, map_c_tail, order, np.int32(M), np.int32(N), np.int32(K),
+            np.float32(alpha), np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
+            bias if bias is not None else out, out, np.int64(out.stride(0)), np.int32(p.a_rows),
+            np.int32(la["splits"]), np.int32(la["sk_tiles"]), np.int32(la["sk_ctas"]), ws, flags)
+    _launch(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=la["cluster"])
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, alpha: float = 1.0, beta: float = 0.0,
+         c: torch.Tensor | None = None, bias: torch.Tensor | None = None, activation: str | None = None,
+         plan: planner.Plan | None = None) -> planner.Plan:
+    """out = act(alpha * a @ b + beta * c + bias) with the model's plan (or ``plan``); returns the plan run."""
+    has_c = c is not None and beta != 0.0
+    p = plan or plan_for(a, b, out, bias=bias, activation=activation, has_c=has_c)
+    launch(p, a, b, out, alpha=alpha, beta=beta, c=c if has_c else None, bias=bias)
+    return p
+
+
+def sass_expect(p: planner.Plan):
+    """What the SASS of ``p``'s instantiation must show: wgmma (its shape: ``hgmma_shapes``), TMA loads,
+    no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
+    cluster barriers; stream-K's flag release (RED); no GPU-wide fence inside a loop for data-parallel
+    plans (split-K's cluster barrier and stream-K's release are one, once per unit)."""
+    from .sass import SassExpect
+
+    contains = [r"^HGMMA", r"^UTMALDG"]
+    absent = [r"^HMMA"]
+    if p.schedule == "split_k":
+        contains += [r"^UCGABAR_ARV", r"^UCGABAR_WAIT"]
+        absent += [r"^UTMASTG"]
+    elif p.direct:
+        absent += [r"^UTMASTG"]
+    else:
+        contains += [r"^UTMASTG"] + ([r"^STSM"] if p.out_dtype != "fp32" else [])
+    if p.schedule == "stream_k":
+        contains += [r"^RED"]
+    if p.consumers > 1:
+        contains += [r"^USETMAXREG"]
+    return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True,
+                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule == "data_parallel" else ())
+
+
+def hgmma_shapes(compiled) -> set[str]:
+    """The wgmma shapes in a compiled kernel's SASS, e.g. {"64x256x16.F32.BF16"} (fp16 operands print
+    no type suffix: "64x256x16.F32")."""
+    import re
+
+    from .sass import disassemble
+
+    return set(re.findall(r"HGMMA\.(\d+x\d+x\d+\.F32(?:\.BF16)?)\b", disassemble(compiled.cubin, compiled.mangled_name)))

@@ -1,0 +1,145 @@
+// The engine kernel's epilogue: act(alpha * acc + beta * C + bias) in fp32 on a consumer's 64-row block,
+// converted to the output type and stored in pieces of 64 rows x PIECE columns (one 128-byte swizzle
+// row) through two alternating slabs per consumer, then a TMA store (PTX ISA "cp.async.bulk.tensor",
+// bulk_group completion). The last BN % PIECE columns (BN = 80, 96, ...) go through an unswizzled piece
+// of their own width and a second tensor map, so no store ever writes past the tile. DIRECT outputs
+// (rows not 16-byte aligned: no TMA) are stored from the slab by the threads, a row per warp step.
+#pragma once
+#include "epilogue.cuh"
+#include "stmatrix.cuh"
+#include "tile.cuh"
+#include "tma.cuh"
+
+template <class Tr>
+struct EpilogueArgs {
+    float alpha, beta;
+    const typename Tr::TO* Cin;  // beta * C: element (r, c) at Cin[r * ldc_row + c * ldc_col]
+    long long ldc_row, ldc_col;
+    const typename Tr::TBIAS* bias;
+    typename Tr::TO* Out;  // row stride ldo elements
+    long long ldo;
+    int M, N;
+
+    // The fused epilogue at output element (r, c).
+    __device__ __forceinline__ float apply(float acc, int r, int c) const {
+        float x = alpha * acc;
+        if constexpr (Tr::HAS_C) {
+            if (r < M && c < N) x += beta * to_float(Cin[r * ldc_row + c * ldc_col]);
+        }
+        if constexpr (Tr::HAS_BIAS) {
+            if (c < N) x += to_float(bias[c]);
+        }
+        return activate<Tr::ACT>(x);
+    }
+};
+
+// Byte offset of element (row, col) in a piece W columns wide: 128-byte swizzled (W x size = 128 B) or
+// plain rows of W elements.
+template <typename TO, int W, bool SWZ>
+__device__ __forceinline__ u32 piece_offset(int row, int col) {
+    if constexpr (SWZ) return row * 128 + ((((col * sizeof(TO)) / 16) ^ (row % 8)) * 16) + (col * sizeof(TO)) % 16;
+    return (row * W + col) * sizeof(TO);
+}
+
+// DIRECT: a 64 x W piece from its slab to Out, bounds-checked. Warp w stores rows 16w .. 16w + 15, its
+// lanes one row per instruction (4-byte pairs of 16-bit values where the row allows), so the stores
+// coalesce.
+template <typename TO, int W, bool SWZ>
+__device__ __forceinline__ void store_piece_rows(const unsigned char* slab, TO* __restrict__ Out, long long ldo,
+                                                 int row0, int col0, int M, int N, int t) {
+    const int warp = t / 32, lane = t % 32, valid = min(W, N - col0);
+#pragma unroll 4
+    for (int rr = 0; rr < 16; ++rr) {
+        const int r = warp * 16 + rr, gr = row0 + r;
+        if (gr >= M || valid <= 0) break;  // warp-uniform: rows only grow
+        TO* dst = Out + (long long)gr * ldo + col0;
+        if constexpr (sizeof(TO) == 4) {
+            if (lane < valid) dst[lane] = *reinterpret_cast<const TO*>(slab + piece_offset<TO, W, SWZ>(r, lane));
+        } else if (reinterpret_cast<size_t>(dst) % 4 == 0) {
+            const int c = 2 * lane;
+            if (c + 1 < valid) {
+                *reinterpret_cast<u32*>(dst + c) = *reinterpret_cast<const u32*>(slab + piece_offset<TO, W, SWZ>(r, c));
+            } else if (c < valid) {
+                dst[c] = *reinterpret_cast<const TO*>(slab + piece_offset<TO, W, SWZ>(r, c));
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int c = lane + 32 * h;
+                if (c < valid) dst[c] = *reinterpret_cast<const TO*>(slab + piece_offset<TO, W, SWZ>(r, c));
+            }
+        }
+    }
+}
+
+// One piece: columns [col0, col0 + W) of the block (fragment values from index col0 / 2 on) at tile
+// column n0, rows row0 .. row0 + 63. `pieces` counts this consumer's pieces: its parity picks the slab,
+// and the store two pieces back (same slab) must have finished reading it (wait_group.read 1).
+template <class Tr, int W, bool SWZ>
+__device__ __forceinline__ void store_piece(const float (&d)[Tr::BN / 2], int col0, int row0, int n0,
+                                            const EpilogueArgs<Tr>& ep, unsigned char* slabs, int& pieces,
+                                            const CUtensorMap* tm, int t, int consumer) {
+    using TO = typename Tr::TO;
+    unsigned char* slab = slabs + (pieces & 1) * Tr::SLAB_BYTES;
+    if constexpr (!Tr::DIRECT) {
+        if (t == 0) tma_store_wait_read<1>();
+    }
+    // TMA: thread 0's wait is done. DIRECT: every thread has read this slab's piece two pieces back.
+    named_barrier_sync(1 + consumer, 128);
+    float v[W / 2];
+    const int rt = row0 + frag_row(t);
+#pragma unroll
+    for (int j = 0; j < W / 8; ++j) {
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            const int c = n0 + col0 + 8 * j + frag_col(t) + (h & 1);
+            v[4 * j + h] = ep.apply(d[col0 / 2 + 4 * j + h], h < 2 ? rt : rt + 8, c);
+        }
+    }
+    if constexpr (sizeof(TO) == 4) {  // fp32: float2 pairs at (row, col) and (row + 8, col)
+#pragma unroll
+        for (int j = 0; j < W / 8; ++j) {
+            const int col = 8 * j + frag_col(t), r = frag_row(t);
+            st_shared_f32x2(smem_u32(slab) + piece_offset<TO, W, SWZ>(r, col), v[4 * j], v[4 * j + 1]);
+            st_shared_f32x2(smem_u32(slab) + piece_offset<TO, W, SWZ>(r + 8, col), v[4 * j + 2], v[4 * j + 3]);
+        }
+    } else {  // 16-bit: one stmatrix per 16 x 16 block (PTX ISA "stmatrix"), lane l addresses row l % 8
+        const int warp = t / 32, lane = t % 32, mi = lane / 8;
+        const int srow = warp * 16 + (mi & 1) * 8 + lane % 8;
+#pragma unroll
+        for (int j = 0; j < W / 8; j += 2) {
+            const u32 addr = smem_u32(slab) + piece_offset<TO, W, SWZ>(srow, 8 * (j + (mi >> 1)));
+            stmatrix_x4(addr, pack2(v[4 * j + 0], v[4 * j + 1], (TO*)nullptr),
+                        pack2(v[4 * j + 2], v[4 * j + 3], (TO*)nullptr),
+                        pack2(v[4 * j + 4], v[4 * j + 5], (TO*)nullptr),
+                        pack2(v[4 * j + 6], v[4 * j + 7], (TO*)nullptr));
+        }
+    }
+    if constexpr (Tr::DIRECT) {
+        named_barrier_sync(1 + consumer, 128);  // the piece is in the slab
+        store_piece_rows<TO, W, SWZ>(slab, ep.Out, ep.ldo, row0, n0 + col0, ep.M, ep.N, t);
+    } else {
+        // Generic-proxy writes (st.shared, stmatrix) read next by the TMA (async proxy): each writing
+        // thread fences before the barrier (PTX ISA "Memory Consistency Model: proxies", fence.proxy.async).
+        fence_proxy_async_smem();
+        named_barrier_sync(1 + consumer, 128);
+        if (t == 0) {
+            tma_store_2d(tm, slab, n0 + col0, row0);
+            tma_store_commit();
+        }
+    }
+    ++pieces;
+}
+
+// A consumer's 64-row block (rows row0 ..) of the tile at column n0: full pieces, then the tail.
+template <class Tr>
+__device__ __forceinline__ void store_block(const float (&d)[Tr::BN / 2], int row0, int n0, const EpilogueArgs<Tr>& ep,
+                                            unsigned char* slabs, int& pieces, const CUtensorMap* tmC,
+                                            const CUtensorMap* tmC_tail, int t, int consumer) {
+#pragma unroll
+    for (int p = 0; p < Tr::FULL_PIECES; ++p)
+        store_piece<Tr, Tr::PIECE, true>(d, p * Tr::PIECE, row0, n0, ep, slabs, pieces, tmC, t, consumer);
+    if constexpr (Tr::TAIL > 0)
+        store_piece<Tr, Tr::TAIL, false>(d, Tr::FULL_PIECES * Tr::PIECE, row0, n0, ep, slabs, pieces, tmC_tail, t,
+                                         consumer);
+}

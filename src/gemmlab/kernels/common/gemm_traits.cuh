@@ -1,0 +1,48 @@
+// Everything that is fixed when the engine kernel is instantiated, by name. gemmlab.plan.Plan writes the
+// template arguments (Plan.template_args); the derived constants below are what the parts use.
+#pragma once
+#include "ptx.cuh"
+#include "tile_scheduler.cuh"
+
+template <typename TIn, typename TOut, typename TBias,  // operand, output and bias element types
+          int kBM, int kBN, int kStages,                // tile (rows x columns) and ring depth
+          bool kAmn, bool kBmn,                         // operand stored MN-major (else K-major)
+          bool kBias, bool kC, int kAct,                // epilogue: + bias[n], + beta * C, activation
+          bool kDirect,                                 // output rows not 16-byte aligned: threads store
+          int kSchedule>                                // Schedule: data-parallel, split-K, stream-K
+struct GemmTraits {
+    using T = TIn;
+    using TO = TOut;
+    using TBIAS = TBias;
+    static constexpr int BM = kBM, BN = kBN, BK = 64, STAGES = kStages;
+    static constexpr bool A_MN = kAmn, B_MN = kBmn;
+    static constexpr bool HAS_BIAS = kBias, HAS_C = kC, DIRECT = kDirect;
+    static constexpr int ACT = kAct, SCHEDULE = kSchedule;
+
+    // 64-row tiles: one consumer warpgroup. 128: two, 64 rows each. 256: two, 128 rows each, every k16
+    // step issuing two m64 wgmmas against the same B slab.
+    static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
+    static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    static constexpr int CONSUMER_REGS = 232;  // two consumers: setmaxnreg, 128 x (40 + 2 x 232) <= 64 K
+
+    static constexpr u32 A_STAGE = BM * BK * sizeof(T), B_STAGE = BN * BK * sizeof(T);
+    static constexpr u32 STAGE_BYTES = A_STAGE + B_STAGE;
+
+    // Output pieces: 64 rows x PIECE columns (one 128-byte swizzle row) through two slabs per consumer;
+    // the last TAIL = BN % PIECE columns go through an unswizzled piece of their own width.
+    static constexpr int PIECE = sizeof(TO) == 4 ? 32 : 64;
+    static constexpr int FULL_PIECES = BN / PIECE, TAIL = BN % PIECE;
+    static constexpr u32 SLAB_BYTES = 64 * 128;
+    static constexpr u32 SLABS_BYTES = SCHEDULE == SPLIT_K ? 0 : CONSUMERS * 2 * SLAB_BYTES;
+
+    // SPLIT_K: each CTA's BM x BN fp32 partial, row stride LDP floats, over its drained stages.
+    static constexpr int LDP = BN + 8;
+
+    static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
+    static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");
+    static_assert(!B_MN || BN % 64 == 0, "MN-major B is loaded in 64-column boxes");
+    static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
+    static_assert(SCHEDULE != SPLIT_K || BM * LDP * 4 <= STAGES * STAGE_BYTES, "split-K partial must fit the stages");
+    static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");
+};

@@ -1,0 +1,92 @@
+// The k-loop of the engine kernel, both sides of the ring: the producer's TMA loads of one unit's
+// k-steps and the consumers' wgmmas on them. h11's loop, with the tile height (BM = 64 / 128 / 256) and
+// width (BN = 16 .. 256) as parameters.
+#pragma once
+#include "pipeline.cuh"
+#include "tma.cuh"
+#include "wgmma.cuh"
+
+// MN-major matrix descriptor for a 64-deep K slab stored as 64 x 64 boxes (PTX ISA "Matrix Descriptor
+// Format": leading byte offset = 8 KB between 64-element MN blocks, stride byte offset = 1 KB between
+// 8-deep K groups, 128-byte swizzle).
+__device__ __forceinline__ u64 desc_sw128_mn(const void* smem) {
+    const u64 addr = smem_u32(smem);
+    return ((addr & 0x3FFFF) >> 4) | ((u64)(8192 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// Producer: the loads of k-steps [k_begin, k_end) of the tile at (m0, n0).
+// A tile whose rows run past M loads only the rows it has: K-major A through `tmA_short`, a box of
+// a_rows = the last tile row's rows rounded up to 8 (the host builds it); MN-major A in as many 64-row
+// boxes as hold rows. Zero-filled bytes cost the TMA what read ones do (h11, worklog "Short A boxes").
+// The slot's other rows keep stale data: each output row depends on its own A row only, so they make
+// output rows past M, which nothing stores and no reduction reads into a stored row.
+template <class Tr>
+__device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, typename Tr::T* sA,
+                                             typename Tr::T* sB, const CUtensorMap* tmA,
+                                             const CUtensorMap* tmA_short, const CUtensorMap* tmB, int m0, int n0,
+                                             int k_begin, int k_end, int M, int a_rows) {
+    using T = typename Tr::T;
+    constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
+    const int left = M - m0;
+    const bool whole = left >= BM;
+    const int a_boxes = Tr::A_MN ? (whole ? BM / 64 : (left + 63) / 64) : 1;
+    const u32 a_bytes = Tr::A_MN ? u32(a_boxes) * 64 * BK * sizeof(T)
+                                 : u32(whole ? BM : a_rows) * BK * sizeof(T);
+    for (int kt = k_begin; kt < k_end; ++kt) {
+        // Every box's full bytes arrive, also where it hangs over the tensor's edge (zero fill).
+        u64* bar = ring.acquire(cur, a_bytes + Tr::B_STAGE);
+        T* a = sA + cur.stage * BM * BK;
+        T* b = sB + cur.stage * BN * BK;
+        if constexpr (Tr::A_MN) {  // A stored (K, M): 64 x 64 boxes at (m, k)
+            for (int i = 0; i < a_boxes; ++i) tma_load_2d(a + i * 64 * BK, tmA, bar, m0 + 64 * i, kt * BK);
+        } else {  // A stored (M, K)
+            tma_load_2d(a, whole ? tmA : tmA_short, bar, kt * BK, m0);
+        }
+        if constexpr (Tr::B_MN) {  // B stored (K, N): BN / 64 boxes
+#pragma unroll
+            for (int i = 0; i < BN / 64; ++i) tma_load_2d(b + i * 64 * BK, tmB, bar, n0 + 64 * i, kt * BK);
+        } else {
+            tma_load_2d(b, tmB, bar, kt * BK, n0);
+        }
+        cur.template advance<Tr::STAGES>();
+    }
+}
+
+// Consumer warpgroup `consumer`: k-steps [k_begin, k_end) into acc (its MI blocks of 64 rows x BN).
+// One wgmma group stays in flight: a slot is released once the group after it was issued and the
+// group reading it has completed (wgmma.wait_group 1), as in h06 on. The first k16 step of the unit
+// overwrites the accumulators (scale-d = 0). k_end > k_begin always (the schedulers make no empty unit).
+template <class Tr>
+__device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
+                                             const typename Tr::T* sB, int consumer, int t,
+                                             float (&acc)[Tr::MI][Tr::BN / 2], int k_begin, int k_end) {
+    using T = typename Tr::T;
+    constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
+    int prev = 0;
+    for (int kt = k_begin; kt < k_end; ++kt) {
+        ring.wait_full(cur);
+        // This consumer's rows: blocks consumer * MI .. of 64 rows (one 64 x 64 box each if MN-major).
+        const T* a = sA + cur.stage * BM * BK + consumer * Tr::MI * 64 * BK;
+        const T* b = sB + cur.stage * BN * BK;
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const u64 db = Tr::B_MN ? desc_sw128_mn(b + 16 * 64 * k) : desc_sw128(b + 16 * k);
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi) {
+                const T* am = a + mi * 64 * BK;
+                const u64 da = Tr::A_MN ? desc_sw128_mn(am + 16 * 64 * k) : desc_sw128(am + 16 * k);
+                Wgmma<BN, T>::template mma_t<Tr::A_MN, Tr::B_MN>(acc[mi], da, db, (kt == k_begin && k == 0) ? 0 : 1);
+            }
+        }
+        wgmma_commit();
+        if (kt > k_begin) {
+            wgmma_wait<1>();
+            if (t == 0) ring.release(prev);
+        }
+        prev = cur.stage;
+        cur.template advance<Tr::STAGES>();
+    }
+    wgmma_wait<0>();
+    if (t == 0) ring.release(prev);
+}

@@ -1,0 +1,160 @@
+// Partial sums of one tile computed by several CTAs, added in a fixed order (bitwise deterministic).
+//
+//  * Stream-K (global workspace): a contributor CTA writes its accumulators in fragment order (each
+//    thread's values as float4s, consecutive threads consecutive 16 bytes: coalesced) to its slot and
+//    raises one flag per consumer warpgroup; the owner, holding the same fragment positions in the same
+//    threads, waits for each contributor's flag in CTA order and adds the partial into its registers.
+//    The owner clears the flag after use, so the workspace is ready for the next launch (and for graph
+//    replays) without a memset.
+//  * Split-K (thread-block cluster, h11's): every CTA leaves its partial in its own shared memory, and
+//    after a cluster barrier CTA r adds rows r * BM / splits .. of all partials through distributed
+//    shared memory, in rank order from its own, and stores them.
+#pragma once
+#include "epilogue_store.cuh"
+
+// "red.release.gpu.global.add": the release makes every write that happens-before it (this thread's,
+// and the warpgroup's through the preceding bar.sync) visible to a thread that acquires the flag
+// (PTX ISA "Memory Consistency Model": release and acquire patterns; "red").
+__device__ __forceinline__ void flag_release_add(int* flag, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(flag), "r"(v) : "memory");
+}
+// "ld.acquire.gpu": reads after it (in this thread, and in the warpgroup after a bar.sync) see what the
+// releasing writer published.
+__device__ __forceinline__ int flag_acquire(const int* flag) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    return v;
+}
+__device__ __forceinline__ void flag_clear(int* flag) {
+    asm volatile("st.relaxed.gpu.global.s32 [%0], 0;" ::"l"(flag) : "memory");
+}
+
+// Float4 q of thread t in block `blk` (64 x BN floats) of workspace slot `slot`.
+template <class Tr>
+__device__ __forceinline__ float4* sk_partial(float* ws, int slot, int blk, int t) {
+    return reinterpret_cast<float4*>(ws + ((long long)slot * Tr::BM + blk * 64) * Tr::BN) + t;
+}
+
+// Contributor: write this consumer's blocks (those with rows below M) to slot `slot`, then raise its flag.
+template <class Tr>
+__device__ __forceinline__ void sk_store_partial(const float (&acc)[Tr::MI][Tr::BN / 2], float* ws, int* flags,
+                                                 int slot, int consumer, int t, int m0, int M) {
+#pragma unroll
+    for (int mi = 0; mi < Tr::MI; ++mi) {
+        const int blk = consumer * Tr::MI + mi;
+        if (m0 + blk * 64 >= M) continue;  // the owner skips the same blocks
+        float4* p = sk_partial<Tr>(ws, slot, blk, t);
+#pragma unroll
+        for (int q = 0; q < Tr::BN / 8; ++q)  // .cg: through L2 only, where the owner's SM will read it
+            __stcg(p + q * 128, make_float4(acc[mi][4 * q], acc[mi][4 * q + 1], acc[mi][4 * q + 2], acc[mi][4 * q + 3]));
+    }
+    named_barrier_sync(1 + consumer, 128);  // the warpgroup's writes happen-before thread 0's release
+    if (t == 0) flag_release_add(&flags[2 * slot + consumer], 1);
+}
+
+// Owner: add the partials of CTAs first, first + 1, ... (while their ranges start before tile_end, the
+// tile's last streamed k-step + 1) into acc, in that order.
+template <class Tr, class Sched>
+__device__ __forceinline__ void sk_add_partials(float (&acc)[Tr::MI][Tr::BN / 2], float* ws, int* flags,
+                                                const Sched& sched, int first, long long tile_end, int consumer,
+                                                int t, int m0, int M) {
+    for (int j = first; j < sched.args.sk_ctas && sched.sk_begin(j) < tile_end; ++j) {
+        int* flag = &flags[2 * j + consumer];
+        if (t == 0) {
+            while (flag_acquire(flag) == 0) __nanosleep(64);
+            flag_clear(flag);  // contributor j writes no other partial in this launch
+        }
+        named_barrier_sync(1 + consumer, 128);  // thread 0's acquire happens-before the loads below
+#pragma unroll
+        for (int mi = 0; mi < Tr::MI; ++mi) {
+            const int blk = consumer * Tr::MI + mi;
+            if (m0 + blk * 64 >= M) continue;
+            const float4* p = sk_partial<Tr>(ws, j, blk, t);
+#pragma unroll
+            for (int q = 0; q < Tr::BN / 8; ++q) {
+                const float4 v = __ldcg(p + q * 128);
+                acc[mi][4 * q] += v.x;
+                acc[mi][4 * q + 1] += v.y;
+                acc[mi][4 * q + 2] += v.z;
+                acc[mi][4 * q + 3] += v.w;
+            }
+        }
+    }
+}
+
+// Split-K: write this consumer's fp32 blocks into the CTA's partial (row stride LDP floats, over the
+// drained stages at `part`). The caller has synchronised all consumers first (their wgmmas are done).
+template <class Tr>
+__device__ __forceinline__ void split_store_partial(const float (&acc)[Tr::MI][Tr::BN / 2], u32 part, int consumer,
+                                                    int t) {
+#pragma unroll
+    for (int mi = 0; mi < Tr::MI; ++mi) {
+        const int rl = (consumer * Tr::MI + mi) * 64 + frag_row(t);
+#pragma unroll
+        for (int j = 0; j < Tr::BN / 8; ++j) {
+            const int cl = 8 * j + frag_col(t);
+            st_shared_f32x2(part + 4 * (rl * Tr::LDP + cl), acc[mi][4 * j], acc[mi][4 * j + 1]);
+            st_shared_f32x2(part + 4 * ((rl + 8) * Tr::LDP + cl), acc[mi][4 * j + 2], acc[mi][4 * j + 3]);
+        }
+    }
+}
+
+// The four floats at `addr` in the cluster's `splits` partials, summed in a fixed order: this CTA's own
+// first, then the next ranks cyclically. Every remote load is issued before the first add (the
+// SM-to-SM network is slow: ~26 GB/s per SM in the h11 timeline), the own value read locally.
+__device__ __forceinline__ float4 cluster_sum_f32x4(u32 addr, int rank, int splits) {
+    float4 remote[7];  // cluster size <= 8, the portable limit
+#pragma unroll
+    for (int o = 1; o < 8; ++o) {
+        if (o < splits) remote[o - 1] = ld_cluster_f32x4(addr, (rank + o) % splits);
+    }
+    float4 sum = ld_shared_f32x4(addr);
+#pragma unroll
+    for (int o = 1; o < 8; ++o) {
+        if (o < splits) {
+            sum.x += remote[o - 1].x;
+            sum.y += remote[o - 1].y;
+            sum.z += remote[o - 1].z;
+            sum.w += remote[o - 1].w;
+        }
+    }
+    return sum;
+}
+
+// Four consecutive outputs from dst on, `valid` of them inside the tensor: one 16- or 8-byte store when
+// all are and the address is aligned for it, else one store per element.
+template <typename TO>
+__device__ __forceinline__ void store_out4(TO* dst, const float (&v)[4], int valid) {
+    if (valid >= 4 && reinterpret_cast<size_t>(dst) % (4 * sizeof(TO)) == 0) {
+        if constexpr (sizeof(TO) == 4) {
+            *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(pack2(v[0], v[1], (TO*)nullptr), pack2(v[2], v[3], (TO*)nullptr));
+        }
+        return;
+    }
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        if (h < valid) dst[h] = from_float<TO>(v[h]);
+    }
+}
+
+// Split-K: after the cluster barrier, CTA `rank` of `splits` reduces its share of the tile's rows
+// (rows rank * ceil(BM / splits) ..), four columns per item, over the consumer threads (ct = 0 ..
+// CONSUMERS x 128 - 1), applies the epilogue and stores. Each element is summed by one CTA in one order.
+template <class Tr>
+__device__ __forceinline__ void split_reduce_store(u32 part, int rank, int splits, int m0, int n0,
+                                                   const EpilogueArgs<Tr>& ep, int ct) {
+    constexpr int C4 = Tr::BN / 4;
+    const int rows_per = (Tr::BM + splits - 1) / splits, r0 = rank * rows_per, r1 = min(Tr::BM, r0 + rows_per);
+    const int items = max(0, r1 - r0) * C4;
+    for (int i = ct; i < items; i += Tr::CONSUMERS * 128) {
+        const int rr = r0 + i / C4, c4 = (i % C4) * 4, r = m0 + rr, cc = n0 + c4;
+        if (r >= ep.M || cc >= ep.N) continue;
+        const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);
+        float v[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+        for (int h = 0; h < 4; ++h) v[h] = ep.apply(v[h], r, cc + h);
+        store_out4(ep.Out + (long long)r * ep.ldo + cc, v, ep.N - cc);
+    }
+}

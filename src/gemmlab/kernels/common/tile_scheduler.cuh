@@ -1,0 +1,104 @@
+// Which (tile, k-range) units a persistent CTA works on, for the three schedules of the engine kernel.
+// The producer warp and the consumer warpgroups each walk their own copy of the scheduler through the
+// same sequence, so they agree on every unit without talking to each other.
+//
+//  * DATA_PARALLEL: CTA b takes whole tiles b, b + grid, b + 2 grid, ...
+//  * SPLIT_K: one unit per CTA; the `splits` CTAs of a tile form one thread-block cluster (CTA u is
+//    tile u / splits, k-range u % splits of ceil(k_iters / splits) k-steps) and reduce through DSMEM.
+//  * STREAM_K (hybrid): the first dp_tiles = tiles - sk_tiles tiles go data-parallel (whole waves, the
+//    plan makes dp_tiles a multiple of the grid); the k-steps of the last sk_tiles tiles, laid end to
+//    end (tile-major), are cut into sk_ctas contiguous, equal (+-1) ranges, one per CTA b < sk_ctas, and
+//    each CTA runs its stream-K range before its data-parallel tiles. A range that starts inside a tile
+//    (k_begin > 0) makes that CTA a *contributor*: it leaves its partial sum in the workspace (slot b).
+//    The CTA whose range holds the tile's k = 0 is its *owner*: it adds the contributors' partials in
+//    CTA order (b + 1, b + 2, ...) to its own and stores the tile. The ranges depend only on the plan,
+//    so every run adds the same numbers in the same order: bitwise deterministic. A contributor's
+//    partial is always the first unit of its range (later units start at k = 0), so a CTA writes at
+//    most one partial and the owner, whose k = 0 part is the last unit of its range, rarely waits.
+#pragma once
+
+enum Schedule { DATA_PARALLEL = 0, SPLIT_K = 1, STREAM_K = 2 };
+enum UnitKind { UNIT_WHOLE = 0, UNIT_CONTRIBUTOR = 1, UNIT_OWNER = 2, UNIT_SPLIT = 3 };
+
+struct WorkUnit {
+    int tile;     // index into the tile order table
+    int k_begin;  // first and one-past-last 64-deep k-step
+    int k_end;
+    int kind;     // UnitKind
+    int split;    // SPLIT_K: this CTA's rank in the tile's cluster
+};
+
+// Launch-time facts of the schedule (kernel arguments; the plan computes them on the host).
+struct ScheduleArgs {
+    int splits;   // SPLIT_K: CTAs per tile (== cluster size)
+    int sk_tiles; // STREAM_K: tiles whose k-steps are streamed
+    int sk_ctas;  // STREAM_K: CTAs that share them (<= grid)
+};
+
+template <int SCHED>
+struct TileScheduler {
+    int num_tiles, k_iters;
+    ScheduleArgs args;
+    int next_dp;           // next data-parallel tile of this CTA
+    long long sk_it, sk_end;  // STREAM_K: this CTA's remaining range of streamed k-steps
+
+    __device__ __forceinline__ TileScheduler(int tiles, int k_iters_, ScheduleArgs a)
+        : num_tiles(tiles), k_iters(k_iters_), args(a), next_dp(blockIdx.x), sk_it(0), sk_end(0) {
+        if constexpr (SCHED == STREAM_K) {
+            if ((int)blockIdx.x < a.sk_ctas) {
+                sk_it = sk_begin(blockIdx.x);
+                sk_end = sk_begin(blockIdx.x + 1);
+            }
+        }
+    }
+
+    // First streamed k-step of CTA j's range (j = sk_ctas: the end of all of them).
+    __device__ __forceinline__ long long sk_begin(int j) const {
+        return (long long)j * args.sk_tiles * k_iters / args.sk_ctas;
+    }
+
+    __device__ __forceinline__ int dp_tiles() const { return num_tiles - (SCHED == STREAM_K ? args.sk_tiles : 0); }
+
+    // STREAM_K: one past the last streamed k-step of `tile`. The owner adds the partials of CTAs
+    // b + 1, b + 2, ... while sk_begin(j) < streamed_end(tile): exactly the CTAs whose first unit lies in it.
+    __device__ __forceinline__ long long streamed_end(int tile) const {
+        return (long long)(tile - dp_tiles() + 1) * k_iters;
+    }
+
+    // The next unit of this CTA; false when it has none left.
+    __device__ __forceinline__ bool next(WorkUnit& u) {
+        if constexpr (SCHED == SPLIT_K) {
+            if (next_dp < 0) return false;
+            const int unit = blockIdx.x;
+            u.tile = unit / args.splits;
+            u.split = unit % args.splits;
+            const int per = (k_iters + args.splits - 1) / args.splits;
+            u.k_begin = u.split * per;
+            u.k_end = min(k_iters, u.k_begin + per);
+            u.kind = UNIT_SPLIT;
+            next_dp = -1;  // exactly one unit per CTA
+            return u.tile < num_tiles;
+        } else {
+            if constexpr (SCHED == STREAM_K) {
+                if (sk_it < sk_end) {
+                    const int s = (int)(sk_it / k_iters);  // streamed tile index
+                    u.tile = dp_tiles() + s;
+                    u.k_begin = (int)(sk_it - (long long)s * k_iters);
+                    u.k_end = (int)min((long long)k_iters, u.k_begin + (sk_end - sk_it));
+                    u.split = 0;
+                    u.kind = u.k_begin > 0 ? UNIT_CONTRIBUTOR : (u.k_end < k_iters ? UNIT_OWNER : UNIT_WHOLE);
+                    sk_it += u.k_end - u.k_begin;
+                    return true;
+                }
+            }
+            if (next_dp >= dp_tiles()) return false;
+            u.tile = next_dp;
+            u.k_begin = 0;
+            u.k_end = k_iters;
+            u.kind = UNIT_WHOLE;
+            u.split = 0;
+            next_dp += gridDim.x;
+            return true;
+        }
+    }
+};

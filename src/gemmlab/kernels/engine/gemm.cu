@@ -1,0 +1,98 @@
+// engine.gemm: the GEMM of gemmlab's engine, composed of named parts (kernels/common/):
+//   gemm_traits.cuh     every compile-time choice by name (GemmTraits), written by gemmlab.plan.Plan
+//   pipeline.cuh        the shared-memory ring (full / empty mbarriers, cursors)
+//   tile_scheduler.cuh  data-parallel, split-K (clusters) and hybrid stream-K units
+//   mainloop.cuh        the producer's TMA loads and the consumers' wgmmas of one unit
+//   epilogue_store.cuh  fused epilogue and stores (TMA pieces, an unswizzled tail, DIRECT rows)
+//   reduction.cuh       stream-K partials through a global workspace, split-K through DSMEM
+// h11's logic (any M, N, K via TMA bounds and short A boxes; K- or MN-major operands; alpha / beta * C /
+// bias / activation in fp32; bf16 / fp16 / fp32 output; fp16 or bf16 inputs) over a wider tile space:
+// 64, 128 or 256 rows (one or two consumer warpgroups, one or two m64 wgmmas each per k16) by 16 .. 256
+// columns. One CTA per SM (persistent), a producer warpgroup of which one thread issues the loads.
+#include "common/gemm_traits.cuh"
+#include "common/mainloop.cuh"
+#include "common/reduction.cuh"
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::THREADS, 1)
+engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmA_short,
+            const __grid_constant__ CUtensorMap tmB, const __grid_constant__ CUtensorMap tmC,
+            const __grid_constant__ CUtensorMap tmC_tail, const int* __restrict__ order, int M, int N, int K,
+            float alpha, float beta, const typename Tr::TO* __restrict__ Cin, long long ldc_row,
+            long long ldc_col, const typename Tr::TBIAS* __restrict__ bias, typename Tr::TO* __restrict__ Out,
+            long long ldo, int a_rows, int splits, int sk_tiles, int sk_ctas, float* workspace, int* flags) {
+    using T = typename Tr::T;
+    constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
+    extern __shared__ unsigned char smem_raw[];
+    T* sA = reinterpret_cast<T*>(align_1024(smem_raw));
+    T* sB = sA + Tr::STAGES * BM * BK;
+    unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
+    __shared__ Ring<Tr::STAGES> ring;
+
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
+    const int k_iters = (K + BK - 1) / BK;
+    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
+    __syncthreads();
+
+    const ScheduleArgs sargs{splits, sk_tiles, sk_ctas};
+    TileScheduler<Tr::SCHEDULE> sched(num_tiles, k_iters, sargs);
+    WorkUnit u;
+    if (wg == 0) {
+        // setmaxnreg (PTX ISA "setmaxnreg"): with two consumers the producer gives its registers to them
+        // (128 x (40 + 2 x 232) <= 64 K). One consumer (256 threads) has 240+ at entry already.
+        if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+        if (t == 0) {
+            RingCursor cur;
+            while (sched.next(u)) {
+                const int packed = order[u.tile];
+                produce_unit<Tr>(ring, cur, sA, sB, &tmA, &tmA_short, &tmB, (packed >> 16) * BM, (packed & 0xffff) * BN,
+                                 u.k_begin, u.k_end, M, a_rows);
+            }
+        }
+        if constexpr (Tr::SCHEDULE == SPLIT_K) {  // the consumers' two cluster barriers count every thread
+            cluster_sync();
+            cluster_sync_relaxed();
+        }
+        return;
+    }
+
+    if constexpr (Tr::CONSUMERS > 1) setmaxnreg_inc<Tr::CONSUMER_REGS>();
+    const int consumer = wg - 1;
+    const EpilogueArgs<Tr> ep{alpha, beta, Cin, ldc_row, ldc_col, bias, Out, ldo, M, N};
+    unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
+    RingCursor cur;
+    int pieces = 0;
+    float acc[Tr::MI][BN / 2];
+    while (sched.next(u)) {
+        const int packed = order[u.tile];
+        const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
+        consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
+
+        if constexpr (Tr::SCHEDULE == SPLIT_K) {
+            // Both consumers' wgmmas are done with the stages before either overwrites them (bar 3).
+            named_barrier_sync(3, Tr::CONSUMERS * 128);
+            const u32 part = smem_u32(sA);
+            split_store_partial<Tr>(acc, part, consumer, t);
+            cluster_sync();  // every CTA's partial is in its shared memory (barrier.cluster: release / acquire)
+            split_reduce_store<Tr>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128);
+            cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory
+        } else {
+            if constexpr (Tr::SCHEDULE == STREAM_K) {
+                if (u.kind == UNIT_CONTRIBUTOR) {
+                    sk_store_partial<Tr>(acc, workspace, flags, blockIdx.x, consumer, t, m0, M);
+                    continue;
+                }
+                if (u.kind == UNIT_OWNER) {
+                    sk_add_partials<Tr>(acc, workspace, flags, sched, blockIdx.x + 1, sched.streamed_end(u.tile),
+                                        consumer, t, m0, M);
+                }
+            }
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi)
+                store_block<Tr>(acc[mi], m0 + (consumer * Tr::MI + mi) * 64, n0, ep, slabs, pieces, &tmC, &tmC_tail,
+                                t, consumer);
+        }
+    }
+    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();  // the slabs stay valid until the stores read them
+}

@@ -1,0 +1,332 @@
+"""What the engine kernel (``kernels/engine/gemm.cu``) runs for a problem: its plan.
+
+``Plan`` is one frozen dataclass and the only source of the kernel's template arguments
+(``template_args``, ``name_expression``), its compiled name, and its launch shape (grid, cluster, threads,
+shared memory, stream-K workspace). ``plan(M, N, K, ...)`` scores every candidate (tile height 64 / 128 /
+256 x width 16 .. 256 in steps of 16, data-parallel / split-K / hybrid stream-K) with the cycle model of
+``gemmlab.plan_cost`` on a ``DeviceProfile`` and returns the fastest, with its predicted time in the repr.
+Without a GPU it plans for the H200. The form follows the public sm90 heuristics: DeepGEMM scores
+block_m in {64, 128, 256} x block_n in steps of 16 by modelled cycles over wave efficiency; CUTLASS's
+stream-K scheduler keeps full waves data-parallel and spreads the partial wave's k-iterations over all
+SMs, and skips stream-K for few k-tiles. Here the model prices the choices instead of fixed thresholds.
+
+Imports neither torch nor CUDA at module import: a torch dtype is read by its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from . import plan_cost
+from .devices import H200, DeviceProfile
+
+SOURCE = "engine/gemm.cu"
+KERNEL = "engine_gemm"
+BK = 64
+MAX_STAGES = 9
+SMEM_LIMIT = 227 * 1024 - 256  # dynamic shared memory per block, less the ring's static barriers
+SLAB_BYTES = 64 * 128  # one output piece: 64 rows x 128 bytes
+MAX_CLUSTER = 8  # split-K CTAs of a tile form one cluster; 8 is the portable limit
+MIN_SPLIT_K_STEPS = 4  # each split runs at least this many k-steps (h11's rule)
+MIN_SK_STEPS = 4  # each stream-K CTA runs at least this many k-steps (CUTLASS skips stream-K below a few)
+SCHEDULES = ("data_parallel", "split_k", "stream_k")
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+_CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
+_DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
+                "float32": "fp32", "float": "fp32", "fp32": "fp32"}
+
+# The tile space: 64-row tiles (one consumer) for small M, 128 (two consumers, h11's) and 256 (two
+# consumers of 128 rows each), widths in steps of 16, the wgmma n sizes.
+TILES: tuple[tuple[int, int], ...] = (tuple((64, n) for n in range(16, 257, 16))
+                                      + tuple((128, n) for n in range(64, 257, 16))
+                                      + tuple((256, n) for n in range(64, 193, 16)))
+
+
+def dtype_name(dtype) -> str:
+    """'bf16', 'fp16' or 'fp32' for a torch dtype (read by name: no torch import) or such a string."""
+    if dtype is None:
+        return "bf16"
+    name = str(dtype).removeprefix("torch.")
+    try:
+        return _DTYPE_NAMES[name]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {dtype!r}: bf16 or fp16 operands, bf16 / fp16 / fp32 output") from None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch of the engine kernel for an M x N x K problem (A M x K, B K x N, out M x N).
+
+    Chosen by the planner: ``bm`` x ``bn`` tile, ``schedule``, ``splits`` (split-K CTAs per tile, one
+    cluster), ``sk_tiles`` / ``sk_ctas`` (stream-K: the last sk_tiles tiles' k-steps spread over CTAs
+    0 .. sk_ctas - 1), ``stages`` (ring depth: as many as fit), ``grid`` (CTAs). Fixed by the problem:
+    dtypes, MN-major operands, epilogue (bias dtype or None, beta * C, activation), ``direct`` (output rows
+    not 16-byte aligned: threads store). ``predicted_s``: the cycle model's time."""
+
+    M: int
+    N: int
+    K: int
+    bm: int
+    bn: int
+    schedule: str
+    stages: int
+    grid: int
+    splits: int = 1
+    sk_tiles: int = 0
+    sk_ctas: int = 0
+    dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    bias_dtype: str | None = None
+    has_c: bool = False
+    activation: str | None = None
+    a_mn: bool = False
+    b_mn: bool = False
+    direct: bool = False
+    predicted_s: float = 0.0
+    kernel: str = KERNEL
+
+    # Derived launch facts ------------------------------------------------------------------------
+    @property
+    def tiles_m(self) -> int:
+        return math.ceil(self.M / self.bm)
+
+    @property
+    def tiles_n(self) -> int:
+        return math.ceil(self.N / self.bn)
+
+    @property
+    def tiles(self) -> int:
+        return self.tiles_m * self.tiles_n
+
+    @property
+    def k_iters(self) -> int:
+        return math.ceil(self.K / BK)
+
+    @property
+    def consumers(self) -> int:
+        return 1 if self.bm == 64 else 2
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    @property
+    def cluster(self) -> int:
+        return self.splits if self.schedule == "split_k" else 1
+
+    @property
+    def smem_bytes(self) -> int:
+        return smem_bytes(self.bm, self.bn, self.stages, self.schedule, self.dtype)
+
+    @property
+    def a_rows(self) -> int:
+        """Rows of the short A box (K-major A) for tiles whose rows run past M: the last row of tiles'
+        rows rounded up to 8; bm when M is a multiple of it."""
+        left = self.M - (self.tiles_m - 1) * self.bm
+        return min(self.bm, math.ceil(left / 8) * 8)
+
+    @property
+    def workspace_floats(self) -> int:
+        """Stream-K: one bm x bn fp32 partial slot per stream-K CTA (flags: 2 ints per slot)."""
+        return self.sk_ctas * self.bm * self.bn if self.schedule == "stream_k" else 0
+
+    def template_args(self) -> tuple[str, ...]:
+        """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>."""
+        b = lambda x: "true" if x else "false"  # noqa: E731
+        return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm),
+                str(self.bn), str(self.stages), b(self.a_mn), b(self.b_mn), b(self.bias_dtype), b(self.has_c),
+                str(ACTIVATIONS[self.activation]), b(self.direct), str(SCHEDULES.index(self.schedule)))
+
+    @property
+    def name_expression(self) -> str:
+        return f"{KERNEL}<GemmTraits<{', '.join(self.template_args())}>>"
+
+    @property
+    def compiled_name(self) -> str:
+        """The name of the compiled variant (one per instantiation, shape-independent)."""
+        return f"engine.gemm[{', '.join(self.template_args())}]"
+
+    def launch_args(self) -> dict:
+        """grid (CTAs), cluster (None or CTAs per cluster), block, smem, and the schedule's kernel
+        arguments (splits, sk_tiles, sk_ctas)."""
+        return {"grid": self.grid, "cluster": self.cluster if self.cluster > 1 else None, "block": self.threads,
+                "smem": self.smem_bytes, "splits": self.splits, "sk_tiles": self.sk_tiles, "sk_ctas": self.sk_ctas}
+
+    def __repr__(self) -> str:
+        sched = {"data_parallel": "data-parallel",
+                 "split_k": f"split-K x{self.splits} (clusters of {self.splits})",
+                 "stream_k": f"stream-K ({self.tiles - self.sk_tiles} tiles data-parallel, {self.sk_tiles} "
+                             f"streamed over {self.sk_ctas} CTAs)"}[self.schedule]
+        extra = [x for x in (self.a_mn and "A MN-major", self.b_mn and "B MN-major", self.direct and "direct stores",
+                             self.bias_dtype and "bias", self.has_c and "beta*C", self.activation) if x]
+        return (f"Plan({self.M}x{self.N}x{self.K} {self.dtype}->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} "
+                f"tiles ({self.tiles}), {sched}, {self.stages} stages, grid {self.grid}"
+                + (f", {', '.join(extra)}" if extra else "") + f"; predicted {self.predicted_s * 1e6:.1f} us)")
+
+
+def smem_bytes(bm: int, bn: int, stages: int, schedule: str, dtype: str = "bf16") -> int:
+    """Dynamic shared memory: 1 KB to align the stages to the swizzle atoms, the stages, and two 8 KB
+    output slabs per consumer (not split-K: it stores from its reduction)."""
+    slabs = 0 if schedule == "split_k" else (1 if bm == 64 else 2) * 2 * SLAB_BYTES
+    return 1024 + stages * (bm + bn) * BK * plan_cost.in_bytes(dtype) + slabs
+
+
+def stages_for(bm: int, bn: int, schedule: str, dtype: str = "bf16") -> int:
+    """The deepest ring that fits (up to MAX_STAGES); split-K also needs its bm x (bn + 8) fp32 partial
+    to fit over the stages. 0 if none fits."""
+    stage = (bm + bn) * BK * plan_cost.in_bytes(dtype)
+    for q in range(MAX_STAGES, 1, -1):
+        if smem_bytes(bm, bn, q, schedule, dtype) <= SMEM_LIMIT and (
+                schedule != "split_k" or bm * (bn + 8) * 4 <= q * stage):
+            return q
+    return 0
+
+
+def heavy_epilogue(out_dtype: str, bias_dtype, has_c: bool, activation, direct: bool) -> bool:
+    """Epilogues that hold more registers than a 16-bit TMA-stored plain/bias/relu one."""
+    return out_dtype == "fp32" or has_c or direct or activation in ("gelu", "gelu_tanh", "silu")
+
+
+def register_problem(bm: int, bn: int, schedule: str, heavy: bool) -> str | None:
+    """Why a tile would spill under the consumers' register budget, or None. Accumulators are MI x BN / 2
+    floats per thread (MI = 2 for 256-row tiles); two consumers get 232 registers each (setmaxnreg), one
+    keeps its entry allocation. Limits calibrated on a compile sweep of every tile x schedule with the
+    plainest and the heaviest epilogue (fp32 out, beta * C, bias, gelu, DIRECT); tests/test_plan.py
+    compiles the accepted ones and checks for spills. 256-row tiles: data-parallel up to 256 x 192,
+    split-K 256 x 160, stream-K (the partial's adds live beside the accumulators) 256 x 144, and with
+    a heavy epilogue 256 x 112 (stream-K 256 x 96); 64- and 128-row tiles fit every width."""
+    acc = (2 if bm == 256 else 1) * bn // 2
+    if heavy:
+        limit = 96 if schedule == "stream_k" else 112
+    else:
+        limit = {"data_parallel": 192, "split_k": 160, "stream_k": 144}[schedule]
+    if bm != 256 or acc <= limit:
+        return None
+    return f"{acc} accumulators per thread spill with this schedule and epilogue (limit {limit})"
+
+
+def tile_problem(bm: int, bn: int, schedule: str, *, dtype: str = "bf16", b_mn: bool = False,
+                 heavy: bool = False) -> str | None:
+    """Why the kernel cannot be instantiated with this tile and schedule, or None."""
+    if (bm, bn) not in TILES:
+        return f"{bm}x{bn} is not in the tile space"
+    if b_mn and bn % 64:
+        return "MN-major B is loaded in 64-column boxes: BN must be a multiple of 64"
+    if not stages_for(bm, bn, schedule, dtype):
+        return "no pipeline depth fits in shared memory"
+    return register_problem(bm, bn, schedule, heavy)
+
+
+def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile):
+    """(schedule, splits, sk_tiles, sk_ctas, grid) worth scoring for one tile."""
+    G = prof.sm_count
+    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    k = math.ceil(K / BK)
+    yield "data_parallel", 1, 0, 0, min(G, tiles)
+    for s in range(2, MAX_CLUSTER + 1):
+        per = math.ceil(k / s)
+        # Every split at least MIN_SPLIT_K_STEPS long, none empty, and the GPU holds such a cluster.
+        if k // s >= MIN_SPLIT_K_STEPS and (s - 1) * per < k and prof.clusters(s) >= 1:
+            yield "split_k", s, 0, 0, tiles * s
+    # Hybrid stream-K: the partial wave's tiles (or it and one full wave) streamed over the SMs.
+    full, rem = divmod(tiles, G)
+    # Spread over all SMs, or over 2-4 CTAs per tile (an owner adds fewer partials).
+    for sk_tiles in sorted({rem, rem + G if full else 0} - {0}):
+        most = min(G, sk_tiles * k // MIN_SK_STEPS)
+        for ctas in sorted({most} | {sk_tiles * s for s in (2, 3, 4) if sk_tiles * s < most}):
+            if ctas > sk_tiles:  # else every CTA would run whole tiles: that is data-parallel
+                yield "stream_k", 1, sk_tiles, ctas, G if tiles > sk_tiles else ctas
+
+
+def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: DeviceProfile | None = None,
+               device=None, bias_dtype=None, has_c: bool = False, activation: str | None = None,
+               a_mn: bool = False, b_mn: bool = False, direct: bool | None = None) -> list[Plan]:
+    """Every plan the engine kernel can run for the problem, fastest first by the model. Arguments as
+    for ``plan``."""
+    prof = _profile(profile, device)
+    dt = dtype_name(dtype)
+    if dt == "fp32":
+        raise ValueError("the engine kernel takes bf16 or fp16 operands")
+    odt = dtype_name(out_dtype) if out_dtype is not None else dt
+    bdt = dtype_name(bias_dtype) if bias_dtype is not None else None
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {[a for a in ACTIVATIONS if a]}")
+    if min(M, N, K) < 1:
+        raise ValueError(f"M, N, K must be >= 1, got {M}, {N}, {K}")
+    if direct is None:  # a contiguous output: rows of N elements are 16-byte aligned or not
+        direct = (N * plan_cost.in_bytes(odt)) % 16 != 0
+    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof))
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
+        if len(_CACHE) > 4096:
+            _CACHE.clear()
+        hit = _CACHE[key] = (prof, _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof))
+    return list(hit[1])
+
+
+_CACHE: dict = {}
+
+
+def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof) -> tuple[Plan, ...]:
+    heavy = heavy_epilogue(odt, bdt, has_c, activation, direct)
+    out_bytes = plan_cost.in_bytes(odt)
+    plans = []
+    for bm, bn in TILES:
+        for sched, splits, sk_tiles, sk_ctas, grid in _schedules(M, N, K, bm, bn, prof):
+            if tile_problem(bm, bn, sched, dtype=dt, b_mn=b_mn, heavy=heavy):
+                continue
+            stages = stages_for(bm, bn, sched, dt)
+            t = plan_cost.predict_s(M, N, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
+                                    sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes)
+            plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
+                              sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
+                              has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
+                              predicted_s=t))
+    # Ties (at a bandwidth floor): data-parallel before split or streamed, then the larger tile.
+    plans.sort(key=lambda p: (round(p.predicted_s, 9), SCHEDULES.index(p.schedule), p.splits, -p.bm * p.bn))
+    return tuple(plans)
+
+
+def plan(M: int, N: int, K: int, *, dtype=None, out_dtype=None, device=None, profile: DeviceProfile | None = None,
+         bias_dtype=None, has_c: bool = False, activation: str | None = None, a_mn: bool = False,
+         b_mn: bool = False, direct: bool | None = None) -> Plan:
+    """The plan the engine kernel would run for out (M x N) = act(alpha A (M x K) @ B (K x N) + beta C + bias).
+
+    dtype: the operands' (torch.bfloat16 (default) or torch.float16, or 'bf16' / 'fp16'); out_dtype: the
+    output's (default: dtype; fp32 allowed). device: a torch device (or index) to plan for its SM count and
+    L2; profile: a ``DeviceProfile`` (default: the visible GPU's, else the H200's). bias_dtype (None: no
+    bias), has_c (beta != 0), activation: the fused epilogue. a_mn / b_mn: the operand is MN-major (A
+    stored K x M, B stored N x K... i.e. its M or N dimension contiguous). direct: the output's rows are
+    not 16-byte aligned (None: decided from N for a contiguous output). Pure Python; no GPU needed."""
+    return candidates(M, N, K, dtype=dtype, out_dtype=out_dtype, profile=profile, device=device,
+                      bias_dtype=bias_dtype, has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn,
+                      direct=direct)[0]
+
+
+def _profile(profile: DeviceProfile | None, device) -> DeviceProfile:
+    if profile is not None:
+        return profile
+    if device is None:
+        return H200
+    import torch  # a device was named: read it (lazily; the module itself needs no torch)
+
+    from .gpu import gpu_info
+
+    idx = torch.device(device).index if not isinstance(device, int) else device
+    info = gpu_info(idx)
+    return dataclasses.replace(H200, name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes, source="gpu")
+
+
+class _CallableModule(type(dataclasses)):
+    """``gemmlab.plan(M, N, K)`` is the issue's public spelling and ``gemmlab.plan.Plan`` the dataclass's
+    home: the module object answers calls with ``plan``."""
+
+    def __call__(self, *args, **kwargs) -> Plan:
+        return plan(*args, **kwargs)
+
+
+import sys as _sys  # noqa: E402
+
+_sys.modules[__name__].__class__ = _CallableModule

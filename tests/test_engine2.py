@@ -1,0 +1,93 @@
+"""Every plan the model can choose compiles for sm_90a without spills and its SASS keeps the engine kernel's
+claims (wgmma of the plan's shape, TMA, no local memory, no serialized wgmma). No GPU needed.
+
+The default run compiles a representative set (~25 instantiations: the model's plans on the broad set's
+shape classes, every epilogue / layout / dtype variant, tail widths); ``-m slow`` compiles every tile x
+schedule the planner may pick, with the plainest and the heaviest epilogue (~190 compiles, ~10 min here).
+"""
+
+import pytest
+
+from gemmlab import engine2, sass
+from gemmlab import plan as planner
+
+
+def _check(p: planner.Plan) -> None:
+    ck = engine2.compile_plan(p)
+    assert ck.cubin[:4] == b"\x7fELF"
+    summary = sass.kernel_summary(ck)
+    assert sass.check(engine2.sass_expect(p), summary, ck.resources) == [], p
+    assert engine2.hgmma_shapes(ck) == {f"64x{p.bn}x16.F32" + (".BF16" if p.dtype == "bf16" else "")}, p
+    assert not ck.resources.spills and ck.resources.stack_frame == 0, (p, ck.resources)
+    for needle in ("serialized", "C7510", "C7519"):  # ptxas's warnings that wgmma was serialized
+        assert needle not in ck.log, f"{p}:\n{ck.log}"
+
+
+# Shapes whose model plans cover the tile heights and schedules, and variants of the epilogue and layout.
+REPRESENTATIVE = [
+    ((2040, 3584, 3584), {}),  # the issue's example: 128-row tile, odd width
+    ((4096, 4096, 4096), {}),  # h11's 128 x 256
+    ((8192, 8192, 8192), {}),  # stream-K tail
+    ((1, 4096, 4096), {}),  # decode: 64-row tile, split-K
+    ((128, 4096, 4096), {}),  # few tiles: stream-K over all SMs
+    ((16, 14336, 4096), {}),  # weight stream, 64-row data-parallel
+    ((4095, 4095, 4095), {}),  # DIRECT output
+    ((2048, 14336, 4096), {"activation": "silu"}),
+    ((2048, 4096, 4096), {"bias_dtype": "bf16", "activation": "gelu", "out_dtype": "fp32"}),
+    ((1000, 2048, 4096), {"has_c": True, "out_dtype": "fp32", "bias_dtype": "fp32"}),
+    ((3000, 5000, 1000), {"dtype": "fp16"}),
+    ((2048, 2048, 2048), {"a_mn": True, "b_mn": True}),
+    ((512, 1024, 8192), {"b_mn": True, "dtype": "fp16", "out_dtype": "fp16"}),
+]
+
+
+def _representative():
+    seen = {}
+    for shape, kw in REPRESENTATIVE:
+        p = planner.plan(*shape, **kw)
+        seen.setdefault(p.name_expression, p)
+    # Forced: each tile height x schedule, and the unswizzled tail widths (BN % 64 = 16, 32, 48).
+    for (bm, bn, sched, kw) in ((256, 128, "stream_k", {}), (256, 192, "data_parallel", {}),
+                                (256, 160, "split_k", {}), (64, 256, "stream_k", {"out_dtype": "fp32", "has_c": True}),
+                                (128, 80, "data_parallel", {}), (128, 96, "split_k", {}),
+                                (128, 112, "stream_k", {"activation": "gelu_tanh"}),
+                                (64, 48, "data_parallel", {"out_dtype": "fp32"}),
+                                (256, 112, "data_parallel", {"out_dtype": "fp32", "has_c": True, "activation": "gelu",
+                                                             "bias_dtype": "bf16", "direct": True})):
+        p = next(c for c in planner.candidates(4096, 4096, 8192, **kw) if (c.bm, c.bn, c.schedule) == (bm, bn, sched))
+        seen.setdefault(p.name_expression, p)
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("p", _representative(), ids=lambda p: p.compiled_name)
+def test_representative_plans_compile_clean(p):
+    _check(p)
+
+
+def test_representative_set_covers_the_space():
+    ps = _representative()
+    assert {p.bm for p in ps} == {64, 128, 256} and {p.schedule for p in ps} == set(planner.SCHEDULES)
+    assert {p.bn % 64 for p in ps} >= {0, 16, 32, 48}
+    assert any(p.direct for p in ps) and any(p.a_mn and p.b_mn for p in ps) and any(p.dtype == "fp16" for p in ps)
+
+
+def _every_choice():
+    """One plan per (tile, schedule) the planner may pick, plain (bf16 out, TMA) and heavy (fp32 out,
+    beta * C, bias, gelu, DIRECT): the calibration of ``plan.register_problem``."""
+    out = []
+    for heavy in (False, True):
+        kw = dict(out_dtype="fp32", has_c=True, bias_dtype="bf16", activation="gelu", direct=True) if heavy else {}
+        want = {(bm, bn, s) for bm, bn in planner.TILES for s in planner.SCHEDULES}
+        for shape in ((4096, 4096, 8192), (8192, 8192, 8192), (64, 8192, 8192), (300, 3000, 6000)):
+            for c in planner.candidates(*shape, **kw):
+                key = (c.bm, c.bn, c.schedule)
+                if key in want:
+                    want.discard(key)
+                    out.append(c)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p", _every_choice(), ids=lambda p: p.compiled_name)
+def test_every_plan_the_model_can_choose_compiles_clean(p):
+    _check(p)

@@ -1,0 +1,118 @@
+"""The engine kernel (kernels/engine/gemm.cu through gemmlab.engine2) on a Hopper GPU: every schedule, tile
+height and epilogue against a float64 reference on fresh randn inputs, outputs poisoned with NaN (inside
+and around the written region), and every schedule bitwise deterministic over repeated runs."""
+
+import pytest
+import torch
+
+from gemmlab import engine2
+from gemmlab import plan as planner
+from gemmlab.bench import rel_error
+
+pytestmark = pytest.mark.hopper
+
+_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _pick(M, N, K, bm, bn, schedule, **kw) -> planner.Plan:
+    """The candidate of that tile and schedule (the best-scored one if several), or skip."""
+    for c in planner.candidates(M, N, K, profile=engine2._profile(torch.device("cuda")), **kw):
+        if (c.bm, c.bn, c.schedule) == (bm, bn, schedule):
+            return c
+    pytest.skip(f"no {bm}x{bn} {schedule} plan for {M}x{N}x{K}")
+
+
+def _run_case(p: planner.Plan, *, alpha=1.0, beta=0.0, seed=0):
+    """Inputs, a poisoned output inside a poisoned frame, one launch; returns (out, frame, reference)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt, odt = _TYPES[p.dtype], _TYPES[p.out_dtype]
+    M, N, K = p.M, p.N, p.K
+    a = torch.randn(M, K, device="cuda", generator=g).to(dt)
+    if p.a_mn:
+        a = torch.randn(K, M, device="cuda", generator=g).to(dt).t()
+    w = torch.randn(N, K, device="cuda", generator=g).to(dt)
+    b = torch.randn(K, N, device="cuda", generator=g).to(dt) if p.b_mn else w.t()
+    # The output sits inside a larger NaN frame: a store past the tile or the tensor shows up as a
+    # non-NaN value outside it. Rows of N + 8 elements stay 16-byte aligned (TMA stores), N + 1 do not.
+    frame = torch.full((M + 8, N + (1 if p.direct else 8)), float("nan"), device="cuda", dtype=odt)
+    out = frame[:M, :N]
+    c = torch.randn(M, N, device="cuda", generator=g).to(odt) if p.has_c else None
+    bias = torch.randn(N, device="cuda", generator=g).to(_TYPES[p.bias_dtype]) if p.bias_dtype else None
+    engine2.launch(p, a, b, out, alpha=alpha, beta=beta, c=c, bias=bias)
+    torch.cuda.synchronize()
+    ref = alpha * (a.double() @ b.double())
+    if c is not None:
+        ref += beta * c.double()
+    if bias is not None:
+        ref += bias.double()
+    act = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
+           "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}[p.activation]
+    return out, frame, act(ref)
+
+
+CASES = [
+    # (M, N, K), tile, schedule, variant
+    ((1000, 3000, 1000), 128, 256, "data_parallel", {}),
+    ((1000, 3000, 1000), 128, 208, "data_parallel", {}),  # tail piece of 16 columns
+    ((777, 1000, 2000), 128, 96, "data_parallel", {}),  # tail 32, ragged M and N
+    ((300, 2000, 777), 256, 128, "data_parallel", {}),  # two m64 wgmmas per consumer, short A box
+    ((2000, 704, 1500), 256, 176, "data_parallel", {}),
+    ((40, 3000, 2000), 64, 112, "data_parallel", {}),  # one consumer, tail 48
+    ((16, 4096, 4096), 64, 128, "split_k", {}),
+    ((200, 1000, 4096), 128, 80, "split_k", {}),
+    ((300, 1000, 8192), 256, 128, "split_k", {}),
+    ((1500, 3000, 2000), 128, 256, "stream_k", {}),  # data-parallel wave + streamed tail
+    ((128, 4096, 4096), 64, 112, "stream_k", {}),  # all streamed, owners with several contributors
+    ((700, 1920, 3000), 256, 144, "stream_k", {}),
+    ((1000, 3000, 1000), 128, 192, "data_parallel", {"out_dtype": "fp32", "bias_dtype": "fp32", "activation": "gelu"}),
+    ((1000, 3001, 1000), 128, 128, "data_parallel", {"direct": True}),  # output rows not 16-byte aligned
+    ((1000, 3001, 1000), 128, 144, "stream_k", {"direct": True, "out_dtype": "fp32", "has_c": True}),
+    ((1000, 2000, 1000), 128, 128, "data_parallel", {"a_mn": True, "b_mn": True, "activation": "silu"}),
+    ((500, 2048, 3000), 128, 192, "split_k", {"b_mn": True, "bias_dtype": "bf16", "has_c": True}),
+    ((1000, 2000, 1000), 128, 160, "stream_k", {"dtype": "fp16", "out_dtype": "fp16", "activation": "relu"}),
+    ((64, 2000, 1000), 64, 64, "data_parallel", {"dtype": "fp16", "a_mn": True}),
+]
+
+
+@pytest.mark.parametrize("shape, bm, bn, schedule, kw", CASES,
+                         ids=[f"{'x'.join(map(str, c[0]))}-{c[1]}x{c[2]}-{c[3]}-{'-'.join(c[4])}" for c in CASES])
+def test_plan_matches_float64_reference(shape, bm, bn, schedule, kw):
+    p = _pick(*shape, bm, bn, schedule, **kw)
+    beta = 0.5 if p.has_c else 0.0
+    out, frame, ref = _run_case(p, alpha=0.75, beta=beta)
+    err = rel_error(out, ref)
+    assert err <= 1e-2, f"{p}: relative error {err:.3e}"
+    outside = frame.clone()
+    outside[: p.M, : p.N] = float("nan")
+    assert torch.isnan(outside).all(), f"{p}: wrote outside the output"
+
+
+@pytest.mark.parametrize("shape, bm, bn, schedule", [
+    ((1500, 3000, 2000), 128, 256, "stream_k"), ((128, 4096, 4096), 64, 112, "stream_k"),
+    ((16, 4096, 4096), 64, 128, "split_k"), ((2000, 704, 1500), 256, 176, "data_parallel")])
+def test_every_schedule_is_bitwise_deterministic(shape, bm, bn, schedule):
+    p = _pick(*shape, bm, bn, schedule)
+    first, _, _ = _run_case(p, seed=3)
+    first = first.clone()
+    for _ in range(4):
+        again, _, _ = _run_case(p, seed=3)
+        assert torch.equal(again.view(torch.int16), first.view(torch.int16)), p
+
+
+def test_stream_k_leaves_its_flags_cleared():
+    p = _pick(1500, 3000, 2000, 128, 256, "stream_k")
+    for _ in range(2):
+        out, _, ref = _run_case(p, seed=5)
+        assert rel_error(out, ref) <= 1e-2
+    _, flags = engine2.workspace(p, torch.device("cuda"))
+    assert int(flags.abs().sum()) == 0
+
+
+def test_model_plan_runs_through_gemm():
+    a = torch.randn(2040, 3584, device="cuda").bfloat16()
+    w = torch.randn(3584, 3584, device="cuda").bfloat16()
+    out = torch.empty(2040, 3584, device="cuda", dtype=torch.bfloat16).fill_(float("nan"))
+    p = engine2.gemm(a, w.t(), out)
+    torch.cuda.synchronize()
+    assert p == engine2.plan_for(a, w.t(), out)
+    assert rel_error(out, a.double() @ w.double().t()) <= 1e-2

@@ -1,0 +1,195 @@
+"""The plan model (gemmlab.plan, gemmlab.plan_cost), the broad shape set, and the engine kernel's tile
+scheduler walked on the host; no GPU needed (the kernel's compile and SASS checks are test_engine2.py)."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from gemmlab import broad_shapes, devices, plan_cost
+from gemmlab import plan as planner
+from gemmlab.jit.compiler import KERNEL_ROOT
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = [(1, 4096, 4096), (16, 14336, 4096), (77, 3000, 2000), (512, 1024, 4096), (640, 4096, 16384),
+          (2040, 3584, 3584), (3000, 5000, 1000), (4095, 4095, 4095), (4096, 4096, 4096), (8192, 8192, 8192)]
+
+
+def test_plan_module_imports_neither_torch_nor_cuda():
+    code = ("import sys, gemmlab; p = gemmlab.plan(2040, 3584, 3584); "
+            "assert isinstance(p, gemmlab.plan.Plan); "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('cuda')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src")})
+
+
+def test_plan_is_the_fastest_candidate_and_reads_well():
+    p = planner.plan(2040, 3584, 3584, dtype="torch.bfloat16")
+    cands = planner.candidates(2040, 3584, 3584)
+    assert p == cands[0] and all(p.predicted_s <= c.predicted_s for c in cands)
+    text = repr(p)
+    assert f"{p.bm}x{p.bn}" in text and "predicted" in text and "2040x3584x3584" in text
+    with pytest.raises(AttributeError):
+        p.bn = 64  # frozen
+    # The issue's example class: h11's one plan (128 x 256, data-parallel) leaves 1.7 waves; the model finds
+    # a plan it prices at least 10% faster.
+    h11 = next(c for c in cands if (c.bm, c.bn, c.schedule) == (128, 256, "data_parallel"))
+    assert p.predicted_s < 0.9 * h11.predicted_s
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_candidate_is_a_launch_the_kernel_accepts(shape):
+    M, N, K = shape
+    prof = devices.H200
+    for p in planner.candidates(M, N, K):
+        assert (p.bm, p.bn) in planner.TILES and p.stages >= 2
+        assert p.smem_bytes <= planner.SMEM_LIMIT and p.threads == (256 if p.bm == 64 else 384)
+        assert planner.register_problem(p.bm, p.bn, p.schedule, False) is None
+        k = p.k_iters
+        if p.schedule == "data_parallel":
+            assert p.grid == min(prof.sm_count, p.tiles) and p.cluster == 1
+        elif p.schedule == "split_k":
+            per = math.ceil(k / p.splits)
+            assert p.grid == p.tiles * p.splits and p.cluster == p.splits <= planner.MAX_CLUSTER
+            assert k // p.splits >= planner.MIN_SPLIT_K_STEPS and (p.splits - 1) * per < k
+            assert prof.clusters(p.splits) >= 1
+            assert p.bm * (p.bn + 8) * 4 <= p.stages * (p.bm + p.bn) * planner.BK * 2  # the partial fits
+        else:
+            dp = p.tiles - p.sk_tiles
+            assert dp % prof.sm_count == 0 and p.sk_ctas <= p.grid <= prof.sm_count
+            assert p.sk_tiles * k // p.sk_ctas >= planner.MIN_SK_STEPS and p.sk_ctas > p.sk_tiles
+            assert p.workspace_floats == p.sk_ctas * p.bm * p.bn
+        assert p.name_expression == f"engine_gemm<GemmTraits<{', '.join(p.template_args())}>>"
+
+
+def test_template_args_name_every_choice():
+    p = planner.plan(1000, 50257, 768, dtype="fp16", out_dtype="torch.float32", bias_dtype="bf16", has_c=True,
+                     activation="gelu", a_mn=True)
+    args = p.template_args()
+    assert args[:3] == ("__half", "float", "__nv_bfloat16") and args[6:12] == ("true", "false", "true", "true", "2",
+                                                                               "true")
+    assert p.direct  # 50257 fp32 elements: rows not 16-byte aligned
+    assert int(args[3]) == p.bm and int(args[4]) == p.bn and int(args[5]) == p.stages
+    assert args[12] == str(planner.SCHEDULES.index(p.schedule))
+    # MN-major B needs 64-column boxes; a heavy epilogue keeps 256-row tiles narrow.
+    assert all(c.bn % 64 == 0 for c in planner.candidates(4096, 4096, 4096, b_mn=True))
+    heavy = planner.candidates(4096, 4096, 4096, out_dtype="fp32")
+    assert max(c.bn for c in heavy if c.bm == 256) == 112
+    assert max(c.bn for c in heavy if c.bm == 256 and c.schedule == "stream_k") == 96
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        planner.plan(64, 64, 64, dtype="int8")
+    with pytest.raises(ValueError, match="unknown activation"):
+        planner.plan(64, 64, 64, activation="tanh")
+
+
+def test_stages_fill_shared_memory():
+    for bm, bn in planner.TILES:
+        for sched in planner.SCHEDULES:
+            q = planner.stages_for(bm, bn, sched)
+            if q and q < planner.MAX_STAGES:  # one more stage would not fit
+                assert planner.smem_bytes(bm, bn, q + 1, sched) > planner.SMEM_LIMIT or sched == "split_k"
+    assert planner.stages_for(128, 256, "data_parallel") == 4  # h11's depth for its widest tile
+    assert planner.stages_for(64, 64, "split_k") == planner.MAX_STAGES
+
+
+def test_model_prices_waves_splits_and_streams():
+    prof = devices.H200
+    kw = dict(prof=prof, clock_mhz=1755.0)
+    # A partial wave costs a whole wave of k-steps in data-parallel; stream-K spreads it.
+    full = plan_cost.predict_s(1536, 2816, 4096, bm=128, bn=256, schedule="data_parallel", stages=4, **kw)  # 132
+    dp = plan_cost.predict_s(1536, 3072, 4096, bm=128, bn=256, schedule="data_parallel", stages=4, **kw)  # 144
+    sk = {c: plan_cost.predict_s(1536, 3072, 4096, bm=128, bn=256, schedule="stream_k", stages=4, sk_tiles=12,
+                                 sk_ctas=c, **kw) for c in (24, 48, 132)}
+    assert dp > 1.7 * (full - prof.launch_s) and full < min(sk.values()) < 0.8 * dp
+    # Spreading 12 tiles over all 132 SMs makes each owner add ~11 partials: 4 CTAs per tile is cheaper.
+    assert sk[48] < sk[132]
+    # More stages never hurt, and an HBM-bound weight stream is priced at its bytes.
+    t = [plan_cost.predict_s(16, 14336, 4096, bm=64, bn=128, schedule="data_parallel", stages=s, **kw)
+         for s in (2, 4, 8)]
+    assert t[0] >= t[1] >= t[2]
+    assert t[2] >= 2 * 14336 * 4096 / prof.hbm_read_bytes_per_s
+    # Split-K of a few-tile deep-K problem beats its single split.
+    one = plan_cost.predict_s(512, 1024, 8192, bm=128, bn=128, schedule="data_parallel", stages=6, **kw)
+    three = plan_cost.predict_s(512, 1024, 8192, bm=128, bn=128, schedule="split_k", stages=7, splits=3, **kw)
+    assert three < one
+
+
+def test_model_matches_the_h11_records_it_was_fitted_to():
+    """The fit script's checks, asserted: the engine's own plans within 25% per record, and the model's pick
+    among each shape's measured plans within 5% of the best (geomean) -- issue 14 asks for 3%, to be
+    re-checked on the new kernel's own records."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import fit_plan_model as fit
+    finally:
+        sys.path.pop(0)
+    prof = devices.H200
+    eng = [r["time_ms"] * 1e-3 / fit.predict(r, bn, s, prof) for r, bn, s in fit.engine_records()]
+    assert len(eng) >= 40 and 0.8 <= min(eng) and max(eng) <= 1.25
+    by = defaultdict(dict)
+    for r, bn, s in fit.policy_records():
+        by[(r["M"], r["N"], r["K"], r["git_sha"])][(bn, s)] = (r["time_ms"], fit.predict(r, bn, s, prof))
+    losses = [min(v.values(), key=lambda x: x[1])[0] / min(t for t, _ in v.values()) for v in by.values() if len(v) > 1]
+    assert len(losses) >= 30 and math.exp(sum(map(math.log, losses)) / len(losses)) <= 1.05
+
+
+def test_broad_set_is_committed_deterministic_and_broad():
+    cases = broad_shapes.broad_cases()
+    assert broad_shapes.to_json(cases) == (ROOT / "benchmarks/shapes/broad.json").read_text()
+    assert len(cases) >= 200 and len({c.shape for c in cases}) == len(cases)
+    classes = defaultdict(int)
+    for c in cases:
+        classes[c.cls] += 1
+        assert c.cls == broad_shapes.classify(c.M, c.N, c.K, c.source == "square")
+    assert min(classes[k] for k in ("decode", "mid", "prefill", "square", "unaligned")) >= 5
+    assert len({c.family for c in cases}) >= 8
+    ms = {c.M for c in cases}
+    assert min(ms) == 1 and max(ms) == 16384 and {77, 300, 1000, 2040, 3000, 5000} <= ms
+    assert json.loads((ROOT / "benchmarks/shapes/broad.json").read_text())["seed"] == broad_shapes.SEED
+
+
+@pytest.fixture(scope="module")
+def walker(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    exe = tmp_path_factory.mktemp("walk") / "scheduler_walk"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-I", str(KERNEL_ROOT), "-o", str(exe),
+                    str(ROOT / "tests/host_emulation/scheduler_walk.cpp")], check=True)
+    return exe
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(4096, 8192, 8192), (300, 2050, 4095), (1, 576, 7168)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_scheduler_covers_every_k_step_once_and_owners_find_their_contributors(walker, shape):
+    """The shape's plans (the 30 best and every stream-K one), walked by the kernel's own scheduler code
+    compiled for the host."""
+    cands = planner.candidates(*shape)
+    for p in cands[:30] + [c for c in cands[30:] if c.schedule == "stream_k"]:
+        sched = planner.SCHEDULES.index(p.schedule)
+        out = subprocess.run([str(walker), str(sched), str(p.tiles), str(p.k_iters), str(p.grid), str(p.splits),
+                              str(p.sk_tiles), str(p.sk_ctas)], check=True, capture_output=True, text=True).stdout
+        seen = defaultdict(list)  # tile -> [(k_begin, k_end, kind, cta)]
+        owners = {}
+        for line in out.splitlines():
+            f = line.split()
+            if f[0] == "unit":
+                cta, tile, kb, ke, kind = map(int, f[1:6])
+                assert 0 <= tile < p.tiles and 0 <= kb < ke <= p.k_iters
+                seen[tile].append((kb, ke, kind, cta))
+            else:
+                owners[int(f[2])] = (int(f[1]), [int(x) for x in f[3:]])
+        assert sorted(seen) == list(range(p.tiles)), p
+        for tile, units in seen.items():
+            units.sort()
+            assert [u[0] for u in units] == [0] + [u[1] for u in units[:-1]] and units[-1][1] == p.k_iters, (p, tile)
+            if p.schedule == "stream_k" and len(units) > 1:  # an owner (k = 0) and its contributors, in CTA order
+                assert units[0][2] == 2 and all(u[2] == 1 for u in units[1:])
+                assert owners[tile] == (units[0][3], [u[3] for u in units[1:]])
+            elif p.schedule == "split_k":
+                assert len(units) == math.ceil(p.k_iters / math.ceil(p.k_iters / p.splits))
+            else:
+                assert len(units) == 1 and units[0][2] == 0
