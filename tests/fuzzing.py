@@ -466,18 +466,26 @@ def _act(x: torch.Tensor, activation: str | None) -> torch.Tensor:
     return {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}[activation](x)
 
 
+def exact(a, b, bias=None, activation=None, alpha=1.0, beta=0.0, c=None) -> torch.Tensor:
+    """``act(alpha * a @ b + beta * c + bias)`` in float64 on the given (already rounded) values."""
+    acc = alpha * (a.double() @ b.double())
+    if c is not None:
+        acc = acc + beta * c.double()
+    if bias is not None:
+        acc = acc + bias.double()
+    return _act(acc, activation)
+
+
 def reference(case: Case, t: Tensors, c_before: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(float64 result, float64 |terms|): the result on the same rounded inputs, and the sum of the
     magnitudes of what was added up (the scale of any rounding error)."""
-    a, b = t.a.double(), t.b.double()
-    acc = case.alpha * (a @ b)
-    mag = abs(case.alpha) * (a.abs() @ b.abs())
+    ref = exact(t.a, t.b, t.bias, case.activation, case.alpha, case.beta, c_before)
+    mag = abs(case.alpha) * (t.a.double().abs() @ t.b.double().abs())
     if case.c is not None:
-        c = c_before.double()
-        acc, mag = acc + case.beta * c, mag + abs(case.beta) * c.abs()
+        mag = mag + abs(case.beta) * c_before.double().abs()
     if t.bias is not None:
-        acc, mag = acc + t.bias.double(), mag + t.bias.double().abs()
-    return _act(acc, case.activation), mag
+        mag = mag + t.bias.double().abs()
+    return ref, mag
 
 
 @contextlib.contextmanager
