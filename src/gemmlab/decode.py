@@ -183,7 +183,9 @@ IN_FLIGHT_PER_SM = 32 * 1024
 def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
               variant: Variant | None = None) -> tuple[float, DecodePlan] | None:
     """Modelled seconds for one CTA shape (``rw`` row groups per CTA) and ``splits`` CTAs per row block;
-    None if that leaves a CTA without k or a warp with less than MIN_WARP_K of K (when K allows).
+    None if that leaves a CTA without k. A warp's piece is the even share of K, but at least MIN_WARP_K
+    (or all of K rounded up to CHUNK_K when K is shorter): when that leaves warps of a CTA without k (small
+    K: K = 256 with 8 k pieces per CTA), they idle, and the one split that covers K is the only valid one.
 
     Three terms: the weight stream at HBM bandwidth, slowed when the warps with work cannot keep
     IN_FLIGHT_PER_SM bytes per SM requested (each keeps ``variant.in_flight_bytes``); X's L2 traffic (each
@@ -193,9 +195,10 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     nt = token_tiles(M)
     v = variant or default_variant(nt)
     kw = WARPS // rw
-    piece = math.ceil(math.ceil(K / (splits * kw)) / CHUNK_K) * CHUNK_K
-    if piece < min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K):
-        return None
+    # (Returning None for a piece below the minimum instead, as before, left K < kw x MIN_WARP_K without
+    # any plan at small N: linear(x(7, 256), w(14, 256)) asserted in ``plan``.)
+    piece = max(math.ceil(math.ceil(K / (splits * kw)) / CHUNK_K) * CHUNK_K,
+                min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K))
     if math.ceil(math.ceil(K / piece) / kw) != splits:
         return None
     row_groups = math.ceil(N / v.rows)
@@ -214,13 +217,16 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
 def plan(M: int, N: int, K: int, sm_count: int, variant: Variant | None = None) -> DecodePlan:
     """The split for (M, N, K) on ``sm_count`` SMs with ``variant`` (default: ``default_variant``): the CTA
     shape and split count with the least ``plan_time`` (ties: fewer splits, then more row groups per CTA).
-    Needs no GPU.
+    Needs no GPU. Every M in 1..KERNEL_MAX_M and N, K >= 1 has a plan (``rw = 1, splits = 1`` always fits);
+    ValueError for sizes outside those.
 
     What it trades: k pieces inside a CTA (small ``rw``) are reduced cheaply in shared memory, but each
     piece's warps read their own X (at M = 64, X is 4x the weight's bytes per warp); row groups inside a
     CTA (large ``rw``) share X through L1 but need split-K across CTAs to fill the GPU when N is small,
     and the last CTA's fixup grows with splits x M x rows.
     """
+    if min(M, N, K) < 1:
+        raise ValueError(f"decode.plan needs M, N, K >= 1, got M={M} N={N} K={K}")
     v = variant or default_variant(token_tiles(M))
     best = None
     for rw in (8, 4, 2, 1):
@@ -234,7 +240,8 @@ def plan(M: int, N: int, K: int, sm_count: int, variant: Variant | None = None) 
             key = (got[0], splits, -rw)
             if best is None or key < best[0]:
                 best = (key, got[1])
-    assert best is not None, "splits = 1 with the largest piece always fits"
+    if best is None:  # unreachable: kept so that a future change fails with a message, also under -O
+        raise RuntimeError(f"decode.plan found no split for M={M} N={N} K={K} variant={v}")
     return best[1]
 
 

@@ -132,7 +132,9 @@ def compile_kernel(source: str, name_expression: str, *, arch: str, name: str | 
                    use_disk_cache: bool = True) -> CompiledKernel:
     """Compile ``name_expression`` from ``kernels/<source>`` for ``arch`` (e.g. ``"sm_90a"``).
 
-    The result is memoised in-process and cached on disk (see ``gemmlab.jit.cache``).
+    The result is memoised in-process and cached on disk (see ``gemmlab.jit.cache``): in ``cache_path``
+    when given, else in the ``GEMMLAB_CACHE_DIR`` search path; not on disk with ``use_disk_cache=False``
+    or ``GEMMLAB_DISK_CACHE=0``. A cache folder that cannot be read or written never fails the compile.
     """
     from cuda.core import Program, ProgramOptions
 
@@ -163,14 +165,13 @@ def compile_kernel(source: str, name_expression: str, *, arch: str, name: str | 
         return hit
 
     t0 = time.perf_counter()
-    disk = _cache.DiskCache(cache_path) if use_disk_cache else None
+    disk = _cache.DiskCache(cache_path) if use_disk_cache and _cache.disk_cache_enabled() else None
     status = "miss"
     entry = None
     if disk is not None:
         try:
             entry = disk.get(key)
-        except _cache.CorruptEntry:
-            disk.discard(key)
+        except _cache.CorruptEntry:  # (DiskCache.get has discarded it where the folder allows)
             status = "rebuilt"
     if entry is not None:
         status = "hit"
