@@ -306,8 +306,6 @@ def test_fuzz_bad_inputs_raise_documented_errors(gpu):
     assert torch.equal(x, x_before)  # the refused out= call wrote nothing
 
 
-@pytest.mark.xfail(strict=True, reason="ops.py does not refuse an out= that overlaps itself before launching "
-                                       "(issue 15, the lead's item); drop this marker with that fix")
 def test_out_overlapping_itself_is_refused_up_front(gpu):
     import gemmlab
     from gemmlab.errors import UnsupportedProblem

@@ -5,6 +5,7 @@ catches each kind of fault it claims to, and the host side of every fixed-seed c
 compiled and launched by stubs) without an exception, with a bounded number of kernel variants."""
 
 import collections
+import threading
 import dataclasses
 import math
 import types
@@ -298,47 +299,78 @@ class HostOnly:
     kernel. (If the engine's call path is refactored, the patched names below may need updating.)"""
 
     def __init__(self, monkeypatch):
-        from gemmlab import autotune, decode, engine, ops
+        from gemmlab import decode, engine, ops, tuned
         import gemmlab.jit.compiler as jc
         import gemmlab.jit.launch as jl
 
         self.kernels = collections.Counter()
         self.launches = 0
+        host = self
+
+        class Launcher:  # jit.launch.Launcher's interface, checking the launch shape instead of launching
+            def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0):
+                grid = grid if isinstance(grid, tuple) else (grid,)
+                assert all(g >= 1 for g in grid) and grid[0] < 2**31 and all(g < 2**16 for g in grid[1:]), grid
+                assert 32 <= block <= 1024 and 0 <= smem <= 227 * 1024, (block, smem)
+                if cluster is not None:
+                    assert 1 <= cluster <= 8 and grid[0] % cluster == 0, (grid, cluster)
+                self.kinds, self.cluster, self.lock = kinds, cluster, threading.Lock()
+
+            def set_args(self, args):
+                assert len(args) == len(self.kinds)
+
+            def set_ptr(self, i, v):
+                assert self.kinds[i] == "ptr" and isinstance(v, int), (i, v)
+
+            def set_i32(self, i, v):
+                assert self.kinds[i] == "i32" and -2**31 <= v < 2**31, (i, v)
+
+            def set_i64(self, i, v):
+                assert self.kinds[i] == "i64", i
+
+            def set_f32(self, i, v):
+                assert self.kinds[i] == "f32", i
+
+            def set_map(self, i, tmap):
+                assert self.kinds[i] == "tmap", i
+
+            def launch(self, stream):
+                host.launches += 1
+
+        class MapSlot:  # TMA's rules (CUDA driver API, cuTensorMapEncodeTiled), checked at encode
+            def __init__(self, launcher, index, ptr, rows, cols, row_stride, dtype, box):
+                es = torch.empty((), dtype=dtype).element_size()
+                assert ptr % 16 == 0 and (row_stride * es) % 16 == 0, (ptr % 16, row_stride)
+                assert all(1 <= b <= 256 for b in box) and (box[1] * es) % 16 == 0, box
+                self.tmap = object()
+                launcher.set_map(index, self.tmap)
+
+            def point_at(self, ptr):
+                assert ptr % 16 == 0
+
         for mod in (jc, engine):
             monkeypatch.setattr(mod, "compile_kernel", self.compile, raising=False)
         for mod in (jl, engine):
-            monkeypatch.setattr(mod, "launch", self.launch, raising=False)
-            monkeypatch.setattr(mod, "tensor_map_2d", self.tensor_map, raising=False)
+            monkeypatch.setattr(mod, "Launcher", Launcher, raising=False)
+            monkeypatch.setattr(mod, "MapSlot", MapSlot, raising=False)
+            monkeypatch.setattr(mod, "raw_stream", lambda index: 0, raising=False)
         monkeypatch.setattr(engine, "_sm_count", lambda device: 132)
         monkeypatch.setattr(engine, "_index", lambda device: 0)
         monkeypatch.setattr(engine, "cluster_capacity", lambda device: dict(engine.H200_CLUSTER_CAPACITY))
         monkeypatch.setattr(engine, "hopper_available", lambda device: None)
-        monkeypatch.setattr(autotune, "device_gpu", lambda index: None)
+        monkeypatch.setattr(tuned, "device_gpu", lambda index: None)
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-        monkeypatch.setattr(decode, "split_buffers", lambda device, ws, ctr: (
+        monkeypatch.setattr(decode, "split_buffers", lambda device, ws, ctr, stream: (
             torch.empty(max(ws, 1)), torch.zeros(max(ctr, 1), dtype=torch.int32)))
         monkeypatch.setattr(ops, "_check_device", lambda device: None)
         monkeypatch.setattr(ops, "_sm_count", lambda device: 132)
+        monkeypatch.setattr(ops, "_stream", lambda dev: 0)
+        ops.clear_prepared_calls()
+        monkeypatch.setattr(ops, "_CALLS", ops._CallCache())  # nothing prepared here outlives the test
 
     def compile(self, source, name_expression, *, arch, name=None, **kw):
         self.kernels[name_expression] += 1
         return types.SimpleNamespace(name=name or name_expression, name_expression=name_expression, source=source)
-
-    def launch(self, compiled, *, grid, block, args, smem=0, cluster=None):
-        grid = grid if isinstance(grid, tuple) else (grid,)
-        assert all(g >= 1 for g in grid) and grid[0] < 2**31 and all(g < 2**16 for g in grid[1:]), grid
-        assert 32 <= block <= 1024 and 0 <= smem <= 227 * 1024, (block, smem)
-        if cluster is not None:
-            assert 1 <= cluster[0] <= 8 and grid[0] % cluster[0] == 0, (grid, cluster)
-        self.launches += 1
-
-    def tensor_map(self, t, box, **kw):
-        """TMA's rules (CUDA driver API, cuTensorMapEncodeTiled): 16-byte aligned base and row pitch,
-        unit inner stride, box sides 1..256, inner box bytes a multiple of 16."""
-        assert t.dim() == 2 and t.stride(1) == 1, (t.shape, t.stride())
-        assert t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0, (t.stride(), t.data_ptr() % 16)
-        assert all(1 <= b <= 256 for b in box) and (box[1] * t.element_size()) % 16 == 0, box
-        return object()
 
 
 def test_host_path_of_every_fixed_seed_call(monkeypatch):

@@ -140,10 +140,6 @@ PARTIAL_CAPACITY = {1: 132, 2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 0}
 SMALL_GPU_CAPACITY = {1: 16, 2: 8, 3: 4, 4: 4, 5: 0, 6: 0, 7: 0, 8: 0}
 
 
-@pytest.mark.xfail(strict=True, reason="engine._best_split weighs split counts whose clusters the GPU cannot "
-                                       "launch (capacity 0): choose_plan(1, 1, 4096, 132, {..., 8: 0}) gives "
-                                       "(64, 8). Fix in engine.py (skip splits with capacity < 1), then drop "
-                                       "this marker.")
 @pytest.mark.parametrize("capacity", [PARTIAL_CAPACITY, SMALL_GPU_CAPACITY], ids=["no-8-clusters", "small-gpu"])
 def test_engine_choose_plan_only_splits_into_clusters_that_launch(capacity):
     sm = capacity[1]

@@ -308,8 +308,7 @@ class DecodeLaunch:
         ldw = b.stride(1) if N > 1 else K
         cin = c if self.has_c else out
         L = self.launcher = Launcher(compiled, _PARAMS, grid=p.grid, block=WARPS * 32, smem=p.smem_bytes,
-                                     device_index=a.device.index if a.device.index is not None
-                                     else torch.cuda.current_device())
+                                     device_index=a.get_device())
         L.set_args((b, ldw, a, lda, M, N, K, p.rw, p.piece, 1.0, 0.0, cin, cin.stride(0), cin.stride(1),
                     bias if bias is not None else out, out, out, out, out.stride(0)))
         self._buffers = None  # (stream, workspace, counters) of the last split-K call
@@ -327,6 +326,11 @@ class DecodeLaunch:
             L.set_ptr(_OUT, po)
             if self.split:
                 ws, ctr = split_buffers(self.device, self.ws_floats, self.plan.row_blocks, stream)
+                if torch.cuda.is_current_stream_capturing():
+                    # The kernel leaves its counters at zero, but only the graph whose capture allocated
+                    # them zeroes them first: a graph captured later and replayed alone would start from
+                    # whatever they hold. Each graph zeroes what it uses (a memset node, ~2 us).
+                    ctr[:self.plan.row_blocks].zero_()
                 L.set_ptr(_WS, ws.data_ptr())
                 L.set_ptr(_CTR, ctr.data_ptr())
             else:  # never touched without split-K
@@ -356,8 +360,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctype
     from .jit.launch import raw_stream
 
     call = prepare(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=sm_count, variant=variant)
-    idx = a.device.index if a.device.index is not None else torch.cuda.current_device()
-    call.run(raw_stream(idx), a, b, out, bias, c if epi & 2 else None, alpha, beta)
+    call.run(raw_stream(a.get_device()), a, b, out, bias, c if epi & 2 else None, alpha, beta)
 
 
 def run_variant(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, variant: Variant | None = None, *,

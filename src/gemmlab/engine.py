@@ -185,7 +185,10 @@ def choose_plan(M: int, N: int, K: int, sm_count: int,
     SMs: that width, no split. Otherwise the (BN, splits) pair of least ``split_seconds`` (then least
     per-SM time), with splits clusters of up to MAX_CLUSTER CTAs, each split at least MIN_SPLIT_K_STEPS
     k-steps and never empty (k ranges are ceil(k_iters / splits)). ``capacity``: clusters the GPU holds at once per size, or a
-    function returning that (asked only when splitting is considered); default: the H200's table."""
+    function returning that (asked only when splitting is considered); default: the H200's table. Split
+    counts whose cluster the GPU cannot hold at all are never chosen."""
+    if min(M, N, K) < 1:
+        raise UnsupportedProblem(f"no plan for an empty problem (M={M}, N={N}, K={K}): nothing to launch")
     bn = choose_bn(M, N, sm_count)
     if math.ceil(M / BM) * math.ceil(N / bn) * 2 > sm_count:
         return bn, 1
@@ -200,7 +203,7 @@ def _best_split(M: int, N: int, K: int, sm_count: int, capacity_items: tuple) ->
     best = None
     for width in SPLIT_WIDTHS:
         for s in range(1, MAX_CLUSTER + 1):
-            if not _split_ok(s, k_iters):
+            if not _split_ok(s, k_iters) or (s > 1 and capacity.get(s, 0) < 1):
                 continue
             # Ties (at a bandwidth floor): the shorter per-SM time, then fewer splits.
             key = (split_seconds(M, N, K, width, s, sm_count, capacity),

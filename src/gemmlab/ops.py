@@ -176,9 +176,10 @@ def _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out=None) -> Pr
     if out is not None and (out.dim() != 2 or tuple(out.shape) != (M, N)):
         raise UnsupportedProblem(f"{_NAME}: out must have shape (M, N) = ({M}, {N}), got {tuple(out.shape)}")
     if out is not None and _overlaps_itself(out):
-        raise UnsupportedProblem(f"{_NAME}: out (shape {tuple(out.shape)}, strides {out.stride()}) has elements "
-                                 "that share memory (e.g. an expanded tensor), so results would overwrite each "
-                                 "other; pass a tensor with distinct elements (out=c.contiguous(), or no out)")
+        raise UnsupportedProblem(f"{_NAME}: out (shape {tuple(out.shape)}, strides {out.stride()}) overlaps "
+                                 "itself: its elements share memory (e.g. an expanded tensor), so results would "
+                                 "overwrite each other; pass a tensor with distinct elements (out=c.contiguous(), "
+                                 "or no out)")
 
     for dim_name, d in (("M", M), ("N", N), ("K", K)):
         if d >= MAX_DIM:
