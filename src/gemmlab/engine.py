@@ -545,6 +545,15 @@ class H11Launch:
             L.launch(stream)
 
 
+def _operand(x: torch.Tensor, k_dim: int) -> tuple[torch.Tensor, bool]:
+    """The 2-D tensor TMA reads for one operand now (a copy where ``_operand_plan`` says one is needed,
+    made on torch's current stream) and whether it is MN-major: for launchers that prepare nothing."""
+    view, mn, copy = _operand_plan(x, k_dim)
+    if copy is None:
+        return view, mn
+    return copy(_view_fn(mn, k_dim)(x), raw_stream(_index(x.device))), mn
+
+
 def _view_fn(mn_major: bool, k_dim: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """The 2-D view TMA reads of an operand: (MN, K) when K-major, (K, MN) when MN-major; A is (M, K)
     (k_dim 1), B is (K, N) (k_dim 0)."""
