@@ -8,15 +8,18 @@ kernel's ``SassExpect`` from the registry. All of it works without a GPU.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import ToolchainError
 from .jit.toolchain import nvdisasm_path
+from .log import logger, timed
 
 _LINE_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:\{\s*)?(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 _FUNC_RE = re.compile(r"^\s*\.text\.(\S+):", re.MULTILINE)
@@ -36,8 +39,68 @@ class Instruction:
 
 
 def disassemble(cubin: bytes, function: str | None = None) -> str:
-    """nvdisasm's SASS for the cubin (only ``function``'s section when given)."""
+    """nvdisasm's SASS for the cubin (only ``function``'s section when given).
+
+    The text is cached next to the compiled cubins (``<cache folder>/sass/``, keyed by a hash of the
+    cubin and of the nvdisasm binary), so an unchanged kernel is disassembled once, not on every
+    ``gemmlab`` run; a folder that cannot be written only costs the cache."""
+    text = _disassembly(cubin)
+    return function_section(text, function) if function else text
+
+
+_MEMO: dict[str, str] = {}  # the last few disassemblies of this process
+_MEMO_SIZE = 64
+
+
+def _disassembly(cubin: bytes) -> str:
     exe = nvdisasm_path()
+    key = _cache_key(cubin, exe)
+    text = _MEMO.get(key)
+    if text is None:
+        path = _sass_dir() / f"{key}.sass"
+        try:
+            text = path.read_text()
+            logger.debug("SASS of cubin %s from %s", key[:12], path)
+        except (OSError, UnicodeDecodeError):
+            with timed("disassembled cubin %s (%d bytes)", key[:12], len(cubin)):
+                text = _run_nvdisasm(exe, cubin)
+            _store(path, text)
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = text
+    return text
+
+
+def _cache_key(cubin: bytes, exe: str) -> str:
+    """A hash of the cubin and of the disassembler (its path, size and date: a new nvdisasm may print
+    differently)."""
+    h = hashlib.sha256(cubin)
+    try:
+        st = os.stat(exe)
+        h.update(f"\0{exe}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    except OSError:
+        h.update(f"\0{exe}".encode())
+    return h.hexdigest()[:40]
+
+
+def _sass_dir() -> Path:
+    from .jit.cache import cache_dir
+
+    return cache_dir() / "sass"
+
+
+def _store(path: Path, text: str) -> None:
+    """Write atomically (a reader never sees half a file); an unwritable folder is only logged."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        logger.debug("SASS cache not written (%s): %s", path.parent, e)
+
+
+def _run_nvdisasm(exe: str, cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
         path = f.name
@@ -47,7 +110,7 @@ def disassemble(cubin: bytes, function: str | None = None) -> str:
         os.unlink(path)
     if proc.returncode != 0:
         raise ToolchainError(f"nvdisasm failed ({proc.returncode}): {proc.stderr.strip()}")
-    return function_section(proc.stdout, function) if function else proc.stdout
+    return proc.stdout
 
 
 def function_section(sass: str, function: str) -> str:
