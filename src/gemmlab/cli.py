@@ -824,7 +824,7 @@ def _cmd_figures(args) -> int:
 
 def _cmd_mcp(args) -> int:
     try:
-        from .mcp_server import serve
+        from .mcp.server import serve
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("mcp"):
             raise

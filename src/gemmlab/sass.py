@@ -355,3 +355,30 @@ def check(expect: SassExpect, summary: SassSummary, resources=None) -> list[str]
 def kernel_summary(compiled) -> SassSummary:
     """Summary of a ``CompiledKernel``'s own function."""
     return summarize(parse(disassemble(compiled.cubin, compiled.mangled_name)))
+
+
+# Features: what a reader of the ladder looks for in each step's SASS -----------------------------------
+
+_FEATURES = (  # (tag, opcode regex), in the order a table lists them
+    ("TMA load", r"^UTMALDG"), ("TMA multicast", r"^UTMALDG.*MULTICAST"), ("TMA store", r"^UTMASTG"),
+    ("mbarrier", r"^SYNCS"), ("mbarrier try-wait", r"^SYNCS\.PHASECHK.*TRYWAIT"), ("setmaxnreg", r"^USETMAXREG"),
+    ("cluster barrier", r"^UCGABAR"), ("STSM", r"^STSM"), ("LDSM", r"^LDSM"), ("HMMA", r"^HMMA"),
+    ("LDG.128", r"^LDG\.E\.128"), ("STG.128", r"^STG\.E\.128"), ("LDS.128", r"^LDS\.128"), ("STS.128", r"^STS\.128"),
+    ("LDS", r"^LDS"), ("FFMA", r"^FFMA"), ("LDL/STL", r"^(LDL|STL)"),
+)
+_HGMMA_SHAPE = re.compile(r"^x(\d+)x(\d+)")
+
+
+def features(summary: SassSummary) -> list[str]:
+    """The SASS features a kernel shows, as short tags in a fixed order: the HGMMA shape (``HGMMA
+    64x256x16``), TMA loads / multicast / stores, mbarriers, setmaxnreg, cluster barriers, STSM, 128-bit
+    global and shared accesses, FFMA, local memory. Comparing a step's tags with the previous step's
+    says what the step introduced."""
+    out = []
+    shapes = sorted({f"HGMMA {ins.opcode.split('.')[1]}x{m.group(1)}x{m.group(2)}"
+                     for ins in summary.instructions if ins.base == "HGMMA"
+                     for m in [_HGMMA_SHAPE.match(ins.operands)] if m and "." in ins.opcode},
+                    key=lambda t: [int(x) for x in t.split()[1].split("x")])
+    out += shapes
+    out += [tag for tag, rx in _FEATURES if summary.has(rx)]
+    return out
