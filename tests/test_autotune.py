@@ -404,20 +404,28 @@ def test_tune_help(capsys):
 
 def test_tune_without_gpu_is_a_clear_error(capsys):
     rc, _, err = run(capsys, "tune", "k08", "--shape", "4096,4096,4096")
-    assert rc == 2 and "needs an NVIDIA GPU" in err and "--show" in err
+    assert rc == 3 and "needs an NVIDIA GPU" in err and "--show" in err
     assert not autotune.tune_dir().exists()
 
 
 @pytest.mark.parametrize("argv, rc, message", [
     (["tune", "k08"], 2, "name a step and a shape"),
     (["tune", "--shape", "64,64,64"], 2, "name a step and a shape"),
-    (["tune", "h11", "--shape", "64,64,64"], 2, "needs an NVIDIA GPU"),  # tunable: it gets as far as the GPU
-    (["tune", "k08", "--shape", "64,64,64", "--rounds", "0"], 2, "at least 1"),
-    (["tune", "nope", "--shape", "64,64,64"], 1, "no kernel named"),
+    (["tune", "h11", "--shape", "64,64,64"], 3, "needs an NVIDIA GPU"),  # tunable: it gets as far as the GPU
+    (["tune", "nope", "--shape", "64,64,64"], 2, "no kernel named"),
 ])
 def test_tune_usage_errors(capsys, argv, rc, message):
     got, _, err = run(capsys, *argv)
     assert got == rc and message in err
+
+
+@pytest.mark.parametrize("argv", [["tune", "k08", "--shape", "64,64,64", "--rounds", "0"],
+                                  ["tune", "k08", "--shape", "64,64,64", "--max-configs", "0"],
+                                  ["tune", "k08", "--shape", "64,64,64", "--budget", "-1"]])
+def test_tune_numbers_are_checked_by_the_parser(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and "expected" in capsys.readouterr().err
 
 
 def test_tune_on_a_fake_gpu(capsys, fake_gpu):

@@ -89,10 +89,12 @@ def resolve_step_name(name: str) -> str:
         if key in _short_forms(full):
             return full
     shorts = [full.split(".", 1)[1] for full in step_names()]
-    close = difflib.get_close_matches(key.split(".")[-1], shorts, n=3, cutoff=0.5)
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    candidates = shorts + [s.split("_", 1)[0] for s in shorts]
+    close = difflib.get_close_matches(key.split(".")[-1], candidates, n=6, cutoff=0.6)
+    named = list(dict.fromkeys(next(s for s in shorts if s.startswith(c)) for c in close))[:3]
+    hint = f"; did you mean {' or '.join(named)}?" if named else "."
     raise BadRequest(f"no kernel named {name!r}{hint} Known: {', '.join(step_names())} "
-                     "(a short form such as k05, k5 or h04 works too)")
+                     "(short forms such as k05, k5 or h04 work too)")
 
 
 def find_step(name: str):

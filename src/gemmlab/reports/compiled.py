@@ -112,6 +112,19 @@ class LadderRow:
 
 # One kernel -------------------------------------------------------------------------------------------------
 
+def features(summary) -> list[str]:
+    """``gemmlab.sass.features`` and the math one trip of the main loop holds (``main loop 2 HGMMA``):
+    what a reader compares between two steps."""
+    from .. import inspect as gi
+    from .. import sass
+
+    best = max(gi.loops_of(summary), key=lambda lp: lp.compute, default=None)
+    loop = []
+    if best is not None and best.compute:
+        loop = ["main loop " + ", ".join(f"{best.own[c]} {c.upper()}" for c in gi.COMPUTE_CLASSES if best.own.get(c))]
+    return sass.features(summary) + loop
+
+
 def _cap(lines: list[str], kind: str, max_lines: int | None) -> Listing:
     n = len(lines) if max_lines is None else max_lines
     return Listing(kind=kind, lines=lines[:n], total_lines=len(lines), truncated=len(lines) > n)
@@ -159,7 +172,7 @@ def inspect_result(rep, *, listing: ListingKind = "none", max_lines: int | None 
     with the most math; the whole SASS when there is none), ``sass``, ``ptx`` (give ``ptx``) or ``none``;
     at most ``max_lines`` lines."""
     from .. import inspect as gi
-    from .. import model, sass
+    from .. import model
 
     r = rep.resources
     occ = occupancy_report(model.occupancy(rep.threads, r.registers, rep.smem_bytes)) if rep.threads else None
@@ -185,20 +198,28 @@ def inspect_result(rep, *, listing: ListingKind = "none", max_lines: int | None 
         static_smem_bytes=r.static_shared, dynamic_smem_bytes=rep.dynamic_smem, stack_frame_bytes=r.stack_frame,
         spill_store_bytes=r.spill_stores, spill_load_bytes=r.spill_loads, named_barriers=r.barriers,
         threads_per_block=rep.threads, occupancy=occ, instructions=len(rep.summary.instructions), mix=mix,
-        loops=loops, highlights=rep.highlights(), features=sass.features(rep.summary), sass_claims=rep.claims,
+        loops=loops, highlights=rep.highlights(), features=features(rep.summary), sass_claims=rep.claims,
         sass_claims_failed=rep.checks, ptx_opcodes=ptx_opcodes(ptx) if ptx else None, listing=lst)
 
 
-def inspect_step(kernel: str, config: dict | None = None, *, listing: ListingKind = "none",
-                 max_lines: int | None = None) -> InspectResult:
-    """``inspect_result`` of a registered step (``k06``, ``hopper.h04_two_consumers``) at ``config``."""
+def step_report(kernel: str, config: dict | None = None):
+    """Compile a registered step (``k06``, ``hopper.h04_two_consumers``) at ``config`` and read it: the
+    ``gemmlab.inspect.Report``, the spec and the resolved config."""
     from .. import inspect as gi
     from . import find_step
     from .modelling import resolve_config
 
     spec = find_step(kernel)
     cfg = resolve_config(spec, config)
-    rep = gi.inspect_compiled(spec.compile(cfg), spec=spec, config=cfg)
+    return gi.inspect_compiled(spec.compile(cfg), spec=spec, config=cfg), spec, cfg
+
+
+def inspect_step(kernel: str, config: dict | None = None, *, listing: ListingKind = "none",
+                 max_lines: int | None = None) -> InspectResult:
+    """``inspect_result`` of a registered step at ``config``."""
+    from .. import inspect as gi
+
+    rep, spec, cfg = step_report(kernel, config)
     ptx = gi.ptx_for_step(spec, cfg) if listing == "ptx" else None
     return inspect_result(rep, listing=listing, max_lines=max_lines, ptx=ptx)
 
@@ -258,7 +279,7 @@ def ladder_rows(specs, shape: tuple[int, int, int], profile, clock_mhz: float | 
                                   sass_new=[], sass_claims_failed=[], model_tflops=None,
                                   error=str(e).splitlines()[0], tflops=None))
             continue
-        feats = sass.features(summ)
+        feats = features(summ)
         before = previous.get(spec.ladder)
         previous[spec.ladder] = feats
         smem = spec.smem_bytes(cfg) + ck.resources.static_shared
