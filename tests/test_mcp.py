@@ -415,3 +415,71 @@ def test_gemmlab_mcp_serves_stdio():
 
     names, r = anyio.run(go)
     assert set(TOOLS) <= names and not r.is_error
+
+
+def _gemmlab_mcp(*args, stdin=None):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    src = str(Path(server.__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen([sys.executable, "-m", "gemmlab", "mcp", *args], stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for(stream, needle: str, timeout: float = 120.0) -> str:
+    """Lines of ``stream`` until one holds ``needle`` (fails after ``timeout`` seconds)."""
+    import select
+    import time
+
+    seen, end = "", time.monotonic() + timeout
+    while needle not in seen:
+        ready, _, _ = select.select([stream], [], [], max(0.0, end - time.monotonic()))
+        assert ready, f"no {needle!r} within {timeout} s; saw {seen!r}"
+        line = stream.readline()
+        assert line, f"stream closed before {needle!r}; saw {seen!r}"
+        seen += line
+    return seen
+
+
+def test_gemmlab_mcp_in_a_terminal_says_so_and_stops_on_the_first_ctrl_c():
+    import os
+    import pty
+    import signal
+
+    parent, child = pty.openpty()  # stdin a terminal, as when a person types the command
+    proc = _gemmlab_mcp(stdin=child)
+    os.close(child)
+    try:
+        _wait_for(proc.stderr, "waiting for a client")
+        # An answered request: the server's loop is running (a Ctrl-C before it starts is the easy case).
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}}
+        os.write(parent, (json.dumps(init) + "\n").encode())
+        _wait_for(proc.stdout, '"id":1')
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        os.close(parent)
+    err = proc.stderr.read()
+    assert rc == 0 and "stopped" in err and "Traceback" not in err
+
+
+def test_gemmlab_mcp_http_prints_its_address():
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _gemmlab_mcp("--http", "--port", str(port))
+    try:
+        seen = _wait_for(proc.stderr, "serving streamable HTTP")
+        assert f"http://127.0.0.1:{port}/mcp" in seen
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert "Traceback" not in proc.stderr.read()

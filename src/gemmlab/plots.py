@@ -133,7 +133,8 @@ def size_plot(records: list[dict]):
     clock = _clock(recs)
     ax.set_title("Ratio to cuBLAS against size, interleaved in one run"
                  + (f" (median SM clock {clock:.0f} MHz)" if clock else ""))
-    ax.legend(fontsize=7)
+    if len(lines) <= 12:  # beyond that a legend hides the plot; the table names the kernels
+        ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
