@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from gemmlab import cli, matmul_suites, registry, suites
+from gemmlab import cli, log, matmul_suites, registry, suites
 from gemmlab.cli import parser
 from gemmlab.errors import UnsupportedProblem
 from gemmlab.reports import records as rec_reports
@@ -108,7 +108,10 @@ def test_default_command_is_ladder(monkeypatch):
     monkeypatch.setattr(ladder, "run", lambda args: seen.append(args.ladder) or 0)
     assert cli.main([]) == 0
     assert cli.main(["--ladder", "sgemm"]) == 0
-    assert cli.main(["-v", "--ladder", "hopper"]) == 0
+    try:
+        assert cli.main(["-v", "--ladder", "hopper"]) == 0
+    finally:
+        log.reset()  # -v attached a handler to the gemmlab logger
     assert seen == [None, "sgemm", "hopper"]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmlab import cli
+from gemmlab import cli, log
 from gemmlab.cli import parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,7 +179,7 @@ def test_an_unwritable_output_is_one_line(capsys, tmp_path):
 @pytest.mark.parametrize("exc, rc, needle", [
     (MemoryError(), 1, "ran out of memory"),
     (KeyboardInterrupt(), 130, "interrupted"),
-    (ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib"), 1, "pip install 'gemmlab[plots]'"),
+    (ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib"), 1, "pip install -e '.[plots]'"),
     (ModuleNotFoundError("No module named 'rich'", name="rich"), 1, "[cli] extra"),
     (OSError(30, "Read-only file system", "/cache/x"), 1, "cannot use /cache/x: Read-only file system"),
     (RuntimeError("surprise"), 1, "a bug in gemmlab: run again with -v"),
@@ -200,8 +200,11 @@ def test_unexpected_errors_keep_their_traceback_with_verbose(monkeypatch):
     from gemmlab.reports import modelling
 
     monkeypatch.setattr(modelling, "model_report", lambda *a, **k: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
-        cli.main(["model", "--shape", "64", "-v"])
+    try:
+        with pytest.raises(ZeroDivisionError):
+            cli.main(["model", "--shape", "64", "-v"])
+    finally:
+        log.reset()  # -v attached a handler to the gemmlab logger
 
 
 # Output forms ----------------------------------------------------------------------------------------------------
@@ -247,6 +250,16 @@ def _imports_after(code: str) -> dict:
 def test_help_and_usage_errors_load_nothing_heavy(argv):
     code = f"from gemmlab.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
     assert _imports_after(code) == {"torch": False, "rich": False, "matplotlib": False, "mcp": False}
+
+
+def test_a_missing_extra_is_named():
+    """Without rich (the [cli] extra) a command says what to install; --help still answers."""
+    code = ("import sys\nsys.modules['rich'] = None\nfrom gemmlab.cli import main\n"
+            "print('rc', main(['model', '--shape', '64']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "HOME": str(ROOT)})
+    assert "rc 1" in res.stdout and "Traceback" not in res.stderr
+    assert "[cli] extra" in res.stderr and "pip install -e '.[cli]'" in res.stderr and "rich>=13" in res.stderr
 
 
 def test_the_library_path_needs_no_tool_extras():

@@ -14,11 +14,9 @@ SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 @pytest.fixture
 def restore_logger():
-    level, handlers = log.logger.level, list(log.logger.handlers)
+    log.reset()
     yield
-    log.logger.setLevel(level)
-    log.logger.handlers[:] = handlers
-    log._handler = None
+    log.reset()
 
 
 def test_levels_from_the_environment(monkeypatch):
@@ -37,6 +35,8 @@ def test_configure_adds_one_handler(restore_logger):
     log.configure("debug")
     log.configure("info")
     assert len(log.logger.handlers) == before + 1 and log.logger.level == logging.INFO
+    log.reset()
+    assert len(log.logger.handlers) == before and log.logger.level == logging.NOTSET
 
 
 def test_timed_logs_the_elapsed_time(restore_logger, caplog):

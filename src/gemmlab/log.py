@@ -59,6 +59,15 @@ def configure(level: int | str | None = None) -> None:
     logger.setLevel(level)
 
 
+def reset() -> None:
+    """Undo ``configure``: remove its handler and leave the level to the application."""
+    global _handler
+    if _handler is not None:
+        logger.removeHandler(_handler)
+        _handler = None
+    logger.setLevel(logging.NOTSET)
+
+
 def configure_from_env() -> None:
     """``configure()`` at import; a bad ``GEMMLAB_LOG`` value is reported once as a warning, never raised
     (an environment variable must not make ``import gemmlab`` fail)."""

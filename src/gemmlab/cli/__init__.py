@@ -24,8 +24,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_INTERRUPTED, EXIT_BROKEN_PIP
 _MODULES = {"ladder": "ladder", "inspect": "inspect", "model": "model", "explain": "model", "bench": "bench",
             "plot": "bench", "figures": "figures", "tune": "tune", "mcp": "serve"}
 
-# The extra that brings each optional import a command needs.
-EXTRAS = {"rich": "cli", "matplotlib": "plots", "mcp": "mcp", "pydantic": "mcp"}
+# The optional imports a command may need: the extra that brings each, and the requirement itself (gemmlab is
+# installed from a clone, so `pip install gemmlab[extra]` would find nothing on an index).
+EXTRAS = {"rich": ("cli", "rich>=13"), "matplotlib": ("plots", "matplotlib>=3.7"), "mcp": ("mcp", "mcp>=2.3,<3"),
+          "mcp_types": ("mcp", "mcp>=2.3,<3"), "pydantic": ("mcp", "mcp>=2.3,<3")}
 
 
 class NeedsGPU(Exception):
@@ -53,11 +55,11 @@ def _argv(argv: list[str]) -> list[str]:
 
 def _missing_extra(e: ModuleNotFoundError) -> str | None:
     top = (e.name or "").split(".")[0]
-    extra = EXTRAS.get(top)
-    if extra is None:
+    if top not in EXTRAS:
         return None
-    return (f"this command needs the {top!r} package, from gemmlab's [{extra}] extra: "
-            f"pip install 'gemmlab[{extra}]' (in a clone: pip install -e '.[{extra}]')")
+    extra, requirement = EXTRAS[top]
+    return (f"this command needs the {top!r} package (gemmlab's [{extra}] extra): in gemmlab's folder, "
+            f"pip install -e '.[{extra}]'; or pip install '{requirement}'")
 
 
 def main(argv: list[str] | None = None) -> int:
