@@ -458,3 +458,16 @@ def test_show_with_gpu_lists_this_gpu_only(capsys, fake_gpu):
     autotune.save_entry(OTHER, _entry(kernel="hopper.h10_deep_pipeline", config={"BN": 192}))
     rc, out, _ = run(capsys, "tune", "--show")
     assert rc == 0 and "k08_autotuned" in out and "h10_deep_pipeline" not in out and "FAKE H200" in out
+
+
+def test_tune_as_json(capsys, fake_gpu):
+    fake_gpu(FakeBench(k08_speed))
+    rc, out, _ = run(capsys, "tune", "k08", "--shape", "2048,2048,2048", "--max-configs", "6", "--rounds", "2",
+                     "--json")
+    assert rc == 0
+    d = json.loads(out)  # the tuner's progress lines go to stderr
+    assert d["kernel"] == "sgemm.k08_autotuned" and d["shape"] == [2048, 2048, 2048]
+    assert d["winner"] in [c["config"] for c in d["candidates"]] and d["saved_to"] == str(autotune.tuned_path(FAKE))
+    rc, out, _ = run(capsys, "tune", "--show", "--json")
+    (entry,) = json.loads(out)
+    assert rc == 0 and entry["kernel"] == "sgemm.k08_autotuned" and entry["config"] == d["winner"]

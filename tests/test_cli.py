@@ -466,3 +466,12 @@ def test_device_run_script_passes_bench_arguments(capsys, tmp_path, fake_gpu):
     ((_, _, steps, suite, _),) = fake_gpu.jobs
     assert [c["BN"] for _, c in steps] == [256, 128] and suite == "sweep"  # 4096 % 192 != 0: skipped
     assert len(read_jsonl(tmp_path / "bench.jsonl")) == 2 + len(matmul_suites.suite("decode"))
+
+
+def test_bench_as_json_keeps_stdout_for_the_json(capsys, tmp_path, fake_gpu):
+    rc, out, err = run(capsys, "bench", "--steps", "k01,k02", "--shape", "256", "--out", str(tmp_path / "r.jsonl"),
+                       "--json")
+    assert rc == 0
+    recs = json.loads(out)  # the per-record lines went to stderr
+    assert [r["kernel"] for r in recs] == ["sgemm.k01_naive", "sgemm.k02_coalesced"]
+    assert "k01_naive [BLOCK=32] 256x256x256:" in err

@@ -93,7 +93,7 @@ def _bench(args) -> int:
     from ..bench import append_records
     from ..reports import records as rec_reports
 
-    out = console()
+    out = console(stderr=args.json)  # with --json, stdout holds only the JSON
     sm_count = gpu.gpu_info().sm_count
     names = [s.name for s in specs] or None
     ladders = [args.ladder] if args.ladder else None
@@ -145,7 +145,7 @@ def _bench_matmul(args, name: str) -> int:
     from .. import bench
     from ..matmul_suites import suite as matmul_suite
 
-    out = console()
+    out = console(stderr=args.json)  # with --json, stdout holds only the JSON
     label = args.suite_name or name
     path = Path(args.out) if args.out else output_dir() / "results" / "matmul.jsonl"
     cases = matmul_suite(name)
@@ -206,7 +206,7 @@ def _plot(args) -> int:
     if args.json:
         emit_json({"rows": rec_reports.record_rows(records), "notes": notes})
         return 0
-    out = console()
+    out = console(stderr=args.json)  # with --json, stdout holds only the JSON
     for note in notes:
         out.print(f"[yellow]{note}[/yellow]")
     _print_records(out, records, f"{len(records)} records from {', '.join(args.records)}")

@@ -21,7 +21,7 @@ def run(args) -> int:
     from ..reports import compiled, records
     from .bench import run_job
 
-    out = console()
+    out = console(stderr=args.json)  # with --json, stdout holds only the JSON
     measure = has_gpu() and not args.no_time
     shape = args.shape
     profile = model.device_profile()

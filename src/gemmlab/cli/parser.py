@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  gemmlab tune h10 --shape 3072,3072,3072 --max-configs 16 --rounds 7\n"
                "  gemmlab tune h11 --shape 200,1024,4096   (the plan gemmlab.matmul runs at that shape)\n"
                "  gemmlab tune k10 --shape 4095,4097,1023 --configs 'WM=32,WN=64;BK=8'\n"
-               "  gemmlab tune --show\n  gemmlab tune k08 --show")
+               "  gemmlab tune --show\n  gemmlab tune k08 --show", parents=(common, as_json))
     tun.add_argument("kernel", nargs="?", metavar="KERNEL", help="step name: k08, h10, sgemm.k10_double_buffered, ...")
     tun.add_argument("--shape", type=parse_shape, metavar="M,N,K", help="the problem to tune for")
     tun.add_argument("--max-configs", type=bounded_int(1, 100000), default=32, metavar="N",

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .common import cfg_str, console, has_gpu, num, require_gpu, table
+from .common import cfg_str, console, emit_json, has_gpu, num, require_gpu, table
 from .parser import UsageError
 
 
@@ -11,9 +11,9 @@ def run(args) -> int:
     from .. import autotune
     from ..reports import find_step
 
-    out = console()
+    out = console(stderr=args.json)  # with --json, stdout holds only the JSON
     if args.show:
-        return _show_tuned(out, args.kernel)
+        return _show_tuned(out, args.kernel, args.json)
     if not args.kernel or not args.shape:
         raise UsageError("name a step and a shape (gemmlab tune k08 --shape 4096,4096,4096), or --show")
     spec = find_step(args.kernel)
@@ -24,6 +24,11 @@ def run(args) -> int:
     M, N, K = args.shape
     res = autotune.tune(spec, M, N, K, configs=args.configs, max_configs=args.max_configs, rounds=args.rounds,
                         budget_s=args.budget, log=lambda msg: out.print(msg, markup=False, highlight=False))
+    if args.json:
+        emit_json({"kernel": spec.name, "shape": [M, N, K], "gpu": res.gpu.describe(), "winner": res.config,
+                   "heuristic": res.heuristic, "saved_to": str(res.saved_to) if res.winner else None,
+                   "candidates": res.latest()})
+        return 0 if res.winner is not None else 1
     t = table(f"{spec.name} at {M}x{N}x{K} on {res.gpu.describe()}: {len(res.candidates)} candidates, "
                     f"{args.rounds} rounds (the final round's numbers where a candidate had one)")
     for col in ("config", "TFLOP/s", "x cuBLAS", "correct", "rel err", ""):
@@ -53,7 +58,7 @@ def run(args) -> int:
     return 0
 
 
-def _show_tuned(out, kernel: str | None) -> int:
+def _show_tuned(out, kernel: str | None, as_json: bool = False) -> int:
     from .. import autotune, registry
     from ..reports import find_step
 
@@ -61,6 +66,9 @@ def _show_tuned(out, kernel: str | None) -> int:
     gpu = autotune.current_gpu() if has_gpu() else None
     rows = [(ident, path, e) for ident, path, e in autotune.saved_entries(gpu) if name in (None, e["kernel"])]
     where = f"{gpu.describe()}, {autotune.tuned_path(gpu)}" if gpu else f"every GPU, {autotune.tune_dir()}"
+    if as_json:
+        emit_json([{"gpu": ident, **e} for ident, _path, e in rows])
+        return 0
     if not rows:
         out.print(f"no tuned results for {name or 'any step'} ({where})", markup=False, highlight=False)
         return 0
