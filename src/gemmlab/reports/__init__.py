@@ -23,7 +23,6 @@ import difflib
 import functools
 import math
 import re
-from pathlib import Path
 
 from ..errors import GemmlabError
 
@@ -131,12 +130,3 @@ def gpu_available() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001 - a broken CUDA install is "no GPU" to the tools
         return False
-
-
-def display_path(path: str | Path) -> str:
-    """A path as a user typed it, or relative to the working folder when under it."""
-    p = Path(path)
-    try:
-        return str(p.resolve().relative_to(Path.cwd()))
-    except (ValueError, OSError):
-        return str(p)
