@@ -96,6 +96,15 @@ def test_normalize_fills_what_other_record_files_lack():
     assert records.normalize({"M": 1, "N": 1, "K": 1}) == (None, "no kernel, case or config to name it by")
 
 
+def test_normalize_keeps_only_numbers_where_numbers_are_read():
+    rec, _ = records.normalize({"M": 8, "N": 8, "K": 8, "kernel": "x", "tflops": "fast", "ratio": "1.2x",
+                                "sm_clock_mhz": None, "sm_count": "many", "rel_error": [1], "model_tflops": -3.0,
+                                "time_ms": float("nan")})
+    assert [rec[k] for k in ("tflops", "ratio", "sm_clock_mhz", "sm_count", "rel_error", "model_tflops")] == [None] * 6
+    (row,) = records.record_rows([rec])
+    assert row.tflops is None and row.gbps is None
+
+
 def test_read_records_counts_what_it_leaves_out(tmp_path):
     path = tmp_path / "mixed.jsonl"
     path.write_text('{"M": 8, "N": 8, "K": 8, "kernel": "sgemm.k01_naive", "tflops": 1.0}\n'

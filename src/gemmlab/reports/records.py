@@ -98,12 +98,18 @@ def normalize(raw: dict) -> tuple[dict | None, str | None]:
     rec = dict(raw, label=label, kernel=raw.get("kernel") or label, M=M, N=N, K=K,
                dtype=DTYPE_NAMES.get(str(raw.get("dtype", "bf16")), "bf16"))
     rec.setdefault("ladder", raw.get("suite") or "records")
+    # Every number a table or plot reads is a positive finite number or None, whatever the file holds.
+    for key in ("time_ms", "baseline_ms", "ratio", "sm_clock_mhz", "model_tflops", "sol_tflops", "gbps"):
+        rec[key] = _positive(raw.get(key))
+    rec["sm_count"] = int(raw["sm_count"]) if _positive(raw.get("sm_count")) else None
+    err = raw.get("rel_error")
+    rec["rel_error"] = float(err) if isinstance(err, (int, float)) and not isinstance(err, bool) else None
     for tf, ms in (("tflops", "time_ms"), ("baseline_tflops", "baseline_ms")):
         value = _positive(raw.get(tf))
-        if value is None and _positive(raw.get(ms)) is not None:
-            value = fl / raw[ms] / 1e9
+        if value is None and rec[ms] is not None:
+            value = fl / rec[ms] / 1e9
         rec[tf] = value
-    if rec.get("ratio") is None and rec["tflops"] and rec["baseline_tflops"]:
+    if rec["ratio"] is None and rec["tflops"] and rec["baseline_tflops"]:
         rec["ratio"] = rec["tflops"] / rec["baseline_tflops"]
     return rec, None
 
