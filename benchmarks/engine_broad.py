@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from gemmlab import engine, engine2
-from gemmlab import plan as planner
+from gemmlab import planner
 from gemmlab.bench import git_sha, rel_error
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved

@@ -14,7 +14,7 @@ import json
 import anyio
 from mcp import Client
 
-from gemmlab.mcp_server import build_server
+from gemmlab.mcp.server import build_server
 
 # (tool, arguments, fields of the structured answer to show; None shows the whole answer)
 SESSION = [

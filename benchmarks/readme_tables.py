@@ -1,18 +1,35 @@
-"""Regenerate the README's result tables from the committed records (no GPU needed).
+"""Regenerate what the README and docs/ show from the committed records (no GPU needed).
 
-    python benchmarks/readme_tables.py            # rewrites the blocks between <!-- results:NAME --> markers
+    python benchmarks/readme_tables.py           # rewrite every <!-- results:NAME --> block, redraw benchmarks/plots
+    python benchmarks/readme_tables.py --check   # exit 1 when a block or a plot is not what the records give
+    python benchmarks/readme_tables.py --cli     # also rerun the commands of the <!-- cli: ARGS --> blocks
 
-Each block is built from benchmarks/results/*.jsonl only; numbers are never typed by hand.
+Tables and plots are built from benchmarks/results/*.jsonl only; numbers are never typed by hand. A plot
+is current when its fingerprint (``gemmlab.figures.fingerprint``: what it draws, not its pixels) matches
+benchmarks/plots/figures.json. The cli blocks hold a command's output on this machine (without a GPU: the
+static view); ``--check`` leaves them alone, since registers and timings move with the toolchain.
 """
 
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
 import json
 import math
+import os
 import re
+import shlex
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+PLOTS = ROOT / "benchmarks" / "plots"
+DOCS = (ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "cli.md")
+SIZES = (4096, 8192)
+CLI_COLUMNS = 140  # the width of the command outputs shown in docs/
 
 
 def load(name: str) -> list[dict]:
@@ -37,86 +54,114 @@ def latest(records: list[dict], key) -> dict:
     return out
 
 
-def _step_config(kernel: str, M: int, N: int, K: int) -> dict | None:
-    """The config a registered step picks for a shape today (its heuristic over the defaults), or None
-    for a step that is no longer registered."""
+def _spec(kernel: str):
     from gemmlab import registry
 
     try:
-        spec = registry.get(kernel)
+        return registry.get(kernel)
     except KeyError:
         return None
-    return spec.config_for(M, N, K, 132, tuned=False)
 
 
-def ladder_table(records: list[dict], sizes=(4096, 8192)) -> str:
-    from gemmlab import registry
+def _step_config(kernel: str, M: int, N: int, K: int) -> dict | None:
+    """The config a registered step picks for a shape today (its heuristic over the defaults), or None
+    for a step that is no longer registered."""
+    spec = _spec(kernel)
+    return spec.config_for(M, N, K, 132, tuned=False) if spec else None
 
-    # Per (step, size): the newest record of the config the step picks today (not the A/B variants).
-    newest = latest(records, lambda r: (r["kernel"], r["M"]) if (
-        r.get("tflops") and r["M"] == r["N"] == r["K"] and r["M"] in sizes
+
+# The selections: one record per (step, size), the same for a table and its plot ---------------------------------
+
+def ladder_records(records: list[dict], sizes=SIZES) -> dict[tuple[str, int], dict]:
+    """(step, n) -> the newest record at n^3 of the config the step picks today (not the A/B variants)."""
+    return latest(records, lambda r: (r["kernel"], r["M"]) if (
+        r.get("tflops") and r["M"] == r["N"] == r["K"] and r["M"] in sizes and _spec(r["kernel"])
         and r.get("config") == _step_config(r["kernel"], r["M"], r["N"], r["K"])) else None)
-    by = defaultdict(dict)
-    for (kernel, n), r in newest.items():
-        by[kernel][n] = r
-    records = list(newest.values())
+
+
+def sweep_records(records: list[dict]) -> dict[tuple[str, int], dict]:
+    """(step, n) -> the newest run's record at n^3 (the heuristic's config of each size)."""
+    run = records[-1]["git_sha"]
+    return latest(records, lambda r: (r["kernel"], r["M"]) if (
+        r["git_sha"] == run and r.get("ratio") and r["M"] == r["N"] == r["K"] and _spec(r["kernel"])
+        and r.get("config") == _step_config(r["kernel"], r["M"], r["N"], r["K"])) else None)
+
+
+def _steps(selected) -> list[str]:
+    return sorted({k for k, _ in selected}, key=lambda k: _spec(k).step)
+
+
+def _shas(records) -> str:
+    return ", ".join(sorted({r["git_sha"] for r in records}))
+
+
+# Tables -------------------------------------------------------------------------------------------------------
+
+def ladder_table(records: list[dict], sizes=SIZES) -> str:
+    """Every step: what it adds, TFLOP/s and the ratio to cuBLAS at each size; cuBLAS of the newest run."""
+    sel = ladder_records(records, sizes)
     head = "| step | adds | " + " | ".join(f"{n}^3 TFLOP/s (x cuBLAS)" for n in sizes) + " |"
     rows = [head, "|---|---|" + "---|" * len(sizes)]
-    for name in sorted(by, key=lambda k: registry.get(k).step):
-        spec = registry.get(name)
+    for name in _steps(sel):
         cells = []
         for n in sizes:
-            r = by[name].get(n)
+            r = sel.get((name, n))
             cells.append(f"{r['tflops']:.{0 if r['tflops'] >= 10 else 1}f} ({r['ratio']:.2f}x)" if r else "")
-        rows.append(f"| `{spec.short}` | {spec.technique} | " + " | ".join(cells) + " |")
-    base = latest(records, lambda r: r["M"])  # cuBLAS of the newest run at each size
+        rows.append(f"| `{_spec(name).short}` | {_spec(name).technique} | " + " | ".join(cells) + " |")
+    base = latest(list(sel.values()), lambda r: r["M"])  # cuBLAS of the newest run at each size
     rows.append("| cuBLAS | `torch.mm` | " + " | ".join(
         f"{base[n]['baseline_tflops']:.0f} at {base[n]['sm_clock_mhz']:.0f} MHz (newest run)" if n in base else ""
         for n in sizes) + " |")
-    sha = sorted({r["git_sha"] for r in records})
-    return "\n".join(rows) + f"\n\nRecords: git {', '.join(sha)}; GPU {records[0]['gpu']} (SM clock as recorded).\n"
+    recs = list(sel.values())
+    return "\n".join(rows) + f"\n\nRecords: git {_shas(recs)}; GPU {recs[0]['gpu']} (SM clock as recorded).\n"
+
+
+def ladder_compact(records: list[dict], sizes=SIZES) -> str:
+    """The README's ladder table: each step, what it adds, and its ratio to cuBLAS at each size."""
+    sel = ladder_records(records, sizes)
+    rows = ["| step | adds | " + " | ".join(f"x cuBLAS {n}^3" for n in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
+    for name in _steps(sel):
+        cells = [f"{sel[(name, n)]['ratio']:.2f}" if (name, n) in sel else "" for n in sizes]
+        rows.append(f"| `{_spec(name).short}` | {_spec(name).technique} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def sweep_table(records: list[dict]) -> str:
     """The newest run's sweep, one column group per step in it (the heuristic's config of each size)."""
-    run = records[-1]["git_sha"]
-    newest = latest(records, lambda r: (r["kernel"], r["M"]) if (
-        r["git_sha"] == run and r.get("ratio") and r["M"] == r["N"] == r["K"]
-        and r.get("config") == _step_config(r["kernel"], r["M"], r["N"], r["K"])) else None)
-    steps = sorted({k for k, _ in newest}, key=lambda k: _short_step(k))
-    sizes = sorted({n for _, n in newest})
+    sel = sweep_records(records)
+    steps = _steps(sel)
+    sizes = sorted({n for _, n in sel})
     rows = ["| size | cuBLAS TFLOP/s | " + " | ".join(f"{k.split('.')[-1]} TFLOP/s (x cuBLAS)" for k in steps)
             + " | SM MHz |", "|---|---|" + "---|" * len(steps) + "---|"]
     for n in sizes:
-        rs = [newest.get((k, n)) for k in steps]
+        rs = [sel.get((k, n)) for k in steps]
         first = next(r for r in rs if r)
         rows.append(f"| {n}^3 | {first['baseline_tflops']:.0f} | " + " | ".join(
             f"{r['tflops']:.0f} ({r['ratio']:.3f}x)" if r else "" for r in rs) + f" | {first['sm_clock_mhz']:.0f} |")
     rows.append("")
     for k in steps:
-        ratio = {n: newest[(k, n)]["ratio"] for n in sizes if (k, n) in newest}
+        ratio = {n: sel[(k, n)]["ratio"] for n in sizes if (k, n) in sel}
         rows.append(f"{k.split('.')[-1]}: geomean 4096..16384 **{geomean([v for n, v in ratio.items() if n >= 4096]):.3f}x**, "
                     f"minimum from 2048 **{min(v for n, v in ratio.items() if n >= 2048):.3f}x**.  ")
-    return "\n".join(rows) + f"\nRecords: git {run} (one interleaved run).\n"
+    return "\n".join(rows) + f"\nRecords: git {records[-1]['git_sha']} (one interleaved run).\n"
 
 
-def _short_step(kernel: str) -> int:
-    from gemmlab import registry
-
-    return registry.get(kernel).step
-
-
-def matmul_table(records: list[dict]) -> str:
-    # The newest record of each case (per suite): an earlier run's number of a case is history.
+def matmul_suites(records: list[dict]) -> dict[str, list[dict]]:
+    """suite -> the newest record of each of its cases. `prefill` and `decode` are the halves of `llm`: a
+    separate run of one is kept only while it is newer."""
     records = list(latest(records, lambda r: (r["suite"], r.get("case"), r["M"], r["N"], r["K"])).values())
     suites = defaultdict(list)
     for r in records:
         suites[r["suite"]].append(r)
-    # `prefill` and `decode` are the halves of `llm`: a separate run of one is shown only while it is newer.
     llm_time = max((r["time"] for r in suites.get("llm", [])), default="")
     for half in ("prefill", "decode"):
         if half in suites and max(r["time"] for r in suites[half]) < llm_time:
             del suites[half]
+    return dict(suites)
+
+
+def matmul_table(records: list[dict]) -> str:
+    suites = matmul_suites(records)
     rows = ["| suite | cases | geomean x torch | min | max | note | run |", "|---|---|---|---|---|---|---|"]
     for name, rs in suites.items():
         ratios = [r["ratio"] for r in rs]
@@ -130,35 +175,128 @@ def matmul_table(records: list[dict]) -> str:
         runs = sorted({r["git_sha"][:7] for r in rs})
         rows.append(f"| {name} | {len(rs)} | {geomean(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} | "
                     f"{'; '.join(notes)} | {', '.join(runs)} |")
+    kept = [r for rs in suites.values() for r in rs]
     detail = ["", "| case | TFLOP/s | torch TFLOP/s | x torch |", "|---|---|---|---|"]
-    for r in records:
+    for r in kept:
         if r["suite"] in ("unaligned", "epilogue"):
             detail.append(f"| {r.get('case', r['M'])} | {r['tflops']:.0f} | {r['baseline_tflops']:.0f} | {r['ratio']:.2f} |")
-    sha = sorted({r["git_sha"] for r in records})
-    return "\n".join(rows + detail) + f"\n\nRecords: git {', '.join(sha)}.\n"
+    return "\n".join(rows + detail) + f"\n\nRecords: git {_shas(kept)}.\n"
 
 
-BLOCKS = {
-    "hopper-ladder": lambda: ladder_table(load("hopper_ladder.jsonl")),
-    "hopper-sweep": lambda: sweep_table(load("hopper_sweep.jsonl")),
-    "sgemm-ladder": lambda: ladder_table(load("sgemm_ladder.jsonl")),
-    "matmul": lambda: matmul_table(load("matmul.jsonl")),
-}
+def summary_table(hopper: list[dict], sweep: list[dict], sgemm: list[dict], matmul: list[dict]) -> str:
+    """The README's results: the last step of each ladder, the sweep, and gemmlab.matmul per suite."""
+    rows = ["| what (H200, interleaved with the baseline in one run) | result |", "|---|---|"]
+    for recs, what in ((hopper, "Hopper ladder, last step"), (sgemm, "fp32 ladder, last step")):
+        sel = ladder_records(recs)
+        last = _steps(sel)[-1]
+        cells = ", ".join(f"{sel[(last, n)]['ratio']:.2f}x at {n}^3" for n in SIZES if (last, n) in sel)
+        rows.append(f"| {what} (`{_spec(last).short}`) against cuBLAS | {cells} |")
+    sel = sweep_records(sweep)
+    for k in _steps(sel):
+        ratios = [r["ratio"] for (step, n), r in sel.items() if step == k and n >= 4096]
+        rows.append(f"| `{k.split('.')[-1]}` on squares 4096^3..16384^3 against cuBLAS | {geomean(ratios):.3f}x geomean "
+                    f"({len(ratios)} sizes) |")
+    for name, rs in matmul_suites(matmul).items():
+        ratios = [r["ratio"] for r in rs]
+        rows.append(f"| `gemmlab.matmul`, suite `{name}` ({len(rs)} cases) against torch | {geomean(ratios):.3f}x "
+                    f"geomean ({min(ratios):.2f}x to {max(ratios):.2f}x) |")
+    return "\n".join(rows) + "\n"
 
 
-def main() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    for name, build in BLOCKS.items():
-        pat = re.compile(rf"(<!-- results:{name} -->\n)(.*?)(<!-- /results:{name} -->)", re.S)
-        if pat.search(text):
-            try:
-                body = build()
-            except (IndexError, KeyError, ValueError) as e:  # no records yet
-                body = f"(no records yet: {e})\n"
-            text = pat.sub(lambda m: m.group(1) + body + m.group(3), text)
-    readme.write_text(text)
+def _blocks() -> dict:
+    hopper, sweep = load("hopper_ladder.jsonl"), load("hopper_sweep.jsonl")
+    sgemm, matmul = load("sgemm_ladder.jsonl"), load("matmul.jsonl")
+    return {
+        "summary": lambda: summary_table(hopper, sweep, sgemm, matmul),
+        "hopper-compact": lambda: ladder_compact(hopper),
+        "sgemm-compact": lambda: ladder_compact(sgemm),
+        "hopper-ladder": lambda: ladder_table(hopper),
+        "hopper-sweep": lambda: sweep_table(sweep),
+        "sgemm-ladder": lambda: ladder_table(sgemm),
+        "matmul": lambda: matmul_table(matmul),
+    }
+
+
+# Plots ------------------------------------------------------------------------------------------------------------
+
+def plots() -> dict:
+    """name -> a function drawing that plot from the same selection as its table."""
+    from gemmlab import plots as gp
+
+    hopper, sweep, sgemm = load("hopper_ladder.jsonl"), load("hopper_sweep.jsonl"), load("sgemm_ladder.jsonl")
+
+    def at(sel, n):
+        return [r for (_, size), r in sorted(sel.items(), key=lambda kv: _spec(kv[0][0]).step) if size == n]
+
+    return {
+        "hopper_ladder": lambda: gp.ladder_plot(at(ladder_records(hopper), 4096)),
+        "sgemm_ladder": lambda: gp.ladder_plot(at(ladder_records(sgemm), 4096)),
+        "hopper_sweep": lambda: gp.size_plot(list(sweep_records(sweep).values())),
+        "hopper_roofline": lambda: gp.roofline_plot(list(ladder_records(hopper).values())),
+    }
+
+
+# Rewriting --------------------------------------------------------------------------------------------------------
+
+_RESULTS_BLOCK = re.compile(r"(<!-- results:([\w-]+) -->\n)(.*?)(<!-- /results:\2 -->)", re.S)
+_CLI_BLOCK = re.compile(r"(<!-- cli: (.+?) -->\n```text\n)(.*?)(```\n<!-- /cli -->)", re.S)
+
+
+def cli_output(args: str) -> str:
+    """``gemmlab ARGS`` run here, its output as a reader's terminal would show it (CLI_COLUMNS wide)."""
+    from gemmlab import cli
+
+    os.environ["COLUMNS"] = str(CLI_COLUMNS)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        cli.main(shlex.split(args))
+    lines = [line.rstrip() for line in buf.getvalue().splitlines()]
+    return f"$ gemmlab {args}\n" + "\n".join(lines) + "\n"
+
+
+def render(text: str, blocks: dict, with_cli: bool) -> str:
+    text = _RESULTS_BLOCK.sub(lambda m: m.group(1) + blocks[m.group(2)]() + m.group(4), text)
+    if with_cli:
+        text = _CLI_BLOCK.sub(lambda m: m.group(1) + cli_output(m.group(2)) + m.group(4), text)
+    return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if something is not current")
+    ap.add_argument("--cli", action="store_true", help="also rerun the commands of the cli blocks")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from gemmlab.figures import fingerprint, plt, read_manifest, save, write_manifest
+
+    stale = []
+    blocks = _blocks()
+    for path in DOCS:
+        if not path.exists():
+            continue
+        text = path.read_text()
+        new = render(text, blocks, args.cli and not args.check)
+        if new != text:
+            stale.append(str(path.relative_to(ROOT)))
+            if not args.check:
+                path.write_text(new)
+    recorded = read_manifest(PLOTS)
+    prints = {}
+    for name, draw in plots().items():
+        fig = draw()
+        prints[name] = fingerprint(fig)
+        if prints[name] != recorded.get(name) or not (PLOTS / f"{name}.png").is_file():
+            stale.append(f"benchmarks/plots/{name}.png")
+            if not args.check:
+                save(fig, PLOTS, name, ("png",))
+        plt.close(fig)
+    if not args.check:
+        write_manifest(PLOTS, prints)
+    if args.check and stale:
+        print("not current (run python benchmarks/readme_tables.py): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

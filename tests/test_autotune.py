@@ -413,20 +413,28 @@ def test_tune_help(capsys):
 
 def test_tune_without_gpu_is_a_clear_error(capsys):
     rc, _, err = run(capsys, "tune", "k08", "--shape", "4096,4096,4096")
-    assert rc == 2 and "needs an NVIDIA GPU" in err and "--show" in err
+    assert rc == 3 and "needs an NVIDIA GPU" in err and "--show" in err
     assert not autotune.tune_dir().exists()
 
 
 @pytest.mark.parametrize("argv, rc, message", [
     (["tune", "k08"], 2, "name a step and a shape"),
     (["tune", "--shape", "64,64,64"], 2, "name a step and a shape"),
-    (["tune", "h11", "--shape", "64,64,64"], 2, "needs an NVIDIA GPU"),  # tunable: it gets as far as the GPU
-    (["tune", "k08", "--shape", "64,64,64", "--rounds", "0"], 2, "at least 1"),
-    (["tune", "nope", "--shape", "64,64,64"], 1, "no kernel named"),
+    (["tune", "h11", "--shape", "64,64,64"], 3, "needs an NVIDIA GPU"),  # tunable: it gets as far as the GPU
+    (["tune", "nope", "--shape", "64,64,64"], 2, "no kernel named"),
 ])
 def test_tune_usage_errors(capsys, argv, rc, message):
     got, _, err = run(capsys, *argv)
     assert got == rc and message in err
+
+
+@pytest.mark.parametrize("argv", [["tune", "k08", "--shape", "64,64,64", "--rounds", "0"],
+                                  ["tune", "k08", "--shape", "64,64,64", "--max-configs", "0"],
+                                  ["tune", "k08", "--shape", "64,64,64", "--budget", "-1"]])
+def test_tune_numbers_are_checked_by_the_parser(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and "expected" in capsys.readouterr().err
 
 
 def test_tune_on_a_fake_gpu(capsys, fake_gpu):
@@ -459,3 +467,16 @@ def test_show_with_gpu_lists_this_gpu_only(capsys, fake_gpu):
     autotune.save_entry(OTHER, _entry(kernel="hopper.h10_deep_pipeline", config={"BN": 192}))
     rc, out, _ = run(capsys, "tune", "--show")
     assert rc == 0 and "k08_autotuned" in out and "h10_deep_pipeline" not in out and "FAKE H200" in out
+
+
+def test_tune_as_json(capsys, fake_gpu):
+    fake_gpu(FakeBench(k08_speed))
+    rc, out, _ = run(capsys, "tune", "k08", "--shape", "2048,2048,2048", "--max-configs", "6", "--rounds", "2",
+                     "--json")
+    assert rc == 0
+    d = json.loads(out)  # the tuner's progress lines go to stderr
+    assert d["kernel"] == "sgemm.k08_autotuned" and d["shape"] == [2048, 2048, 2048]
+    assert d["winner"] in [c["config"] for c in d["candidates"]] and d["saved_to"] == str(autotune.tuned_path(FAKE))
+    rc, out, _ = run(capsys, "tune", "--show", "--json")
+    (entry,) = json.loads(out)
+    assert rc == 0 and entry["kernel"] == "sgemm.k08_autotuned" and entry["config"] == d["winner"]

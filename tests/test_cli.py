@@ -1,4 +1,5 @@
-"""The gemmlab command: every subcommand's help, and the CPU paths end to end."""
+"""The gemmlab command: every subcommand's help, the CPU paths end to end, and the bench paths with the GPU
+faked. Errors at the boundary and the output forms are in tests/test_cli_errors.py."""
 
 import argparse
 import json
@@ -6,12 +7,14 @@ import json
 import pytest
 import torch
 
-from gemmlab import cli, matmul_suites, registry, suites
+from gemmlab import cli, log, matmul_suites, registry, suites
+from gemmlab.cli import parser
 from gemmlab.errors import UnsupportedProblem
+from gemmlab.reports import records as rec_reports
 
-_REAL_ADD_MODEL = cli._add_model
+_REAL_ADD_MODEL = rec_reports.add_model
 
-SUBCOMMANDS = ("ladder", "inspect", "model", "bench", "plot", "figures")
+SUBCOMMANDS = parser.COMMANDS
 
 
 def run(capsys, *argv):
@@ -41,33 +44,48 @@ def test_subcommand_help(capsys, sub):
 
 
 def test_parse_helpers():
-    assert cli.parse_shape("4096") == (4096, 4096, 4096)
-    assert cli.parse_shape("1,2,3") == cli.parse_shape("1x2x3") == (1, 2, 3)
-    with pytest.raises(Exception):
-        cli.parse_shape("1,2")
-    assert cli.parse_config(["BN=128", "QSIZE=3,BM=64"]) == {"BN": 128, "QSIZE": 3, "BM": 64}
-    assert cli.parse_config(None) is None
-    with pytest.raises(cli.UsageError):
-        cli.parse_config(["BN"])
-    with pytest.raises(cli.UsageError):
-        cli.parse_config(["BN=x"])
+    assert parser.parse_shape("4096") == (4096, 4096, 4096)
+    assert parser.parse_shape("1,2,3") == parser.parse_shape("1x2x3") == (1, 2, 3)
+    for bad in ("1,2", "0", "131073,1,1", "a,b,c"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parser.parse_shape(bad)
+    assert parser.parse_config(["BN=128", "QSIZE=3,BM=64"]) == {"BN": 128, "QSIZE": 3, "BM": 64}
+    assert parser.parse_config(None) is None
+    with pytest.raises(parser.UsageError):
+        parser.parse_config(["BN"])
+    with pytest.raises(parser.UsageError):
+        parser.parse_config(["BN=x"])
+    assert parser.parse_clock("1320") == 1320.0
+    for bad in ("0", "-1", "nan", "inf", "99", "3001", "fast"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parser.parse_clock(bad)
 
 
 def test_parse_bench_helpers():
-    assert cli.parse_sizes("2048,4096") == [(2048,) * 3, (4096,) * 3]
-    assert cli.parse_shapes("1,2,3;4x5x6;") == [(1, 2, 3), (4, 5, 6)]
-    assert cli.parse_configs("WM=32,WN=64;BK=8") == [{"WM": 32, "WN": 64}, {"BK": 8}]
-    for fn, text in ((cli.parse_sizes, "0"), (cli.parse_sizes, "a"), (cli.parse_shapes, ";"),
-                     (cli.parse_configs, "BN=x")):
+    assert parser.parse_sizes("2048,4096") == [(2048,) * 3, (4096,) * 3]
+    assert parser.parse_shapes("1,2,3;4x5x6;") == [(1, 2, 3), (4, 5, 6)]
+    assert parser.parse_configs("WM=32,WN=64;BK=8") == [{"WM": 32, "WN": 64}, {"BK": 8}]
+    for fn, text in ((parser.parse_sizes, "0"), (parser.parse_sizes, "a"), (parser.parse_shapes, ";"),
+                     (parser.parse_configs, "BN=x")):
         with pytest.raises(argparse.ArgumentTypeError):
             fn(text)
+
+
+def test_parser_lists_match_their_owners():
+    """The parser keeps the figure and suite names itself (so --help imports neither matplotlib nor the
+    registry); they must be the owners' lists."""
+    from gemmlab import figures
+
+    assert parser.FIGURE_NAMES == tuple(figures.FIGURES)
+    assert parser.MATMUL_SUITES == tuple(matmul_suites.SUITES)
+    assert sorted(parser.LADDERS) == sorted(registry.ladders())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
 def test_bench_without_gpu_says_so(capsys):
     rc, out, err = run(capsys, "bench", "--suite", "square")
-    assert rc == 2
-    assert "needs an NVIDIA GPU" in err
+    assert rc == cli.EXIT_NO_GPU == 3
+    assert "needs an NVIDIA GPU" in err and err.count("\n") == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
@@ -76,14 +94,25 @@ def test_ladder_static_view(capsys):
     assert rc == 0
     assert "k01" in out and "model" in out
     assert "No GPU visible" in " ".join(out.split())
+    # piped (capsys is not a terminal): every column, nothing cut at 80 columns
+    assert "SASS" in out and "spills" in out and "…" not in out
+    assert max(len(line) for line in out.splitlines()) > 120
+    (k06,) = [line for line in out.splitlines() if "k06_vectorized" in line]
+    assert "LDG.128" in k06 and "STS.128" in k06  # what the step introduces over k05
 
 
 def test_default_command_is_ladder(monkeypatch):
+    from gemmlab.cli import ladder
+
     seen = []
-    monkeypatch.setattr(cli, "_cmd_ladder", lambda args: seen.append(args.ladder) or 0)
+    monkeypatch.setattr(ladder, "run", lambda args: seen.append(args.ladder) or 0)
     assert cli.main([]) == 0
     assert cli.main(["--ladder", "sgemm"]) == 0
-    assert seen == [None, "sgemm"]
+    try:
+        assert cli.main(["-v", "--ladder", "hopper"]) == 0
+    finally:
+        log.reset()  # -v attached a handler to the gemmlab logger
+    assert seen == [None, "sgemm", "hopper"]
 
 
 def test_inspect_step_and_diff(capsys):
@@ -93,7 +122,7 @@ def test_inspect_step_and_diff(capsys):
     rc, out, _ = run(capsys, "inspect", "k01", "--diff", "h01")
     assert rc == 0 and "hgmma" in out
     rc, _, err = run(capsys, "inspect", "k99_nope")
-    assert rc == 1 and "no kernel named" in err
+    assert rc == 2 and "no kernel named" in err
 
 
 def test_inspect_file_with_sass_and_ptx(capsys, tmp_path):
@@ -105,7 +134,7 @@ def test_inspect_file_with_sass_and_ptx(capsys, tmp_path):
     assert "global_load.128" in out  # the annotated listing
     assert "ld.global.nc.v4.f32" in out  # the PTX
     rc, _, err = run(capsys, "inspect", "--file", str(f))
-    assert rc == 2 and "--expr" in err
+    assert rc == 2 and "scale is a template" in err and "--expr" in err
 
 
 def test_model_hand_case(capsys):
@@ -136,7 +165,7 @@ def test_figures_and_plot_commands(capsys, tmp_path):
     assert (tmp_path / "p" / "ladder.png").is_file() and (tmp_path / "p" / "roofline.png").is_file()
     flat = " ".join(out.split())
     assert "42%" in flat  # 300 of 713.7 TFLOP/s at the recorded 1320 MHz
-    added = cli._add_model(dict(rec))  # what plot adds to records written without a prediction
+    added = rec_reports.add_model(dict(rec))  # what plot adds to records written without a prediction
     assert added["model_tflops"] > 0 and added["model_clock_mhz"] == 1320.0
     assert added["sol_tflops"] == pytest.approx(713.7, abs=0.1)
 
@@ -192,7 +221,7 @@ class FakeBench:
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch):
+def fake_gpu(monkeypatch, tmp_path):
     import types
 
     import gemmlab.bench
@@ -203,7 +232,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(gemmlab.gpu, "gpu_info", lambda *a: types.SimpleNamespace(sm_count=132, name="FAKE H200", l2_bytes=50 * 2**20))
     monkeypatch.setattr(gemmlab.bench, "bench_shape", fake.bench_shape)
     monkeypatch.setattr(gemmlab.bench, "bench_matmul", fake.bench_matmul)
-    monkeypatch.setattr(cli, "_add_model", lambda r: dict(r, model_tflops=90.0))  # compiles: tested below
+    monkeypatch.setattr(rec_reports, "add_model", lambda r: dict(r, model_tflops=90.0))  # compiles: tested below
+    monkeypatch.setenv("GEMMLAB_OUT_DIR", str(tmp_path / "gemmlab-out"))
     return fake
 
 
@@ -288,42 +318,46 @@ def test_bench_shapes_sizes_and_ladder(capsys, tmp_path, fake_gpu):
     assert rc == 0 and [j[1] for j in fake_gpu.jobs] == [(4096, 4096, 4096)]
     assert "h10_deep_pipeline skipped at 4000x4096x4096: needs M % 128 == 0" in " ".join(text.split())
     rc, _, err = run(capsys, "bench", "--steps", "h10", "--shape", "4000,4096,4096", "--out", str(out))
-    assert rc == 1 and "cannot run 4000x4096x4096" in err
+    assert rc == 2 and "cannot run 4000x4096x4096" in err
 
 
 def test_bench_suites_ladder_and_square(capsys, tmp_path, fake_gpu, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # default --out and --plots are relative to the working folder
+    monkeypatch.chdir(tmp_path)
     rc, _, _ = run(capsys, "bench", "--rounds", "2")
     assert rc == 0
     assert [(lad, shape, len(steps), suite) for lad, shape, steps, suite, _ in fake_gpu.jobs] == [
         ("hopper", (4096, 4096, 4096), len(registry.all_kernels("hopper")), "ladder"),
         ("sgemm", (4096, 4096, 4096), len(registry.all_kernels("sgemm")), "ladder"),
     ]
-    assert len(read_jsonl(tmp_path / "benchmarks/results/ladder.jsonl")) == len(registry.all_kernels())
-    assert (tmp_path / "benchmarks/plots/ladder/ladder.png").is_file()
+    # default --out and --plots: under GEMMLAB_OUT_DIR, never the working folder's benchmarks/
+    out = tmp_path / "gemmlab-out"
+    assert len(read_jsonl(out / "results/ladder.jsonl")) == len(registry.all_kernels())
+    assert (out / "plots/ladder/ladder.png").is_file()
+    assert not (tmp_path / "benchmarks").exists()
     fake_gpu.jobs.clear()
     rc, _, _ = run(capsys, "bench", "--suite", "square", "--ladder", "hopper", "--suite-name", "sq",
                    "--plots", str(tmp_path / "p"))
     assert rc == 0
     assert [(shape[0], [n for n, _ in steps], suite) for _, shape, steps, suite, _ in fake_gpu.jobs] == [
         (n, ["h12"], "sq") for n in suites.SQUARE_SIZES]
-    assert len(read_jsonl(tmp_path / "benchmarks/results/sq.jsonl")) == len(suites.SQUARE_SIZES)
+    assert len(read_jsonl(out / "results/sq.jsonl")) == len(suites.SQUARE_SIZES)
     assert (tmp_path / "p" / "sizes.png").is_file()
 
 
 def test_bench_matmul_suites(capsys, tmp_path, fake_gpu, monkeypatch):
     monkeypatch.chdir(tmp_path)
     rc, text, _ = run(capsys, "bench", "--suite", "matmul-epilogue", "--rounds", "10")
+    out = tmp_path / "gemmlab-out"
     assert rc == 0
     assert not fake_gpu.jobs
     assert [(c["M"], c["N"], c["K"], c["bias"], c["activation"], c["case"], c["suite"], c["rounds"])
             for c in fake_gpu.cases] == [(c.M, c.N, c.K, c.bias, c.activation, c.name, "epilogue", 10)
                                          for c in matmul_suites.suite("epilogue")]
-    recs = read_jsonl(tmp_path / "benchmarks/results/matmul.jsonl")  # all matmul suites share one file
+    recs = read_jsonl(out / "results/matmul.jsonl")  # all matmul suites share one file
     assert [r["case"] for r in recs] == [c.name for c in matmul_suites.suite("epilogue")]
     assert all(r["suite"] == "epilogue" and "model_tflops" not in r for r in recs)
     assert "epilogue: geomean x1.100" in text
-    assert not (tmp_path / "benchmarks/plots").exists()
+    assert not (out / "plots").exists()
     fake_gpu.cases.clear()
     rc, _, _ = run(capsys, "bench", "--suite", "matmul-decode", "--suite-name", "dec",
                    "--out", str(tmp_path / "m.jsonl"))
@@ -354,7 +388,7 @@ def test_bench_usage_errors(capsys, fake_gpu):
             cli.main(["bench", *argv])
         assert e.value.code == 2, argv
     rc, _, err = run(capsys, "bench", "--steps", "k99")
-    assert rc == 1 and "no kernel named" in err
+    assert rc == 2 and "no kernel named" in err
     assert not fake_gpu.jobs and not fake_gpu.cases
 
 
@@ -375,7 +409,7 @@ def test_bench_retries_a_failing_job_step_by_step(capsys, tmp_path, fake_gpu, mo
 
 
 def test_bench_records_carry_the_model(capsys, tmp_path, fake_gpu, monkeypatch):
-    monkeypatch.setattr(cli, "_add_model", _REAL_ADD_MODEL)
+    monkeypatch.setattr(rec_reports, "add_model", _REAL_ADD_MODEL)
     out = tmp_path / "r.jsonl"
     rc, _, _ = run(capsys, "bench", "--steps", "k01", "--shape", "512", "--out", str(out), "--no-plots")
     assert rc == 0
@@ -432,3 +466,12 @@ def test_device_run_script_passes_bench_arguments(capsys, tmp_path, fake_gpu):
     ((_, _, steps, suite, _),) = fake_gpu.jobs
     assert [c["BN"] for _, c in steps] == [256, 128] and suite == "sweep"  # 4096 % 192 != 0: skipped
     assert len(read_jsonl(tmp_path / "bench.jsonl")) == 2 + len(matmul_suites.suite("decode"))
+
+
+def test_bench_as_json_keeps_stdout_for_the_json(capsys, tmp_path, fake_gpu):
+    rc, out, err = run(capsys, "bench", "--steps", "k01,k02", "--shape", "256", "--out", str(tmp_path / "r.jsonl"),
+                       "--json")
+    assert rc == 0
+    recs = json.loads(out)  # the per-record lines went to stderr
+    assert [r["kernel"] for r in recs] == ["sgemm.k01_naive", "sgemm.k02_coalesced"]
+    assert "k01_naive [BLOCK=32] 256x256x256:" in err

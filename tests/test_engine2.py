@@ -9,7 +9,7 @@ schedule the planner may pick, with the plainest and the heaviest epilogue (~190
 import pytest
 
 from gemmlab import engine2, sass
-from gemmlab import plan as planner
+from gemmlab import planner
 
 
 def _check(p: planner.Plan) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gemmlab import engine2
-from gemmlab import plan as planner
+from gemmlab import planner
 from gemmlab.bench import rel_error
 
 pytestmark = pytest.mark.hopper

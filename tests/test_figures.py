@@ -1,19 +1,64 @@
-"""Figures and record plots are produced (no GPU needed), from the same functions the kernels use."""
+"""Figures and record plots are produced (no GPU needed), from the same functions the kernels use, and the
+committed ones are what the code draws today."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
 from gemmlab import figures, plots
+from gemmlab.reports.records import read_records
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_figure_as_png_and_svg(tmp_path):
-    paths = figures.make_figures(tmp_path)
-    assert len(paths) == 2 * len(figures.FIGURES)
-    for p in paths:
+    paths = figures.make_figures(tmp_path, formats=("png", "svg"))
+    assert len(paths) == 2 * len(figures.FIGURES) + 1  # and the manifest
+    for p in paths[:-1]:
         assert p.stat().st_size > 5000
         head = p.read_bytes()[:200]
         assert head.startswith(b"\x89PNG") if p.suffix == ".png" else b"<svg" in p.read_bytes()[:2000]
+    assert set(json.loads(paths[-1].read_text())) == set(figures.FIGURES)
+
+
+def test_committed_figures_are_current():
+    """docs/figures holds what the code draws today (run `gemmlab figures docs/figures` after a change)."""
+    recorded = figures.read_manifest(ROOT / "docs" / "figures")
+    for name, draw in figures.FIGURES.items():
+        fig = draw()
+        assert figures.fingerprint(fig) == recorded.get(name), f"docs/figures/{name}.png is stale"
+        figures.plt.close(fig)
+        assert (ROOT / "docs" / "figures" / f"{name}.png").is_file()
+
+
+def test_readme_tables_and_record_plots_are_current():
+    """The README's and docs/results.md's tables and benchmarks/plots are what the committed records give
+    (run `python benchmarks/readme_tables.py` after new records)."""
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "benchmarks" / "readme_tables.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--check"]) == 0
+
+
+def test_fingerprint_follows_what_is_drawn():
+    def draw(label, ys):
+        fig, ax = figures.plt.subplots()
+        ax.plot([1, 2, 3], ys)
+        ax.set_title(label)
+        return fig
+
+    a, b, c, d = draw("t", [1, 2, 3]), draw("t", [1, 2, 3]), draw("u", [1, 2, 3]), draw("t", [1, 2, 4])
+    prints = [figures.fingerprint(f) for f in (a, b, c, d)]
+    assert prints[0] == prints[1] and len(set(prints)) == 3
+    for f in (a, b, c, d):
+        figures.plt.close(f)
+
+
+def test_step_ranges():
+    assert figures._step_ranges(["h11", "h02", "h03"]) == "h02-h03, h11"
+    assert figures._step_ranges(["k01"]) == "k01"
 
 
 def test_unknown_figure(tmp_path):
@@ -51,8 +96,30 @@ def _records():
 def test_plots_from_records_file(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in _records()) + "\n")
-    paths = plots.plot_records(path, tmp_path / "plots", formats=("png",))
+    records, notes = read_records([path])
+    assert len(records) == len(_records()) and not notes
+    paths = plots.plot_records(records, tmp_path / "plots", formats=("png",))
     assert sorted(p.name for p in paths) == ["ladder.png", "roofline.png", "sizes.png"]
+
+
+def test_ladder_plot_labels_clear_the_model_tick():
+    """The ratio label sits above both the bar and the model's tick (it used to hide under the marker)."""
+    recs = [r for r in _records() if r["M"] == 4096 and r["ladder"] == "hopper"]
+    fig = plots.ladder_plot(recs)
+    ax = fig.axes[0]
+    labels = {t.get_text(): t.get_position()[1] for t in ax.texts}
+    for r in recs:
+        assert labels[f"{r['ratio']:.2f}x"] > max(r["tflops"], r["model_tflops"])
+    assert ax.get_ylim()[1] > max(labels.values())
+    figures.plt.close(fig)
+
+
+def test_size_plot_shows_ratios():
+    fig = plots.size_plot(_records())
+    ys = [y for line in fig.axes[0].get_lines() for y in line.get_ydata()]
+    assert max(ys) < 2  # ratios to cuBLAS, not TFLOP/s
+    assert fig.axes[0].get_xscale() == "log"
+    figures.plt.close(fig)
 
 
 def test_plot_helpers():

@@ -1,4 +1,4 @@
-"""The MCP server (gemmlab.mcp_server) through the SDK's in-process client: every tool, resource and prompt,
+"""The MCP server (gemmlab.mcp) through the SDK's in-process client: every tool, resource and prompt,
 error paths and hostile input, and that the server keeps answering after each error. Runs without a GPU."""
 
 import json
@@ -13,9 +13,10 @@ import torch  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
 
-from gemmlab import mcp_server  # noqa: E402
+from gemmlab import reports  # noqa: E402
+from gemmlab.mcp import safety, server  # noqa: E402
 
-SERVER = mcp_server.build_server()
+SERVER = server.build_server()
 TOOLS = ("list_kernels", "inspect_kernel", "model_gemm", "benchmark_gemm", "explain_gap")
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answers")
 
@@ -73,7 +74,7 @@ def test_lists_the_tools_with_typed_schemas_and_docstrings():
         assert t.output_schema and t.output_schema["type"] == "object"
         assert t.annotations.read_only_hint is True
     m = tools["model_gemm"].input_schema
-    assert m["properties"]["M"]["maximum"] == mcp_server.MAX_DIM and m["properties"]["M"]["minimum"] == 1
+    assert m["properties"]["M"]["maximum"] == reports.MAX_DIM and m["properties"]["M"]["minimum"] == 1
     assert set(m["required"]) == {"M", "N", "K"}
     src = json.dumps(tools["inspect_kernel"].input_schema)
     assert "sm_90a" in src and "65536" in src and "pattern" in src
@@ -139,7 +140,7 @@ def test_user_compile_errors_come_back_without_host_paths():
 
 
 def test_user_compile_is_bounded_in_time(monkeypatch):
-    monkeypatch.setattr(mcp_server, "USER_COMPILE_WALL_S", 0.01)
+    monkeypatch.setattr(safety, "USER_COMPILE_WALL_S", 0.01)
     msg = error_text("inspect_kernel", {"source": SCALE + "// slow\n", "name_expression": "scale<8>"})
     assert "longer than" in msg
 
@@ -377,12 +378,12 @@ def test_a_crash_is_a_tool_error_without_its_text(monkeypatch):
 
 def test_direct_calls_validate_too():
     """The functions check names themselves, not only through the schema (e.g. when called from Python)."""
-    with pytest.raises(mcp_server.ToolError, match="invalid kernel name"):
-        mcp_server.inspect_kernel(kernel="../../etc/passwd")
-    with pytest.raises(mcp_server.ToolError, match="invalid name_expression"):
-        mcp_server.inspect_kernel(source=SCALE, name_expression="scale<1>(); x")
-    with pytest.raises(mcp_server.ToolError, match="invalid arch"):
-        mcp_server.inspect_kernel(source=SCALE, name_expression="scale<1>", arch="sm_90 -Xptxas")
+    with pytest.raises(server.ToolError, match="invalid kernel name"):
+        server.inspect_kernel(kernel="../../etc/passwd")
+    with pytest.raises(server.ToolError, match="invalid name_expression"):
+        server.inspect_kernel(source=SCALE, name_expression="scale<1>(); x")
+    with pytest.raises(server.ToolError, match="invalid arch"):
+        server.inspect_kernel(source=SCALE, name_expression="scale<1>", arch="sm_90 -Xptxas")
 
 
 # The command -------------------------------------------------------------------------------------------------------
@@ -402,7 +403,7 @@ def test_gemmlab_mcp_serves_stdio():
     import os
     from pathlib import Path
 
-    src = str(Path(mcp_server.__file__).resolve().parent.parent)
+    src = str(Path(server.__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     params = StdioServerParameters(command=sys.executable, args=["-m", "gemmlab", "mcp"], env=env)
 
@@ -414,3 +415,71 @@ def test_gemmlab_mcp_serves_stdio():
 
     names, r = anyio.run(go)
     assert set(TOOLS) <= names and not r.is_error
+
+
+def _gemmlab_mcp(*args, stdin=None):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    src = str(Path(server.__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen([sys.executable, "-m", "gemmlab", "mcp", *args], stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for(stream, needle: str, timeout: float = 120.0) -> str:
+    """Lines of ``stream`` until one holds ``needle`` (fails after ``timeout`` seconds)."""
+    import select
+    import time
+
+    seen, end = "", time.monotonic() + timeout
+    while needle not in seen:
+        ready, _, _ = select.select([stream], [], [], max(0.0, end - time.monotonic()))
+        assert ready, f"no {needle!r} within {timeout} s; saw {seen!r}"
+        line = stream.readline()
+        assert line, f"stream closed before {needle!r}; saw {seen!r}"
+        seen += line
+    return seen
+
+
+def test_gemmlab_mcp_in_a_terminal_says_so_and_stops_on_the_first_ctrl_c():
+    import os
+    import pty
+    import signal
+
+    parent, child = pty.openpty()  # stdin a terminal, as when a person types the command
+    proc = _gemmlab_mcp(stdin=child)
+    os.close(child)
+    try:
+        _wait_for(proc.stderr, "waiting for a client")
+        # An answered request: the server's loop is running (a Ctrl-C before it starts is the easy case).
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}}
+        os.write(parent, (json.dumps(init) + "\n").encode())
+        _wait_for(proc.stdout, '"id":1')
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        os.close(parent)
+    err = proc.stderr.read()
+    assert rc == 0 and "stopped" in err and "Traceback" not in err
+
+
+def test_gemmlab_mcp_http_prints_its_address():
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _gemmlab_mcp("--http", "--port", str(port))
+    try:
+        seen = _wait_for(proc.stderr, "serving streamable HTTP")
+        assert f"http://127.0.0.1:{port}/mcp" in seen
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert "Traceback" not in proc.stderr.read()

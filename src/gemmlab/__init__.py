@@ -1,32 +1,40 @@
 """gemmlab: state-of-the-art matmul kernels for NVIDIA GPUs, compiled at run time, launched on torch tensors.
 
     import gemmlab
-    gemmlab.kernels()                    # the registered ladder steps
-    gemmlab.kernel("h01").run(a, b, c)   # one step on torch tensors
     gemmlab.matmul(a, b, bias=bias, activation="gelu")   # the GEMM to call: any shape, layout, epilogue
-    gemmlab.plan(4096, 4096, 4096)       # what the engine kernel would run there (no GPU needed)
+    gemmlab.linear(x, w, b)                              # nn.Linear's layout
+    gemmlab.plan(4096, 4096, 4096)                       # what the engine kernel would run (no GPU needed)
+    gemmlab.kernels()                                    # the registered ladder steps
+    gemmlab.kernel("h01").run(a, b, c)                   # one step on torch tensors
 
 See the README for the ladders, the tools (``gemmlab --help``) and the benchmark records.
+``GEMMLAB_LOG=debug`` logs which kernel and plan each call runs (``gemmlab.log``).
 """
 
+from . import log as _log
 from .errors import (CompileError, GemmlabError, LaunchError, NoGPUError, ToolchainError,  # noqa: F401
                      UnsupportedProblem)
-from .registry import all_kernels as kernels  # noqa: F401
-from .registry import get as kernel  # noqa: F401
 
 __version__ = "0.1.0"
 
+_log.configure_from_env()
+
+# Loaded on first use, so `import gemmlab` (and `gemmlab --help`) stays light: `matmul`/`linear` bring in
+# torch and register the custom op, the registry brings in the ladders.
+_LAZY = {"matmul": ("ops", "matmul"), "linear": ("ops", "linear"), "plan": ("planner", "plan"),
+         "kernels": ("registry", "all_kernels"), "kernel": ("registry", "get")}
+
 
 def __getattr__(name: str):
-    # gemmlab.matmul / gemmlab.linear (gemmlab.ops) load torch and register the custom op on first use,
-    # so `import gemmlab` stays light for the static tools.
-    if name in ("matmul", "linear"):
-        from . import ops
-
-        globals()[name] = getattr(ops, name)
-        return globals()[name]
-    if name == "plan":  # the module, callable: gemmlab.plan(M, N, K, ...) -> Plan (pure Python)
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module(".plan", __name__)
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'gemmlab' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

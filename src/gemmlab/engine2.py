@@ -1,4 +1,4 @@
-"""Launch the engine kernel (``kernels/engine/gemm.cu``) with a ``gemmlab.plan.Plan``, outside ``engine.py``.
+"""Launch the engine kernel (``kernels/engine/gemm.cu``) with a ``gemmlab.planner.Plan``, outside ``engine.py``.
 
 Phase 1 of issue 14: the benchmark (``benchmarks/engine_broad.py``) and the GPU tests
 (``tests/test_engine2_gpu.py``) run the new kernel through here; ``gemmlab.matmul`` still runs h11 until
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import plan as planner
+from . import planner
 from .engine import _operand, _tma_ok
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel

@@ -1,7 +1,7 @@
 """The subject's pictures as code. Each figure is drawn from the functions the kernels and models use
 (``gemmlab.layouts``, ``gemmlab.schedule``, ``gemmlab.model``, the registry), so it cannot drift from them.
 
-    gemmlab figures OUT            # every figure as OUT/<name>.png and OUT/<name>.svg
+    gemmlab figures OUT            # every figure as OUT/<name>.png, and OUT/figures.json
     make_figures(out, ["swizzle"]) # from Python
 
 Figures: ``swizzle`` (the 128B swizzle as a bank map), ``outer_products`` (a matmul as a sum of outer
@@ -9,10 +9,15 @@ products), ``wave_quantization`` (across sizes), ``roofline`` (with the ladder s
 ``warptiling`` (block / warp / thread tiling of the fp32 warptiling step), ``tile_order`` (row-major vs
 grouped vs Hilbert with the panels each wave touches), ``pipeline`` (the warp-specialized pipeline as a
 timeline).
+
+``fingerprint(fig)`` hashes what a figure draws (texts and data, not pixels); ``make_figures`` keeps each
+figure's in ``OUT/figures.json``, so a test can tell whether the committed images are what the code draws.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +44,76 @@ def save(fig, out_dir: str | Path, name: str, formats=("png", "svg")) -> list[Pa
         paths.append(p)
     plt.close(fig)
     return paths
+
+
+# What a figure draws, as a hash ---------------------------------------------------------------------------
+
+MANIFEST = "figures.json"
+
+
+def _nums(values) -> str:
+    return ",".join(f"{v:.5g}" for v in np.asarray(values, dtype=float).ravel())
+
+
+def _describe(artist) -> str | None:
+    from matplotlib.collections import Collection
+    from matplotlib.colors import to_hex
+    from matplotlib.image import AxesImage
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
+    from matplotlib.text import Text
+
+    if isinstance(artist, Text):
+        return f"text {artist.get_text()!r} at {_nums(artist.get_position())}" if artist.get_text() else None
+    if isinstance(artist, Line2D):
+        return (f"line {_nums(artist.get_xdata())} | {_nums(artist.get_ydata())} {artist.get_marker()} "
+                f"{artist.get_linestyle()}")
+    if isinstance(artist, Rectangle):
+        return f"rect {_nums([*artist.get_xy(), artist.get_width(), artist.get_height()])} {to_hex(artist.get_facecolor())}"
+    if isinstance(artist, Collection):
+        return f"points {_nums(artist.get_offsets())}"
+    if isinstance(artist, AxesImage):
+        return f"image {_nums(artist.get_array())}"
+    return None
+
+
+def fingerprint(fig) -> str:
+    """A short hash of what ``fig`` draws: every text, the data of its lines, rectangles, point collections
+    and images (numbers to 5 significant digits), and tick labels set by the code. Pixels, fonts and the
+    ticks matplotlib chooses itself are left out, so the hash says whether the code draws the same thing,
+    whatever renders it."""
+    from matplotlib.axis import Axis
+    from matplotlib.spines import Spine
+
+    skip = {id(fig.patch)}
+    parts = []
+    for ax in fig.axes:
+        skip.add(id(ax.patch))
+        for axis in (ax.xaxis, ax.yaxis):
+            skip.update(id(o) for o in axis.findobj())
+            if type(axis.get_major_formatter()).__name__ in ("FixedFormatter", "FuncFormatter"):
+                parts.append("ticks " + " ".join(t.get_text() for t in axis.get_ticklabels()))
+        parts += [f"scale {ax.get_xscale()} {ax.get_yscale()}", f"label {ax.get_xlabel()!r} {ax.get_ylabel()!r}"]
+    for artist in fig.findobj():
+        if id(artist) in skip or isinstance(artist, (Axis, Spine)):
+            continue
+        d = _describe(artist)
+        if d is not None:
+            parts.append(d)
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def read_manifest(out_dir: str | Path) -> dict[str, str]:
+    path = Path(out_dir) / MANIFEST
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_manifest(out_dir: str | Path, prints: dict[str, str]) -> Path:
+    """Merge ``{figure name: fingerprint}`` into ``out_dir/figures.json``."""
+    path = Path(out_dir) / MANIFEST
+    merged = {**read_manifest(out_dir), **prints}
+    path.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
+    return path
 
 
 # The 128B swizzle ---------------------------------------------------------------------------------------
@@ -150,6 +225,18 @@ def _step_points():
     return pts
 
 
+def _step_ranges(labels: list[str]) -> str:
+    """``["h02", "h03", "h11"]`` -> ``"h02-h03, h11"``: runs of consecutive steps joined by a dash."""
+    runs: list[list[str]] = []
+    for lab in sorted(labels):
+        prev = runs[-1][-1] if runs else None
+        if prev and prev[0] == lab[0] and int(lab[1:]) == int(prev[1:]) + 1:
+            runs[-1].append(lab)
+        else:
+            runs.append([lab])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def fig_roofline(profile: model.DeviceProfile = model.H200, clocks=(1980.0, 1320.0), points=None):
     """The roofline for bf16 tensor cores and fp32 FFMA at two SM clocks, with each ladder step's tile
     intensity (FLOP per byte its block tile loads: the bound if no load hit in L2) and a few problems'
@@ -171,20 +258,22 @@ def fig_roofline(profile: model.DeviceProfile = model.H200, clocks=(1980.0, 1320
     for (dtype, x), labels in groups.items():
         y = model.roofline(x, profile.peak_flops(dtype, clocks[-1]), bw) / 1e12
         ax.plot(x, y, "o", color=styles.get(dtype, "gray"), markersize=4)
-        text = labels[0] if len(labels) == 1 else f"{labels[0]}-{labels[-1]}"
-        ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, -11), fontsize=7)
+        # bf16 dots sit on the rising line: label them above-left, clear of the problems' grey labels on
+        # the right; fp32 dots sit on the flat roof: below-right.
+        up = dtype == "bf16"
+        ax.annotate(_step_ranges(labels), (x, y), textcoords="offset points", xytext=(-5, 5) if up else (4, -11),
+                    ha="right" if up else "left", fontsize=7)
     for M, N, K, what in ((1, 8192, 8192, "decode M=1"), (16, 8192, 8192, "M=16"), (128, 8192, 8192, "M=128"),
                           (4096, 4096, 4096, "4096^3")):
         x = model.arithmetic_intensity(M, N, K, "bf16")
         ax.axvline(x, color="gray", alpha=0.25)
-        ax.text(x, 1.5e3, f" {what} (N=K={N})" if M < 4096 else f" {what}", rotation=90, fontsize=7,
-                color="gray", va="top")
+        ax.text(x, 1.5e3, f" {what}", rotation=90, fontsize=7, color="gray", va="top")
     ax.set_ylim(0.3, 2e3)
     ax.set_xlabel("arithmetic intensity (FLOP / byte of HBM traffic)")
     ax.set_ylabel("attainable TFLOP/s")
     ax.set_title(f"Roofline, {profile.name}: {profile.sm_count} SMs, HBM {bw / 1e12:.1f} TB/s. Dots: each ladder "
-                 "step's tile intensity\n(its bound if no tile load hit in L2); grey lines: problems at minimum "
-                 "traffic")
+                 "step's tile intensity\n(its bound if no tile load hit in L2); grey lines: bf16 problems at minimum "
+                 "traffic (N = K = 8192)")
     ax.legend(fontsize=7, loc="lower right")
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
@@ -228,19 +317,21 @@ def fig_warptiling(wt: layouts.WarpTiling | None = None, source: str = ""):
     if why:
         raise ValueError(f"warptiling {wt}: {why}")
     warp, lane = wt.owner_map()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 5.2))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.6))
     ax.imshow(warp, cmap="Pastel1", interpolation="nearest")
     for w in range(wt.warps):
         wr, wc = divmod(w, wt.BN // wt.WN)
         ax.add_patch(Rectangle((wc * wt.WN - 0.5, wr * wt.WM - 0.5), wt.WN, wt.WM, fill=False, linewidth=2))
-        ax.text(wc * wt.WN + wt.WN / 2, wr * wt.WM + wt.WM / 2, f"warp {w}", ha="center", va="center", fontsize=9)
+        # Warp 0's label sits on its outlined sub-tiles: a white box keeps it readable.
+        ax.text(wc * wt.WN + wt.WN / 2, wr * wt.WM + wt.WM / 2, f"warp {w}", ha="center", va="center", fontsize=9,
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.9, "linewidth": 0})
     for i in range(wt.WMITER):
         for j in range(wt.WNITER):
             ax.add_patch(Rectangle((j * wt.WSUBN - 0.5, i * wt.WSUBM - 0.5), wt.WSUBN, wt.WSUBM, fill=False,
                                    linestyle="--", linewidth=1))
     mine = wt.elements(0, 0)
     ys, xs = zip(*mine)
-    ax.scatter(xs, ys, s=4, color="black", label="thread 0 of warp 0")
+    ax.scatter(xs, ys, s=2, marker="s", color="black", label="thread 0 of warp 0")
     ax.legend(loc="lower right", fontsize=7)
     ax.set_title(f"block tile {wt.BM}x{wt.BN}: {wt.warps} warps of {wt.WM}x{wt.WN}, each "
                  f"{wt.WMITER}x{wt.WNITER} sub-tiles of {wt.WSUBM}x{wt.WSUBN}")
@@ -255,7 +346,7 @@ def fig_warptiling(wt: layouts.WarpTiling | None = None, source: str = ""):
     for a in (ax, ax2):
         a.set_xlabel("column of the block tile")
         a.set_ylabel("row")
-    fig.suptitle(f"Warp tiling (BK={wt.BK}, {wt.threads} threads) from {source}")
+    fig.suptitle(f"Warp tiling (BK={wt.BK}, {wt.threads} threads) from {source}", y=1.0)
     fig.tight_layout()
     return fig
 
@@ -334,13 +425,16 @@ FIGURES: dict[str, Callable] = {
 }
 
 
-def make_figures(out_dir: str | Path, names=None, formats=("png", "svg")) -> list[Path]:
-    """Draw the named figures (default: all) into ``out_dir``; returns the files written."""
+def make_figures(out_dir: str | Path, names=None, formats=("png",)) -> list[Path]:
+    """Draw the named figures (default: all) into ``out_dir``, and their fingerprints into
+    ``out_dir/figures.json``; returns the files written."""
     names = list(names or FIGURES)
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
         raise ValueError(f"unknown figure(s) {unknown}; known: {', '.join(FIGURES)}")
-    paths = []
+    paths, prints = [], {}
     for n in names:
-        paths += save(FIGURES[n](), out_dir, n, formats)
-    return paths
+        fig = FIGURES[n]()
+        prints[n] = fingerprint(fig)
+        paths += save(fig, out_dir, n, formats)
+    return paths + [write_manifest(out_dir, prints)]

@@ -62,7 +62,7 @@ def compile_source(code: str, name_expression: str, arch: str = "sm_90a", *, nam
 
 def compile_file(path: str | Path, name_expression: str, arch: str = "sm_90a") -> CompiledKernel:
     """Compile a user's ``.cu`` file (see ``compile_source``; its own ``#include "..."`` must be headers
-    under ``gemmlab/kernels``, which are on the include path)."""
+    under ``gemmlab/kernels``, which are on the include path). Compiler messages cite ``path``."""
     path = Path(path)
     if not path.is_file():
         raise CompileError(f"{path}: no such file")
@@ -71,7 +71,36 @@ def compile_file(path: str | Path, name_expression: str, arch: str = "sm_90a") -
         if not (KERNEL_ROOT / inc).is_file():
             raise CompileError(f"{path}: #include \"{inc}\" is not a header under {KERNEL_ROOT}; inline it "
                                "or include the gemmlab headers (e.g. \"common/tma.cuh\")")
-    return compile_source(code, name_expression, arch, name=f"{path.name}:{name_expression}")
+    try:
+        return compile_source(code, name_expression, arch, name=f"{path.name}:{name_expression}")
+    except CompileError as e:
+        raise CompileError(cite_source(str(e), str(path))) from None
+
+
+_CACHED_SOURCE = re.compile(r"[^\s'\"()]*src_[0-9a-f]{20}\.cu")
+
+
+def cite_source(text: str, name: str) -> str:
+    """Compiler messages name the cached copy of a source string (``<cache>/sources/src_<hash>.cu``);
+    name it ``name`` instead (the user's file, or ``source.cu``)."""
+    return _CACHED_SOURCE.sub(name, text)
+
+
+def kernels_in_source(code: str) -> list[tuple[str, bool]]:
+    """The ``__global__`` functions of CUDA C++ source, in order: (name, whether it is a template, so its
+    instantiation must be spelled). A reading of the text, not a parse: enough to pick the one kernel of
+    a file."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", code, flags=re.S)
+    out = []
+    for m in re.finditer(r"\b__global__\b", text):
+        head = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", text[m.end():m.end() + 400])
+        name = re.search(r"(\w+)\s*\(", head)
+        if name is None:
+            continue
+        before = text[:m.start()].rstrip()
+        template = re.search(r"\btemplate\s*<[^;{}]*>(\s*\b(static|inline)\b)*$", before) is not None
+        out.append((name.group(1), template))
+    return out
 
 
 def _ptx(code: str, name: str, name_expression: str, arch: str, include_dirs: list[str]) -> str:

@@ -1,12 +1,14 @@
-"""Plots of benchmark records (the JSON lines ``gemmlab bench`` writes), drawn on any machine.
+"""Plots of benchmark records (the JSON lines ``gemmlab bench`` writes, read back by
+``gemmlab.reports.records.read_records``), drawn on any machine.
 
-- ``ladder_plot``: TFLOP/s of every step of each ladder at one shape, cuBLAS as a line, the model's
-  prediction as a marker where the record has one.
-- ``size_plot``: TFLOP/s against problem size for each kernel and cuBLAS.
-- ``roofline_plot``: the roofline at the recorded SM clock with every measured point.
+- ``ladder_plot``: TFLOP/s of every step of each ladder at one shape, the baseline (cuBLAS) as a line, the
+  model's prediction (where the record carries one) as a tick, the ratio to the baseline above each bar.
+- ``size_plot``: the ratio to the baseline against problem size, one line per kernel (ratios, not TFLOP/s:
+  they are what an interleaved run measures, and an axis of TFLOP/s would start far from zero).
+- ``roofline_plot``: the roofline at the recorded SM clock with every measured point, zoomed to the points.
 
-``plot_records(path_or_records, out_dir)`` draws whichever apply. Records missing a field are skipped
-(a step that failed its correctness check has no ``tflops``).
+``plot_records(records, out_dir)`` draws whichever apply. Records missing a field are skipped (a step that
+failed its correctness check has no ``tflops``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .figures import plt, save
 from . import model
+from .figures import plt, save
 
 
 def _shape(r: dict) -> tuple[int, int, int]:
@@ -24,7 +26,9 @@ def _shape(r: dict) -> tuple[int, int, int]:
 
 
 def _label(r: dict) -> str:
-    return str(r["kernel"]).split(".", 1)[-1]
+    from .reports.records import short_label
+
+    return short_label(r)
 
 
 def _clock(records: list[dict]) -> float | None:
@@ -41,6 +45,10 @@ def _profile(records: list[dict]) -> model.DeviceProfile:
     return model.H200
 
 
+def _group(r: dict) -> str:
+    return str(r.get("ladder") or r.get("suite") or "records")
+
+
 def timed(records: list[dict]) -> list[dict]:
     """Records that carry a measured time (correct and timed)."""
     return [r for r in records if r.get("tflops") is not None]
@@ -55,35 +63,42 @@ def ladder_shape(records: list[dict]) -> tuple[int, int, int] | None:
 
 
 def ladder_plot(records: list[dict]):
-    """One panel per ladder: bars per step (in step order as recorded), cuBLAS as a horizontal line."""
-    recs = timed(records)
+    """One panel per ladder: a bar per step at one shape (the last record of each step), the baseline as a
+    dashed line, the model as a tick on the bar, the ratio above it."""
     by_ladder = defaultdict(list)
-    for r in recs:
-        by_ladder[r["ladder"]].append(r)
+    for r in timed(records):
+        by_ladder[_group(r)].append(r)
     if not by_ladder:
         return None
-    fig, axes = plt.subplots(len(by_ladder), 1, figsize=(9, 3.6 * len(by_ladder)), squeeze=False)
+    fig, axes = plt.subplots(len(by_ladder), 1, figsize=(9, 3.8 * len(by_ladder)), squeeze=False)
     for ax, (lad, rs) in zip(axes[:, 0], sorted(by_ladder.items())):
         shape = ladder_shape(rs)
-        rs = [r for r in rs if _shape(r) == shape]
         latest: dict[str, dict] = {}
         for r in rs:  # the last record of each step wins
-            latest[r["kernel"]] = r
-        rs = sorted(latest.values(), key=lambda r: r["kernel"])
+            if _shape(r) == shape:
+                latest[_label(r)] = r
+        rs = [latest[k] for k in sorted(latest)]
         xs = range(len(rs))
-        ax.bar(xs, [r["tflops"] for r in rs], color="tab:blue", label="gemmlab step")
-        base = statistics.median(r["baseline_tflops"] for r in rs)
-        ax.axhline(base, color="black", linestyle="--", label=f"cuBLAS {base:.1f} TFLOP/s")
+        heights = [r["tflops"] for r in rs]
+        ax.bar(xs, heights, color="tab:blue", label="gemmlab step")
+        bases = [r["baseline_tflops"] for r in rs if r.get("baseline_tflops")]
+        if bases:
+            base = statistics.median(bases)
+            ax.axhline(base, color="black", linestyle="--", linewidth=1, label=f"cuBLAS {base:.0f} TFLOP/s")
         preds = [(i, r["model_tflops"]) for i, r in enumerate(rs) if r.get("model_tflops")]
         if preds:
-            ax.plot(*zip(*preds), "D", color="tab:orange", markersize=5, label="model prediction")
-        for i, r in enumerate(rs):
-            ax.text(i, r["tflops"], f"{r['ratio']:.2f}x" if r.get("ratio") else "", ha="center", va="bottom",
-                    fontsize=7)
+            ax.plot(*zip(*preds), "_", color="tab:orange", markersize=22, markeredgewidth=2.5,
+                    label="model prediction (recorded with the run)")
+        top = max(heights + [p for _, p in preds] + bases)
+        for i, r in enumerate(rs):  # above the bar and the model's tick, whichever is higher
+            above = max([r["tflops"]] + [p for j, p in preds if j == i])
+            if r.get("ratio"):
+                ax.text(i, above + 0.015 * top, f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(0, top * 1.18)
         ax.set_xticks(list(xs), [_label(r) for r in rs], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("TFLOP/s")
         clock = _clock(rs)
-        ax.set_title(f"{lad} ladder at {'x'.join(map(str, shape))} on {rs[0].get('gpu', '?')}"
+        ax.set_title(f"{lad} at {'x'.join(map(str, shape))} on {rs[0].get('gpu', '?')}"
                      + (f", SM clock {clock:.0f} MHz" if clock else "") + " (labels: ratio to cuBLAS)")
         ax.legend(fontsize=7, loc="upper left")
         ax.grid(axis="y", alpha=0.3)
@@ -97,34 +112,37 @@ def _size(r: dict) -> float:
 
 
 def size_plot(records: list[dict]):
-    """TFLOP/s against the cube root of M N K, one line per kernel and per ladder's cuBLAS."""
-    recs = timed(records)
+    """The ratio to the baseline against the cube root of M N K, one line per kernel; 1.0 is parity."""
+    recs = [r for r in timed(records) if r.get("ratio")]
     if len({_shape(r) for r in recs}) < 2:
         return None
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(8, 4.6))
     lines = defaultdict(dict)
-    base = defaultdict(dict)
     for r in recs:
-        lines[_label(r)][_size(r)] = r["tflops"]
-        base[f"cuBLAS ({r['ladder']})"][_size(r)] = r["baseline_tflops"]
+        lines[_label(r)][_size(r)] = r["ratio"]
     for name, pts in sorted(lines.items()):
         xs = sorted(pts)
-        ax.plot(xs, [pts[x] for x in xs], "o-", markersize=3, label=name)
-    for name, pts in sorted(base.items()):
-        xs = sorted(pts)
-        ax.plot(xs, [pts[x] for x in xs], "k--", linewidth=1.2, label=name)
+        ax.plot(xs, [pts[x] for x in xs], "o-", markersize=4, label=name)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="cuBLAS (same run)")
+    ax.set_xscale("log", base=2)
+    sizes = sorted({round(x) for pts in lines.values() for x in pts})
+    ax.set_xticks(sizes, [str(s) for s in sizes], fontsize=8)
+    ax.minorticks_off()
     ax.set_xlabel("(M N K)^(1/3)")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title("TFLOP/s against size, with cuBLAS measured in the same runs")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_ylabel("x cuBLAS (> 1: faster)")
+    clock = _clock(recs)
+    ax.set_title("Ratio to cuBLAS against size, interleaved in one run"
+                 + (f" (median SM clock {clock:.0f} MHz)" if clock else ""))
+    if len(lines) <= 12:  # beyond that a legend hides the plot; the table names the kernels
+        ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
 
 def roofline_plot(records: list[dict]):
-    """Roofline at the median recorded SM clock; each measured kernel and cuBLAS at its problem's
-    minimum-traffic arithmetic intensity."""
+    """Roofline at the median recorded SM clock; each measured kernel and its baseline at its problem's
+    minimum-traffic arithmetic intensity; the axes span the points and the ridge, not five decades."""
     recs = timed(records)
     if not recs:
         return None
@@ -133,18 +151,27 @@ def roofline_plot(records: list[dict]):
     prof = _profile(recs)
     clock = _clock(recs) or prof.sm_clock_mhz
     fig, ax = plt.subplots(figsize=(8, 5))
-    ai = np.logspace(-1, 4, 300)
-    colors = {"bf16": "tab:blue", "fp32": "tab:orange"}
-    for dtype in sorted({r.get("dtype", "bf16") for r in recs}):
-        peak = prof.peak_flops(dtype, clock)
+    colors = {"bf16": "tab:blue", "fp16": "tab:green", "fp32": "tab:orange"}
+    dtypes = sorted({r.get("dtype", "bf16") for r in recs})
+    xs = [model.arithmetic_intensity(*_shape(r), r.get("dtype", "bf16")) for r in recs]
+    peaks = {d: prof.peak_flops(d, clock) for d in dtypes}
+    ridges = [model.ridge_point(p, prof.hbm_bytes_per_s) for p in peaks.values()]
+    lo, hi = min(xs + ridges) / 3, max(xs + ridges) * 3
+    ai = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for dtype in dtypes:
+        peak = peaks[dtype]
         ax.loglog(ai, [model.roofline(x, peak, prof.hbm_bytes_per_s) / 1e12 for x in ai], color=colors.get(dtype),
                   label=f"{dtype} roofline at {clock:.0f} MHz ({peak / 1e12:.0f} TFLOP/s)")
         rs = [r for r in recs if r.get("dtype", "bf16") == dtype]
         x = [model.arithmetic_intensity(*_shape(r), dtype) for r in rs]
         ax.plot(x, [r["tflops"] for r in rs], "o", color=colors.get(dtype), markersize=4, alpha=0.8,
-                label=f"{dtype} gemmlab steps")
-        ax.plot(x, [r["baseline_tflops"] for r in rs], "x", color="black", markersize=5,
-                label=f"{dtype} cuBLAS" if dtype == sorted({r.get('dtype', 'bf16') for r in recs})[0] else None)
+                label=f"{dtype} gemmlab")
+        base = [(xi, r["baseline_tflops"]) for xi, r in zip(x, rs) if r.get("baseline_tflops")]
+        if base:
+            ax.plot(*zip(*base), "x", color="black", markersize=5, label=f"{dtype} cuBLAS")
+    ys = [r["tflops"] for r in recs]
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(min(ys) / 3, max(peaks.values()) / 1e12 * 1.6)
     ax.set_xlabel("arithmetic intensity at minimum traffic (FLOP/byte)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"Measured points on the roofline ({prof.name}, HBM {prof.hbm_bytes_per_s / 1e12:.1f} TB/s)")
@@ -157,12 +184,8 @@ def roofline_plot(records: list[dict]):
 PLOTS = {"ladder": ladder_plot, "sizes": size_plot, "roofline": roofline_plot}
 
 
-def plot_records(records, out_dir: str | Path, *, prefix: str = "", formats=("png", "svg")) -> list[Path]:
+def plot_records(records: list[dict], out_dir: str | Path, *, prefix: str = "", formats=("png", "svg")) -> list[Path]:
     """Draw every plot that the records support into ``out_dir`` (``<prefix><plot>.png`` / ``.svg``)."""
-    if isinstance(records, (str, Path)):
-        from .bench import load_records
-
-        records = load_records(records)
     paths = []
     for name, fn in PLOTS.items():
         fig = fn(records)

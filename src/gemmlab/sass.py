@@ -8,15 +8,18 @@ kernel's ``SassExpect`` from the registry. All of it works without a GPU.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import ToolchainError
 from .jit.toolchain import nvdisasm_path
+from .log import logger, timed
 
 _LINE_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:\{\s*)?(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 _FUNC_RE = re.compile(r"^\s*\.text\.(\S+):", re.MULTILINE)
@@ -36,8 +39,68 @@ class Instruction:
 
 
 def disassemble(cubin: bytes, function: str | None = None) -> str:
-    """nvdisasm's SASS for the cubin (only ``function``'s section when given)."""
+    """nvdisasm's SASS for the cubin (only ``function``'s section when given).
+
+    The text is cached next to the compiled cubins (``<cache folder>/sass/``, keyed by a hash of the
+    cubin and of the nvdisasm binary), so an unchanged kernel is disassembled once, not on every
+    ``gemmlab`` run; a folder that cannot be written only costs the cache."""
+    text = _disassembly(cubin)
+    return function_section(text, function) if function else text
+
+
+_MEMO: dict[str, str] = {}  # the last few disassemblies of this process
+_MEMO_SIZE = 64
+
+
+def _disassembly(cubin: bytes) -> str:
     exe = nvdisasm_path()
+    key = _cache_key(cubin, exe)
+    text = _MEMO.get(key)
+    if text is None:
+        path = _sass_dir() / f"{key}.sass"
+        try:
+            text = path.read_text()
+            logger.debug("SASS of cubin %s from %s", key[:12], path)
+        except (OSError, UnicodeDecodeError):
+            with timed("disassembled cubin %s (%d bytes)", key[:12], len(cubin)):
+                text = _run_nvdisasm(exe, cubin)
+            _store(path, text)
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = text
+    return text
+
+
+def _cache_key(cubin: bytes, exe: str) -> str:
+    """A hash of the cubin and of the disassembler (its path, size and date: a new nvdisasm may print
+    differently)."""
+    h = hashlib.sha256(cubin)
+    try:
+        st = os.stat(exe)
+        h.update(f"\0{exe}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    except OSError:
+        h.update(f"\0{exe}".encode())
+    return h.hexdigest()[:40]
+
+
+def _sass_dir() -> Path:
+    from .jit.cache import cache_dir
+
+    return cache_dir() / "sass"
+
+
+def _store(path: Path, text: str) -> None:
+    """Write atomically (a reader never sees half a file); an unwritable folder is only logged."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        logger.debug("SASS cache not written (%s): %s", path.parent, e)
+
+
+def _run_nvdisasm(exe: str, cubin: bytes) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
         path = f.name
@@ -47,7 +110,7 @@ def disassemble(cubin: bytes, function: str | None = None) -> str:
         os.unlink(path)
     if proc.returncode != 0:
         raise ToolchainError(f"nvdisasm failed ({proc.returncode}): {proc.stderr.strip()}")
-    return function_section(proc.stdout, function) if function else proc.stdout
+    return proc.stdout
 
 
 def function_section(sass: str, function: str) -> str:
@@ -292,3 +355,30 @@ def check(expect: SassExpect, summary: SassSummary, resources=None) -> list[str]
 def kernel_summary(compiled) -> SassSummary:
     """Summary of a ``CompiledKernel``'s own function."""
     return summarize(parse(disassemble(compiled.cubin, compiled.mangled_name)))
+
+
+# Features: what a reader of the ladder looks for in each step's SASS -----------------------------------
+
+_FEATURES = (  # (tag, opcode regex), in the order a table lists them
+    ("TMA load", r"^UTMALDG"), ("TMA multicast", r"^UTMALDG.*MULTICAST"), ("TMA store", r"^UTMASTG"),
+    ("mbarrier", r"^SYNCS"), ("mbarrier try-wait", r"^SYNCS\.PHASECHK.*TRYWAIT"), ("setmaxnreg", r"^USETMAXREG"),
+    ("cluster barrier", r"^UCGABAR"), ("STSM", r"^STSM"), ("LDSM", r"^LDSM"), ("HMMA", r"^HMMA"),
+    ("LDG.128", r"^LDG\.E\.128"), ("STG.128", r"^STG\.E\.128"), ("LDS.128", r"^LDS\.128"), ("STS.128", r"^STS\.128"),
+    ("LDS", r"^LDS"), ("FFMA", r"^FFMA"), ("LDL/STL", r"^(LDL|STL)"),
+)
+_HGMMA_SHAPE = re.compile(r"^x(\d+)x(\d+)")
+
+
+def features(summary: SassSummary) -> list[str]:
+    """The SASS features a kernel shows, as short tags in a fixed order: the HGMMA shape (``HGMMA
+    64x256x16``), TMA loads / multicast / stores, mbarriers, setmaxnreg, cluster barriers, STSM, 128-bit
+    global and shared accesses, FFMA, local memory. Comparing a step's tags with the previous step's
+    says what the step introduced."""
+    out = []
+    shapes = sorted({f"HGMMA {ins.opcode.split('.')[1]}x{m.group(1)}x{m.group(2)}"
+                     for ins in summary.instructions if ins.base == "HGMMA"
+                     for m in [_HGMMA_SHAPE.match(ins.operands)] if m and "." in ins.opcode},
+                    key=lambda t: [int(x) for x in t.split()[1].split("x")])
+    out += shapes
+    out += [tag for tag, rx in _FEATURES if summary.has(rx)]
+    return out

@@ -1,4 +1,4 @@
-// Everything that is fixed when the engine kernel is instantiated, by name. gemmlab.plan.Plan writes the
+// Everything that is fixed when the engine kernel is instantiated, by name. gemmlab.planner.Plan writes the
 // template arguments (Plan.template_args); the derived constants below are what the parts use.
 #pragma once
 #include "ptx.cuh"

@@ -1,5 +1,5 @@
 // engine.gemm: the GEMM of gemmlab's engine, composed of named parts (kernels/common/):
-//   gemm_traits.cuh     every compile-time choice by name (GemmTraits), written by gemmlab.plan.Plan
+//   gemm_traits.cuh     every compile-time choice by name (GemmTraits), written by gemmlab.planner.Plan
 //   pipeline.cuh        the shared-memory ring (full / empty mbarriers, cursors)
 //   tile_scheduler.cuh  data-parallel, split-K (clusters) and hybrid stream-K units
 //   mainloop.cuh        the producer's TMA loads and the consumers' wgmmas of one unit

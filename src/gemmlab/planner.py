@@ -317,16 +317,3 @@ def _profile(profile: DeviceProfile | None, device) -> DeviceProfile:
     idx = torch.device(device).index if not isinstance(device, int) else device
     info = gpu_info(idx)
     return dataclasses.replace(H200, name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes, source="gpu")
-
-
-class _CallableModule(type(dataclasses)):
-    """``gemmlab.plan(M, N, K)`` is the issue's public spelling and ``gemmlab.plan.Plan`` the dataclass's
-    home: the module object answers calls with ``plan``."""
-
-    def __call__(self, *args, **kwargs) -> Plan:
-        return plan(*args, **kwargs)
-
-
-import sys as _sys  # noqa: E402
-
-_sys.modules[__name__].__class__ = _CallableModule

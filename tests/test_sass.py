@@ -1,0 +1,59 @@
+"""gemmlab.sass: the disassembly cache next to the cubins, and the SASS features the ladder table shows."""
+
+import pytest
+
+from gemmlab import registry, sass
+
+
+@pytest.fixture
+def counted(monkeypatch, tmp_path):
+    """nvdisasm runs counted, a fresh cache folder and an empty in-process memo."""
+    monkeypatch.setenv("GEMMLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sass, "_MEMO", {})
+    calls = []
+    real = sass._run_nvdisasm
+
+    def run(exe, cubin):
+        calls.append(len(cubin))
+        return real(exe, cubin)
+
+    monkeypatch.setattr(sass, "_run_nvdisasm", run)
+    return calls
+
+
+def test_an_unchanged_cubin_is_disassembled_once(counted, tmp_path, monkeypatch):
+    ck = registry.get("k02").compile()
+    first = sass.disassemble(ck.cubin, ck.mangled_name)
+    assert sass.disassemble(ck.cubin, ck.mangled_name) == first and len(counted) == 1  # the memo
+    monkeypatch.setattr(sass, "_MEMO", {})  # a new process: the file next to the cubins
+    assert sass.disassemble(ck.cubin, ck.mangled_name) == first and len(counted) == 1
+    assert len(list((tmp_path / "cache" / "sass").glob("*.sass"))) == 1
+    other = registry.get("k03").compile()
+    sass.disassemble(other.cubin)
+    assert len(counted) == 2
+
+
+def test_an_unwritable_cache_folder_only_costs_the_cache(counted, tmp_path, monkeypatch):
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    monkeypatch.setenv("GEMMLAB_CACHE_DIR", str(blocker))
+    ck = registry.get("k01").compile(use_disk_cache=False)
+    text = sass.disassemble(ck.cubin, ck.mangled_name)
+    assert "FFMA" in text and len(counted) == 1
+
+
+def test_the_memo_is_bounded(counted, monkeypatch):
+    monkeypatch.setattr(sass, "_MEMO_SIZE", 2)
+    for name in ("k01", "k02", "k03"):
+        sass.disassemble(registry.get(name).compile().cubin)
+    assert len(sass._MEMO) == 2
+
+
+def test_features_of_two_steps():
+    def feats(name):
+        return sass.features(sass.kernel_summary(registry.get(name).compile()))
+
+    k06, h07 = feats("k06"), feats("h07")
+    assert {"LDG.128", "STG.128", "LDS.128", "STS.128", "FFMA"} <= set(k06) and "HGMMA" not in " ".join(k06)
+    assert {"TMA load", "TMA multicast", "mbarrier", "cluster barrier", "setmaxnreg"} <= set(h07)
+    assert "HGMMA 64x256x16" in h07 and "LDL/STL" not in h07
