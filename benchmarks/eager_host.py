@@ -2,12 +2,10 @@
 
 No CUDA graphs anywhere here: graph replay hides the host path, which is what this measures.
 
-- ``host``: the host time of one call. The GPU is first given a long sleep kernel, so every call only
-  queues its work and returns: N back-to-back calls over a wall clock are the host path alone.
-- ``wall``: N back-to-back calls on an idle GPU, then one synchronize, over N: what an eager loop of this
-  call costs (about the larger of the host time and the GPU time).
-- ``stack``: the 7 projections of a Llama-2-7B layer (q, k, v, o, gate, up, down), repeated to 32
-  calls, at batch 1 and 16: one eager forward's worth of GEMMs, wall time per stack.
+- per call and ``stack``: what ``gemmlab bench --suite matmul-eager`` measures (``gemmlab.bench.bench_eager``
+  and ``bench_eager_stack``, timed with ``gemmlab.timer.eager_host_us`` / ``eager_wall_us``): the host time
+  of a call with the GPU kept busy, the wall time of back-to-back calls on an idle GPU, and a Llama-2-7B
+  layer's 32 projections through ``gemmlab.linear``.
 - ``--breakdown``: the stages of gemmlab's path, each timed alone over many repetitions.
 - ``--mechanisms``: the building blocks a launch can be made of (launch interfaces, stream lookup,
   descriptor encoding and address replacement, allocation, custom-op dispatch), each timed alone.
@@ -29,22 +27,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 # GEMMLAB_SRC: another checkout's src/ (e.g. the code before a change, to time both in one session).
 sys.path.insert(0, os.environ.get("GEMMLAB_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
 import gemmlab  # noqa: E402
-from gemmlab.bench import append_records, git_sha  # noqa: E402
+from gemmlab.bench import append_records, git_sha  # noqa: E402,F401
 from gemmlab.gpu import gpu_info, sample_clocks  # noqa: E402
-
-DECODE_WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336), (1024, 4096), (8192, 8192), (16384, 16384))
-DECODE_M = (1, 8, 16, 32)
-PREFILL = ((128, 4096, 4096), (512, 4096, 4096), (2048, 4096, 4096))
-LLAMA2_7B_LAYER = ((4096, 4096), (4096, 4096), (4096, 4096), (4096, 4096),  # q, k, v, o (N, K)
-                   (11008, 4096), (11008, 4096), (4096, 11008))  # gate, up, down
-STACK_CALLS = 32
-
 
 def _median_us(fn, reps: int, inner: int = 1) -> float:
     """Median over ``reps`` of the wall time of ``inner`` calls, per call, in microseconds."""
@@ -54,33 +43,6 @@ def _median_us(fn, reps: int, inner: int = 1) -> float:
         for _ in range(inner):
             fn()
         xs.append((time.perf_counter_ns() - t0) / inner / 1e3)
-    return statistics.median(xs)
-
-
-def host_us(fn, calls: int = 100, rounds: int = 5) -> float:
-    """Host time per call with the GPU kept busy (calls only queue work): median over rounds."""
-    xs = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(150_000_000)  # 75-115 ms of GPU time: longer than 100 calls take to queue
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        xs.append((time.perf_counter_ns() - t0) / calls / 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(xs)
-
-
-def wall_us(fn, calls: int = 100, rounds: int = 5) -> float:
-    """Eager wall time per call on an idle GPU: ``calls`` back-to-back calls and one synchronize."""
-    xs = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        xs.append((time.perf_counter_ns() - t0) / calls / 1e3)
     return statistics.median(xs)
 
 
@@ -95,70 +57,31 @@ def _rand(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
-def per_call_records(dtype=torch.bfloat16, reps: int = 1) -> list[dict]:
-    """host and wall time per call, gemmlab.matmul against torch.mm, decode and small prefill shapes."""
-    shapes = [(m, n, k) for n, k in DECODE_WEIGHTS for m in DECODE_M] + list(PREFILL)
+def per_call_records(dtype, reps: int) -> list[dict]:
+    """``gemmlab bench --suite matmul-eager``'s per-call part (``gemmlab.bench.bench_eager``)."""
+    from gemmlab import bench
+    from gemmlab.matmul_suites import EAGER
+
     recs = []
-    for M, N, K in shapes:
-        a, w = _rand(M, K, dtype=dtype), _rand(N, K, dtype=dtype)
-        b = w.t()
-        ref = a.double() @ b.double()
-        got = gemmlab.matmul(a, b)
-        err = float((got.double() - ref).norm() / ref.norm())
-        ours = lambda: gemmlab.matmul(a, b)  # noqa: E731
-        theirs = lambda: torch.mm(a, b)  # noqa: E731
-        for _ in range(20):  # warm: compile, descriptors, cuBLAS handles
-            ours(), theirs()
-        row = dict(_common("per_call"), dtype=str(dtype).replace("torch.", ""), M=M, N=N, K=K, rel_error=err)
-        # Interleaved, each measurement twice (ours, theirs, ours, theirs) and the medians kept.
-        h = {"gemmlab": [], "torch": []}
-        wl = {"gemmlab": [], "torch": []}
-        for _ in range(reps):
-            for name, fn in (("gemmlab", ours), ("torch", theirs)):
-                h[name].append(host_us(fn))
-                wl[name].append(wall_us(fn))
-        row.update(host_us=min(h["gemmlab"]), baseline_host_us=min(h["torch"]),
-                   wall_us=min(wl["gemmlab"]), baseline_wall_us=min(wl["torch"]))
-        row["wall_ratio"] = row["baseline_wall_us"] / row["wall_us"]
-        row["host_excess_us"] = row["host_us"] - row["baseline_host_us"]
-        recs.append(row)
-        print(f"{dtype} {M:>5} x {N:>5} x {K:>5}  host {row['host_us']:7.1f} us (torch {row['baseline_host_us']:6.1f})"
-              f"  wall {row['wall_us']:7.1f} us (torch {row['baseline_wall_us']:6.1f})  x{row['wall_ratio']:.3f}"
-              f"  err {err:.1e}", flush=True)
+    for case in EAGER:
+        r = bench.bench_eager(case.M, case.N, case.K, dtype=dtype, reps=reps, extra={"case": case.name})
+        recs.append(r)
+        print(f"{dtype} {r['M']:>5} x {r['N']:>5} x {r['K']:>5}  host {r['host_us']:7.1f} us (torch "
+              f"{r['baseline_host_us']:6.1f})  wall {r['wall_us']:7.1f} us (torch {r['baseline_wall_us']:6.1f})  "
+              f"x{r['ratio']:.3f}  err {r['rel_error']:.1e}", flush=True)
     return recs
 
 
-def stack_records(dtype=torch.bfloat16) -> list[dict]:
-    """A 7B layer's projections repeated to 32 calls, eager, at batch 1 and 16: wall time per stack."""
+def stack_records(dtype, reps: int) -> list[dict]:
+    """The 7B layer stack at batch 1 and 16 (``gemmlab.bench.bench_eager_stack``)."""
+    from gemmlab import bench
+
     recs = []
-    weights = [_rand(n, k, dtype=dtype) for n, k in LLAMA2_7B_LAYER]
     for M in (1, 16):
-        xs = {k: _rand(M, k, dtype=dtype) for k in {k for _, k in LLAMA2_7B_LAYER}}
-        calls = [(xs[w.shape[1]], w) for w in (weights * 5)[:STACK_CALLS]]
-
-        def ours():
-            for x, w in calls:
-                gemmlab.linear(x, w)
-
-        def theirs():
-            for x, w in calls:
-                F.linear(x, w)
-
-        for _ in range(3):
-            ours(), theirs()
-        t = {"gemmlab": [], "torch": []}
-        for _ in range(3):
-            for name, fn in (("gemmlab", ours), ("torch", theirs)):
-                t[name].append(wall_us(fn, calls=20) / STACK_CALLS)
-                t.setdefault(name + "_host", []).append(host_us(fn, calls=5) / STACK_CALLS)
-        row = dict(_common("stack"), dtype=str(dtype).replace("torch.", ""), M=M, calls=STACK_CALLS,
-                   model="llama2_7b", wall_us=min(t["gemmlab"]), baseline_wall_us=min(t["torch"]),
-                   host_us=min(t["gemmlab_host"]), baseline_host_us=min(t["torch_host"]))
-        row["wall_ratio"] = row["baseline_wall_us"] / row["wall_us"]
-        recs.append(row)
-        print(f"stack {dtype} M={M}: {row['wall_us']:.1f} us/call (torch {row['baseline_wall_us']:.1f}) "
-              f"x{row['wall_ratio']:.3f}; host {row['host_us']:.1f} (torch {row['baseline_host_us']:.1f})",
-              flush=True)
+        r = bench.bench_eager_stack(M, dtype=dtype, reps=reps)
+        recs.append(r)
+        print(f"stack {dtype} M={M}: {r['wall_us']:.1f} us/call (torch {r['baseline_wall_us']:.1f}) "
+              f"x{r['ratio']:.3f}; host {r['host_us']:.1f} (torch {r['baseline_host_us']:.1f})", flush=True)
     return recs
 
 
@@ -349,7 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mechanisms", action="store_true", help="time the launch building blocks")
     ap.add_argument("--no-calls", action="store_true", help="skip the per-call and stack measurements")
     ap.add_argument("--dtypes", default="bfloat16,float16")
-    ap.add_argument("--reps", type=int, default=1, help="interleaved repetitions per shape (the best is kept)")
+    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per shape (the best is kept)")
     args = ap.parse_args(argv)
     recs = []
     if args.mechanisms:
@@ -366,7 +289,7 @@ def main(argv=None) -> int:
             print(f"== per call, {name}", flush=True)
             recs += per_call_records(dtype, args.reps)
             print(f"== stack, {name}", flush=True)
-            recs += stack_records(dtype)
+            recs += stack_records(dtype, args.reps)
     append_records(args.out, recs)
     return 0
 

@@ -18,7 +18,7 @@ import torch
 
 from .gpu import gpu_info
 from .registry import LADDERS, KernelSpec
-from .timer import sets_for, time_interleaved
+from .timer import eager_host_us, eager_wall_us, sets_for, time_interleaved
 
 SCHEMA = 1
 MAX_SET_BYTES = 8 * 2**30  # all rotating input sets together stay under this
@@ -246,3 +246,69 @@ def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bflo
     }
     del sets, outs
     return rec
+
+
+# Eager calls: gemmlab.matmul / linear against torch as a caller runs them, no graphs ------------------------
+
+def _eager_common(kind: str) -> dict:
+    from .gpu import sample_clocks
+
+    info = gpu_info()
+    return {"schema": SCHEMA, "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "git_sha": git_sha(), "gpu": info.name, "sm_count": info.sm_count, "driver": info.driver,
+            "torch": info.torch, "suite": "eager", "kind": kind, "sm_clock_mhz": sample_clocks().sm_mhz}
+
+
+def _interleaved_eager(ours: Callable[[], object], theirs: Callable[[], object], reps: int, calls: int) -> dict:
+    """Host and wall time per call of both, measured in turns (ours, theirs, ...), the best of ``reps``."""
+    for _ in range(3):  # warm: compiles, descriptors, cuBLAS handles
+        ours(), theirs()
+    t = {"host": [], "baseline_host": [], "wall": [], "baseline_wall": []}
+    for _ in range(reps):
+        for key, fn in (("", ours), ("baseline_", theirs)):
+            t[key + "host"].append(eager_host_us(fn, calls=calls))
+            t[key + "wall"].append(eager_wall_us(fn, calls=calls))
+    out = {f"{k}_us": min(v) for k, v in t.items()}
+    out["ratio"] = out["baseline_wall_us"] / out["wall_us"]
+    out["host_excess_us"] = out["host_us"] - out["baseline_host_us"]
+    return out
+
+
+def bench_eager(M: int, N: int, K: int, *, dtype=torch.bfloat16, reps: int = 2, extra: dict | None = None) -> dict:
+    """``gemmlab.matmul(x, w.t())`` against ``torch.mm(x, w.t())`` on the same inputs, eager: the host time
+    of one call (GPU kept busy) and the wall time of back-to-back calls (GPU idle). One record; ``ratio``
+    is torch's wall time over ours (> 1: faster as a caller sees it)."""
+    from . import matmul
+
+    x = torch.randn(M, K, device="cuda", dtype=dtype)
+    w = torch.randn(N, K, device="cuda", dtype=dtype)
+    err = rel_error(matmul(x, w.t()), x.double() @ w.t().double())
+    times = _interleaved_eager(lambda: matmul(x, w.t()), lambda: torch.mm(x, w.t()), reps, calls=100)
+    return dict(_eager_common("per_call"), dtype=str(dtype).replace("torch.", ""), M=M, N=N, K=K,
+                baseline="torch.mm", rel_error=err, correct=err <= 1e-2, **times, **(extra or {}))
+
+
+def bench_eager_stack(M: int, *, dtype=torch.bfloat16, reps: int = 2) -> dict:
+    """One eager forward's GEMMs (``matmul_suites.LLAMA2_7B_LAYER`` repeated to ``STACK_CALLS`` calls) at
+    batch ``M``: ``gemmlab.linear`` against ``F.linear``, per call of the stack. One record."""
+    import torch.nn.functional as F
+
+    from . import linear
+    from .matmul_suites import LLAMA2_7B_LAYER, STACK_CALLS
+
+    weights = [torch.randn(n, k, device="cuda", dtype=dtype) for n, k in LLAMA2_7B_LAYER]
+    xs = {k: torch.randn(M, k, device="cuda", dtype=dtype) for k in {k for _, k in LLAMA2_7B_LAYER}}
+    calls = [(xs[w.shape[1]], w) for w in (weights * STACK_CALLS)[:STACK_CALLS]]
+
+    def ours():
+        for x, w in calls:
+            linear(x, w)
+
+    def theirs():
+        for x, w in calls:
+            F.linear(x, w)
+
+    times = _interleaved_eager(ours, theirs, reps, calls=10)
+    times = {k: v / STACK_CALLS if k.endswith("_us") else v for k, v in times.items()}
+    return dict(_eager_common("stack"), dtype=str(dtype).replace("torch.", ""), M=M, calls=STACK_CALLS,
+                model="llama2_7b", baseline="F.linear", **times)

@@ -80,6 +80,17 @@ EPILOGUE = (
     MatmulCase("llama3_8b.gate_proj decode M=16 silu", 16, 14336, 4096, activation="silu"),
 )
 
+# Eager calls (issue 13): decode and small prefill, where an eager call's host time can exceed its GPU time.
+EAGER_WEIGHTS = ((4096, 4096), (14336, 4096), (4096, 14336), (1024, 4096), (8192, 8192), (16384, 16384))
+EAGER = tuple(MatmulCase(f"eager {m}x{n}x{k}", m, n, k) for n, k in EAGER_WEIGHTS for m in (1, 8, 16, 32)) + tuple(
+    MatmulCase(f"eager {m}x4096x4096", m, 4096, 4096) for m in (128, 512, 2048))
+# One eager forward's GEMMs: the 7 projections of a Llama-2-7B layer (q, k, v, o, gate, up, down as (N, K)),
+# repeated to 32 calls.
+LLAMA2_7B_LAYER = ((4096, 4096), (4096, 4096), (4096, 4096), (4096, 4096), (11008, 4096), (11008, 4096),
+                   (4096, 11008))
+STACK_CALLS = 32
+
+
 def _broad() -> tuple[MatmulCase, ...]:
     from .broad_shapes import broad_cases
 
@@ -89,7 +100,7 @@ def _broad() -> tuple[MatmulCase, ...]:
 BROAD = _broad()
 SUITES: dict[str, tuple[MatmulCase, ...]] = {
     "square": SQUARE, "llm": LLM, "prefill": PREFILL, "decode": DECODE, "unaligned": UNALIGNED,
-    "epilogue": EPILOGUE, "broad": BROAD,
+    "epilogue": EPILOGUE, "broad": BROAD, "eager": EAGER,
 }
 
 

@@ -1,5 +1,8 @@
 """gemmlab's one timer, used by the tests' benchmarks, the CLI, the benchmark suites and the MCP server.
 
+Two protocols: GPU time under sustained load (``time_interleaved``, below), and what an eager call costs its
+caller (``eager_host_us``, ``eager_wall_us``: no graphs, since a graph replay hides the host).
+
 Protocol (the brief's): inputs rotate over several sets totalling at least 2x the L2, so no launch
 reads a cache-warm operand; back-to-back launches are captured in one CUDA graph of about
 ``replay_ms``; each replay is timed with CUDA events; candidates are interleaved round by round (the
@@ -143,3 +146,36 @@ def sample_during(started, *, delay_s: float, poll_s: float = 5e-5, timeout_s: f
     if delay_s > 0:
         time.sleep(delay_s)
     return sampler()
+
+
+# Eager calls --------------------------------------------------------------------------------------------
+
+def eager_host_us(fn: Callable[[], object], *, calls: int = 100, rounds: int = 5,
+                  busy_cycles: int = 150_000_000) -> float:
+    """Host time of one call of ``fn`` in microseconds: the GPU is first given a sleep kernel of
+    ``busy_cycles`` (75-115 ms at 1.3-2 GHz), so each call only queues its work and returns; ``calls``
+    back-to-back calls over a wall clock, median over ``rounds``."""
+    xs = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(busy_cycles)
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        xs.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(xs)
+
+
+def eager_wall_us(fn: Callable[[], object], *, calls: int = 100, rounds: int = 5) -> float:
+    """Eager wall time of one call in microseconds: ``calls`` back-to-back calls on an idle GPU and one
+    synchronize (about the larger of the host time and the GPU time), median over ``rounds``."""
+    xs = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        xs.append((time.perf_counter_ns() - t0) / calls / 1e3)
+    return statistics.median(xs)

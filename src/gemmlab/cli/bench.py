@@ -141,6 +141,8 @@ def _geomean(xs: list[float]) -> float:
 
 def _bench_matmul(args, name: str) -> int:
     """Time ``gemmlab.matmul`` against torch on every case of a ``gemmlab.matmul_suites`` suite."""
+    if name == "eager":
+        return _bench_eager(args)
 
     from .. import bench
     from ..matmul_suites import suite as matmul_suite
@@ -177,6 +179,47 @@ def _bench_matmul(args, name: str) -> int:
     out.print(t)
     ratios = [r["ratio"] for r in records]
     out.print(f"{name}: geomean x{_geomean(ratios):.3f}, min x{min(ratios):.3f} over {len(ratios)} cases")
+    return 0
+
+
+def _bench_eager(args) -> int:
+    """The eager suite: per call (host and wall time) on every ``matmul_suites.EAGER`` case in bf16 and
+    fp16, then the 7B layer stack at batch 1 and 16."""
+    import torch
+
+    from .. import bench
+    from ..matmul_suites import EAGER
+
+    out = console(stderr=args.json)
+    path = Path(args.out) if args.out else output_dir() / "results" / "eager.jsonl"
+    jobs = [("case", c, dt) for dt in (torch.bfloat16, torch.float16) for c in EAGER]
+    jobs += [("stack", m, dt) for dt in (torch.bfloat16, torch.float16) for m in (1, 16)]
+    records = []
+    with progress("bench", len(jobs)) as step:
+        for kind, what, dtype in jobs:
+            label = f"{what.name} {dtype}" if kind == "case" else f"7B layer stack M={what} {dtype}"
+            step(f"timing {label}")
+            try:
+                rec = (bench.bench_eager(what.M, what.N, what.K, dtype=dtype, extra={"case": what.name})
+                       if kind == "case" else bench.bench_eager_stack(what, dtype=dtype))
+            except Exception as e:  # noqa: BLE001 - reported; the other cases still run
+                out.print(f"[red]{label} failed: {e}[/red]")
+                continue
+            bench.append_records(path, [rec])
+            records.append(rec)
+            out.print(f"{label}: host {rec['host_us']:.1f} us (torch {rec['baseline_host_us']:.1f}), wall "
+                      f"{rec['wall_us']:.1f} us (torch {rec['baseline_wall_us']:.1f}), x{rec['ratio']:.3f}",
+                      markup=False, highlight=False)
+    if not records:
+        out.print("eager: no case ran")
+        return 1
+    if args.json:
+        emit_json(records)
+        return 0
+    excess = [r["host_excess_us"] for r in records]
+    out.print(f"eager: {len(records)} records appended to {path}; host time over torch's: median "
+              f"{sorted(excess)[len(excess) // 2]:+.1f} us, largest {max(excess):+.1f} us; wall time x torch: "
+              f"geomean {_geomean([r['ratio'] for r in records]):.3f}")
     return 0
 
 

@@ -12,7 +12,7 @@ from ..reports import MAX_CLOCK_MHZ, MAX_DIM, MIN_CLOCK_MHZ
 # Kept here, not read from the modules that own them, so that building the parser imports neither
 # matplotlib nor the registry; tests/test_cli.py checks both lists against their owners.
 FIGURE_NAMES = ("swizzle", "outer_products", "wave_quantization", "roofline", "warptiling", "tile_order", "pipeline")
-MATMUL_SUITES = ("square", "llm", "prefill", "decode", "unaligned", "epilogue")
+MATMUL_SUITES = ("square", "llm", "prefill", "decode", "unaligned", "epilogue", "broad", "eager")
 MATMUL_PREFIX = "matmul-"
 LADDERS = ("sgemm", "hopper")
 
@@ -279,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  matmul-NAME       gemmlab.matmul against torch on a gemmlab.matmul_suites suite:\n"
                f"                    {suites_help}; records labelled NAME,\n"
                "                    appended to $GEMMLAB_OUT_DIR/results/matmul.jsonl (or --out)\n"
+               "  matmul-eager      eager calls, no graphs: host and wall time per call of gemmlab.matmul\n"
+               "                    against torch.mm (bf16 and fp16), and a 7B layer's 32 projections\n"
+               "                    through gemmlab.linear against F.linear (results/eager.jsonl)\n"
                "  --shape/--shapes/--sizes replace a suite's shapes; without --suite they mean every step\n"
                "  (or --steps) at those shapes, labelled 'explicit'\n\n"
                "examples:\n"
