@@ -920,3 +920,22 @@ def test_gpu_opcheck_with_the_engine(gen):
     a, b = make(64, 48, 32, BF16, "TN", gen)
     bias, c = rnd(48, dtype=FP32, device="cuda", gen=gen), rnd(64, 48, dtype=FP32, device="cuda", gen=gen)
     torch.library.opcheck(torch.ops.gemmlab.matmul.default, (a, b, bias, "gelu_tanh", 0.5, 2.0, c, FP32))
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_debug_log_names_the_route_and_plan_once_per_key(caplog, gen):
+    """GEMMLAB_LOG=debug (the gemmlab logger at DEBUG) says which kernel and plan a call runs when it is
+    prepared, and a repeated call logs nothing (it prepares nothing)."""
+    import logging
+
+    a, b = make(777, 1000, 512, BF16, "TN", gen)
+    x, w = make(5, 4096, 4096, BF16, "TN", gen)
+    with caplog.at_level(logging.DEBUG, logger="gemmlab"):
+        gemmlab.matmul(a, b)
+        gemmlab.matmul(x, w)
+        first = caplog.text
+        caplog.clear()
+        gemmlab.matmul(a, b)
+    assert "777x1000x512" in first and "h11 BN=" in first and "decode kernel" in first and "decode plan" in first
+    assert "matmul 777x1000x512" not in caplog.text

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .log import logger
+
 SOURCE = "engine/decode.cu"
 # The M cutoff: M <= MAX_M takes the decode kernel. The kernel runs up to KERNEL_MAX_M tokens (NT = 8),
 # but at M = 33..64 h11 is predicted to win (docs/worklog.md, "Decode kernel"); benchmarks/decode_variants.py
@@ -298,6 +300,7 @@ class DecodeLaunch:
         M, K = a.shape
         N = b.shape[1]
         p = self.plan = plan(M, N, K, sm_count, variant)
+        logger.debug("decode plan %s", p)
         expr = kernel_expr(*ctypes, p.nt, epi, p.splits > 1, p.variant)
         compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"engine.decode[{expr[14:-1]}]")
         self.device = a.device

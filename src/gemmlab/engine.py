@@ -25,6 +25,7 @@ import torch
 
 from . import decode, tuned
 from .epilogue import ACTIVATIONS, DIRECT, ctypes, epi_bits
+from .log import logger
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
 from .jit.launch import Launcher, MapSlot, max_active_clusters, raw_stream
@@ -271,20 +272,30 @@ TUNED_STEP = "hopper.h11_general"  # the registry step whose tuned configs are t
 def plan_for(M: int, N: int, K: int, sm_count: int,
              capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None, *,
              gpu: tuned.GpuKey | None = None) -> tuple[int, int]:
-    """The (tile width, split count) ``gemm`` runs when no plan is forced: the winner ``gemmlab tune
-    hopper.h11_general`` saved for exactly (M, N, K) on ``gpu`` while it is still a plan the engine runs
-    there (exactly the keys BN and SPLITS, ``plan_problem`` finds nothing, its cluster launches:
-    ``capacity`` as for ``choose_plan``), else ``choose_plan``. ``gpu`` None: no lookup, and one whose SM
-    count is not ``sm_count`` neither. The lookup is one ``stat`` of the file (``tuned.saved_config``);
-    ``gemmlab.ops`` keeps the answer per call key and watches the files (``tuned_plans_stamp``)."""
-    if gpu is not None and gpu.sm_count == sm_count:
-        _PLANNED.add(gpu)
-        cfg = tuned.saved_config(TUNED_STEP, M, N, K, gpu)
-        if cfg is not None and set(cfg) == {"BN", "SPLITS"}:
-            bn, splits = cfg["BN"], cfg["SPLITS"]
-            if plan_problem(K, bn, splits) is None and (splits == 1 or _capacity_of(capacity).get(splits, 0) >= 1):
-                return bn, splits
-    return choose_plan(M, N, K, sm_count, capacity)
+    """The (tile width, split count) ``gemm`` runs when no plan is forced: ``tuned_plan``, else
+    ``choose_plan``."""
+    return tuned_plan(M, N, K, sm_count, capacity, gpu=gpu) or choose_plan(M, N, K, sm_count, capacity)
+
+
+def tuned_plan(M: int, N: int, K: int, sm_count: int,
+               capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None, *,
+               gpu: tuned.GpuKey | None = None) -> tuple[int, int] | None:
+    """The winner ``gemmlab tune hopper.h11_general`` saved for exactly (M, N, K) on ``gpu`` while it is
+    still a plan the engine runs there (exactly the keys BN and SPLITS, ``plan_problem`` finds nothing, its
+    cluster launches: ``capacity`` as for ``choose_plan``), else None. ``gpu`` None: no lookup, and one
+    whose SM count is not ``sm_count`` neither. The lookup is one ``stat`` of the file
+    (``tuned.saved_config``); ``gemmlab.ops`` keeps the answer per call key and watches the files
+    (``tuned_plans_stamp``)."""
+    if gpu is None or gpu.sm_count != sm_count:
+        return None
+    _PLANNED.add(gpu)
+    cfg = tuned.saved_config(TUNED_STEP, M, N, K, gpu)
+    if cfg is None or set(cfg) != {"BN", "SPLITS"}:
+        return None
+    bn, splits = cfg["BN"], cfg["SPLITS"]
+    if plan_problem(K, bn, splits) is None and (splits == 1 or _capacity_of(capacity).get(splits, 0) >= 1):
+        return bn, splits
+    return None
 
 
 _PLANNED: set = set()  # the GPUs plan_for has looked up tuned plans for
@@ -402,15 +413,25 @@ def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.
     if activation not in ACTIVATIONS:
         raise UnsupportedProblem(f"unknown activation {activation!r}; known: {[k for k in ACTIVATIONS if k]}")
     capacity = lambda: cluster_capacity(a.device)  # noqa: E731 - asked only when a split plan is weighed
+    how = "forced"
     if plan is not None:
         plan = validate_plan(plan, K, capacity)
     elif use_decode(a, b, out):
+        logger.debug("matmul %dx%dx%d %s: decode kernel", M, N, K, a.dtype)
         return decode.prepare(a, b, out, epi=epi_bits(bias is not None, has_c, activation),
                               ctypes=ctypes(a.dtype, out.dtype, None if bias is None else bias.dtype), c=c,
                               bias=bias, sm_count=_sm_count(a.device))
     if plan is None:
-        plan = plan_for(M, N, K, _sm_count(a.device), capacity, gpu=tuned.device_gpu(_index(a.device)))
-    return H11Launch(a, b, out, bias=bias, activation=activation, has_c=has_c, c=c, plan=plan)
+        sm = _sm_count(a.device)
+        plan, how = tuned_plan(M, N, K, sm, capacity, gpu=tuned.device_gpu(_index(a.device))), "tuned"
+        if plan is None:
+            plan, how = choose_plan(M, N, K, sm, capacity), "choose_plan"
+    launch = H11Launch(a, b, out, bias=bias, activation=activation, has_c=has_c, c=c, plan=plan)
+    logger.debug("matmul %dx%dx%d %s: h11 BN=%d splits=%d (%s)%s%s", M, N, K, a.dtype, plan[0], plan[1], how,
+                 " direct-store" if launch.direct else "",
+                 " copies " + "+".join(n for n, cp in (("A", launch.copy_a), ("B", launch.copy_b)) if cp)
+                 if launch.copy_a or launch.copy_b else "")
+    return launch
 
 
 class _OperandCopy:

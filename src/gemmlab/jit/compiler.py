@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CompileError, NoGPUError
+from ..log import logger
 from . import cache as _cache
 from .toolchain import cuda_include_dir, nvrtc_version
 
@@ -197,6 +198,9 @@ def compile_kernel(source: str, name_expression: str, *, arch: str, name: str | 
     with _LOCK:
         _MEMORY[mem_key] = compiled
         _FAST[fast_key] = compiled
+    logger.debug("compiled %s for %s: cache %s in %.3f s", name, arch, status, compiled.seconds)
+    if status != "hit":
+        logger.info("compiled %s (%.2f s)", name, compiled.seconds)
     return compiled
 
 
