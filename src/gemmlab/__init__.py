@@ -16,6 +16,10 @@ from .registry import get as kernel  # noqa: F401
 __version__ = "0.1.0"
 
 
+_INTEGRATION = {"nn": ("nn", None), "patch": ("nn", "patch"), "unpatch": ("nn", "unpatch"),
+                "warmup": ("warm", "warmup"), "FallbackWarning": ("errors", "FallbackWarning")}
+
+
 def __getattr__(name: str):
     # gemmlab.matmul / gemmlab.linear (gemmlab.ops) load torch and register the custom op on first use,
     # so `import gemmlab` stays light for the static tools.
@@ -24,4 +28,11 @@ def __getattr__(name: str):
 
         globals()[name] = getattr(ops, name)
         return globals()[name]
+    if name in _INTEGRATION:  # gemmlab.nn.Linear, patch/unpatch, warmup (issue 17)
+        import importlib
+
+        module, attr = _INTEGRATION[name]
+        value = importlib.import_module(f"{__name__}.{module}")
+        globals()[name] = value = getattr(value, attr) if attr else value
+        return value
     raise AttributeError(f"module 'gemmlab' has no attribute {name!r}")

@@ -545,7 +545,8 @@ def _needs_temporary(out: torch.Tensor, p: Problem, c) -> bool:
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
            alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+           fallback: bool = False) -> torch.Tensor:
     """``act(alpha * a @ b + beta * c + bias)`` on a CUDA GPU, accumulated in fp32.
 
     Args:
@@ -580,7 +581,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     Raises: ``TypeError`` for dtype and argument-type problems; ``UnsupportedProblem`` (a ``ValueError``)
     for shapes, limits (each dimension < 2^31, each operand < 2^40 elements), devices and overlap;
     ``NoGPUError`` when no GPU, or no Hopper GPU for bf16/fp16, is available. See ``gemmlab.ops``.
+    ``fallback=True``: where gemmlab cannot run (CPU tensors, float64, bf16/fp16 off Hopper) compute with
+    torch instead, with one ``gemmlab.FallbackWarning`` per reason (``gemmlab.nn.fallback_reason``).
     """
+    if fallback:
+        from .nn import matmul_or_fallback
+
+        return matmul_or_fallback(a, b, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c,
+                                  out_dtype=out_dtype, out=out)
     fast = _eager(a, b, bias, alpha, beta, c, out)
     if fast is True:
         return _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out)(a, b, bias, alpha, beta, c, out)
@@ -600,14 +608,19 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           activation: str | None = None) -> torch.Tensor:
+           activation: str | None = None, *, fallback: bool = False) -> torch.Tensor:
     """``act(x @ weight.T + bias)``, like ``torch.nn.functional.linear`` with a fused activation.
 
     x: (..., K), any number of leading dimensions (also none: (K,) gives (N,)); weight: (N, K) (an
     nn.Linear weight, any strides); bias: optional (N,). Returns (..., N) in x's dtype. The leading
     dimensions are flattened with ``reshape`` (a view whenever x's strides allow, else one copy), and
     the product is ``gemmlab.matmul(x2d, weight.t(), ...)``, whose rules and errors apply.
+    ``fallback=True``: ``torch.nn.functional.linear`` where gemmlab cannot run (as ``gemmlab.nn.Linear``).
     """
+    if fallback:
+        from .nn import linear_or_fallback
+
+        return linear_or_fallback(x, weight, bias, activation)
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         bad = x if not isinstance(x, torch.Tensor) else weight
         raise TypeError(f"gemmlab.linear: x and weight must be torch.Tensors, got {type(bad).__name__}")
