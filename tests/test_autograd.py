@@ -206,7 +206,7 @@ def test_meta_backward_shapes_dtypes_and_layouts():
 @pytest.mark.parametrize("activation", [None, "gelu"])
 def test_opcheck_with_gradients(on_cpu, activation):
     """opcheck's autograd registration and AOT-dispatch tests (forward and backward traced vs eager)."""
-    args = (leaf(rnd(8, 16)), leaf(rnd(24, 16)).t(), leaf(rnd(24, dtype=FP32)), activation, 0.5, 2.0,
+    args = (leaf(rnd(8, 16)), rnd(24, 16).t().requires_grad_(), leaf(rnd(24, dtype=FP32)), activation, 0.5, 2.0,
             leaf(rnd(8, 24, dtype=FP32)), FP32)
     torch.library.opcheck(torch.ops.gemmlab.matmul.default, args)
 
