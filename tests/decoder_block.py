@@ -107,7 +107,7 @@ class TinyDecoder(nn.Module):
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         self.lm_head.weight = self.embed.weight  # tied: patching must keep one Parameter
         with torch.no_grad():
-            self.embed.weight.mul_(0.5)  # logits of order one at init
+            self.embed.weight.normal_(0.0, cfg.dim ** -0.5)  # logits of order one at init
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)

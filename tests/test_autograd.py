@@ -236,12 +236,33 @@ def gen():
     return torch.Generator(device="cuda").manual_seed(20251217)
 
 
+GPU_LAYOUTS = {("row", "w.t()"): "TN", ("row", "row"): "NN", ("col", "w.t()"): "TT", ("col", "row"): "NT"}
+
+
+@pytest.fixture(scope="module")
+def gpu_warm():
+    """Every kernel the GPU tests below run (forward and backward), compiled at once in parallel threads
+    by gemmlab.warmup, and prepared; nothing it missed."""
+    from gemmlab.warm import GemmCall
+
+    calls = []
+    for dtype in (BF16, FP16, FP32):
+        for bias_dtype, _, _, has_c, out_dtype in EPILOGUES.values():
+            bias = None if bias_dtype is None else (dtype if bias_dtype == "input" else bias_dtype)
+            calls += [GemmCall(300, 264, 200, dtype, "TN", bias, act, has_c, out_dtype) for act in ACTS]
+    for (M, N, K) in ((16, 1024, 512), (1000, 520, 264)):
+        calls += [GemmCall(M, N, K, BF16, GPU_LAYOUTS[lay], BF16, "silu") for lay in GPU_LAYOUTS]
+    report = gemmlab.warmup(calls, backward=True)
+    assert report.unplanned == [], report.summary()
+    return report
+
+
 @pytest.mark.parametrize("activation", ACTS)
 @pytest.mark.parametrize("epilogue", list(EPILOGUES))
 @pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
 @pytest.mark.gpu
 @pytest.mark.hopper
-def test_gpu_gradients_match_torch(dtype, epilogue, activation, gen):
+def test_gpu_gradients_match_torch(dtype, epilogue, activation, gen, gpu_warm):
     check_case(300, 264, 200, dtype, epilogue, activation, device="cuda", gen=gen)
 
 
@@ -249,7 +270,7 @@ def test_gpu_gradients_match_torch(dtype, epilogue, activation, gen):
 @pytest.mark.parametrize("M, N, K", [(16, 1024, 512), (1000, 520, 264)], ids=str)
 @pytest.mark.gpu
 @pytest.mark.hopper
-def test_gpu_gradients_in_every_layout(a_layout, b_layout, M, N, K, gen):
+def test_gpu_gradients_in_every_layout(a_layout, b_layout, M, N, K, gen, gpu_warm):
     check_case(M, N, K, BF16, "bias", "silu", a_layout, b_layout, device="cuda", gen=gen)
 
 

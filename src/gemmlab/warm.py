@@ -294,6 +294,8 @@ def warmup(calls, *, tokens: int | Iterable[int] | None = None, dtype: torch.dty
         target = Target.h200()
     gemms = [g for call in calls for g in gemms_of(call, backward)]
     kernels = list(dict.fromkeys(k for g in gemms for k in kernels_for(g, target)))
+    if kernels:
+        _load_toolchain()
     t1 = time.perf_counter()
     threads = max(1, min(threads or os.cpu_count() or 1, len(kernels) or 1))
     compiled = _compile_all(kernels, threads)
@@ -305,14 +307,18 @@ def warmup(calls, *, tokens: int | Iterable[int] | None = None, dtype: torch.dty
     return report
 
 
-def _compile_all(kernels: list[Kernel], threads: int) -> list[Compiled]:
-    # Imports and toolchain lookups the compiles share, done once here: cuda.core's lazy import of Program
-    # is not thread-safe (two threads importing it at once failed with ImportError).
+def _load_toolchain() -> None:
+    """What every compile shares, loaded once before the threads start (counted as planning: ~1-2.5 s on the
+    development machine on first use): cuda.core's lazy import of Program is not thread-safe (two threads
+    importing it at once failed with ImportError), NVRTC's library and the CUDA headers' folder."""
     from cuda.core import Program, ProgramOptions  # noqa: F401
 
     from .jit.toolchain import cuda_include_dir, nvrtc_version
 
     cuda_include_dir(), nvrtc_version()
+
+
+def _compile_all(kernels: list[Kernel], threads: int) -> list[Compiled]:
     with compiler._LOCK:
         known = {id(v) for v in compiler._MEMORY.values()}
 
