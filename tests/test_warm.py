@@ -175,6 +175,24 @@ def test_warmup_compiles_ahead_then_finds_its_kernels(tmp_path, monkeypatch):
     compiler.clear_memory_cache()
 
 
+def test_warmup_prepares_the_calls_that_eager_calls_then_find(on_cpu, monkeypatch):
+    """On a GPU target warm-up also prepares each GEMM (here a faked CPU 'GPU' and the fake engine): the
+    eager forward (out_dtype left None) and its backward (explicit out_dtype) then prepare nothing."""
+    from fakes import rnd
+
+    monkeypatch.setattr(warm, "_compile_all", lambda kernels, threads: [warm.Compiled(k, 0.0, "miss") for k in kernels])
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    target = warm.Target("the CPU, faked", 132, engine.H200_CLUSTER_CAPACITY, device=torch.device("cpu"))
+    report = gemmlab.warmup([GemmCall(8, 16, 32, bias=BF16, activation="silu")], backward=True, target=target)
+    # Three GEMMs in bf16 (forward, dX, dW) prepared under out_dtype None and bfloat16, the fp32 recompute once.
+    assert report.gemms == 4 and report.prepared == 7 and report.unplanned == []
+    before = len(on_cpu.engine.prepared)
+    x, w, bias = (rnd(*s).requires_grad_() for s in ((8, 32), (16, 32), (16,)))
+    gemmlab.linear(x, w, bias, activation="silu").backward(rnd(8, 16))
+    assert len(on_cpu.engine.prepared) == before and len(on_cpu.engine.calls) == 4
+    assert x.grad is not None and w.grad is not None and bias.grad is not None
+
+
 def test_command_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GEMMLAB_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(warm, "_compile_all", lambda kernels, threads: [warm.Compiled(k, 0.0, "miss") for k in kernels])

@@ -344,12 +344,14 @@ def _prepare_all(gemms: list[tuple], device: torch.device | None, report: Warmup
         a, b, bias, activation, alpha, beta, c, out_dtype = args
         real = [None if t is None else torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
                 for t in (a, b, bias, c)]
-        key = ops._call_key(real[0], real[1], real[2], activation, beta, real[3], out_dtype, None)
-        if key in seen:
-            continue
-        seen.add(key)
-        ops._prepared(real[0], real[1], real[2], activation, alpha, beta, real[3], out_dtype, None)
-        report.prepared += 1
+        # The op's arguments name the output dtype; eager calls usually leave it None (the inputs' dtype),
+        # and prepared calls are keyed on the argument as given: prepare both.
+        for dtype in {out_dtype, None if out_dtype in (None, a.dtype) else out_dtype}:
+            key = ops._call_key(real[0], real[1], real[2], activation, beta, real[3], dtype, None)
+            if key not in seen:
+                seen.add(key)
+                ops._prepared(real[0], real[1], real[2], activation, alpha, beta, real[3], dtype, None)
+                report.prepared += 1
     with compiler._LOCK:
         report.unplanned = sorted(compiler._MEMORY[k].name for k in set(compiler._MEMORY) - before)
 
