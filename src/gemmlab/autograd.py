@@ -16,11 +16,11 @@ its eager fast path. Each gradient is computed in the layout of its input (the w
 accumulation into ``w.grad`` copies nothing. Gradients come in the inputs' dtypes; ``dz`` is rounded to
 the inputs' dtype for the GEMMs (as torch's own bf16 backward does) and kept in fp32 for ``dbias``.
 
-Who runs it: calls that need a gradient (grad mode on and an input requiring grad) go through the op
-(``gemmlab.ops._eager`` sends them there), whose autograd kernel is this formula; under
+Who runs it: calls that need a gradient (grad mode on and an input requiring grad) go through the op,
+whose autograd kernel is this formula, or, when eager (``gemmlab.ops._eager`` says ``_GRAD``), through
+``_EagerMatmul``, an autograd Function around the prepared call with this same formula; under
 ``torch.compile`` AOTAutograd traces it into the backward graph (every step here is a torch op or
-``gemmlab.matmul``, which traces as the op). Double backward (``create_graph=True``) differentiates the
-formula itself, whose GEMMs are again the op.
+``gemmlab.matmul``, which traces as the op). Double backward (``create_graph=True``) is not tested.
 """
 
 from __future__ import annotations
