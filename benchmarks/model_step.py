@@ -137,7 +137,8 @@ def run_config(name: str, cfg: db.Config, batch: int, seq: int, decode_batch: in
         ms, clock = interleaved(fns, n, rounds)
         rec = {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git_sha(),
                "gpu": gpu.name if gpu else device, "driver": gpu.driver if gpu else None, "torch": torch.__version__,
-               "suite": "model_step", "kind": kind, "model": name, "config": dataclasses.asdict(cfg), "batch": batch if kind != "decode" else decode_batch,
+               "suite": "model_step", "kind": kind, "model": name, "config": dataclasses.asdict(cfg),
+               "batch": batch if kind != "decode" else decode_batch,
                "seq": seq if kind != "decode" else 1, "rows": rows, "dtype": "bfloat16",
                "sm_clock_mhz": clock, "gemmlab_ms": ms["gemmlab"], "torch_ms": ms["torch"],
                "ratio": ms["torch"] / ms["gemmlab"], "logits_rel_error": err, "first_loss": first,

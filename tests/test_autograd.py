@@ -281,8 +281,7 @@ def test_gpu_compiled_gradients_match_eager(dtype, gen):
     def f(x, w, bias):
         return gemmlab.linear(x, w, bias, activation="gelu") * 2
 
-    x, w, bias = (rnd(4, 100, 256, dtype=dtype, device="cuda", gen=gen), rnd(192, 256, dtype=dtype, device="cuda", gen=gen),
-                  rnd(192, dtype=dtype, device="cuda", gen=gen))
+    x, w, bias = (rnd(*shape, dtype=dtype, device="cuda", gen=gen) for shape in ((4, 100, 256), (192, 256), (192,)))
     g = rnd(4, 100, 192, dtype=dtype, device="cuda", gen=gen)
     eager = [leaf(t) for t in (x, w, bias)]
     y = f(*eager)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab import decode, engine, ops, warm
+from gemmlab import engine, ops, warm
 from gemmlab.jit import compiler
 
 import decoder_block as db

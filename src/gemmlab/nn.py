@@ -61,7 +61,7 @@ def fallback_reason(dtype: torch.dtype, device: torch.device) -> str | None:
 
 
 @torch.compiler.assume_constant_result  # torch.compile calls it while tracing and keeps the answer
-def _route(dtype: torch.dtype, device: torch.device, weight_dtype: torch.dtype, who: str) -> bool:
+def _route(dtype: torch.dtype, device: torch.device, weight_dtype: torch.dtype, who: str, stacklevel: int) -> bool:
     """Whether gemmlab runs calls on ``dtype`` inputs on ``device`` (True) or torch does (False): decided
     once per (dtype, device, weight dtype) and kept in _ROUTES; warns the first time a reason is seen."""
     key = (dtype, device, weight_dtype)
@@ -71,7 +71,7 @@ def _route(dtype: torch.dtype, device: torch.device, weight_dtype: torch.dtype, 
         if why is not None and why not in _WARNED:
             _WARNED.add(why)
             warnings.warn(f"{who} falls back to torch: {why}. (Warned once per reason.)", FallbackWarning,
-                          stacklevel=4)
+                          stacklevel=stacklevel)  # pointing at the caller's line
         route = _ROUTES[key] = why is None
     return route
 
@@ -110,7 +110,7 @@ def torch_matmul(a, b, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=Non
 def linear_or_fallback(x, weight, bias=None, activation=None):
     """``gemmlab.linear(..., fallback=True)``: gemmlab where it can run, else ``torch_linear``."""
     if isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor):
-        if not _route(x.dtype, x.device, weight.dtype, "gemmlab.linear"):
+        if not _route(x.dtype, x.device, weight.dtype, "gemmlab.linear", 4):
             return torch_linear(x, weight, bias, activation)
     return ops.linear(x, weight, bias, activation)
 
@@ -119,7 +119,7 @@ def matmul_or_fallback(a, b, **kwargs):
     """``gemmlab.matmul(..., fallback=True)``: gemmlab where it can run, else ``torch_matmul`` (``out``
     written with ``copy_``)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if not _route(a.dtype, a.device, b.dtype, "gemmlab.matmul"):
+        if not _route(a.dtype, a.device, b.dtype, "gemmlab.matmul", 4):
             out = kwargs.pop("out", None)
             y = torch_matmul(a, b, **kwargs)
             return y if out is None else out.copy_(y)
@@ -146,7 +146,7 @@ class Linear(torch.nn.Linear):
         w, b = self.weight, self.bias
         if torch._C._is_any_autocast_enabled():
             x, w, b = _autocast(x, w, b)
-        if _route(x.dtype, x.device, w.dtype, "gemmlab.nn.Linear"):
+        if _route(x.dtype, x.device, w.dtype, "gemmlab.nn.Linear", 5):
             return ops.linear(x, w, b, self.activation)
         return torch_linear(x, w, b, self.activation)
 

@@ -199,7 +199,8 @@ def gemms_of(call: GemmCall, backward: bool = False) -> list[tuple]:
     return seen
 
 
-def calls_of_model(model: torch.nn.Module, tokens: int | Iterable[int], dtype: torch.dtype | None = None) -> list[GemmCall]:
+def calls_of_model(model: torch.nn.Module, tokens: int | Iterable[int],
+                   dtype: torch.dtype | None = None) -> list[GemmCall]:
     """The GEMMs of ``model``'s Linear modules (``gemmlab.nn.Linear``, and ``torch.nn.Linear`` that
     ``gemmlab.patch`` would turn into one) for inputs of ``tokens`` rows (batch x sequence; each value one
     set of shapes). ``dtype``: what they compute in (default: each weight's dtype; give the autocast dtype
