@@ -28,3 +28,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
         elif "hopper" in item.keywords and not _has_hopper():
             item.add_marker(skip_hopper)
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """The real gemmlab.matmul implementation on CPU tensors, with a fake engine and fake fp32 step
+    (tests/fakes.py); yields the fakes (``.engine``, ``.sgemm``)."""
+    import fakes
+
+    yield fakes.install(monkeypatch)
+    fakes.forget()

@@ -21,8 +21,11 @@ _log.configure_from_env()
 
 # Loaded on first use, so `import gemmlab` (and `gemmlab --help`) stays light: `matmul`/`linear` bring in
 # torch and register the custom op, the registry brings in the ladders.
+# (module, attribute): the attribute of that module; attribute None: the module itself.
 _LAZY = {"matmul": ("ops", "matmul"), "linear": ("ops", "linear"), "plan": ("planner", "plan"),
-         "kernels": ("registry", "all_kernels"), "kernel": ("registry", "get")}
+         "kernels": ("registry", "all_kernels"), "kernel": ("registry", "get"),
+         "nn": ("nn", None), "patch": ("nn", "patch"), "unpatch": ("nn", "unpatch"), "warmup": ("warm", "warmup"),
+         "FallbackWarning": ("errors", "FallbackWarning")}
 
 
 def __getattr__(name: str):
@@ -30,7 +33,8 @@ def __getattr__(name: str):
         import importlib
 
         module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        value = importlib.import_module(f".{module}", __name__)
+        value = getattr(value, attr) if attr else value
         globals()[name] = value
         return value
     raise AttributeError(f"module 'gemmlab' has no attribute {name!r}")

@@ -23,3 +23,7 @@ class LaunchError(GemmlabError):
 
 class UnsupportedProblem(GemmlabError, ValueError):
     """A kernel was asked for a shape, layout, dtype or alignment it does not support."""
+
+
+class FallbackWarning(UserWarning):
+    """gemmlab could not run a call here and torch computed it instead (``gemmlab.nn``; warned once per reason)."""

@@ -21,15 +21,16 @@ Which exception means what:
   GPU the Hopper engine cannot run on (fp32 inputs run on any CUDA GPU).
 
 Eager calls skip the op's dispatch (~20-60 us of host time on the H200's host, benchmarks/results/eager.jsonl):
-a call on plain CUDA tensors outside tracing, torch modes, the profiler and autograd looks up its prepared
+a call on plain CUDA tensors outside tracing, torch modes and the profiler looks up its prepared
 call by a key of everything the validation and the launch depend on (shapes, strides, dtypes, devices,
 16-byte alignment of the data pointers, which optional tensors are given, the activation, whether beta is
 0), so a repeated call validates nothing again and pays an allocation and one driver launch. The op's
 implementation (what ``torch.compile`` and the paths around the fast one run) uses the same cache.
 
 Meta tensors are accepted and give a meta result (shape and dtype only), like any torch op.
-There is no autograd formula: the op is forward-only (inference). Backward through it raises torch's
-"no autograd formula was registered" error rather than returning a wrong gradient.
+Autograd: ``gemmlab.autograd`` is the op's backward formula (registered when this module loads). An eager
+call that needs a gradient runs its prepared call inside that module's autograd Function, which shares
+the formula; the backward GEMMs are ``gemmlab.matmul`` calls again.
 """
 
 from __future__ import annotations
@@ -474,12 +475,15 @@ def _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out) -> _Call:
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _NUMBERS = (float, int)
+_GRAD = "autograd"  # _eager's answer for an eager call that needs a gradient
 
 
-def _eager(a, b, bias, alpha, beta, c, out) -> bool:
+def _eager(a, b, bias, alpha, beta, c, out) -> bool | str:
     """Whether a ``gemmlab.matmul`` call can skip the op: plain CUDA tensors (no subclass, no fake or meta
     tensor), plain numbers, and nothing that must see the op (tracing, a torch function or dispatch mode,
-    the profiler, autograd). ``torch.compiler.is_compiling`` comes first, so a trace sees only that."""
+    the profiler). True: the prepared call; ``_GRAD`` when it also needs a gradient (the prepared call in
+    ``gemmlab.autograd``'s Function); False: the op. ``torch.compiler.is_compiling`` comes first, so a
+    trace sees only that."""
     if torch.compiler.is_compiling():
         return False
     if type(a) not in _PLAIN or type(b) not in _PLAIN or not _fast_device(a):
@@ -494,7 +498,7 @@ def _eager(a, b, bias, alpha, beta, c, out) -> bool:
         return False
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
                                     or (c is not None and c.requires_grad)):
-        return False
+        return _GRAD
     return True
 
 
@@ -542,7 +546,8 @@ def _needs_temporary(out: torch.Tensor, p: Problem, c) -> bool:
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
            alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+           fallback: bool = False) -> torch.Tensor:
     """``act(alpha * a @ b + beta * c + bias)`` on a CUDA GPU, accumulated in fp32.
 
     Args:
@@ -569,16 +574,33 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     call compiles the kernel). ``out=`` is a plain Python path in eager mode (custom ops cannot return
     an alias of an argument): the kernel writes ``out`` directly (through a temporary when ``out`` is not
     dense row-major, not 16-byte aligned, or is ``c``); under torch.compile, or for fake/meta tensors, it
-    becomes the op followed by ``out.copy_``. Forward only: there is no autograd formula.
+    becomes the op followed by ``out.copy_``.
+
+    Autograd: gradients of a, b, bias and c (``gemmlab.autograd``: the backward GEMMs run on gemmlab's
+    kernels too), also under torch.compile. ``out=`` does not support autograd (like torch's out=).
 
     Raises: ``TypeError`` for dtype and argument-type problems; ``UnsupportedProblem`` (a ``ValueError``)
     for shapes, limits (each dimension < 2^31, each operand < 2^40 elements), devices and overlap;
     ``NoGPUError`` when no GPU, or no Hopper GPU for bf16/fp16, is available. See ``gemmlab.ops``.
+    ``fallback=True``: where gemmlab cannot run (CPU tensors, float64, bf16/fp16 off Hopper) compute with
+    torch instead, with one ``gemmlab.FallbackWarning`` per reason (``gemmlab.nn.fallback_reason``).
     """
-    if _eager(a, b, bias, alpha, beta, c, out):
+    if fallback:
+        from .nn import matmul_or_fallback
+
+        return matmul_or_fallback(a, b, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c,
+                                  out_dtype=out_dtype, out=out)
+    fast = _eager(a, b, bias, alpha, beta, c, out)
+    if fast is True:
         return _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out)(a, b, bias, alpha, beta, c, out)
+    if fast and out is None:  # _GRAD: the same prepared call, with the op's backward formula
+        return _autograd.eager_matmul(a, b, bias, activation, alpha, beta, c, out_dtype)
     alpha, beta = _as_float(alpha), _as_float(beta)
     p = _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out)
+    if out is not None and torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (a, b, bias, c)):
+        raise RuntimeError(f"{_NAME}(out=...) does not support automatic differentiation, but an input "
+                           "requires grad; call it without out= (or under torch.no_grad())")
     if out is None:
         return torch.ops.gemmlab.matmul(a, b, bias, activation, alpha, beta, c, p.out_dtype)
     if torch.compiler.is_compiling() or p.device.type == "meta" or _is_fake(out) or _is_fake(a):
@@ -587,14 +609,19 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           activation: str | None = None) -> torch.Tensor:
+           activation: str | None = None, *, fallback: bool = False) -> torch.Tensor:
     """``act(x @ weight.T + bias)``, like ``torch.nn.functional.linear`` with a fused activation.
 
     x: (..., K), any number of leading dimensions (also none: (K,) gives (N,)); weight: (N, K) (an
     nn.Linear weight, any strides); bias: optional (N,). Returns (..., N) in x's dtype. The leading
     dimensions are flattened with ``reshape`` (a view whenever x's strides allow, else one copy), and
     the product is ``gemmlab.matmul(x2d, weight.t(), ...)``, whose rules and errors apply.
+    ``fallback=True``: ``torch.nn.functional.linear`` where gemmlab cannot run (as ``gemmlab.nn.Linear``).
     """
+    if fallback:
+        from .nn import linear_or_fallback
+
+        return linear_or_fallback(x, weight, bias, activation)
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         bad = x if not isinstance(x, torch.Tensor) else weight
         raise TypeError(f"gemmlab.linear: x and weight must be torch.Tensors, got {type(bad).__name__}")
@@ -614,3 +641,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         rows *= d
     y = matmul(x.reshape(rows, K), weight.t(), bias=bias, activation=activation)
     return y.reshape(*lead, weight.shape[0])
+
+
+from . import autograd as _autograd  # noqa: E402,F401 - registers the op's backward formula (needs the op above)

@@ -1,0 +1,105 @@
+"""Test helpers shared by the test modules: a float64 reference of gemmlab's contract, and fakes of the
+Hopper engine and of the fp32 ladder's step, so the real ``gemmlab.matmul`` implementation (validation,
+prepared calls, the custom op, autograd) runs on CPU tensors (the ``on_cpu`` fixture in conftest.py)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import torch
+import torch.nn.functional as F
+
+from gemmlab import ops
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+
+def reference(a, b, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None):
+    acc = alpha * (a.double() @ b.double())
+    if c is not None:
+        acc = acc + beta * c.double()
+    if bias is not None:
+        acc = acc + bias.double()
+    return act_reference(acc, activation)
+
+
+def act_reference(x, activation):
+    return {None: lambda t: t, "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
+            "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation](x)
+
+
+# A fake engine and a fake sgemm step, so the real impl's dispatch runs on CPU tensors ------------------
+
+class FakeEngine:
+    """Stands in for gemmlab.engine: records each call and computes the contract in float64."""
+
+    def __init__(self, reason=None):
+        self.reason = reason
+        self.calls = []
+        self.prepared = []
+        self.streams = []
+
+    def hopper_available(self, device):
+        return self.reason
+
+    def prepare(self, a, b, out, *, bias, activation, has_c, c):
+        """What ops keeps per metadata key: here a recorder whose ``run`` is ``gemm``."""
+        self.prepared.append(dict(shape=(a.shape, b.shape), strides=(a.stride(), b.stride()), has_c=has_c))
+        engine = self
+
+        class Launch:
+            def run(self, stream, a, b, out, bias, c, alpha, beta):
+                engine.streams.append(stream)
+                engine.gemm(a, b, out, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
+
+        return Launch()
+
+    def gemm(self, a, b, out, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None):
+        self.calls.append(dict(a=a, b=b, out=out, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c))
+        assert out.is_contiguous() and out.shape == (a.shape[0], b.shape[1])
+        assert bias is None or bias.is_contiguous()
+        out.copy_(reference(a, b, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c))
+
+
+class FakeSgemmStep:
+    """Stands in for the fp32 ladder's best step: C = alpha * A @ B + beta * C, row-major, C unread at beta=0."""
+
+    name = "sgemm.fake"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, a, b, c, *, alpha=1.0, beta=0.0, config=None):
+        assert a.is_contiguous() and b.is_contiguous() and c.is_contiguous() and c.dtype == FP32
+        self.calls.append(dict(alpha=alpha, beta=beta))
+        acc = alpha * (a.double() @ b.double())
+        if beta != 0.0:
+            acc = acc + beta * c.double()
+        c.copy_(acc)
+
+
+def install(monkeypatch):
+    """Let the real impl run on CPU tensors: accept any device, fake engine, fake sgemm step (the
+    ``on_cpu`` fixture of conftest.py). Returns the fakes (``.engine``, ``.sgemm``)."""
+    eng, step = FakeEngine(), FakeSgemmStep()
+    monkeypatch.setattr(ops, "_check_device", lambda device: None)
+    monkeypatch.setattr(ops, "_load_engine", lambda: eng)
+    monkeypatch.setattr(ops, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(ops, "best_sgemm_step", lambda M, N, K, sm: (step, {}))
+    monkeypatch.setattr(ops, "_stream", lambda dev: 7)
+    forget()  # calls prepared (and module routes decided) with another test's fakes
+    return types.SimpleNamespace(engine=eng, sgemm=step)
+
+
+def forget() -> None:
+    """Forget what was decided with other fakes: prepared calls, gemmlab.nn's routes."""
+    ops.clear_prepared_calls()
+    nn = sys.modules.get("gemmlab.nn")
+    if nn is not None:
+        nn.clear_routes()
+
+
+def rnd(*shape, dtype=BF16, device="cpu", gen=None):
+    """Fresh uniform values in [-1, 1) (never zeros), made in fp32 and cast."""
+    return (torch.rand(*shape, generator=gen, device=device, dtype=FP32) * 2 - 1).to(dtype)

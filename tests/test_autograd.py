@@ -1,0 +1,296 @@
+"""Autograd of gemmlab.matmul / gemmlab.linear (``gemmlab.autograd``): every gradient against torch's.
+
+CPU (the ``on_cpu`` fixture: the real implementation, its prepared calls and the custom op, with a fake
+engine that computes the contract in float64): gradients of a, b, bias and c against float64 torch
+autograd for every activation, with and without bias / c / alpha / beta, bf16 and fp32 (the fp32 route),
+operand layouts; the layout of each gradient; which GEMMs the backward runs; the eager Function against
+the op; torch.compile (aot_eager) against eager; meta tensors; opcheck with gradients; ``out=`` refused.
+GPU (``gpu``, ``hopper``): the same comparisons on the real kernels, and torch.compile with inductor.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gemmlab
+from gemmlab import ops
+from gemmlab.bench import rel_error
+
+from fakes import act_reference, rnd
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+ACTS = [None, *ops.ACTIVATIONS]
+TOL = {BF16: 1.5e-2, FP16: 5e-3, FP32: 1e-5}  # relative error of a gradient, by input dtype
+
+
+def leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().clone().requires_grad_()
+
+
+def torch_grads(a, b, g, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None):
+    """The gradients of (a, b, bias, c) by torch autograd on float64 copies (None where not given)."""
+    ins = [None if t is None else t.detach().double().requires_grad_() for t in (a, b, bias, c)]
+    a64, b64, bias64, c64 = ins
+    z = alpha * (a64 @ b64)
+    if c64 is not None:
+        z = z + beta * c64
+    if bias64 is not None:
+        z = z + bias64
+    y = act_reference(z, activation)
+    given = [t for t in ins if t is not None]
+    grads = iter(torch.autograd.grad(y, given, g.double()))
+    return [None if t is None else next(grads) for t in ins]
+
+
+EPILOGUES = {  # name: (bias dtype or None, alpha, beta, c?, out_dtype)
+    "plain": (None, 1.0, 0.0, False, None),
+    "bias": ("input", 1.0, 0.0, False, None),
+    "bias_fp32": (FP32, 1.0, 0.0, False, None),
+    "alpha_beta_c": (FP32, 0.75, -1.5, True, None),
+    "fp32_out_c": ("input", 2.0, 0.5, True, FP32),
+}
+
+
+def make_case(M, N, K, dtype, epilogue, a_layout="row", b_layout="w.t()", device="cpu", gen=None):
+    """Leaf tensors for one case (a, b, bias, c and the views passed to matmul) and the matmul kwargs."""
+    bias_dtype, alpha, beta, has_c, out_dtype = EPILOGUES[epilogue]
+    a_leaf = leaf(rnd(M, K, dtype=dtype, device=device, gen=gen) if a_layout == "row"
+                  else rnd(K, M, dtype=dtype, device=device, gen=gen))
+    b_leaf = leaf(rnd(N, K, dtype=dtype, device=device, gen=gen) if b_layout == "w.t()"
+                  else rnd(K, N, dtype=dtype, device=device, gen=gen))
+    a = a_leaf if a_layout == "row" else a_leaf.t()
+    b = b_leaf.t() if b_layout == "w.t()" else b_leaf
+    bias = None if bias_dtype is None else leaf(rnd(N, dtype=dtype if bias_dtype == "input" else bias_dtype,
+                                                    device=device, gen=gen))
+    c = leaf(rnd(M, N, dtype=out_dtype or dtype, device=device, gen=gen)) if has_c else None
+    kw = dict(bias=bias, alpha=alpha, beta=beta if has_c else 0.0, c=c, out_dtype=out_dtype)
+    return (a_leaf, b_leaf, a, b, bias, c), kw
+
+
+def check_case(M, N, K, dtype, epilogue, activation, a_layout="row", b_layout="w.t()", device="cpu", gen=None):
+    (a_leaf, b_leaf, a, b, bias, c), kw = make_case(M, N, K, dtype, epilogue, a_layout, b_layout, device, gen)
+    y = gemmlab.matmul(a, b, activation=activation, **kw)
+    g = rnd(M, N, dtype=y.dtype, device=device, gen=gen)
+    y.backward(g)
+    want = torch_grads(a, b, g, activation=activation, bias=bias, c=c, alpha=kw["alpha"], beta=kw["beta"])
+    got = [a_leaf.grad if a_layout == "row" else a_leaf.grad.t(),
+           b_leaf.grad.t() if b_layout == "w.t()" else b_leaf.grad,
+           None if bias is None else bias.grad, None if c is None else c.grad]
+    for name, leaf_t, gg, w in zip("a b bias c".split(), (a_leaf, b_leaf, bias, c), got, want):
+        if w is None:
+            continue
+        assert gg.dtype == leaf_t.dtype, f"d{name} is {gg.dtype}, its input {leaf_t.dtype}"
+        err = rel_error(gg, w)
+        assert err <= TOL[dtype], f"d{name}: relative error {err:.2e} > {TOL[dtype]}"
+    # Accumulated into the leaves in their own layout: no transposed gradients.
+    assert a_leaf.grad.is_contiguous() and b_leaf.grad.is_contiguous()
+
+
+# CPU, with the fake engine ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_gradients_match_torch(on_cpu, dtype, epilogue, activation):
+    check_case(13, 24, 40, dtype, epilogue, activation)
+    assert (on_cpu.engine.calls if dtype == BF16 else on_cpu.sgemm.calls)  # gemmlab's path ran
+
+
+@pytest.mark.parametrize("a_layout, b_layout", [("row", "row"), ("col", "w.t()"), ("col", "row")])
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_gradients_in_every_layout(on_cpu, a_layout, b_layout, activation):
+    check_case(9, 20, 33, BF16, "bias", activation, a_layout, b_layout)
+
+
+def test_eager_path_uses_the_function_and_matches_the_op(on_cpu, monkeypatch):
+    """CUDA-like eager calls that need a gradient run the prepared call inside gemmlab.autograd's Function;
+    the op's autograd (what non-eager calls take) gives the same gradients: one formula."""
+    (a_leaf, b_leaf, a, b, bias, c), kw = make_case(11, 16, 24, BF16, "alpha_beta_c")
+    g = rnd(11, 16)
+    y_op = gemmlab.matmul(a, b, activation="gelu", **kw)
+    assert "gemmlab_matmul" in type(y_op.grad_fn).__name__
+    grads_op = torch.autograd.grad(y_op, (a_leaf, b_leaf, bias, c), g)
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    y_eager = gemmlab.matmul(a, b, activation="gelu", **kw)
+    assert type(y_eager.grad_fn).__name__ == "_EagerMatmulBackward"
+    grads_eager = torch.autograd.grad(y_eager, (a_leaf, b_leaf, bias, c), g)
+    assert torch.equal(y_op, y_eager)
+    for x, y in zip(grads_op, grads_eager):
+        assert torch.equal(x, y)
+    with torch.no_grad():  # no gradient needed: the plain prepared call, no graph
+        assert gemmlab.matmul(a, b, activation="gelu", **kw).grad_fn is None
+
+
+@pytest.mark.parametrize("activation, backward_gemms", [(None, 2), ("relu", 2), ("gelu", 3), ("silu", 3)])
+def test_backward_runs_gemmlab_gemms(on_cpu, activation, backward_gemms):
+    """dA and dB are gemmlab GEMMs; gelu/silu recompute the pre-activation (one more), relu reads y > 0."""
+    (a_leaf, b_leaf, a, b, bias, c), kw = make_case(8, 16, 32, BF16, "bias")
+    y = gemmlab.matmul(a, b, activation=activation, **kw)
+    before = len(on_cpu.engine.calls)
+    y.backward(rnd(8, 16))
+    calls = on_cpu.engine.calls[before:]
+    assert len(calls) == backward_gemms
+    # dW of b = w.t() is computed as a row-major (N, K) matrix: dz^T (N, M) @ a (M, K).
+    dw = calls[-1]
+    assert dw["a"].shape == (16, 8) and dw["b"].shape == (8, 32) and dw["out"].shape == (16, 32)
+
+
+def test_only_the_gradients_asked_for_are_computed(on_cpu):
+    x = leaf(rnd(8, 32))
+    w = rnd(16, 32)  # frozen weight: no dW GEMM
+    y = gemmlab.linear(x, w)
+    before = len(on_cpu.engine.calls)
+    g = rnd(8, 16)
+    y.backward(g)
+    assert len(on_cpu.engine.calls) == before + 1 and w.grad is None
+    assert rel_error(x.grad, g.double() @ w.double()) <= TOL[BF16]
+
+
+def test_linear_3d_gradients_match_f_linear(on_cpu):
+    x, w, bias = leaf(rnd(2, 5, 32)), leaf(rnd(24, 32)), leaf(rnd(24))
+    y = gemmlab.linear(x, w, bias, activation="gelu_tanh")
+    g = rnd(2, 5, 24)
+    y.backward(g)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, bias))
+    want = torch.autograd.grad(F.gelu(F.linear(x64, w64, b64), approximate="tanh"), (x64, w64, b64), g.double())
+    for got, ref in zip((x.grad, w.grad, bias.grad), want):
+        assert rel_error(got, ref) <= TOL[BF16]
+
+
+def test_compiled_gradients_match_eager(on_cpu):
+    """torch.compile traces the backward formula (AOTAutograd); its gradients are eager's, and its
+    backward GEMMs are gemmlab's."""
+    def f(x, w, bias):
+        return gemmlab.linear(x, w, bias, activation="silu").sum(dim=-1)
+
+    x, w, bias = rnd(2, 7, 32), rnd(24, 32), rnd(24)
+    g = rnd(2, 7)
+    eager = [leaf(t) for t in (x, w, bias)]
+    f(*eager).backward(g)
+    compiled = [leaf(t) for t in (x, w, bias)]
+    before = len(on_cpu.engine.calls)
+    torch.compile(f, fullgraph=True, backend="aot_eager")(*compiled).backward(g)
+    assert len(on_cpu.engine.calls) - before == 4  # forward, recomputed z, dX, dW
+    for e, cpl in zip(eager, compiled):
+        assert torch.allclose(e.grad.float(), cpl.grad.float(), rtol=1e-2, atol=1e-3)
+        assert torch.isfinite(cpl.grad.float()).all()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_backward_on_meta(dynamic):
+    def f(x, w, bias):
+        return gemmlab.linear(x, w, bias, activation="gelu")
+
+    x = torch.empty(3, 5, 32, device="meta", dtype=BF16, requires_grad=True)
+    w = torch.empty(24, 32, device="meta", dtype=BF16, requires_grad=True)
+    bias = torch.empty(24, device="meta", dtype=FP32, requires_grad=True)
+    y = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=dynamic)(x, w, bias)
+    y.backward(torch.empty_like(y))
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape and bias.grad.shape == bias.shape
+    assert (x.grad.dtype, w.grad.dtype, bias.grad.dtype) == (BF16, BF16, FP32)
+
+
+def test_meta_backward_shapes_dtypes_and_layouts():
+    a = torch.empty(32, 8, device="meta", dtype=BF16, requires_grad=True)  # used as a.t(): column-major
+    w = torch.empty(16, 32, device="meta", dtype=BF16, requires_grad=True)
+    c = torch.empty(8, 16, device="meta", dtype=FP32, requires_grad=True)
+    y = gemmlab.matmul(a.t(), w.t(), c=c, beta=2.0, out_dtype=FP32, activation="relu")
+    y.backward(torch.empty_like(y))
+    assert a.grad.shape == (32, 8) and a.grad.dtype == BF16 and a.grad.is_contiguous()
+    assert w.grad.shape == (16, 32) and w.grad.dtype == BF16 and w.grad.is_contiguous()
+    assert c.grad.shape == (8, 16) and c.grad.dtype == FP32
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_opcheck_with_gradients(on_cpu, activation):
+    """opcheck's autograd registration and AOT-dispatch tests (forward and backward traced vs eager)."""
+    args = (leaf(rnd(8, 16)), rnd(24, 16).t().requires_grad_(), leaf(rnd(24, dtype=FP32)), activation, 0.5, 2.0,
+            leaf(rnd(8, 24, dtype=FP32)), FP32)
+    torch.library.opcheck(torch.ops.gemmlab.matmul.default, args)
+
+
+def test_out_with_gradients_is_refused(on_cpu):
+    a, b = leaf(rnd(8, 32)), rnd(32, 16)
+    with pytest.raises(RuntimeError, match=r"out=\.\.\.\) does not support automatic differentiation"):
+        gemmlab.matmul(a, b, out=torch.empty(8, 16, dtype=BF16))
+    with torch.no_grad():
+        out = torch.empty(8, 16, dtype=BF16)
+        assert gemmlab.matmul(a, b, out=out) is out
+
+
+def test_act_grad_matches_autograd():
+    from gemmlab.autograd import _act_grad
+
+    z = torch.linspace(-8, 8, 2001, dtype=torch.float64, requires_grad=True)
+    for activation in ("gelu", "gelu_tanh", "silu"):
+        want, = torch.autograd.grad(act_reference(z, activation).sum(), z)
+        assert torch.allclose(_act_grad(z.detach(), activation), want, atol=1e-12, rtol=1e-10), activation
+
+
+# GPU -------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def gen():
+    return torch.Generator(device="cuda").manual_seed(20251217)
+
+
+GPU_LAYOUTS = {("row", "w.t()"): "TN", ("row", "row"): "NN", ("col", "w.t()"): "TT", ("col", "row"): "NT"}
+
+
+@pytest.fixture(scope="module")
+def gpu_warm():
+    """Every kernel the GPU tests below run (forward and backward), compiled at once in parallel threads
+    by gemmlab.warmup, and prepared; nothing it missed."""
+    from gemmlab.warm import GemmCall
+
+    calls = []
+    for dtype in (BF16, FP16, FP32):
+        for bias_dtype, _, _, has_c, out_dtype in EPILOGUES.values():
+            bias = None if bias_dtype is None else (dtype if bias_dtype == "input" else bias_dtype)
+            calls += [GemmCall(300, 264, 200, dtype, "TN", bias, act, has_c, out_dtype) for act in ACTS]
+    for (M, N, K) in ((16, 1024, 512), (1000, 520, 264)):
+        calls += [GemmCall(M, N, K, BF16, GPU_LAYOUTS[lay], BF16, "silu") for lay in GPU_LAYOUTS]
+    report = gemmlab.warmup(calls, backward=True)
+    assert report.unplanned == [], report.summary()
+    return report
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("epilogue", list(EPILOGUES))
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32])
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_gradients_match_torch(dtype, epilogue, activation, gen, gpu_warm):
+    check_case(300, 264, 200, dtype, epilogue, activation, device="cuda", gen=gen)
+
+
+@pytest.mark.parametrize("a_layout, b_layout", [("row", "row"), ("col", "w.t()"), ("col", "row")])
+@pytest.mark.parametrize("M, N, K", [(16, 1024, 512), (1000, 520, 264)], ids=str)
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_gradients_in_every_layout(a_layout, b_layout, M, N, K, gen, gpu_warm):
+    check_case(M, N, K, BF16, "bias", "silu", a_layout, b_layout, device="cuda", gen=gen)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_compiled_gradients_match_eager(dtype, gen):
+    def f(x, w, bias):
+        return gemmlab.linear(x, w, bias, activation="gelu") * 2
+
+    x, w, bias = (rnd(*shape, dtype=dtype, device="cuda", gen=gen) for shape in ((4, 100, 256), (192, 256), (192,)))
+    g = rnd(4, 100, 192, dtype=dtype, device="cuda", gen=gen)
+    eager = [leaf(t) for t in (x, w, bias)]
+    y = f(*eager)
+    assert type(y.grad_fn).__name__ == "MulBackward0" and y.grad_fn.next_functions[0][0] is not None
+    y.backward(g)
+    compiled = [leaf(t) for t in (x, w, bias)]
+    torch.compile(f, fullgraph=True)(*compiled).backward(g)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, bias))
+    want = torch.autograd.grad(F.gelu(F.linear(x64, w64, b64)) * 2, (x64, w64, b64), g.double())
+    for e, cpl, ref in zip(eager, compiled, want):
+        assert rel_error(e.grad, ref) <= TOL[dtype]
+        assert rel_error(cpl.grad, ref) <= TOL[dtype]
