@@ -117,9 +117,11 @@ def test_fallback_where_the_engine_cannot_run(on_cpu):
 
 
 def test_the_route_is_decided_once(on_cpu, monkeypatch):
+    from gemmlab import fallback
+
     asked = []
-    real = gnn.fallback_reason
-    monkeypatch.setattr(gnn, "fallback_reason", lambda dtype, device: asked.append(dtype) or real(dtype, device))
+    real = fallback.fallback_reason
+    monkeypatch.setattr(fallback, "fallback_reason", lambda dtype, device: asked.append(dtype) or real(dtype, device))
     m = gnn.Linear(16, 8, dtype=BF16)
     for _ in range(5):
         m(rnd(3, 16))

@@ -49,11 +49,11 @@ def engine_on_meta(monkeypatch):
     monkeypatch.setattr(engine, "Launcher", _FakeLauncher)
     monkeypatch.setattr("gemmlab.jit.launch.Launcher", _FakeLauncher)
     monkeypatch.setattr(engine, "MapSlot", lambda *a, **k: types.SimpleNamespace(tmap=None))
-    monkeypatch.setattr(engine, "order_table", lambda *a, **k: torch.empty(1, device="meta", dtype=torch.int32))
+    monkeypatch.setattr(engine, "device_order_table", lambda *a, **k: torch.empty(1, device="meta", dtype=torch.int32))
     monkeypatch.setattr(engine, "_sm_count", lambda device: 132)
     monkeypatch.setattr(engine, "_index", lambda device: 0)
     monkeypatch.setattr(engine, "cluster_capacity", lambda device: engine.H200_CLUSTER_CAPACITY)
-    monkeypatch.setattr(engine.autotune, "device_gpu", lambda index: None)
+    monkeypatch.setattr(engine.tuned, "device_gpu", lambda index: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return compiled
 

@@ -79,7 +79,7 @@ def _dz(ctx, dy, a, b, bias, c, y):
     else:
         # z in fp32: the GEMM and bias at full precision, beta * c added after (c has the output's dtype,
         # which the GEMM's fp32 output cannot take as its c).
-        z = ops.matmul(a, b, bias=bias, alpha=ctx.alpha, out_dtype=torch.float32)
+        z = ops.gemm(a, b, bias=bias, alpha=ctx.alpha, out_dtype=torch.float32)
         if c is not None:
             z = z + ctx.beta * c.float()
         dz32 = dy.float() * _act_grad(z, act)
@@ -108,15 +108,15 @@ def _column_major(t: torch.Tensor) -> bool:
 def _grad_a(dz, a, b, alpha):
     """alpha * dz @ b^T, (M, K) in a's dtype, laid out like a."""
     if _column_major(a):
-        return ops.matmul(b, dz.t(), alpha=alpha, out_dtype=a.dtype).t()
-    return ops.matmul(dz, b.t(), alpha=alpha, out_dtype=a.dtype)
+        return ops.gemm(b, dz.t(), alpha=alpha, out_dtype=a.dtype).t()
+    return ops.gemm(dz, b.t(), alpha=alpha, out_dtype=a.dtype)
 
 
 def _grad_b(dz, a, b, alpha):
     """alpha * a^T @ dz, (K, N) in b's dtype, laid out like b (for b = w.t(): a row-major (N, K), transposed)."""
     if _column_major(b):
-        return ops.matmul(dz.t(), a, alpha=alpha, out_dtype=b.dtype).t()
-    return ops.matmul(a.t(), dz, alpha=alpha, out_dtype=b.dtype)
+        return ops.gemm(dz.t(), a, alpha=alpha, out_dtype=b.dtype).t()
+    return ops.gemm(a.t(), dz, alpha=alpha, out_dtype=b.dtype)
 
 
 torch.library.register_autograd("gemmlab::matmul", backward, setup_context=setup_context)

@@ -542,105 +542,13 @@ def _needs_temporary(out: torch.Tensor, p: Problem, c) -> bool:
             or (c is not None and _same_view(out, c)))
 
 
-# Public API ---------------------------------------------------------------------------------------------
+def gemm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
+         alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``act(alpha * a @ b + beta * c + bias)`` for gemmlab's own callers (the backward's GEMMs,
+    ``gemmlab.autograd``): the prepared call where an eager call may skip the op, else the op (which
+    traces under torch.compile and carries the autograd formula once ``gemmlab.autograd`` is loaded)."""
+    if _eager(a, b, bias, alpha, beta, c, None) is True:
+        return _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, None)(a, b, bias, alpha, beta, c, None)
+    return torch.ops.gemmlab.matmul(a, b, bias, activation, float(alpha), float(beta), c, out_dtype)
 
-def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
-           alpha: float = 1.0, beta: float = 0.0, c: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
-           fallback: bool = False) -> torch.Tensor:
-    """``act(alpha * a @ b + beta * c + bias)`` on a CUDA GPU, accumulated in fp32.
-
-    Args:
-        a: (M, K); b: (K, N). Any strides: ``w.t()`` of an nn.Linear weight, transposed views, row- or
-            column-major, unaligned leading dimensions or data pointers all work without the caller
-            copying. Both bfloat16 or both float16 (Hopper tensor cores, sm_90), or both float32.
-        bias: optional (N,), in the inputs' dtype or float32, added after ``beta * c``.
-        activation: None, "relu", "gelu" (erf), "gelu_tanh" or "silu", applied last.
-        alpha, beta: Python numbers. ``beta`` must be nonzero exactly when ``c`` is given.
-        c: optional (M, N) tensor in the output dtype, any strides.
-        out_dtype: bfloat16, float16 or float32; default the inputs' dtype (or ``out``'s dtype).
-        out: optional (M, N) tensor of the output dtype on the same device, sharing no memory with the
-            inputs, except that ``out=c`` (exactly the same view) is allowed for in-place accumulation.
-
-    Returns: (M, N), contiguous, ``out_dtype``; ``out`` itself when given.
-
-    Paths: bf16/fp16 run on the Hopper engine with the whole epilogue fused. float32 inputs run on the
-    best step of the fp32 CUDA-core ladder (any CUDA GPU): ``alpha`` and ``beta * c`` are applied by the
-    kernel, bias and activation by torch ops after it (not fused). Zero-size problems launch nothing: an
-    empty result when M or N is 0, ``act(beta * c + bias)`` when K is 0.
-
-    The result without ``out`` comes from the ``gemmlab::matmul`` custom op, so it traces under
-    ``torch.compile(fullgraph=True)`` and can be captured in a CUDA graph (warm up once first: the first
-    call compiles the kernel). ``out=`` is a plain Python path in eager mode (custom ops cannot return
-    an alias of an argument): the kernel writes ``out`` directly (through a temporary when ``out`` is not
-    dense row-major, not 16-byte aligned, or is ``c``); under torch.compile, or for fake/meta tensors, it
-    becomes the op followed by ``out.copy_``.
-
-    Autograd: gradients of a, b, bias and c (``gemmlab.autograd``: the backward GEMMs run on gemmlab's
-    kernels too), also under torch.compile. ``out=`` does not support autograd (like torch's out=).
-
-    Raises: ``TypeError`` for dtype and argument-type problems; ``UnsupportedProblem`` (a ``ValueError``)
-    for shapes, limits (each dimension < 2^31, each operand < 2^40 elements), devices and overlap;
-    ``NoGPUError`` when no GPU, or no Hopper GPU for bf16/fp16, is available. See ``gemmlab.ops``.
-    ``fallback=True``: where gemmlab cannot run (CPU tensors, float64, bf16/fp16 off Hopper) compute with
-    torch instead, with one ``gemmlab.FallbackWarning`` per reason (``gemmlab.nn.fallback_reason``).
-    """
-    if fallback:
-        from .nn import matmul_or_fallback
-
-        return matmul_or_fallback(a, b, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c,
-                                  out_dtype=out_dtype, out=out)
-    fast = _eager(a, b, bias, alpha, beta, c, out)
-    if fast is True:
-        return _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out)(a, b, bias, alpha, beta, c, out)
-    if fast and out is None:  # _GRAD: the same prepared call, with the op's backward formula
-        return _autograd.eager_matmul(a, b, bias, activation, alpha, beta, c, out_dtype)
-    alpha, beta = _as_float(alpha), _as_float(beta)
-    p = _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out)
-    if out is not None and torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (a, b, bias, c)):
-        raise RuntimeError(f"{_NAME}(out=...) does not support automatic differentiation, but an input "
-                           "requires grad; call it without out= (or under torch.no_grad())")
-    if out is None:
-        return torch.ops.gemmlab.matmul(a, b, bias, activation, alpha, beta, c, p.out_dtype)
-    if torch.compiler.is_compiling() or p.device.type == "meta" or _is_fake(out) or _is_fake(a):
-        return out.copy_(torch.ops.gemmlab.matmul(a, b, bias, activation, alpha, beta, c, p.out_dtype))
-    return _prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out)(a, b, bias, alpha, beta, c, out)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           activation: str | None = None, *, fallback: bool = False) -> torch.Tensor:
-    """``act(x @ weight.T + bias)``, like ``torch.nn.functional.linear`` with a fused activation.
-
-    x: (..., K), any number of leading dimensions (also none: (K,) gives (N,)); weight: (N, K) (an
-    nn.Linear weight, any strides); bias: optional (N,). Returns (..., N) in x's dtype. The leading
-    dimensions are flattened with ``reshape`` (a view whenever x's strides allow, else one copy), and
-    the product is ``gemmlab.matmul(x2d, weight.t(), ...)``, whose rules and errors apply.
-    ``fallback=True``: ``torch.nn.functional.linear`` where gemmlab cannot run (as ``gemmlab.nn.Linear``).
-    """
-    if fallback:
-        from .nn import linear_or_fallback
-
-        return linear_or_fallback(x, weight, bias, activation)
-    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        bad = x if not isinstance(x, torch.Tensor) else weight
-        raise TypeError(f"gemmlab.linear: x and weight must be torch.Tensors, got {type(bad).__name__}")
-    if x.dim() < 1:
-        raise UnsupportedProblem("gemmlab.linear: x must have at least one dimension (..., K), got a scalar")
-    if weight.dim() != 2:
-        raise UnsupportedProblem(f"gemmlab.linear: weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
-    K = x.shape[-1]
-    if weight.shape[1] != K:
-        raise UnsupportedProblem(f"gemmlab.linear: x has {K} features (last dimension) but weight (N, K) has "
-                                 f"shape {tuple(weight.shape)}; weight.shape[1] must equal x.shape[-1]")
-    if x.dim() == 2:
-        return matmul(x, weight.t(), bias=bias, activation=activation)
-    lead = tuple(x.shape[:-1])
-    rows = 1
-    for d in lead:
-        rows *= d
-    y = matmul(x.reshape(rows, K), weight.t(), bias=bias, activation=activation)
-    return y.reshape(*lead, weight.shape[0])
-
-
-from . import autograd as _autograd  # noqa: E402,F401 - registers the op's backward formula (needs the op above)

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import decode, engine, ops
+from . import decode, engine, functional, ops
+from .epilogue import CTYPES, epi_bits
 from .jit import compiler
 
 LAYOUTS = {  # name: (a row-major (M, K)?, b row-major (K, N)?); b column-major is w.t() of an (N, K) weight
@@ -119,10 +120,8 @@ class Target:
         if engine.hopper_available(device) is not None:
             return cls.h200()
         idx = engine._index(device)
-        from . import autotune
-
         return cls(torch.cuda.get_device_name(idx), engine._sm_count(device),
-                   lambda: engine.cluster_capacity(device), autotune.device_gpu(idx), device)
+                   lambda: engine.cluster_capacity(device), engine.tuned.device_gpu(idx), device)
 
 
 def kernels_for(args: tuple, target: Target) -> list[Kernel]:
@@ -138,11 +137,11 @@ def kernels_for(args: tuple, target: Target) -> list[Kernel]:
         return [Kernel(spec.source, spec.name_expression(cfg), f"{spec.name}{spec.config_tag(cfg)}", spec.arch)]
     out = torch.empty((p.M, p.N), dtype=p.out_dtype, device="meta")  # ops allocates a fresh output
     has_c = c is not None and beta != 0
-    epi = int(bias is not None) | (int(has_c) << 1) | (engine.ACTIVATIONS[activation] << 2)
-    tbias = engine._CTYPE[bias.dtype] if bias is not None else "float"
+    epi = epi_bits(bias is not None, has_c, activation)
+    tbias = CTYPES[bias.dtype] if bias is not None else "float"
     if engine.use_decode(a, b, out):
         dp = decode.plan(p.M, p.N, p.K, target.sm_count)
-        expr = decode.kernel_expr(engine._CTYPE[a.dtype], engine._CTYPE[out.dtype], tbias, dp.nt, epi,
+        expr = decode.kernel_expr(CTYPES[a.dtype], CTYPES[out.dtype], tbias, dp.nt, epi,
                                   dp.splits > 1, dp.variant)
         return [Kernel(decode.SOURCE, expr, f"engine.decode[{expr[14:-1]}]")]
     bn, splits = engine.plan_for(p.M, p.N, p.K, target.sm_count, target.capacity, gpu=target.gpu)
@@ -151,7 +150,7 @@ def kernels_for(args: tuple, target: Target) -> list[Kernel]:
     direct = not engine._tma_ok(out)
     q = engine._qsize(bn, a.element_size(), split=splits > 1)
     overlap = out.element_size() == 2 and not direct and splits == 1
-    expr = (f"hopper_h11<{engine._CTYPE[a.dtype]}, {engine._CTYPE[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
+    expr = (f"hopper_h11<{CTYPES[a.dtype]}, {CTYPES[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
             f"{int(b_mn)}, {epi | int(direct) << 5}, {int(splits > 1)}, {int(overlap)}>")
     h11 = Kernel(engine.SOURCE, expr, f"hopper.h11_general[{expr[11:-1]}]")
     return [k for k in (copy_a, copy_b) if k is not None] + [h11]
@@ -192,7 +191,7 @@ def gemms_of(call: GemmCall, backward: bool = False) -> list[tuple]:
     args = call.meta_args(requires_grad=backward)
     a, b, bias, activation, alpha, beta, c, out_dtype = args
     with Record():
-        y = ops.matmul(a, b, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c, out_dtype=out_dtype)
+        y = functional.matmul(a, b, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c, out_dtype=out_dtype)
         if backward:
             leaves = [t for t in (a, b, bias, c) if t is not None]
             torch.autograd.grad(y, leaves, torch.empty_like(y))
