@@ -124,3 +124,34 @@ def test_parse_resources_skips_warnings_that_name_the_function():
            "ptxas info    : Used 168 registers, used 16 barriers, 80 bytes smem\n")
     r = parse_resources(log, "_Zbar")
     assert (r.registers, r.barriers, r.static_shared) == (168, 16, 80)
+
+
+def test_prepared_descriptors_are_64_byte_aligned_copies(monkeypatch):
+    """MapSlot keeps each TMA descriptor in 64-byte aligned memory of its own (CUtensorMap's alignment,
+    which cuTensorMapReplaceAddress checks; a driver.CUtensorMap object's storage is only 16-byte aligned),
+    holding the encoded bytes, and hands that memory to the launcher."""
+    import ctypes
+
+    import numpy as np
+    import torch
+    from cuda.bindings import driver
+
+    from gemmlab.jit import launch as L
+
+    class FakeLauncher:
+        def __init__(self):
+            self.maps = {}
+
+        def set_map(self, i, tmap):
+            self.maps[i] = tmap
+
+    for n in range(8):  # several allocations: the objects' own storage lands on every 16-byte offset
+        encoded = [driver.CUtensorMap() for _ in range(n + 1)][-1]
+        pattern = np.arange(128, dtype=np.uint8) ^ n
+        ctypes.memmove(encoded.getPtr(), pattern.ctypes.data, 128)
+        monkeypatch.setattr(L, "encode_tensor_map", lambda *a, e=encoded: e)
+        launcher = FakeLauncher()
+        slot = L.MapSlot(launcher, 2, 0x10000, 64, 64, 64, torch.bfloat16, (64, 64))
+        assert launcher.maps[2] is slot.tmap and slot.tmap.getPtr() % 64 == 0
+        got = np.ctypeslib.as_array((ctypes.c_uint8 * 128).from_address(slot.tmap.getPtr()))
+        assert np.array_equal(got, pattern)

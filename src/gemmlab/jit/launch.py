@@ -382,15 +382,26 @@ def _success():
 class MapSlot:
     """A descriptor parameter of a ``Launcher`` that follows a tensor's address from call to call: encoded
     once for the first tensor's shape and strides, then only its address is replaced when it changes
-    (the caller guarantees shape, strides and dtype stay those it was built for)."""
+    (the caller guarantees shape, strides and dtype stay those it was built for).
 
-    __slots__ = ("tmap", "ptr", "_replace")
+    The 128 bytes live in a buffer of our own, 64-byte aligned as ``CUtensorMap`` is declared
+    (``alignas(64)``): the driver's ``cuTensorMapReplaceAddress`` refuses a descriptor that is not, and a
+    ``driver.CUtensorMap`` object's own storage is only 16-byte aligned (3 of 4 failed on the H200)."""
+
+    __slots__ = ("tmap", "ptr", "_buf", "_replace")
 
     def __init__(self, launcher: Launcher, index: int, ptr: int, rows: int, cols: int, row_stride_elems: int,
                  dtype: torch.dtype, box: tuple[int, int]):
+        import ctypes
+
+        import numpy as np
         from cuda.bindings import driver
 
-        self.tmap = encode_tensor_map(ptr, rows, cols, row_stride_elems, dtype, box)
+        encoded = encode_tensor_map(ptr, rows, cols, row_stride_elems, dtype, box)
+        self._buf = np.zeros(128 + 64, dtype=np.uint8)
+        at = -self._buf.ctypes.data % 64
+        ctypes.memmove(self._buf.ctypes.data + at, encoded.getPtr(), 128)
+        self.tmap = driver.CUtensorMap(_ptr=self._buf.ctypes.data + at)
         self.ptr = ptr
         self._replace = driver.cuTensorMapReplaceAddress
         launcher.set_map(index, self.tmap)
@@ -399,5 +410,6 @@ class MapSlot:
         if ptr != self.ptr:
             (err,) = self._replace(self.tmap, ptr)
             if err != _success():
-                raise LaunchError(f"replacing a TMA descriptor's address failed: {err}")
+                raise LaunchError(f"replacing a TMA descriptor's address (at {self.tmap.getPtr():#x}) by "
+                                  f"{ptr:#x} failed: {err}")
             self.ptr = ptr
