@@ -718,14 +718,11 @@ def regressions() -> list[Case]:
 
 
 def git_sha() -> str | None:
-    import subprocess
-    from pathlib import Path
+    """The records' sha: ``gemmlab.bench.git_sha`` (``GEMMLAB_GIT_SHA`` when the tree that ran has no
+    usable .git, as on the device machine)."""
+    from gemmlab.bench import git_sha as sha
 
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=Path(__file__).parent,
-                              capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    return sha()
 
 
 def write_record(path, record: dict) -> None:

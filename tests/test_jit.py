@@ -139,6 +139,8 @@ def test_prepared_descriptors_are_64_byte_aligned_copies(monkeypatch):
     from gemmlab.jit import launch as L
 
     class FakeLauncher:
+        device_index = 0
+
         def __init__(self):
             self.maps = {}
 

@@ -447,6 +447,14 @@ def test_out_that_overlaps_itself_is_refused_before_any_work(on_cpu, make_out):
     assert not on_cpu.engine.calls
 
 
+def test_an_empty_out_with_zero_strides_is_no_overlap(on_cpu):
+    """(M, 0) with stride (0, 1), as expand and empty views make: no elements, so nothing overlaps (the
+    H200 fuzz soak found this refused, sha 704c78e)."""
+    out = torch.empty(0, dtype=BF16).as_strided((18, 0), (0, 1))
+    y = gemmlab.matmul(rnd(18, 34), rnd(34, 0), out=out)
+    assert y is out and y.shape == (18, 0)
+
+
 def test_out_views_that_do_not_overlap_are_accepted(on_cpu):
     big = poison_(torch.empty(16, 40, dtype=BF16))
     for out in (big[:8, :16], big.t()[:16, :8].t(), big[::2, ::2][:, :16]):

@@ -203,7 +203,10 @@ def _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out=None) -> Pr
 
 def _overlaps_itself(t: torch.Tensor) -> bool:
     """Whether two elements of 2-D ``t`` share memory: a dimension of more than one element with stride 0,
-    or the larger-stride dimension stepping inside the span of the other (metadata only)."""
+    or the larger-stride dimension stepping inside the span of the other (metadata only). An empty
+    tensor has no elements to share."""
+    if t.numel() == 0:
+        return False
     dims = sorted((abs(st), n) for n, st in zip(t.shape, t.stride()) if n > 1)
     if not dims:
         return False

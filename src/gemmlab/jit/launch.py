@@ -372,6 +372,12 @@ class Launcher:
                           f"cluster={self.cluster}): {err}")
 
 
+def _invalid_context(err) -> bool:
+    from cuda.bindings import driver
+
+    return err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
+
+
 @functools.cache
 def _success():
     from cuda.bindings import driver
@@ -388,7 +394,7 @@ class MapSlot:
     (``alignas(64)``): the driver's ``cuTensorMapReplaceAddress`` refuses a descriptor that is not, and a
     ``driver.CUtensorMap`` object's own storage is only 16-byte aligned (3 of 4 failed on the H200)."""
 
-    __slots__ = ("tmap", "ptr", "_buf", "_replace")
+    __slots__ = ("tmap", "ptr", "_buf", "_replace", "_device_index")
 
     def __init__(self, launcher: Launcher, index: int, ptr: int, rows: int, cols: int, row_stride_elems: int,
                  dtype: torch.dtype, box: tuple[int, int]):
@@ -404,11 +410,17 @@ class MapSlot:
         self.tmap = driver.CUtensorMap(_ptr=self._buf.ctypes.data + at)
         self.ptr = ptr
         self._replace = driver.cuTensorMapReplaceAddress
+        self._device_index = launcher.device_index
         launcher.set_map(index, self.tmap)
 
     def point_at(self, ptr: int) -> None:
         if ptr != self.ptr:
             (err,) = self._replace(self.tmap, ptr)
+            if err != _success() and _invalid_context(err):
+                # The driver wants a current context here too; a thread that has not used the device
+                # through the driver has none (autograd runs backward in a thread of its own).
+                current_device(self._device_index)
+                (err,) = self._replace(self.tmap, ptr)
             if err != _success():
                 raise LaunchError(f"replacing a TMA descriptor's address (at {self.tmap.getPtr():#x}) by "
                                   f"{ptr:#x} failed: {err}")
