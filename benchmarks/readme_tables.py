@@ -183,7 +183,41 @@ def matmul_table(records: list[dict]) -> str:
     return "\n".join(rows + detail) + f"\n\nRecords: git {_shas(kept)}.\n"
 
 
-def summary_table(hopper: list[dict], sweep: list[dict], sgemm: list[dict], matmul: list[dict]) -> str:
+def eager_runs(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    """git sha -> {"per_call": [...], "stack": [...]} of the eager records (``gemmlab bench --suite
+    matmul-eager``, benchmarks/eager_host.py), in file order."""
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for r in records:
+        if r.get("kind") in ("per_call", "stack") and "baseline_host_us" in r:
+            runs.setdefault(r["git_sha"], {"per_call": [], "stack": []})[r["kind"]].append(r)
+    return runs
+
+
+def _wall_ratio(r: dict) -> float:
+    return r["ratio"] if "ratio" in r else r["wall_ratio"]  # early records named it wall_ratio
+
+
+def eager_table(records: list[dict]) -> str:
+    """Per run and dtype: host time of one eager call against torch's, and the eager wall-time ratio."""
+    rows = ["| run | dtype | calls | host us, median (torch) | host over torch: median, max | eager wall x torch: "
+            "geomean (min, max) | 7B layer stack x torch (batch 1, 16) | SM MHz |", "|---|---|---|---|---|---|---|---|"]
+    for sha, kinds in eager_runs(records).items():
+        for dtype in sorted({r["dtype"] for r in kinds["per_call"]}):
+            rs = [r for r in kinds["per_call"] if r["dtype"] == dtype]
+            host = sorted(r["host_us"] for r in rs)
+            base = sorted(r["baseline_host_us"] for r in rs)
+            excess = sorted(r["host_us"] - r["baseline_host_us"] for r in rs)
+            ratios = [_wall_ratio(r) for r in rs]
+            stack = {r["M"]: _wall_ratio(r) for r in kinds["stack"] if r["dtype"] == dtype}
+            stack_cell = ", ".join(f"{stack[m]:.2f}x" for m in sorted(stack)) or "-"
+            rows.append(f"| {sha[:7]} | {dtype} | {len(rs)} | {host[len(host) // 2]:.1f} ({base[len(base) // 2]:.1f}) | "
+                        f"{excess[len(excess) // 2]:+.1f}, {excess[-1]:+.1f} | {geomean(ratios):.3f} "
+                        f"({min(ratios):.2f}, {max(ratios):.2f}) | {stack_cell} | {rs[0].get('sm_clock_mhz') or '-'} |")
+    return "\n".join(rows) + "\n"
+
+
+def summary_table(hopper: list[dict], sweep: list[dict], sgemm: list[dict], matmul: list[dict],
+                  eager: list[dict] | None = None) -> str:
     """The README's results: the last step of each ladder, the sweep, and gemmlab.matmul per suite."""
     rows = ["| what (H200, interleaved with the baseline in one run) | result |", "|---|---|"]
     for recs, what in ((hopper, "Hopper ladder, last step"), (sgemm, "fp32 ladder, last step")):
@@ -200,14 +234,23 @@ def summary_table(hopper: list[dict], sweep: list[dict], sgemm: list[dict], matm
         ratios = [r["ratio"] for r in rs]
         rows.append(f"| `gemmlab.matmul`, suite `{name}` ({len(rs)} cases) against torch | {geomean(ratios):.3f}x "
                     f"geomean ({min(ratios):.2f}x to {max(ratios):.2f}x) |")
+    runs = eager_runs(eager or [])
+    if runs:
+        sha, kinds = list(runs.items())[-1]
+        rs = kinds["per_call"]
+        excess = sorted(r["host_us"] - r["baseline_host_us"] for r in rs)
+        rows.append(f"| `gemmlab.matmul` eager (no graphs; {len(rs)} decode and small prefill calls, run {sha[:7]}) "
+                    f"against torch.mm | host time per call {excess[len(excess) // 2]:+.1f} us over torch's (median), "
+                    f"wall time {geomean([_wall_ratio(r) for r in rs]):.3f}x geomean |")
     return "\n".join(rows) + "\n"
 
 
 def _blocks() -> dict:
     hopper, sweep = load("hopper_ladder.jsonl"), load("hopper_sweep.jsonl")
-    sgemm, matmul = load("sgemm_ladder.jsonl"), load("matmul.jsonl")
+    sgemm, matmul, eager = load("sgemm_ladder.jsonl"), load("matmul.jsonl"), load("eager.jsonl")
     return {
-        "summary": lambda: summary_table(hopper, sweep, sgemm, matmul),
+        "summary": lambda: summary_table(hopper, sweep, sgemm, matmul, eager),
+        "eager": lambda: eager_table(eager),
         "hopper-compact": lambda: ladder_compact(hopper),
         "sgemm-compact": lambda: ladder_compact(sgemm),
         "hopper-ladder": lambda: ladder_table(hopper),

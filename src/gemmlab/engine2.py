@@ -79,19 +79,31 @@ def _order(tiles_m: int, tiles_n: int, device) -> torch.Tensor:
 
 
 _WORKSPACES: dict = {}
+_RETIRED: list = []  # replaced buffers, kept alive: CUDA graphs captured earlier still hold their addresses
 
 
 def workspace(p: planner.Plan, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The stream-K partial slots (fp32) and flags (int32, zero between launches: each owner clears the
     flags it consumed) for ``p`` on torch's current stream of ``device``. Kept per (device, stream) and
-    grown as needed; launches on one stream run one after the other, so they can share it."""
+    grown as needed; launches on one stream run one after the other, so they can share it.
+
+    Graphs: a buffer that grows is retired, never freed (a graph captured with it still writes there: on
+    the H200 a freed workspace under an earlier graph was an illegal address at its replay), and a graph
+    zeroes the flags it uses (only the graph whose capture allocated them would, and a graph captured
+    later may be replayed first)."""
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     ws, flags = _WORKSPACES.get(key, (None, None))
     need = max(1, p.workspace_floats)
     if ws is None or ws.numel() < need:
+        if ws is not None:
+            _RETIRED.append(ws)
         ws = torch.empty(need, dtype=torch.float32, device=device)
     if flags is None or flags.numel() < 2 * max(1, p.sk_ctas):
+        if flags is not None:
+            _RETIRED.append(flags)
         flags = torch.zeros(2 * max(256, p.sk_ctas), dtype=torch.int32, device=device)
+    elif torch.cuda.is_current_stream_capturing():
+        flags.zero_()
     _WORKSPACES[key] = (ws, flags)
     return ws, flags
 
