@@ -46,6 +46,18 @@ def _median_us(fn, reps: int, inner: int = 1) -> float:
     return statistics.median(xs)
 
 
+def _time_stages(stages: dict) -> dict[str, float]:
+    """Each stage alone: 50 warm-up calls, then the median of 21 x 200 calls, in microseconds per call."""
+    out = {}
+    for name, fn in stages.items():
+        for _ in range(50):
+            fn()
+        out[name] = _median_us(fn, reps=21, inner=200)
+        torch.cuda.synchronize()
+        print(f"  {name:<60} {out[name]:8.2f} us", flush=True)
+    return out
+
+
 def _common(kind: str) -> dict:
     info = gpu_info()
     return {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git_sha(),
@@ -96,15 +108,7 @@ def breakdown_records(M: int = 16, N: int = 4096, K: int = 4096) -> list[dict]:
     from gemmlab import ops
 
     stages.update(_prepared_stages(a, b) if hasattr(ops, "_prepared") else _legacy_stages(a, b))
-    rec = dict(_common("breakdown"), M=M, N=N, K=K, stages={})
-    for name, fn in stages.items():
-        for _ in range(50):
-            fn()
-        us = _median_us(fn, reps=21, inner=200)
-        torch.cuda.synchronize()
-        rec["stages"][name] = us
-        print(f"  {name:<60} {us:8.2f} us", flush=True)
-    return [rec]
+    return [dict(_common("breakdown"), M=M, N=N, K=K, stages=_time_stages(stages))]
 
 
 def _prepared_stages(a, b) -> dict:
@@ -238,15 +242,7 @@ def mechanism_records() -> list[dict]:
         "torch.is_grad_enabled()": torch.is_grad_enabled,
     }
     del tmap
-    rec = dict(_common("mechanisms"), stages={})
-    for name, fn in stages.items():
-        for _ in range(50):
-            fn()
-        us = _median_us(fn, reps=21, inner=200)
-        torch.cuda.synchronize()
-        rec["stages"][name] = us
-        print(f"  {name:<60} {us:8.2f} us", flush=True)
-    return [rec]
+    return [dict(_common("mechanisms"), stages=_time_stages(stages))]
 
 
 def _encode_map(driver, t):

@@ -7,22 +7,8 @@ several per call, re-times the best few of every group together in one final cal
 record with the winner. Nothing is ever tuned by editing source: a config is template arguments and
 launch-time options chosen from Python.
 
-Results persist per GPU: one JSON file per (GPU name, SM count, driver major version) under
-``cache_dir() / "autotune"`` (``GEMMLAB_CACHE_DIR``), with entries keyed by kernel and exact shape::
-
-    {"format": "gemmlab-autotune-1",
-     "gpu": {"name": "NVIDIA H200", "sm_count": 132, "driver_major": "570"},
-     "entries": {"sgemm.k08_autotuned@4096x4096x4096": {
-         "kernel": "sgemm.k08_autotuned", "M": 4096, "N": 4096, "K": 4096,
-         "config": {"BM": 128, ...}, "time_ms": 2.71, "tflops": 50.7, "ratio": 0.99,
-         "heuristic_config": {...}, "heuristic_time_ms": 3.18, "candidates": 32, "rounds": 5,
-         "git_sha": "764a417abcd0", "when": "2025-01-01T00:00:00+00:00"}}}
-
-Writes go to a temporary file in the same folder and ``os.replace`` it (a reader sees the old file or the
-new one, never half of one), under an ``flock`` on a side lock file so two processes tuning at once both
-keep their entries (without ``fcntl`` the last writer wins, still never a torn file). Reads are tolerant:
-an unreadable, truncated or foreign file is ignored with an ``AutotuneCacheWarning`` and replaced on the
-next save; a malformed entry is dropped.
+Results persist per GPU, one JSON file per (GPU name, SM count, driver major version), written atomically
+under a lock and read tolerantly: the format and its guarantees are ``gemmlab.tuned``'s docstring.
 
 The files and their lookups are ``gemmlab.tuned`` (the store the runtime reads without this module):
 ``best_config`` (what ``KernelSpec.config_for`` asks first) returns the saved winner for a step and shape

@@ -341,6 +341,11 @@ class Launcher:
 
     def launch(self, stream: int) -> None:
         """Enqueue the kernel on ``stream`` (a raw handle, see ``raw_stream``) with the block as it is."""
+        err = self._enqueue(stream)
+        if err != self._success:
+            self._failed(err, stream)
+
+    def _enqueue(self, stream: int):
         cfg = self._config
         if cfg is None:
             gx, gy, gz = self.grid
@@ -349,23 +354,14 @@ class Launcher:
         else:
             cfg.hStream = stream
             (err,) = self._launch_ex(cfg, self.handle, self._params, 0)
-        if err != self._success:
-            self._failed(err, stream)
+        return err
 
     def _failed(self, err, stream: int) -> None:
-        from cuda.bindings import driver
-
-        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        if _invalid_context(err):
             # A thread that has not used this device through the driver yet (torch's runtime calls do not
             # always make its context current): make it current once and retry.
             current_device(self.device_index)
-            cfg = self._config
-            if cfg is None:
-                gx, gy, gz = self.grid
-                (err,) = self._launch_plain(self.handle, gx, gy, gz, self.block, 1, 1, self.smem, stream,
-                                            self._params, 0)
-            else:
-                (err,) = self._launch_ex(cfg, self.handle, self._params, 0)
+            err = self._enqueue(stream)
             if err == self._success:
                 return
         raise LaunchError(f"{self.name}: launch failed (grid={self.grid}, block={self.block}, smem={self.smem}, "
