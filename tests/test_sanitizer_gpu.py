@@ -65,11 +65,16 @@ def _sanitize(tool: str, extra: list[str]) -> subprocess.CompletedProcess:
 
 
 def _report(run: subprocess.CompletedProcess) -> str:
-    return f"exit {run.returncode}\n{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
+    """The head of the log (where the first errors are) and its tail."""
+    return f"exit {run.returncode}\n{run.stdout[:6000]}\n...\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
 
 
 def test_memcheck_engine_and_decode():
-    run = _sanitize("memcheck", ["--leak-check", "no"])
+    # API errors are not reported: cuda-bindings looks up the driver's entry points with cuGetProcAddress
+    # when cuda-core first opens the device, and the lookups of functions this driver lacks fail
+    # (34 CUDA_ERROR_INVALID_VALUE on the H200's driver 580, none from gemmlab's own calls). Our own
+    # driver calls raise in Python when they fail, which ends the script before "all routes ran".
+    run = _sanitize("memcheck", ["--leak-check", "no", "--report-api-errors", "no"])
     assert run.returncode == 0 and "all routes ran" in run.stdout, _report(run)
     assert "ERROR SUMMARY: 0 errors" in run.stdout + run.stderr, _report(run)
 
