@@ -245,10 +245,38 @@ def summary_table(hopper: list[dict], sweep: list[dict], sgemm: list[dict], matm
     return "\n".join(rows) + "\n"
 
 
+def broad_run(records: list[dict], candidate: str = "engine", min_shapes: int = 200) -> list[dict]:
+    """The newest run (git sha) of ``benchmarks/engine_broad.py`` that timed ``candidate`` (what
+    gemmlab.matmul runs) on at least ``min_shapes`` shapes of the broad set: one record per shape."""
+    runs: dict[str, dict] = defaultdict(dict)
+    for r in records:
+        if r.get("candidate") == candidate and r.get("correct") and r.get("ratio"):
+            runs[r["git_sha"]][(r["M"], r["N"], r["K"])] = r
+    full = [sha for sha, shapes in runs.items() if len(shapes) >= min_shapes]
+    return list(runs[full[-1]].values()) if full else []
+
+
+def broad_table(records: list[dict], min_shapes: int = 200) -> str:
+    rs = broad_run(records, min_shapes=min_shapes)
+    if not rs:
+        return "(no full run of benchmarks/engine_broad.py recorded)\n"
+    rows = ["| class | shapes | geomean | >= 1.0x | min | max |", "|---|---|---|---|---|---|"]
+    from gemmlab.plots import CLASS_ORDER
+
+    for cls in [c for c in CLASS_ORDER if any(r["cls"] == c for r in rs)] + ["all"]:
+        sel = [r["ratio"] for r in rs if cls in ("all", r["cls"])]
+        rows.append(f"| {cls} | {len(sel)} | {geomean(sel):.3f}x | {sum(x >= 1.0 for x in sel) / len(sel):.0%} "
+                    f"| {min(sel):.2f}x | {max(sel):.2f}x |")
+    return (f"`gemmlab.matmul`'s route on the broad set (run {rs[0]['git_sha'][:7]}, {rs[0]['gpu']}, "
+            f"`benchmarks/engine_broad.py`), ratio to torch.mm:\n\n" + "\n".join(rows) + "\n")
+
+
 def _blocks() -> dict:
     hopper, sweep = load("hopper_ladder.jsonl"), load("hopper_sweep.jsonl")
     sgemm, matmul, eager = load("sgemm_ladder.jsonl"), load("matmul.jsonl"), load("eager.jsonl")
+    broad = load("engine_broad.jsonl")
     return {
+        "broad": lambda: broad_table(broad),
         "summary": lambda: summary_table(hopper, sweep, sgemm, matmul, eager),
         "eager": lambda: eager_table(eager),
         "hopper-compact": lambda: ladder_compact(hopper),
@@ -267,6 +295,7 @@ def plots() -> dict:
     from gemmlab import plots as gp
 
     hopper, sweep, sgemm = load("hopper_ladder.jsonl"), load("hopper_sweep.jsonl"), load("sgemm_ladder.jsonl")
+    broad = broad_run(load("engine_broad.jsonl"))
 
     def at(sel, n):
         return [r for (_, size), r in sorted(sel.items(), key=lambda kv: _spec(kv[0][0]).step) if size == n]
@@ -276,6 +305,8 @@ def plots() -> dict:
         "sgemm_ladder": lambda: gp.ladder_plot(at(ladder_records(sgemm), 4096)),
         "hopper_sweep": lambda: gp.size_plot(list(sweep_records(sweep).values())),
         "hopper_roofline": lambda: gp.roofline_plot(list(ladder_records(hopper).values())),
+        "broad_classes": lambda: gp.class_plot(broad, f"gemmlab.matmul on the broad set, run {broad[0]['git_sha'][:7]}"
+                                               if broad else ""),
     }
 
 

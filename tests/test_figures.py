@@ -129,3 +129,30 @@ def test_plot_helpers():
     assert plots.ladder_shape([r for r in recs if r["M"] == 2048]) == (2048, 2048, 2048)
     assert plots.size_plot([r for r in recs if r["M"] == 4096]) is None  # one size: nothing to plot
     assert plots.ladder_plot([]) is None
+
+
+
+def test_broad_table_shows_the_newest_full_run_by_class():
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "benchmarks" / "readme_tables.py")
+    rt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rt)
+
+    def rec(sha, i, ratio, cls, candidate="engine"):
+        return {"git_sha": sha, "M": i + 1, "N": 64, "K": 64, "cls": cls, "candidate": candidate, "ratio": ratio,
+                "correct": True, "gpu": "G", "sm_clock_mhz": 1980.0}
+
+    old = [rec("a" * 12, i, 0.5, "mid") for i in range(4)]
+    new = [rec("b" * 12, i, 2.0 if i < 2 else 0.5, "decode" if i < 2 else "mid") for i in range(4)]
+    partial = [rec("c" * 12, i, 9.0, "mid") for i in range(2)]  # a cut-short run is not shown
+    other = [rec("d" * 12, i, 9.0, "mid", candidate="model") for i in range(4)]  # not what matmul runs
+    records = old + new + partial + other
+    assert {r["git_sha"] for r in rt.broad_run(records, min_shapes=4)} == {"b" * 12}
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in rt.broad_table(records, min_shapes=4).splitlines() if line.startswith("| ")}
+    assert rows["decode"] == ["2", "2.000x", "100%", "2.00x", "2.00x"]
+    assert rows["mid"] == ["2", "0.500x", "0%", "0.50x", "0.50x"]
+    assert rows["all"] == ["4", "1.000x", "50%", "0.50x", "2.00x"]
+    assert "no full run" in rt.broad_table(records)  # none reaches the default 200 shapes
+    fig = plots.class_plot(rt.broad_run(records, min_shapes=4))
+    assert fig is not None and [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["decode\n(2)", "mid\n(2)"]
+    plots.plt.close(fig)

@@ -140,6 +140,46 @@ def size_plot(records: list[dict]):
     return fig
 
 
+CLASS_ORDER = ("decode", "mid", "prefill", "square", "unaligned")
+
+
+def class_plot(records: list[dict], title: str = ""):
+    """One point per shape: its ratio to torch.mm (log scale) against its shape class, spread sideways
+    within the class by log(M N K); the class's geomean as a bar and its label. 1.0 is parity."""
+    import math
+
+    recs = [r for r in records if r.get("ratio")]
+    if not recs:
+        return None
+    classes = [c for c in CLASS_ORDER if any(r["cls"] == c for r in recs)]
+    classes += sorted({r["cls"] for r in recs} - set(classes))
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    for i, cls in enumerate(classes):
+        rs = [r for r in recs if r["cls"] == cls]
+        sizes = [math.log(r["M"] * r["N"] * r["K"]) for r in rs]
+        lo, hi = min(sizes), max(sizes)
+        xs = [i - 0.3 + 0.6 * ((s - lo) / (hi - lo) if hi > lo else 0.5) for s in sizes]
+        ys = [r["ratio"] for r in rs]
+        ax.scatter(xs, ys, s=12, alpha=0.7, color=["tab:red" if y < 1.0 else "tab:blue" for y in ys])
+        g = math.exp(sum(math.log(y) for y in ys) / len(ys))
+        ax.hlines(g, i - 0.35, i + 0.35, color="black", linewidth=2)
+        ax.annotate(f"{g:.3f}x", (i + 0.37, g), fontsize=8, va="center")
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_yscale("log")
+    ys = [r["ratio"] for r in recs]
+    ticks = [t for t in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 3, 5, 8) if min(ys) / 1.1 <= t <= max(ys) * 1.1]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xticks(range(len(classes)), [f"{c}\n({sum(r['cls'] == c for r in recs)})" for c in classes])
+    ax.set_ylabel("x torch.mm (> 1: faster)")
+    clock = _clock(recs)
+    ax.set_title((title or "Ratio to torch.mm by shape class")
+                 + (f" (median SM clock {clock:.0f} MHz)" if clock else ""), fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
 def roofline_plot(records: list[dict]):
     """Roofline at the median recorded SM clock; each measured kernel and its baseline at its problem's
     minimum-traffic arithmetic intensity; the axes span the points and the ridge, not five decades."""
