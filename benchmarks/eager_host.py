@@ -83,6 +83,8 @@ def per_call_records(dtype, reps: int, shapes=None) -> list[dict]:
         if hasattr(gemmlab.plan(1, 1, 1), "kernel"):  # a checkout whose gemmlab.plan reports the route
             extra["route"] = gemmlab.plan(M, N, K, dtype=dtype).kernel
         r = bench.bench_eager(M, N, K, dtype=dtype, reps=reps, extra=extra)
+        if shapes:  # not the eager suite: kept out of the README's eager rows (readme_tables.eager_runs)
+            r["kind"] = "per_call_shapes"
         recs.append(r)
         print(f"{dtype} {r['M']:>5} x {r['N']:>5} x {r['K']:>5}  host {r['host_us']:7.1f} us (torch "
               f"{r['baseline_host_us']:6.1f})  wall {r['wall_us']:7.1f} us (torch {r['baseline_wall_us']:6.1f})  "
