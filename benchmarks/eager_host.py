@@ -69,14 +69,22 @@ def _rand(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
-def per_call_records(dtype, reps: int) -> list[dict]:
-    """``gemmlab bench --suite matmul-eager``'s per-call part (``gemmlab.bench.bench_eager``)."""
+def per_call_records(dtype, reps: int, shapes=None) -> list[dict]:
+    """``gemmlab bench --suite matmul-eager``'s per-call part (``gemmlab.bench.bench_eager``), or these
+    (M, N, K) shapes; each record names the kernel ``gemmlab.plan`` says the call runs."""
     from gemmlab import bench
     from gemmlab.matmul_suites import EAGER
 
     recs = []
-    for case in EAGER:
-        r = bench.bench_eager(case.M, case.N, case.K, dtype=dtype, reps=reps, extra={"case": case.name})
+    cases = [(c.name, c.M, c.N, c.K) for c in EAGER] if not shapes else [(f"eager {m}x{n}x{k}", m, n, k)
+                                                                           for m, n, k in shapes]
+    for name, M, N, K in cases:
+        extra = {"case": name}
+        if hasattr(gemmlab.plan(1, 1, 1), "kernel"):  # a checkout whose gemmlab.plan reports the route
+            extra["route"] = gemmlab.plan(M, N, K, dtype=dtype).kernel
+        r = bench.bench_eager(M, N, K, dtype=dtype, reps=reps, extra=extra)
+        if shapes:  # not the eager suite: kept out of the README's eager rows (readme_tables.eager_runs)
+            r["kind"] = "per_call_shapes"
         recs.append(r)
         print(f"{dtype} {r['M']:>5} x {r['N']:>5} x {r['K']:>5}  host {r['host_us']:7.1f} us (torch "
               f"{r['baseline_host_us']:6.1f})  wall {r['wall_us']:7.1f} us (torch {r['baseline_wall_us']:6.1f})  "
@@ -269,6 +277,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-calls", action="store_true", help="skip the per-call and stack measurements")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per shape (the best is kept)")
+    ap.add_argument("--shapes", default=None, help="M,N,K;M,N,K: per-call records of these shapes instead of "
+                    "the eager suite's (no stack)")
     args = ap.parse_args(argv)
     recs = []
     if args.mechanisms:
@@ -283,9 +293,11 @@ def main(argv=None) -> int:
         for name in args.dtypes.split(","):
             dtype = getattr(torch, name)
             print(f"== per call, {name}", flush=True)
-            recs += per_call_records(dtype, args.reps)
-            print(f"== stack, {name}", flush=True)
-            recs += stack_records(dtype, args.reps)
+            shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else None
+            recs += per_call_records(dtype, args.reps, shapes)
+            if not shapes:
+                print(f"== stack, {name}", flush=True)
+                recs += stack_records(dtype, args.reps)
     append_records(args.out, recs)
     return 0
 

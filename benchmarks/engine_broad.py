@@ -7,8 +7,10 @@ kernel, the current engine (h11, ``gemmlab.engine``) and torch.mm, interleaved i
 Shapes come from ``benchmarks/shapes/broad.json`` (``gemmlab.broad_shapes``), spread over the set in a
 fixed order when ``--limit`` takes a subset. Per shape the candidates are: ``model`` (``plan()``'s pick),
 the model's best plan of each other schedule, its best plan with another tile height, ``engine`` (what
-``gemmlab.matmul`` runs today through ``engine.gemm``: h11's plan, or the decode kernel), and ``torch`` (torch.mm on the same operands, TN:
-``a @ w.t()``). Inputs are fresh randn, rotated over sets of 2x the L2; every candidate is checked against
+``gemmlab.matmul`` runs through ``engine.gemm``: ``engine.route``'s choice of the decode kernel, h11 or
+the engine kernel; its record says which), and ``torch`` (torch.mm on the same operands, TN:
+``a @ w.t()``), and ``h11`` (h11's plan, where the router runs the engine kernel: what ran there before
+the router). Inputs are fresh randn, rotated over sets of 2x the L2; every candidate is checked against
 an fp32 reference before it is timed (``gemmlab.timer``: graph replays, interleaved rounds, per-candidate
 SM clocks). One JSON line per (shape, candidate): git sha, GPU, clocks, shape and class, the plan and its
 predicted time, the measured time, torch's, and the ratio. Every instantiation is compiled up front in a
@@ -120,6 +122,9 @@ def main() -> None:
         ref = sets[0][0].float() @ sets[0][1].float()
         runs = {name: (lambda i, pl=pl: engine2.launch(pl, *sets[i])) for name, pl in plans.items()}
         runs["engine"] = lambda i: engine.gemm(*sets[i])
+        route = engine.plan(M, N, K, sm_count=info.sm_count)
+        if route.kernel == "engine":  # what gemmlab.matmul ran before the router: h11's plan
+            runs["h11"] = lambda i, h=route.h11: engine.gemm(*sets[i], plan=h)
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2])}
         errors = {}
         for name, fn in runs.items():
@@ -146,6 +151,8 @@ def main() -> None:
                        "correct": t is not None, "sm_clock_mhz": res.clocks.sm_mhz,
                        "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
                        "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__}
+                if name == "engine":
+                    rec.update(route=repr(route), kernel=route.kernel)
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, schedule=pl.schedule, splits=pl.splits,
                                sk_tiles=pl.sk_tiles, sk_ctas=pl.sk_ctas, stages=pl.stages, grid=pl.grid,
@@ -155,7 +162,7 @@ def main() -> None:
                 if t:
                     ratios.setdefault(name, []).append(base / t)
         if "model" in times:
-            best_loss.append(times["model"] / min(v for k, v in times.items() if k != "engine"))
+            best_loss.append(times["model"] / min(v for k, v in times.items() if k not in ("engine", "h11")))
         print(line, flush=True)
     print(f"{time.perf_counter() - t_start:.0f} s; ratios to torch.mm (geomean, min, share >= 1.0):")
     for name, xs in sorted(ratios.items()):

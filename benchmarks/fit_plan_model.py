@@ -1,6 +1,19 @@
-"""Check gemmlab.plan_cost against the committed h11 records (CPU only; no GPU needed).
+"""Check gemmlab.plan_cost against the committed records, or fit it to the broad set (CPU only).
 
-    PYTHONPATH=src python3 benchmarks/fit_plan_model.py [--scale launch_s=2e-6 ...]
+    PYTHONPATH=src python3 benchmarks/fit_plan_model.py [--set launch_s=2e-6 ...]
+    PYTHONPATH=src python3 benchmarks/fit_plan_model.py --broad [--fit] [--sha ac16df0070a2]
+
+``--broad``: the engine kernel's own records (``engine_broad.jsonl``: per shape the model's plan and a few
+others, and ``engine`` = h11 or the decode kernel), split by shape into a fit half (even positions of the
+sorted distinct shapes) and a held-out half (odd). Prints, per half, mean |log measured / predicted| over
+every new-kernel record, and how far the model's pick among each shape's measured plans runs behind the
+best of them (geomean, worst); then h11's records priced as engine-kernel plans (``h11_cost``) and the
+router's choice (``gemmlab.engine.route``'s rule: h11 where its priced time x ``h11_factor`` is below the
+new kernel's pick) against the best measured. ``--fit``: coordinate descent over the profile constants
+of ``FIT_NAMES`` on the fit half (loss = mean |log| + 2 log(pick geomean) + 0.5 log(pick worst)),
+printing the fitted values to copy into ``gemmlab.devices``.
+
+Without ``--broad``: h11's older records, as below.
 
 The engine kernel keeps h11's k-loop and epilogue, so h11's records are the plan model's calibration
 set: ``engine_policies.jsonl`` (every (BN, splits) plan of the few-tile shapes, runs with cluster split-K, timed against torch.mm)
@@ -71,10 +84,143 @@ def engine_records():
             yield r, bn, splits
 
 
+FIT_NAMES = ("launch_s", "tile_fixed_s", "store_bytes_per_s", "direct_store_bytes_per_s", "engine_l2_bytes_per_s",
+             "sm_l2_bytes_per_s", "l2_latency_s", "hbm_latency_s", "cluster_sync_s", "dsmem_bytes_per_s",
+             "partial_bytes_per_s", "smem_bytes_per_clk", "engine_mma_efficiency", "one_consumer_efficiency",
+             "hbm_read_bytes_per_s", "stream_k_fixed_s", "split_k_kstep_factor", "stream_k_kstep_factor")
+BROAD_SHA = "ac16df0070a2"
+
+
+def broad_records(sha: str) -> tuple[list[dict], set]:
+    """The broad set's records of one run with a time, and the fit half's shapes."""
+    recs = [r for r in map(json.loads, open(RESULTS / "engine_broad.jsonl"))
+            if r.get("git_sha") == sha and r.get("time_ms")]
+    shapes = sorted({(r["M"], r["N"], r["K"]) for r in recs})
+    return recs, {s for i, s in enumerate(shapes) if i % 2 == 0}
+
+
+def _clock(r: dict) -> float:
+    return r.get("kernel_sm_clock_mhz") or r["sm_clock_mhz"]
+
+
+def broad_eval(recs: list[dict], half: set, prof) -> dict:
+    """Mean |log measured / predicted| and the pick's loss (geomean, worst) over the shapes in ``half``."""
+    logs, by = [], defaultdict(list)
+    for r in recs:
+        s = (r["M"], r["N"], r["K"])
+        if s not in half or r.get("bm") is None:
+            continue
+        t = plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
+                                splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
+                                clock_mhz=_clock(r), direct=(r["N"] * 2) % 16 != 0)
+        logs.append(abs(math.log(r["time_ms"] * 1e-3 / t)))
+        by[s].append((t, r["time_ms"]))
+    loss = [min(v)[1] / min(m for _, m in v) for v in by.values()]
+    return {"abs_log": statistics.fmean(logs), "pick_gm": math.exp(statistics.fmean(map(math.log, loss))),
+            "pick_worst": max(loss), "records": len(logs), "shapes": len(loss)}
+
+
+def _objective(recs, half, prof) -> float:
+    e = broad_eval(recs, half, prof)
+    return e["abs_log"] + 2 * math.log(e["pick_gm"]) + 0.5 * math.log(e["pick_worst"])
+
+
+def fit(recs, half, prof, rounds: int = 6):
+    """Coordinate descent: each constant in turn scaled by the factor that lowers the loss most."""
+    best = _objective(recs, half, prof)
+    for _ in range(rounds):
+        for name in FIT_NAMES:
+            for f in (0.5, 0.7, 0.85, 0.93, 1.07, 1.18, 1.4, 2.0):
+                v = getattr(prof, name) * f
+                if (name.endswith("efficiency") and v > 1) or (name.endswith("factor") and v < 1):
+                    continue
+                q = dataclasses.replace(prof, **{name: v})
+                if q.hbm_latency_s < q.l2_latency_s:  # a load from HBM is never quicker than an L2 hit
+                    continue
+                o = _objective(recs, half, q)
+                if o < best - 1e-4:
+                    best, prof = o, q
+    return prof
+
+
+def h11_rows(recs: list[dict], prof):
+    """(shape, measured h11 time, h11's plan priced by plan_cost (without h11_factor)) for the records whose
+    engine candidate ran h11 (not the decode kernel): h11's plan is a 128-row data-parallel or split-K
+    plan of the model with h11's ring depth and, where h11 overlaps its epilogue, ``overlap``."""
+    from gemmlab import engine
+
+    for r in recs:
+        if r["candidate"] != "engine" or engine.decode_shape(r["M"], r["N"], r["K"]):
+            continue
+        s = (r["M"], r["N"], r["K"])
+        yield s, r["time_ms"] * 1e-3, engine.h11_cost(*s, prof=prof, clock_mhz=_clock(r))
+
+
+def broad_main(args) -> None:
+    recs, train = broad_records(args.sha)
+    held = {(r["M"], r["N"], r["K"]) for r in recs} - train
+    prof = dataclasses.replace(H200, **{k: float(v) for k, v in (s.split("=") for s in args.set)})
+    for name, half in (("fit", train), ("held-out", held)):
+        print(f"{name:9s} (profile as given) {broad_eval(recs, half, prof)}")
+    if args.fit:
+        prof = fit(recs, train, prof)
+        for name in FIT_NAMES:
+            print(f"  {name} = {getattr(prof, name):.4g}")
+        for name, half in (("fit", train), ("held-out", held)):
+            print(f"{name:9s} (fitted) {broad_eval(recs, half, prof)}")
+    rows = list(h11_rows(recs, prof))
+    for name, half in (("fit", train), ("held-out", held)):
+        xs = [m / p for s, m, p in rows if s in half]
+        print(f"{name:9s} h11 measured / priced: geomean {statistics.geometric_mean(xs):.3f} "
+              f"mean |log| {statistics.fmean(abs(math.log(x)) for x in xs):.3f} ({len(xs)} shapes)")
+    factor = statistics.geometric_mean([m / p for s, m, p in rows if s in train])
+    print(f"h11_factor (fit half) = {factor:.3f}")
+    route_eval(recs, train, held, dataclasses.replace(prof, h11_factor=factor))
+
+
+def route_eval(recs, train, held, prof) -> None:
+    """The router's pick (h11 or the new kernel's measured plan the model ranks first) against the best
+    measured (either kernel), per half, as ratios to torch.mm."""
+    from gemmlab import engine
+
+    by = defaultdict(dict)
+    for r in recs:
+        by[(r["M"], r["N"], r["K"])][r["candidate"]] = r
+    for name, half in (("fit", train), ("held-out", held)):
+        routed, best, old, loss = [], [], [], []
+        for s in half:
+            c = by[s]
+            new = [r for k, r in c.items() if k != "engine"]
+            pick = min(new, key=lambda r: plan_cost.predict_s(
+                *s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"], splits=r["splits"],
+                sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof, direct=(s[1] * 2) % 16 != 0))
+            if engine.decode_shape(*s):
+                chosen = c["engine"]
+            else:
+                pn = plan_cost.predict_s(*s, bm=pick["bm"], bn=pick["bn"], schedule=pick["schedule"],
+                                         stages=pick["stages"], splits=pick["splits"], sk_tiles=pick["sk_tiles"],
+                                         sk_ctas=pick["sk_ctas"], prof=prof, direct=(s[1] * 2) % 16 != 0)
+                chosen = c["engine"] if engine.h11_cost(*s, prof=prof) * prof.h11_factor < pn else pick
+            routed.append(chosen["ratio"])
+            old.append(c["engine"]["ratio"])
+            best.append(max(r["ratio"] for r in c.values()))
+            loss.append(best[-1] / chosen["ratio"])
+        gm = lambda xs: math.exp(statistics.fmean(map(math.log, xs)))  # noqa: E731
+        print(f"{name:9s} routed {gm(routed):.3f} (>= 1.0: {sum(x >= 1 for x in routed) / len(routed):.0%}, min "
+              f"{min(routed):.3f}), today's engine {gm(old):.3f}, best measured {gm(best):.3f}; routed behind best: "
+              f"geomean {gm(loss):.3f}, worst {max(loss):.3f} ({len(half)} shapes)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", nargs="*", default=[], help="NAME=VALUE overrides of DeviceProfile constants")
+    p.add_argument("--broad", action="store_true", help="the broad set's records (engine_broad.jsonl)")
+    p.add_argument("--fit", action="store_true", help="with --broad: fit the constants on the fit half")
+    p.add_argument("--sha", default=BROAD_SHA, help="with --broad: the run's git_sha")
     args = p.parse_args()
+    if args.broad:
+        broad_main(args)
+        return
     prof = dataclasses.replace(H200, **{k: float(v) for k, v in (s.split("=") for s in args.set)})
     ratios = defaultdict(list)
     by_shape = defaultdict(dict)

@@ -34,11 +34,14 @@ import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
-ROUTES = ("decode", "decode-splitk", "h11", "h11-splitk", "h11-copy", "fp32", "large", "tiny", "empty")
+ROUTES = ("decode", "decode-splitk", "h11", "h11-splitk", "h11-copy", "h11-shallow", "fp32", "large", "tiny", "empty")
 # Where the generator aims, and how often (the classification of what each call really hit is
 # ``classify``'s; the records count both).
-ROUTE_WEIGHTS = {"decode": 20, "decode-splitk": 8, "h11": 18, "h11-splitk": 12, "h11-copy": 12, "fp32": 12,
-                 "large": 6, "tiny": 8, "empty": 4}
+# Since engine.route weighs the engine kernel against h11, the "h11*" targets mostly reach the engine
+# kernel (data-parallel and split-K); "h11-shallow" (large M x N, K <= 128: h11's overlapped epilogue
+# wins) is where the router still runs h11.
+ROUTE_WEIGHTS = {"decode": 20, "decode-splitk": 8, "h11": 18, "h11-splitk": 12, "h11-copy": 12, "h11-shallow": 8,
+                 "fp32": 12, "large": 6, "tiny": 8, "empty": 4}
 MUTATIONS = ("fresh", "layout", "offset", "dtype", "stream", "epilogue", "alias")
 GUARD = 64  # elements of buffer past every view's last element
 MAX_MNK = 2**36  # keeps one float64 reference under ~5 ms on an H200
@@ -248,6 +251,8 @@ class Generator:
                 b_order = "row"
         elif target == "h11-copy":
             M, N, K = self.dim(1, 2048), self.dim(1, 2048), self.dim(1, 2048)
+        elif target == "h11-shallow":
+            M, N, K = self.dim(2048, 8192), self.dim(2048, 8192), self.dim(16, 128)
         elif target == "fp32":
             M, N, K = self.dim(1, 1536), self.dim(1, 1536), self.dim(1, 1536)
         elif target == "large":
@@ -427,8 +432,9 @@ def call_args(case: Case, t: Tensors):
 # Which route a call takes ------------------------------------------------------------------------------
 
 def classify(case: Case, t: Tensors, sm_count: int = 132, capacity=None) -> str:
-    """The route the library takes for the case, from the engine's own helpers (``use_decode``,
-    ``decode.plan``, ``choose_plan``): "decode", "decode-splitk", "h11[-splitk][+copy][+direct]", "fp32",
+    """The route the library takes for the case, from the engine's own router (``engine.route``,
+    ``decode.plan``): "decode", "decode-splitk", "h11[-splitk][+copy][+direct]",
+    "engine[-splitk|-streamk][+copy][+direct]" (the engine kernel's schedule), "fp32",
     "empty", "epilogue-only"; "unknown" when the helpers moved (the call path is being refactored)."""
     M, N, K = case.M, case.N, case.K
     if M == 0 or N == 0:
@@ -442,9 +448,15 @@ def classify(case: Case, t: Tensors, sm_count: int = 132, capacity=None) -> str:
 
         odt = DTYPES[case.out_dtype]
         dense = torch.empty_strided((M, N), (N, 1), dtype=odt, device="meta")
-        if engine.use_decode(t.a, t.b, dense):
+        bias = t.bias.to(torch.float32 if case.bias == "fp32" else DTYPES[case.dtype]) if t.bias is not None else None
+        r = engine.route(t.a, t.b, dense, bias=bias, activation=case.activation,
+                         has_c=case.c is not None and case.beta != 0, sm_count=sm_count, capacity=capacity)
+        if r.kernel == "decode":
             return "decode-splitk" if decode.plan(M, N, K, sm_count).splits > 1 else "decode"
-        route = "h11-splitk" if engine.choose_plan(M, N, K, sm_count, capacity)[1] > 1 else "h11"
+        if r.kernel == "engine":
+            route = {"data_parallel": "engine", "split_k": "engine-splitk", "stream_k": "engine-streamk"}[r.plan.schedule]
+        else:
+            route = "h11-splitk" if r.h11[1] > 1 else "h11"
         ok = engine._tma_ok
         copies = [not (ok(k) or ok(mn)) for k, mn in ((t.a, t.a.t()), (t.b.t(), t.b))]
         if any(copies):

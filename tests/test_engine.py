@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gemmlab import autotune, decode, engine, registry, sass
+from gemmlab import autotune, broad_shapes, decode, engine, planner, registry, sass
 from gemmlab.errors import UnsupportedProblem
 from gemmlab.jit.compiler import compile_kernel
 
@@ -218,6 +218,7 @@ _KIND_TYPES = {"ptr": {"u64", "b64"}, "i64": {"u64", "s64", "b64"}, "i32": {"u32
     (engine.SOURCE, "hopper_h11<__nv_bfloat16, __nv_bfloat16, float, 128, 6, 0, 1, 0, 0, 1>", engine._H11_PARAMS),
     (engine.PAD_COPY_SOURCE, "pad_copy<2, 1, 0>", ("ptr", "i64", "ptr", "i64", "i64", "i32")),
     ("engine/decode.cu", "engine_decode<__nv_bfloat16, __nv_bfloat16, float, 2, 2, 1, 2, 1, 0, 1>", decode._PARAMS),
+    (planner.SOURCE, planner.plan(3000, 3000, 3000, has_c=True, bias_dtype="fp32").name_expression, engine._E2_PARAMS),
 ])
 def test_launcher_parameter_kinds_match_the_kernel(source, expr, kinds):
     """Each prepared launch writes its parameters by position and kind; a kernel signature that changes
@@ -226,3 +227,90 @@ def test_launcher_parameter_kinds_match_the_kernel(source, expr, kinds):
     assert len(types) == len(kinds), (types, kinds)
     for i, (t, k) in enumerate(zip(types, kinds)):
         assert t in _KIND_TYPES[k], f"parameter {i}: PTX .{t}, launcher kind {k!r}"
+
+
+# The router (engine.route): which kernel gemmlab.matmul runs, decided on metadata alone -------------------
+
+def _meta(M, N, K, *, dtype=torch.bfloat16, out_dtype=None, b_mn=False):
+    a = torch.empty(M, K, dtype=dtype, device="meta")
+    b = torch.empty(K, N, dtype=dtype, device="meta") if b_mn else torch.empty(N, K, dtype=dtype, device="meta").t()
+    return a, b, torch.empty(M, N, dtype=out_dtype or dtype, device="meta")
+
+
+def _route(M, N, K, plan=None, sm=132, **kw):
+    a, b, out = _meta(M, N, K, **kw)
+    return engine.route(a, b, out, bias=None, activation=None, has_c=False, plan=plan, sm_count=sm)
+
+
+@pytest.mark.parametrize("M, N, K", [(256, 4096, 4096), (2040, 3584, 3584), (300, 1600, 6400), (640, 3001, 2047),
+                                     (16384, 3072, 1024), (4096, 4096, 4096), (64, 28672, 8192), (8192, 8192, 512)])
+def test_route_runs_the_kernel_the_model_prices_cheaper(M, N, K):
+    """Outside decode shapes the route weighs both kernels with one model: the engine kernel's best plan
+    (``planner.plan``) against h11's ``choose_plan`` plan priced by ``h11_cost`` x ``h11_factor``."""
+    r = _route(M, N, K)
+    prof = engine.plan_profile(132)
+    assert r.how == "model" and r.plan == planner.plan(M, N, K, profile=prof) and r.h11 == engine.choose_plan(M, N, K, 132)
+    h11_s = prof.h11_factor * engine.h11_cost(M, N, K, prof=prof, plan=r.h11, direct=(N * 2) % 16 != 0)
+    assert r.h11_s == pytest.approx(h11_s)
+    assert r.kernel == ("engine" if r.plan.predicted_s < h11_s else "h11")
+    assert ("engine kernel" if r.kernel == "engine" else f"h11 BN={r.h11[0]}") in repr(r)
+
+
+def test_route_splits_the_broad_set_by_what_was_measured():
+    """Both kernels get shapes: the engine kernel the mid-size and partial-wave ones where it ran faster
+    on the H200 (2040x3584x3584: 79.0 against 88.5 us), h11 the large shallow prefill ones where its
+    overlapped epilogue won (16384x3072x1024: 1.091x torch against 1.035x, sha ac16df0)."""
+    assert _route(2040, 3584, 3584).kernel == "engine"
+    assert _route(16384, 3072, 1024).kernel == "h11"
+    kinds = {_route(*c.shape).kernel for c in broad_shapes.broad_cases()}
+    assert kinds == {"decode", "h11", "engine"}
+
+
+def test_route_keeps_decode_tuned_and_forced_choices(tuned):
+    assert _route(1, 4096, 4096).kernel == "decode"
+    assert _route(1, 4096, 4096, plan=(64, 1)).kernel == "h11"  # forced h11, even at a decode shape
+    p = planner.plan(1, 4096, 4096)
+    r = _route(1, 4096, 4096, plan=p)
+    assert (r.kernel, r.plan, r.how) == ("engine", p, "forced")
+    tuned({"BN": 64, "SPLITS": 4})
+    a, b, out = _meta(*SHAPE)
+    r = engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132, gpu=lambda: FAKE)
+    assert (r.kernel, r.h11, r.how) == ("h11", (64, 4), "tuned")
+
+
+def test_route_plans_for_the_layout_dtypes_and_epilogue():
+    a = torch.empty(640, 2047, dtype=torch.float16, device="meta")
+    b = torch.empty(2047, 3001, dtype=torch.float16, device="meta")  # N-contiguous, rows of 6002 B: a copy
+    out = torch.empty(640, 3001, dtype=torch.float32, device="meta")
+    bias = torch.empty(3001, dtype=torch.float32, device="meta")
+    r = engine.route(a, b, out, bias=bias, activation="gelu", has_c=True, sm_count=132)
+    p = r.plan
+    assert (p.dtype, p.out_dtype, p.bias_dtype, p.activation, p.has_c) == ("fp16", "fp32", "fp32", "gelu", True)
+    # B is copied (rows of 6002 B) in the order it is contiguous in: MN-major; output rows of 12004 B: direct.
+    assert (p.a_mn, p.b_mn, p.direct) == (False, True, True) and p.bn % 64 == 0
+
+
+def test_route_plans_for_the_gpus_sm_count():
+    r = _route(2040, 3584, 3584, sm=114)
+    assert r.plan.grid <= 114 and engine.plan_profile(114).sm_count == 114
+
+
+def test_gemmlab_plan_says_which_kernel_matmul_runs():
+    import gemmlab
+
+    assert gemmlab.plan(1, 4096, 4096).kernel == "decode"
+    r = gemmlab.plan(2040, 3584, 3584)
+    assert r.kernel == "engine" and "engine kernel" in repr(r) and "2040x3584x3584" in repr(r)
+    assert gemmlab.plan(16384, 3072, 1024).kernel == "h11"
+    with pytest.raises(ValueError, match="M must be >= 1"):
+        gemmlab.plan(0, 8, 8)
+
+
+def test_a_forced_engine_plan_must_match_the_tensors():
+    a, b, out = _meta(256, 512, 1024)
+    wrong = planner.plan(256, 512, 2048)
+    with pytest.raises(UnsupportedProblem, match="plan is for 256x512x2048"):
+        engine.Engine2Launch(a, b, out, bias=None, c=None, plan=wrong)
+    mn = planner.plan(256, 512, 1024, b_mn=True)
+    with pytest.raises(UnsupportedProblem, match="b_mn=True"):
+        engine.Engine2Launch(a, b, out, bias=None, c=None, plan=mn)

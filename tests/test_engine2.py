@@ -91,3 +91,27 @@ def _every_choice():
 @pytest.mark.parametrize("p", _every_choice(), ids=lambda p: p.compiled_name)
 def test_every_plan_the_model_can_choose_compiles_clean(p):
     _check(p)
+
+
+def _routed_broad_plans():
+    """The engine kernel's plans ``engine.route`` sends broad-set shapes to (contiguous bf16, nn.Linear
+    layout, plain epilogue), one per instantiation: what ``gemmlab.matmul`` compiles on that set."""
+    import torch
+
+    from gemmlab import broad_shapes, engine
+
+    seen = {}
+    for case in broad_shapes.broad_cases():
+        M, N, K = case.shape
+        a = torch.empty(M, K, dtype=torch.bfloat16, device="meta")
+        b = torch.empty(N, K, dtype=torch.bfloat16, device="meta").t()
+        out = torch.empty(M, N, dtype=torch.bfloat16, device="meta")
+        r = engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132)
+        if r.kernel == "engine":
+            seen.setdefault(r.plan.name_expression, r.plan)
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("p", _routed_broad_plans(), ids=lambda p: p.compiled_name)
+def test_plans_the_router_runs_on_the_broad_set_compile_clean(p):
+    _check(p)

@@ -153,3 +153,84 @@ def test_graphs_of_two_stream_k_plans_replay_after_the_workspace_grew():
         for out, want in zip(outs, wants):
             err = float((out.double() - want).norm() / want.norm())
             assert err <= 1e-2, err
+
+
+# gemmlab.matmul's route to the engine kernel (engine.route -> engine.Engine2Launch) ---------------------
+
+ROUTED = [
+    # (M, N, K), operand dtype, out dtype, B row-major (N-contiguous), bias dtype, activation, beta * C
+    ((2040, 3584, 3584), torch.bfloat16, None, False, None, None, False),  # data-parallel, 128 x 224
+    ((100, 1000, 3000), torch.bfloat16, None, False, torch.bfloat16, "silu", False),  # split-K
+    ((1, 1024, 14336), torch.bfloat16, None, False, None, None, False),  # a decode M past the decode kernel's K
+    ((640, 3001, 2047), torch.float16, torch.float32, True, torch.float32, "gelu", True),  # copies, direct
+    ((777, 555, 333), torch.bfloat16, torch.float32, False, None, "gelu_tanh", True),
+    ((333, 520, 264), torch.float16, None, True, torch.float16, "relu", False),
+    ((5000, 5120, 14336), torch.bfloat16, None, False, None, None, False),  # stream-K
+]
+
+
+def _routed_case(shape, dt, odt, b_row, bias_dt, act, with_c, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    M, N, K = shape
+    a = torch.randn(M, K, device="cuda", generator=g).to(dt)
+    b = torch.randn(K, N, device="cuda", generator=g).to(dt) if b_row else \
+        torch.randn(N, K, device="cuda", generator=g).to(dt).t()
+    bias = torch.randn(N, device="cuda", generator=g).to(bias_dt) if bias_dt else None
+    c = torch.randn(M, N, device="cuda", generator=g).to(odt or dt) if with_c else None
+    return a, b, bias, c
+
+
+@pytest.mark.parametrize("case", ROUTED, ids=lambda c: "x".join(map(str, c[0])))
+def test_matmul_routes_to_the_engine_kernel_and_matches_float64(case):
+    import gemmlab
+    from gemmlab import engine
+
+    shape, dt, odt, b_row, bias_dt, act, with_c = case
+    a, b, bias, c = _routed_case(*case)
+    alpha, beta = (0.5, -1.25) if with_c else (1.0, 0.0)
+    out = torch.full(shape[:1] + shape[1:2], float("nan"), device="cuda", dtype=odt or dt)
+    launch = engine.prepare(a, b, out, bias=bias, activation=act, has_c=with_c, c=c)
+    assert isinstance(launch, engine.Engine2Launch), launch
+    for _ in range(2):  # the prepared call, twice (the second reuses the prepared launch)
+        out.fill_(float("nan"))
+        y = gemmlab.matmul(a, b, bias=bias, activation=act, alpha=alpha, beta=beta, c=c, out_dtype=odt, out=out)
+        assert y.data_ptr() == out.data_ptr()
+        torch.cuda.synchronize()
+        ref = alpha * (a.double() @ b.double())
+        if c is not None:
+            ref += beta * c.double()
+        if bias is not None:
+            ref += bias.double()
+        ref = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+               "silu": torch.nn.functional.silu,
+               "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}[act](ref)
+        assert not torch.isnan(y).any()
+        assert rel_error(y, ref) <= 1e-2, (shape, rel_error(y, ref))
+
+
+def test_routed_stream_k_is_bitwise_deterministic_and_replays_in_a_graph():
+    """The router's stream-K plan (5000x5120x14336) through gemmlab.matmul: the same bits run after run,
+    and captured in a CUDA graph (after an eager call prepared it and grew the workspace) it replays
+    with the same bits."""
+    import gemmlab
+
+    assert gemmlab.plan(5000, 5120, 14336).plan.schedule == "stream_k"
+    a, b, _, _ = _routed_case((5000, 5120, 14336), torch.bfloat16, None, False, None, None, False, seed=7)
+    first = gemmlab.matmul(a, b)
+    for _ in range(3):
+        again = gemmlab.matmul(a, b)
+        assert torch.equal(again.view(torch.int16), first.view(torch.int16))
+    out = torch.full_like(first, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gemmlab.matmul(a, b, out=out)  # warm on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gemmlab.matmul(a, b, out=out)
+    for _ in range(2):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), first.view(torch.int16))

@@ -302,8 +302,14 @@ def test_matmul_runs_the_tuned_plan(tmp_path, monkeypatch):
     other = next(r["config"] for r in res.records if r.get("correct") and r["config"] != res.config)
     autotune.save_entry(gpu, {"kernel": "hopper.h11_general", "M": M, "N": N, "K": K, "config": other})
     assert matmul_plan() == (other["BN"], other["SPLITS"])
-    heuristic = engine.choose_plan(M, N, K + 64, sm, engine.cluster_capacity(dev))
+    # Another shape: not the tuned plan but the router's own choice (h11's choose_plan plan, or the engine
+    # kernel, which records no h11 plan).
     a = torch.randn(M, K + 64, device="cuda", dtype=torch.bfloat16)
-    gemmlab.matmul(a, torch.randn(K + 64, N, device="cuda", dtype=torch.bfloat16))
+    b = torch.randn(K + 64, N, device="cuda", dtype=torch.bfloat16)
+    plans.clear()
+    y = gemmlab.matmul(a, b)
     torch.cuda.synchronize()
-    assert plans[-1] == heuristic  # another shape: the engine's own plan
+    r = engine.route(a, b, y, bias=None, activation=None, has_c=False, sm_count=sm,
+                     capacity=engine.cluster_capacity(dev), gpu=lambda: gpu)
+    assert r.how == "model" and r.h11 == engine.choose_plan(M, N, K + 64, sm, engine.cluster_capacity(dev))
+    assert plans == ([r.h11] if r.kernel == "h11" else [])

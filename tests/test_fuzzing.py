@@ -127,14 +127,23 @@ def test_fixed_seed_part_reaches_every_route():
     """What the GPU's fixed-seed run will hit, classified by the engine's own helpers on CPU tensors
     (the same alignment rules: CUDA allocations are 512-byte aligned, CPU ones at least 64)."""
     routes = collections.Counter()
-    for c, t in _materialized(fuzzing.take(fuzzing.FIXED_SEED, fuzzing.FIXED_CASES)):
+    fams = fuzzing.take(fuzzing.FIXED_SEED, fuzzing.FIXED_CASES)
+    for c, t in _materialized(fams):
         routes[fuzzing.classify(c, t)] += 1
+    # The cases too large for CPU tensors (where the router still runs h11: large M x N, shallow K),
+    # classified on meta tensors (their data pointers all read 0: only their "+copy" tags may differ).
+    for fam in fams:
+        pool = {}
+        for c in fam:
+            t = fuzzing.materialize(c, "meta", None, pool)
+            if not small(c):
+                routes[fuzzing.classify(c, t)] += 1
     tags = collections.Counter()
     for route, n in routes.items():
         for tag in fuzzing.route_tags([route]):
             tags[tag] += n
     assert "unknown" not in tags, routes
-    for tag in ("decode", "decode-splitk", "h11", "h11-splitk", "+copy", "+direct", "fp32", "empty",
+    for tag in ("decode", "decode-splitk", "h11", "engine", "engine-splitk", "+copy", "+direct", "fp32", "empty",
                 "epilogue-only"):
         assert tags[tag] >= 3, (tag, routes)
 
@@ -338,10 +347,11 @@ class HostOnly:
                 host.launches += 1
 
         class MapSlot:  # TMA's rules (CUDA driver API, cuTensorMapEncodeTiled), checked at encode
-            def __init__(self, launcher, index, ptr, rows, cols, row_stride, dtype, box):
+            def __init__(self, launcher, index, ptr, rows, cols, row_stride, dtype, box, *, swizzle_bytes=128):
                 es = torch.empty((), dtype=dtype).element_size()
                 assert ptr % 16 == 0 and (row_stride * es) % 16 == 0, (ptr % 16, row_stride)
                 assert all(1 <= b <= 256 for b in box) and (box[1] * es) % 16 == 0, box
+                assert swizzle_bytes in (0, 32, 64, 128) and (not swizzle_bytes or box[1] * es <= swizzle_bytes), box
                 self.tmap = object()
                 launcher.set_map(index, self.tmap)
 
@@ -356,6 +366,8 @@ class HostOnly:
             monkeypatch.setattr(mod, "raw_stream", lambda index: 0, raising=False)
         monkeypatch.setattr(engine, "_sm_count", lambda device: 132)
         monkeypatch.setattr(engine, "_index", lambda device: 0)
+        monkeypatch.setattr(engine, "stream_k_workspace", lambda p, index, stream: (
+            torch.empty(max(1, p.workspace_floats)), torch.zeros(2 * max(256, p.sk_ctas), dtype=torch.int32)))
         monkeypatch.setattr(engine, "cluster_capacity", lambda device: dict(engine.H200_CLUSTER_CAPACITY))
         monkeypatch.setattr(engine, "hopper_available", lambda device: None)
         monkeypatch.setattr(tuned, "device_gpu", lambda index: None)

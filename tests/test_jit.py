@@ -151,7 +151,7 @@ def test_prepared_descriptors_are_64_byte_aligned_copies(monkeypatch):
         encoded = [driver.CUtensorMap() for _ in range(n + 1)][-1]
         pattern = np.arange(128, dtype=np.uint8) ^ n
         ctypes.memmove(encoded.getPtr(), pattern.ctypes.data, 128)
-        monkeypatch.setattr(L, "encode_tensor_map", lambda *a, e=encoded: e)
+        monkeypatch.setattr(L, "encode_tensor_map", lambda *a, e=encoded, **kw: e)
         launcher = FakeLauncher()
         slot = L.MapSlot(launcher, 2, 0x10000, 64, 64, 64, torch.bfloat16, (64, 64))
         assert launcher.maps[2] is slot.tmap and slot.tmap.getPtr() % 64 == 0

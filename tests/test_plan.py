@@ -21,7 +21,7 @@ SHAPES = [(1, 4096, 4096), (16, 14336, 4096), (77, 3000, 2000), (512, 1024, 4096
 
 
 def test_plan_module_imports_neither_torch_nor_cuda():
-    code = ("import sys, gemmlab; p = gemmlab.plan(2040, 3584, 3584); "
+    code = ("import sys; from gemmlab import planner; p = planner.plan(2040, 3584, 3584); "
             "assert isinstance(p, sys.modules['gemmlab.planner'].Plan); "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('cuda')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT / "src")})
@@ -36,9 +36,9 @@ def test_plan_is_the_fastest_candidate_and_reads_well():
     with pytest.raises(AttributeError):
         p.bn = 64  # frozen
     # The issue's example class: h11's one plan (128 x 256, data-parallel) leaves 1.7 waves; the model finds
-    # a plan it prices at least 10% faster.
+    # a plan it prices at least 5% faster (on the H200, sha ac16df0: 128 x 224 ran 79.0 us, h11 88.5).
     h11 = next(c for c in cands if (c.bm, c.bn, c.schedule) == (128, 256, "data_parallel"))
-    assert p.predicted_s < 0.9 * h11.predicted_s
+    assert p.predicted_s < 0.95 * h11.predicted_s
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -99,12 +99,14 @@ def test_stages_fill_shared_memory():
 def test_model_prices_waves_splits_and_streams():
     prof = devices.H200
     kw = dict(prof=prof, clock_mhz=1755.0)
-    # A partial wave costs a whole wave of k-steps in data-parallel; stream-K spreads it.
+    # A partial wave costs a whole wave of k-steps in data-parallel; stream-K spreads it, but its streamed
+    # k-steps cost 1.35x (fitted: the best stream-K plan beat the best data-parallel one on 21 of 296
+    # broad-set shapes), so here it only comes close.
     full = plan_cost.predict_s(1536, 2816, 4096, bm=128, bn=256, schedule="data_parallel", stages=4, **kw)  # 132
     dp = plan_cost.predict_s(1536, 3072, 4096, bm=128, bn=256, schedule="data_parallel", stages=4, **kw)  # 144
     sk = {c: plan_cost.predict_s(1536, 3072, 4096, bm=128, bn=256, schedule="stream_k", stages=4, sk_tiles=12,
                                  sk_ctas=c, **kw) for c in (24, 48, 132)}
-    assert dp > 1.7 * (full - prof.launch_s) and full < min(sk.values()) < 0.8 * dp
+    assert dp > 1.7 * (full - prof.launch_s) and full < min(sk.values()) < 1.1 * dp
     # Spreading 12 tiles over all 132 SMs makes each owner add ~11 partials: 4 CTAs per tile is cheaper.
     assert sk[48] < sk[132]
     # More stages never hurt, and an HBM-bound weight stream is priced at its bytes.
@@ -118,23 +120,46 @@ def test_model_prices_waves_splits_and_streams():
     assert three < one
 
 
-def test_model_matches_the_h11_records_it_was_fitted_to():
-    """The fit script's checks, asserted: the engine's own plans within 25% per record, and the model's pick
-    among each shape's measured plans within 5% of the best (geomean) -- issue 14 asks for 3%, to be
-    re-checked on the new kernel's own records."""
+def _fit_script():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import fit_plan_model as fit
     finally:
         sys.path.pop(0)
+    return fit
+
+
+def test_model_picks_well_on_the_broad_set_it_was_fitted_to_and_on_the_held_out_half():
+    """The fit script's checks on the engine kernel's own H200 records (sha ac16df0), asserted: fitted on
+    the even half of the sorted shapes, the model's pick among each shape's measured plans runs within 3%
+    of the best (geomean) and 15% at worst, on both halves; measured / predicted within 0.15 mean |log|."""
+    fit = _fit_script()
+    recs, train = fit.broad_records(fit.BROAD_SHA)
+    held = {(r["M"], r["N"], r["K"]) for r in recs} - train
+    assert len(train) >= 140 and len(held) >= 140
+    for half in (train, held):
+        e = fit.broad_eval(recs, half, devices.H200)
+        assert e["records"] >= 500 and e["abs_log"] <= 0.15
+        assert e["pick_gm"] <= 1.03 and e["pick_worst"] <= 1.15, e
+
+
+def test_model_prices_h11_records_within_its_fitted_factor():
+    """h11's plans priced as the engine kernel's (``engine.h11_cost``) against h11's own records: the
+    engine's plans of the llm and square suites, and the broad set's h11 runs, within 35% per record
+    once scaled by ``h11_factor`` (its geomean on the broad set's fit half)."""
+    from gemmlab import engine
+
+    fit = _fit_script()
     prof = devices.H200
-    eng = [r["time_ms"] * 1e-3 / fit.predict(r, bn, s, prof) for r, bn, s in fit.engine_records()]
-    assert len(eng) >= 40 and 0.8 <= min(eng) and max(eng) <= 1.25
-    by = defaultdict(dict)
-    for r, bn, s in fit.policy_records():
-        by[(r["M"], r["N"], r["K"], r["git_sha"])][(bn, s)] = (r["time_ms"], fit.predict(r, bn, s, prof))
-    losses = [min(v.values(), key=lambda x: x[1])[0] / min(t for t, _ in v.values()) for v in by.values() if len(v) > 1]
-    assert len(losses) >= 30 and math.exp(sum(map(math.log, losses)) / len(losses)) <= 1.05
+    recs, train = fit.broad_records(fit.BROAD_SHA)
+    rows = list(fit.h11_rows(recs, prof))
+    assert len(rows) >= 200
+    xs = [m / (p * prof.h11_factor) for _, m, p in rows]
+    assert abs(math.log(math.exp(sum(map(math.log, xs)) / len(xs)))) < 0.05
+    eng = [r["time_ms"] * 1e-3 / (prof.h11_factor * engine.h11_cost(r["M"], r["N"], r["K"], prof=prof, plan=(bn, s),
+                                                                    clock_mhz=r.get("sm_clock_mhz")))
+           for r, bn, s in fit.engine_records()]
+    assert len(eng) >= 40 and 0.65 <= min(eng) and max(eng) <= 1.35, (min(eng), max(eng))
 
 
 def test_broad_set_is_committed_deterministic_and_broad():

@@ -3,7 +3,7 @@
     import gemmlab
     gemmlab.matmul(a, b, bias=bias, activation="gelu")   # the GEMM to call: any shape, layout, epilogue
     gemmlab.linear(x, w, b)                              # nn.Linear's layout
-    gemmlab.plan(4096, 4096, 4096)                       # what the engine kernel would run (no GPU needed)
+    gemmlab.plan(4096, 4096, 4096)                       # what matmul would run: kernel and plan (no GPU needed)
     gemmlab.kernels()                                    # the registered ladder steps
     gemmlab.kernel("h01").run(a, b, c)                   # one step on torch tensors
 
@@ -22,7 +22,7 @@ _log.configure_from_env()
 # Loaded on first use, so `import gemmlab` (and `gemmlab --help`) stays light: `matmul`/`linear` bring in
 # torch and register the custom op, the registry brings in the ladders.
 # (module, attribute): the attribute of that module; attribute None: the module itself.
-_LAZY = {"matmul": ("functional", "matmul"), "linear": ("functional", "linear"), "plan": ("planner", "plan"),
+_LAZY = {"matmul": ("functional", "matmul"), "linear": ("functional", "linear"), "plan": ("engine", "plan"),
          "kernels": ("registry", "all_kernels"), "kernel": ("registry", "get"),
          "nn": ("nn", None), "patch": ("nn", "patch"), "unpatch": ("nn", "unpatch"), "warmup": ("warm", "warmup"),
          "FallbackWarning": ("errors", "FallbackWarning")}

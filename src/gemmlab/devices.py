@@ -103,22 +103,29 @@ class DeviceProfile:
     l1_wavefronts_per_clk: float = 1.0  # global-load lines the L1 handles per clock per SM
     lsu_per_clk: float = 1.0  # memory instructions dispatched per clock per SM (8 LSU lanes per scheduler)
 
-    # The engine's plan model (``gemmlab.plan``) and the small-M paths; H200 values, what each was fitted
-    # to is in ``gemmlab.plan``'s docstring (the records are ``benchmarks/results/engine_policies.jsonl``
-    # and ``matmul.jsonl``, h11 plans timed against torch.mm).
+    # The engine kernel's plan model (``gemmlab.planner`` / ``gemmlab.plan_cost``) and the router's price of
+    # h11 (``engine.route``); H200 values, what each was fitted to is in ``plan_cost.DEVICE_CONSTANTS_FIT``
+    # (the engine kernel's broad-set records, ``benchmarks/results/engine_broad.jsonl``).
     plan_clock_mhz: float = 1755.0  # the clock planned for: median of those records' sustained clocks
-    hbm_read_bytes_per_s: float = 4.0e12  # a weight streamed once (decode kernel, h11 at M = 1..16)
-    smem_bytes_per_clk: float = 144.0  # wgmma operand reads + TMA writes one SM's shared memory serves
-    engine_l2_bytes_per_s: float = 14e12  # L2 -> SMEM over all SMs as the h11 plans draw it (ladder fit: 10)
-    sm_l2_bytes_per_s: float = 150e9  # what one SM's TMA draws from L2 when few SMs share it
-    l2_latency_s: float = 1.0e-6  # a TMA load's round trip when it hits L2 ...
-    hbm_latency_s: float = 2.4e-6  # ... and when it streams from HBM (the stages in flight hide it)
-    launch_s: float = 2.0e-6  # launch, barrier setup, first loads, last stores: once per launch
-    tile_fixed_s: float = 0.5e-6  # per tile: the last wgmma group's drain and the next tile's restart
-    store_bytes_per_s: float = 22e9  # one SM converting and storing its output tile
-    partial_bytes_per_s: float = 100e9  # one SM writing or reading an fp32 stream-K partial (L2)
-    dsmem_bytes_per_s: float = 26e9  # one SM reading its cluster's split-K partials (SM-to-SM network)
-    cluster_sync_s: float = 3.0e-6  # split-K: two cluster barriers and the partial's round through smem
+    hbm_read_bytes_per_s: float = 3.64e12  # a weight streamed once (decode kernel, h11 at M = 1..16)
+    smem_bytes_per_clk: float = 201.0  # wgmma operand reads + TMA writes one SM's shared memory serves
+    engine_l2_bytes_per_s: float = 11.6e12  # L2 -> SMEM over all SMs as the h11 plans draw it (ladder fit: 10)
+    sm_l2_bytes_per_s: float = 112e9  # what one SM's TMA draws from L2 when few SMs share it
+    l2_latency_s: float = 1.22e-6  # a TMA load's round trip when it hits L2 ...
+    hbm_latency_s: float = 1.72e-6  # ... and when it streams from HBM (the stages in flight hide it)
+    launch_s: float = 1.0e-6  # launch, barrier setup, first loads, last stores: once per launch
+    tile_fixed_s: float = 0.96e-6  # per tile: the last wgmma group's drain and the next tile's restart
+    store_bytes_per_s: float = 39.5e9  # one SM converting and storing its output tile
+    partial_bytes_per_s: float = 24.4e9  # one SM writing or reading an fp32 stream-K partial (L2)
+    dsmem_bytes_per_s: float = 8.7e9  # one SM reading its cluster's split-K partials (SM-to-SM network)
+    cluster_sync_s: float = 3.2e-6  # split-K: two cluster barriers and the partial's round through smem
+    direct_store_bytes_per_s: float = 7.9e9  # one SM storing its tile row by row (output rows not 16-byte aligned)
+    stream_k_fixed_s: float = 1.04e-6  # stream-K: once per launch (flags, the owners' waits on contributors)
+    engine_mma_efficiency: float = 0.94  # mma_efficiency as the engine kernel's plans keep it (fitted)
+    h11_factor: float = 1.085  # h11's measured / modelled time (its plan priced as the engine kernel's)
+    split_k_kstep_factor: float = 1.225  # a split-K CTA's k-step against a data-parallel one's (fitted)
+    stream_k_kstep_factor: float = 1.35  # a streamed k-step against a data-parallel one's (fitted)
+    one_consumer_efficiency: float = 0.68  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
     # Clusters of 1..8 one-SM CTAs the GPU holds at once (GPCs of uneven size leave SMs over): the
     # H200's, from cuda-core's occupancy query (sha 4fc772e). ``gemmlab.engine`` asks the GPU it runs on.
     cluster_capacity: tuple = ((1, 132), (2, 66), (3, 39), (4, 30), (5, 22), (6, 17), (7, 15), (8, 15))

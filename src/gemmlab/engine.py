@@ -16,14 +16,17 @@ distributed shared memory.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-from . import decode, tuned
+from . import decode, plan_cost, planner, tuned
+from .devices import H200, DeviceProfile
 from .epilogue import ACTIVATIONS, DIRECT, ctypes, epi_bits
 from .log import logger
 from .errors import UnsupportedProblem
@@ -384,13 +387,14 @@ def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None = None,
          activation: str | None = None, alpha: float = 1.0, beta: float = 0.0,
-         c: torch.Tensor | None = None, plan: tuple[int, int] | None = None) -> None:
+         c: torch.Tensor | None = None, plan=None) -> None:
     """out = act(alpha * a @ b + beta * c + bias), see the module docstring. Inputs are validated by the caller.
 
     a: (M, K), b: (K, N), any strides, both bf16 or both fp16. out: (M, N) contiguous, bf16/fp16/fp32.
     c: (M, N) in out's dtype, any strides (used when beta != 0). bias: (N,) contiguous, a's dtype or fp32.
     plan: (BN, splits) to run h11 with, even at a decode shape (``validate_plan``; UnsupportedProblem if
-    the engine cannot run it); None: the decode kernel where ``use_decode`` says so, else ``plan_for``.
+    the engine cannot run it), or a ``planner.Plan`` to run the engine kernel with (``Engine2Launch``);
+    None: what ``route`` chooses.
     Launches on torch's current stream. ``prepare`` + ``run``: callers that repeat a call keep the prepared
     launch (``gemmlab.ops`` does, per metadata key) instead of deciding everything again.
     """
@@ -400,38 +404,171 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
 
 
 def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None,
-            activation: str | None, has_c: bool, c: torch.Tensor | None, plan: tuple[int, int] | None = None):
+            activation: str | None, has_c: bool, c: torch.Tensor | None, plan=None):
     """Everything ``gemm`` decides, decided once for tensors with the metadata of these (shapes, strides,
-    dtypes, 16-byte alignment of the data pointers, device): the kernel (decode or h11), its plan,
-    instantiation, launch shape and parameter block. Returns an object whose ``run(stream, a, b, out,
-    bias, c, alpha, beta)`` launches it for any tensors with that same metadata (only their addresses
-    and the scalars may differ; the caller guarantees the rest, e.g. by keying on it)."""
+    dtypes, 16-byte alignment of the data pointers, device): the kernel (``route``: decode, h11 or the
+    engine kernel), its plan, instantiation, launch shape and parameter block. Returns an object whose
+    ``run(stream, a, b, out, bias, c, alpha, beta)`` launches it for any tensors with that same metadata
+    (only their addresses and the scalars may differ; the caller guarantees the rest, e.g. by keying on it).
+    ``plan``: None, an h11 plan (BN, splits), or a ``planner.Plan`` of the engine kernel (forced)."""
     M, K = a.shape
     N = b.shape[1]
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
         raise UnsupportedProblem(f"the Hopper engine takes bf16 or fp16 operands of one dtype, got {a.dtype}, {b.dtype}")
     if activation not in ACTIVATIONS:
         raise UnsupportedProblem(f"unknown activation {activation!r}; known: {[k for k in ACTIVATIONS if k]}")
-    capacity = lambda: cluster_capacity(a.device)  # noqa: E731 - asked only when a split plan is weighed
-    how = "forced"
-    if plan is not None:
-        plan = validate_plan(plan, K, capacity)
-    elif use_decode(a, b, out):
+    r = route(a, b, out, bias=bias, activation=activation, has_c=has_c, plan=plan, sm_count=lambda: _sm_count(a.device),
+              capacity=lambda: cluster_capacity(a.device), gpu=lambda: tuned.device_gpu(_index(a.device)))
+    if r.kernel == "decode":
         logger.debug("matmul %dx%dx%d %s: decode kernel", M, N, K, a.dtype)
         return decode.prepare(a, b, out, epi=epi_bits(bias is not None, has_c, activation),
                               ctypes=ctypes(a.dtype, out.dtype, None if bias is None else bias.dtype), c=c,
                               bias=bias, sm_count=_sm_count(a.device))
-    if plan is None:
-        sm = _sm_count(a.device)
-        plan, how = tuned_plan(M, N, K, sm, capacity, gpu=tuned.device_gpu(_index(a.device))), "tuned"
-        if plan is None:
-            plan, how = choose_plan(M, N, K, sm, capacity), "choose_plan"
-    launch = H11Launch(a, b, out, bias=bias, activation=activation, has_c=has_c, c=c, plan=plan)
-    logger.debug("matmul %dx%dx%d %s: h11 BN=%d splits=%d (%s)%s%s", M, N, K, a.dtype, plan[0], plan[1], how,
+    if r.kernel == "engine":
+        launch = Engine2Launch(a, b, out, bias=bias, c=c, plan=r.plan)
+        logger.debug("matmul %dx%dx%d %s: engine kernel %r (%s)", M, N, K, a.dtype, r.plan, r.how)
+        return launch
+    launch = H11Launch(a, b, out, bias=bias, activation=activation, has_c=has_c, c=c, plan=r.h11)
+    logger.debug("matmul %dx%dx%d %s: h11 BN=%d splits=%d (%s)%s%s", M, N, K, a.dtype, r.h11[0], r.h11[1], r.how,
                  " direct-store" if launch.direct else "",
                  " copies " + "+".join(n for n, cp in (("A", launch.copy_a), ("B", launch.copy_b)) if cp)
                  if launch.copy_a or launch.copy_b else "")
     return launch
+
+
+# The router ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Route:
+    """What ``gemmlab.matmul`` runs for one call: ``kernel`` "decode" (``gemmlab.decode``), "h11" (the
+    ladder's general step, plan ``h11`` = (BN, splits)) or "engine" (the engine kernel, ``plan``).
+    ``plan``: the engine kernel's best plan by the model (also when h11 runs; None for decode and forced
+    h11 plans); ``h11_s``: h11's plan priced by the same model x ``h11_factor`` (None where not weighed);
+    ``how``: why this kernel ("decode shape", "tuned", "forced", "model")."""
+
+    kernel: str
+    M: int
+    N: int
+    K: int
+    how: str
+    plan: planner.Plan | None = None
+    h11: tuple[int, int] | None = None
+    h11_s: float | None = None
+
+    def __repr__(self) -> str:
+        head = f"Route({self.M}x{self.N}x{self.K}: "
+        if self.kernel == "decode":
+            return head + "decode kernel (gemmlab.decode))"
+        h11 = (f"h11 BN={self.h11[0]} splits={self.h11[1]}" if self.h11 else "")
+        priced = f" priced {self.h11_s * 1e6:.1f} us" if self.h11_s is not None else ""
+        if self.kernel == "h11":
+            other = f"; the engine kernel's best: {self.plan!r}" if self.plan is not None else ""
+            return head + f"{h11} ({self.how}){priced}{other})"
+        other = f"; {h11}{priced}" if self.h11 else ""
+        return head + f"engine kernel ({self.how}): {self.plan!r}{other})"
+
+
+_PROFILES: dict[int, DeviceProfile] = {}
+
+
+def plan_profile(sm_count: int) -> DeviceProfile:
+    """The plan model's profile for a GPU with ``sm_count`` SMs (the H200's constants, its SM count)."""
+    prof = _PROFILES.get(sm_count)
+    if prof is None:
+        prof = _PROFILES[sm_count] = (H200 if sm_count == H200.sm_count
+                                      else dataclasses.replace(H200, sm_count=sm_count, source="gpu"))
+    return prof
+
+
+def h11_cost(M: int, N: int, K: int, *, prof: DeviceProfile = H200, plan: tuple[int, int] | None = None,
+             clock_mhz: float | None = None, out_bytes: int = 2, direct: bool = False) -> float:
+    """h11's plan (``choose_plan``'s unless given) priced by ``gemmlab.plan_cost`` as the engine kernel's
+    128-row plan with h11's ring depth, its epilogue overlapped with the next tile's k-steps where h11
+    overlaps it (16-bit TMA-stored output, no split), without ``h11_factor``."""
+    bn, splits = plan or choose_plan(M, N, K, prof.sm_count)
+    return plan_cost.predict_s(M, N, K, bm=BM, bn=bn, schedule="split_k" if splits > 1 else "data_parallel",
+                               stages=_qsize(bn, 2, split=splits > 1), splits=splits, prof=prof, clock_mhz=clock_mhz,
+                               out_bytes=out_bytes, direct=direct,
+                               overlap=out_bytes == 2 and not direct and splits == 1)
+
+
+def decode_shape(M: int, N: int, K: int) -> bool:
+    """``use_decode`` for contiguous, aligned operands (a: (M, K) row-major, the weight K-contiguous)."""
+    return M <= decode.MAX_M and max(N, K) <= DECODE_MAX_WEIGHT_DIM and K % 8 == 0
+
+
+def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None,
+          activation: str | None, has_c: bool, plan=None, sm_count: int | Callable[[], int],
+          capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None,
+          gpu: Callable[[], tuned.GpuKey | None] | None = None) -> Route:
+    """Which kernel and plan ``prepare`` builds for these tensors (metadata only: meta tensors will do).
+    The one place the choice is made (``gemmlab.plan`` and ``gemmlab.warm`` ask it too):
+
+    1. ``plan`` forced: an (BN, splits) pair runs h11, a ``planner.Plan`` the engine kernel;
+    2. ``use_decode``: the decode kernel;
+    3. a plan ``gemmlab tune hopper.h11_general`` saved for this shape on this GPU: h11;
+    4. otherwise the plan model prices the engine kernel's best plan and h11's ``choose_plan`` plan
+       (``h11_cost`` x the profile's ``h11_factor``, fitted to h11's broad-set records) and the cheaper
+       runs; ties go to h11, the kernel with the longer record.
+
+    sm_count: the GPU's SMs (or a function returning it: asked from step 3 on); capacity: its cluster table
+    (or a function returning it); gpu: a function returning its ``tuned.GpuKey`` (asked only for step 3)."""
+    M, K = a.shape
+    N = b.shape[1]
+    if isinstance(plan, planner.Plan):
+        return Route("engine", M, N, K, "forced", plan=plan)
+    if plan is not None:
+        return Route("h11", M, N, K, "forced", h11=validate_plan(plan, K, capacity))
+    if use_decode(a, b, out):
+        return Route("decode", M, N, K, "decode shape")
+    if callable(sm_count):
+        sm_count = sm_count()
+    h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
+    if h11 is not None:
+        return Route("h11", M, N, K, "tuned", h11=h11)
+    h11 = choose_plan(M, N, K, sm_count, capacity)
+    prof = plan_profile(sm_count)
+    direct = not _tma_ok(out)
+    new = planner.plan(M, N, K, dtype=_DT[a.dtype], out_dtype=_DT[out.dtype],
+                       bias_dtype=_DT[bias.dtype] if bias is not None else None, has_c=has_c, activation=activation,
+                       a_mn=_operand_mn(a, 1), b_mn=_operand_mn(b, 0), direct=direct, profile=prof)
+    h11_s = prof.h11_factor * h11_cost(M, N, K, prof=prof, plan=h11, out_bytes=out.element_size(), direct=direct)
+    kernel = "engine" if new.predicted_s < h11_s else "h11"
+    return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s)
+
+
+_DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def plan(M: int, N: int, K: int, *, dtype=torch.bfloat16, out_dtype=None, bias_dtype=None, has_c: bool = False,
+         activation: str | None = None, b_mn: bool = False, sm_count: int | None = None) -> Route:
+    """What ``gemmlab.matmul`` runs for a (M, K) row-major A and a (K, N) B (``b_mn``: B row-major, N
+    contiguous; default: K-contiguous, as ``w.t()`` of an nn.Linear weight), contiguous output of
+    ``out_dtype`` (default: dtype), and the epilogue given: a ``Route`` that names the kernel and plan.
+    sm_count: the GPU's (default: the visible GPU's, else the H200's 132). Needs no GPU."""
+    for name, n in (("M", M), ("N", N), ("K", K)):
+        if operator.index(n) < 1:
+            raise ValueError(f"{name} must be >= 1, got {n}")
+    if sm_count is None:
+        sm_count = (_sm_count(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available()
+                    else H200.sm_count)
+    out_dtype = out_dtype or dtype
+    a = torch.empty((M, K), dtype=dtype, device="meta")
+    b = torch.empty((K, N), dtype=dtype, device="meta") if b_mn else torch.empty((N, K), dtype=dtype, device="meta").t()
+    out = torch.empty((M, N), dtype=out_dtype, device="meta")
+    bias = torch.empty(N, dtype=bias_dtype, device="meta") if bias_dtype is not None else None
+    return route(a, b, out, bias=bias, activation=activation, has_c=has_c, sm_count=sm_count)
+
+
+def _operand_mn(x: torch.Tensor, k_dim: int) -> bool:
+    """Whether TMA reads the operand MN-major (``_operand_plan``'s choice, from metadata alone)."""
+    k_major = x.t() if k_dim == 0 else x
+    mn_major = x if k_dim == 0 else x.t()
+    if k_major.stride(1) == 1 and _tma_ok(k_major):
+        return False
+    if mn_major.stride(1) == 1 and _tma_ok(mn_major):
+        return True
+    return mn_major.stride(1) == 1 and k_major.stride(1) != 1
 
 
 class _OperandCopy:
@@ -564,6 +701,130 @@ class H11Launch:
             L.set_ptr(_BIAS, bias.data_ptr() if self.has_bias else po)
             L.set_ptr(_OUT, po)
             L.launch(stream)
+
+
+# The engine kernel's parameters, in order (engine_gemm in kernels/engine/gemm.cu).
+_E2_PARAMS = ("tmap", "tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "f32", "f32", "ptr", "i64", "i64",
+              "ptr", "ptr", "i64", "i32", "i32", "i32", "i32", "ptr", "ptr")
+_E2_A, _E2_A_SHORT, _E2_B, _E2_C, _E2_C_TAIL = 0, 1, 2, 3, 4
+_E2_ALPHA, _E2_BETA, _E2_CIN, _E2_BIAS, _E2_OUT, _E2_WS, _E2_FLAGS = 9, 10, 11, 14, 15, 21, 22
+
+
+class Engine2Launch:
+    """One launch of the engine kernel (``kernels/engine/gemm.cu``) for a ``planner.Plan``, built once as
+    ``H11Launch`` is: the instantiation, descriptors that follow the tensors passed to ``run``, the tile
+    order and the launch shape; a stream-K plan also finds its workspace per stream (``stream_k_workspace``)."""
+
+    def __init__(self, a, b, out, *, bias, c, plan: planner.Plan):
+        p = self.plan = plan
+        M, K = a.shape
+        N = b.shape[1]
+        if (M, N, K) != (p.M, p.N, p.K):
+            raise UnsupportedProblem(f"plan is for {p.M}x{p.N}x{p.K}, the operands are {M}x{N}x{K}")
+        ta, a_mn, self.copy_a = _operand_plan(a, 1)
+        tb, b_mn, self.copy_b = _operand_plan(b, 0)
+        self.direct = direct = not _tma_ok(out)
+        if (a_mn, b_mn, direct) != (p.a_mn, p.b_mn, p.direct):
+            raise UnsupportedProblem(f"plan is for a_mn={p.a_mn}, b_mn={p.b_mn}, direct={p.direct}; the tensors "
+                                     f"give {a_mn}, {b_mn}, {direct}")
+        if (bias is not None) != (p.bias_dtype is not None) or (c is not None) != p.has_c:
+            raise UnsupportedProblem("the plan's epilogue (bias, beta * C) does not match the arguments")
+        self.a_view, self.b_view = _view_fn(a_mn, 1), _view_fn(b_mn, 0)
+        self.has_c, self.has_bias = p.has_c, bias is not None
+        self.dev = dev = _index(a.device)
+        self.compiled = compile_kernel(planner.SOURCE, p.name_expression, arch="sm_90a", name=p.compiled_name)
+        la = p.launch_args()
+        L = self.launcher = Launcher(self.compiled, _E2_PARAMS, grid=la["grid"], block=la["block"], smem=la["smem"],
+                                     cluster=la["cluster"], device_index=dev)
+        self.order = device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, a.device)
+        cin = c if p.has_c else out
+        for i, v in ((5, self.order), (_E2_CIN, cin), (_E2_BIAS, bias if bias is not None else out), (_E2_OUT, out),
+                     (_E2_WS, out), (_E2_FLAGS, out)):
+            L.set_ptr(i, v.data_ptr())
+        for i, v in ((6, M), (7, N), (8, K), (17, p.a_rows), (18, la["splits"]), (19, la["sk_tiles"]),
+                     (20, la["sk_ctas"])):
+            L.set_i32(i, v)
+        for i, v in ((12, cin.stride(0)), (13, cin.stride(1)), (16, out.stride(0))):
+            L.set_i64(i, v)
+        pa, pb = ta.data_ptr(), tb.data_ptr()
+        self.map_a = MapSlot(L, _E2_A, pa, *ta.shape, ta.stride(0), ta.dtype, (BK, 64) if a_mn else (p.bm, BK))
+        self.map_a_short = self.map_a if a_mn else MapSlot(L, _E2_A_SHORT, pa, *ta.shape, ta.stride(0), ta.dtype,
+                                                           (p.a_rows, BK))
+        L.set_map(_E2_A_SHORT, self.map_a_short.tmap)
+        self.map_b = MapSlot(L, _E2_B, pb, *tb.shape, tb.stride(0), tb.dtype, (BK, 64) if b_mn else (p.bn, BK))
+        piece = 32 if out.element_size() == 4 else 64
+        tail = p.bn % piece
+        if direct:  # DIRECT never touches the C maps: they get A's
+            self.map_c = self.map_c_tail = None
+            L.set_map(_E2_C, self.map_a.tmap)
+            L.set_map(_E2_C_TAIL, self.map_a.tmap)
+        else:
+            self.map_c = MapSlot(L, _E2_C, out.data_ptr(), M, N, out.stride(0), out.dtype, (64, piece))
+            self.map_c_tail = (MapSlot(L, _E2_C_TAIL, out.data_ptr(), M, N, out.stride(0), out.dtype, (64, tail),
+                                       swizzle_bytes=0) if tail else None)
+            if not tail:
+                L.set_map(_E2_C_TAIL, self.map_c.tmap)
+        self.stream_k = p.schedule == "stream_k"
+        if self.stream_k:  # grown now, before any graph capture of a later call could need it to grow
+            stream_k_workspace(p, dev, raw_stream(dev))
+
+    def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
+        ta = self.copy_a(self.a_view(a), stream) if self.copy_a else a
+        tb = self.copy_b(self.b_view(b), stream) if self.copy_b else b
+        ws = stream_k_workspace(self.plan, self.dev, stream) if self.stream_k else None
+        L = self.launcher
+        with L.lock:
+            pa = ta.data_ptr()
+            self.map_a.point_at(pa)
+            if self.map_a_short is not self.map_a:
+                self.map_a_short.point_at(pa)
+            self.map_b.point_at(tb.data_ptr())
+            po = out.data_ptr()
+            if self.map_c is not None:
+                self.map_c.point_at(po)
+                if self.map_c_tail is not None:
+                    self.map_c_tail.point_at(po)
+            L.set_f32(_E2_ALPHA, alpha)
+            L.set_f32(_E2_BETA, beta)
+            L.set_ptr(_E2_CIN, c.data_ptr() if self.has_c else po)
+            L.set_ptr(_E2_BIAS, bias.data_ptr() if self.has_bias else po)
+            L.set_ptr(_E2_OUT, po)
+            if ws is not None:
+                L.set_ptr(_E2_WS, ws[0].data_ptr())
+                L.set_ptr(_E2_FLAGS, ws[1].data_ptr())
+            L.launch(stream)
+
+
+_WORKSPACES: dict = {}
+_RETIRED: list = []  # replaced buffers, kept alive: CUDA graphs captured earlier still hold their addresses
+
+
+def stream_k_workspace(p: planner.Plan, device_index: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream-K partial slots (fp32) and flags (int32, zero between launches: each owner clears the
+    flags it consumed) for ``p`` on ``stream`` (a raw handle) of GPU ``device_index``. Kept per (device,
+    stream) and grown as needed; launches on one stream run one after the other, so they can share it.
+
+    Graphs: a buffer that grows is retired, never freed (a graph captured with it still writes there: on
+    the H200 a freed workspace under an earlier graph was an illegal address at its replay), and a graph
+    zeroes the flags it uses (only the graph whose capture allocated them would, and a graph captured
+    later may be replayed first). ``Engine2Launch`` grows it when it is prepared, so a capture of a call
+    prepared before it allocates nothing."""
+    key = (device_index, stream)
+    ws, flags = _WORKSPACES.get(key, (None, None))
+    need = max(1, p.workspace_floats)
+    device = torch.device("cuda", device_index)
+    if ws is None or ws.numel() < need:
+        if ws is not None:
+            _RETIRED.append(ws)
+        ws = torch.empty(need, dtype=torch.float32, device=device)
+    if flags is None or flags.numel() < 2 * max(1, p.sk_ctas):
+        if flags is not None:
+            _RETIRED.append(flags)
+        flags = torch.zeros(2 * max(256, p.sk_ctas), dtype=torch.int32, device=device)
+    elif torch.cuda.is_current_stream_capturing():
+        flags.zero_()
+    _WORKSPACES[key] = (ws, flags)
+    return ws, flags
 
 
 def _operand(x: torch.Tensor, k_dim: int) -> tuple[torch.Tensor, bool]:

@@ -1,8 +1,9 @@
 """Launch the engine kernel (``kernels/engine/gemm.cu``) with a ``gemmlab.planner.Plan``, outside ``engine.py``.
 
-Phase 1 of issue 14: the benchmark (``benchmarks/engine_broad.py``) and the GPU tests
-(``tests/test_engine2_gpu.py``) run the new kernel through here; ``gemmlab.matmul`` still runs h11 until
-the engine's call path adopts the plan. ``gemm`` takes torch tensors, works out the operand layouts (no
+The unprepared path (cuda-core's launch, ~20 us of host time): the benchmark (``benchmarks/engine_broad.py``)
+and the GPU tests (``tests/test_engine2_gpu.py``) run any plan through here. ``gemmlab.matmul`` runs the
+engine kernel through ``engine.Engine2Launch`` (prepared once, ~5 us a call) where ``engine.route``
+chooses it. ``gemm`` takes torch tensors, works out the operand layouts (no
 copy for K- or MN-major operands with 16-byte aligned rows; others are copied as ``engine`` does), and
 plans unless a plan is given; ``launch`` runs one plan. Everything the launch needs that depends on the
 plan (template arguments, grid, cluster, shared memory, the short A box, the stream-K workspace) comes
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from . import planner
-from .engine import _operand, _tma_ok
+from .engine import _operand, _tma_ok, stream_k_workspace
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
 from .jit.launch import launch as _launch
@@ -78,34 +79,10 @@ def _order(tiles_m: int, tiles_n: int, device) -> torch.Tensor:
     return t
 
 
-_WORKSPACES: dict = {}
-_RETIRED: list = []  # replaced buffers, kept alive: CUDA graphs captured earlier still hold their addresses
-
-
 def workspace(p: planner.Plan, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stream-K partial slots (fp32) and flags (int32, zero between launches: each owner clears the
-    flags it consumed) for ``p`` on torch's current stream of ``device``. Kept per (device, stream) and
-    grown as needed; launches on one stream run one after the other, so they can share it.
-
-    Graphs: a buffer that grows is retired, never freed (a graph captured with it still writes there: on
-    the H200 a freed workspace under an earlier graph was an illegal address at its replay), and a graph
-    zeroes the flags it uses (only the graph whose capture allocated them would, and a graph captured
-    later may be replayed first)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    ws, flags = _WORKSPACES.get(key, (None, None))
-    need = max(1, p.workspace_floats)
-    if ws is None or ws.numel() < need:
-        if ws is not None:
-            _RETIRED.append(ws)
-        ws = torch.empty(need, dtype=torch.float32, device=device)
-    if flags is None or flags.numel() < 2 * max(1, p.sk_ctas):
-        if flags is not None:
-            _RETIRED.append(flags)
-        flags = torch.zeros(2 * max(256, p.sk_ctas), dtype=torch.int32, device=device)
-    elif torch.cuda.is_current_stream_capturing():
-        flags.zero_()
-    _WORKSPACES[key] = (ws, flags)
-    return ws, flags
+    """``engine.stream_k_workspace`` for torch's current stream of ``device``."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return stream_k_workspace(p, idx, torch.cuda.current_stream(idx).cuda_stream)
 
 
 def launch(p: planner.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, alpha: float = 1.0,

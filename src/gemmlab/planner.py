@@ -279,7 +279,8 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
                 continue
             stages = stages_for(bm, bn, sched, dt)
             t = plan_cost.predict_s(M, N, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
-                                    sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes)
+                                    sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
+                                    direct=direct)
             plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
                               sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
                               has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import decode, engine, functional, ops
+from . import decode, engine, functional, ops, planner
 from .epilogue import CTYPES, epi_bits
 from .jit import compiler
 
@@ -139,21 +139,26 @@ def kernels_for(args: tuple, target: Target) -> list[Kernel]:
     has_c = c is not None and beta != 0
     epi = epi_bits(bias is not None, has_c, activation)
     tbias = CTYPES[bias.dtype] if bias is not None else "float"
-    if engine.use_decode(a, b, out):
+    r = engine.route(a, b, out, bias=bias, activation=activation, has_c=has_c, sm_count=target.sm_count,
+                     capacity=target.capacity, gpu=lambda: target.gpu)
+    if r.kernel == "decode":
         dp = decode.plan(p.M, p.N, p.K, target.sm_count)
         expr = decode.kernel_expr(CTYPES[a.dtype], CTYPES[out.dtype], tbias, dp.nt, epi,
                                   dp.splits > 1, dp.variant)
         return [Kernel(decode.SOURCE, expr, f"engine.decode[{expr[14:-1]}]")]
-    bn, splits = engine.plan_for(p.M, p.N, p.K, target.sm_count, target.capacity, gpu=target.gpu)
     a_mn, copy_a = _operand(a, 1)
     b_mn, copy_b = _operand(b, 0)
+    copies = [k for k in (copy_a, copy_b) if k is not None]
+    if r.kernel == "engine":
+        return copies + [Kernel(planner.SOURCE, r.plan.name_expression, r.plan.compiled_name)]
+    bn, splits = r.h11
     direct = not engine._tma_ok(out)
     q = engine._qsize(bn, a.element_size(), split=splits > 1)
     overlap = out.element_size() == 2 and not direct and splits == 1
     expr = (f"hopper_h11<{CTYPES[a.dtype]}, {CTYPES[out.dtype]}, {tbias}, {bn}, {q}, {int(a_mn)}, "
             f"{int(b_mn)}, {epi | int(direct) << 5}, {int(splits > 1)}, {int(overlap)}>")
     h11 = Kernel(engine.SOURCE, expr, f"hopper.h11_general[{expr[11:-1]}]")
-    return [k for k in (copy_a, copy_b) if k is not None] + [h11]
+    return copies + [h11]
 
 
 def _operand(x: torch.Tensor, k_dim: int) -> tuple[bool, Kernel | None]:

@@ -393,13 +393,13 @@ class MapSlot:
     __slots__ = ("tmap", "ptr", "_buf", "_replace", "_device_index")
 
     def __init__(self, launcher: Launcher, index: int, ptr: int, rows: int, cols: int, row_stride_elems: int,
-                 dtype: torch.dtype, box: tuple[int, int]):
+                 dtype: torch.dtype, box: tuple[int, int], *, swizzle_bytes: int = 128):
         import ctypes
 
         import numpy as np
         from cuda.bindings import driver
 
-        encoded = encode_tensor_map(ptr, rows, cols, row_stride_elems, dtype, box)
+        encoded = encode_tensor_map(ptr, rows, cols, row_stride_elems, dtype, box, swizzle_bytes=swizzle_bytes)
         self._buf = np.zeros(128 + 64, dtype=np.uint8)
         at = -self._buf.ctypes.data % 64
         ctypes.memmove(self._buf.ctypes.data + at, encoded.getPtr(), 128)

@@ -498,7 +498,7 @@ H11_SPLIT_SASS = SassExpect(contains=WS_SASS["contains"] + (r"^UCGABAR_ARV", r"^
 register(KernelSpec(
     name="hopper.h11_general", ladder="hopper", step=11,
     technique="any M, N, K (TMA bounds), K- or MN-major operands, fused alpha/beta/bias/activation "
-              "epilogue: the engine of gemmlab.matmul",
+              "epilogue: gemmlab.matmul's kernel where its plan is priced cheaper",
     source="hopper/h11_general.cu", template="hopper_h11",
     params=(Param("BN", (128, 64, 192, 256), "tile width (wgmma N)"),
             Param("SPLITS", (1, 2, 3, 4, 5, 6, 7, 8), "split-K CTAs per tile, one cluster (> 1: the split "

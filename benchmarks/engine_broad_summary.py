@@ -1,0 +1,92 @@
+"""Summarize the broad set's records of one or two runs (CPU only).
+
+    python3 benchmarks/engine_broad_summary.py --sha f55b3b567247 [--before ac16df0070a2]
+
+Per candidate: geomean ratio to torch.mm, share of shapes >= 1.0, min, per shape class; the model's
+pick against the best measured plan of the new kernel; the oracle (best of everything measured); and,
+with ``--before``, ``engine`` of both runs over the shapes both timed (what gemmlab.matmul ran then and
+now), and the router's kernel choice against its alternative (``h11`` of the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results" / "engine_broad.jsonl"
+
+
+def gm(xs) -> float:
+    return math.exp(statistics.fmean(map(math.log, xs)))
+
+
+def line(name: str, xs: list[float]) -> str:
+    return (f"  {name:28s} {gm(xs):.3f}  >=1.0: {sum(x >= 1 for x in xs) / len(xs):4.0%}  min {min(xs):.3f}  "
+            f"({len(xs)} shapes)")
+
+
+def load(path: Path, sha: str) -> dict:
+    by = defaultdict(dict)
+    for r in map(json.loads, open(path)):
+        if r.get("git_sha") == sha and r.get("ratio"):
+            by[(r["M"], r["N"], r["K"])][r["candidate"]] = r
+    return by
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sha", required=True)
+    p.add_argument("--before", default=None, help="an earlier run's sha, compared over the shapes both timed")
+    p.add_argument("--file", type=Path, default=RESULTS)
+    args = p.parse_args()
+    now = load(args.file, args.sha)
+    print(f"{args.sha}: {len(now)} shapes")
+    cands = sorted({c for d in now.values() for c in d})
+    for c in cands:
+        print(line(c, [d[c]["ratio"] for d in now.values() if c in d]))
+    new = lambda d: [r["ratio"] for k, r in d.items() if k not in ("engine", "h11")]  # noqa: E731
+    loss = [max(new(d)) / d["model"]["ratio"] for d in now.values() if "model" in d]
+    print(f"  model pick / best measured new-kernel plan: geomean {gm(loss):.3f}, worst {max(loss):.3f}")
+    print(line("oracle (best of all)", [max(r["ratio"] for r in d.values()) for d in now.values()]))
+    kinds = defaultdict(list)
+    for d in now.values():
+        e = d.get("engine")
+        if e and "kernel" in e:
+            kinds[e["kernel"]].append(d)
+    for kind, ds in sorted(kinds.items()):
+        print(f"router ran {kind} on {len(ds)} shapes:")
+        print(line("engine (routed)", [d["engine"]["ratio"] for d in ds]))
+        if kind == "engine":
+            both = [d for d in ds if "h11" in d]
+            print(line("h11 on those shapes", [d["h11"]["ratio"] for d in both]))
+            print(line("routed / h11", [d["engine"]["ratio"] / d["h11"]["ratio"] for d in both]))
+    classes = sorted({next(iter(d.values()))["cls"] for d in now.values()})
+    for cls in classes:
+        ds = [d for d in now.values() if next(iter(d.values()))["cls"] == cls]
+        print(f"class {cls}:")
+        print(line("engine (routed)", [d["engine"]["ratio"] for d in ds if "engine" in d]))
+    if args.before:
+        old = load(args.file, args.before)
+        common = [s for s in now if s in old and "engine" in now[s] and "engine" in old[s]]
+        print(f"engine then ({args.before}) and now ({args.sha}) over the {len(common)} shapes both timed:")
+        print(line("then", [old[s]["engine"]["ratio"] for s in common]))
+        print(line("now", [now[s]["engine"]["ratio"] for s in common]))
+        print(line("oracle then (all candidates)", [max(r["ratio"] for r in old[s].values()) for s in common]))
+        for cls in classes:
+            cs = [s for s in common if now[s]["engine"]["cls"] == cls]
+            if cs:
+                print(f"  {cls:10s} then {gm([old[s]['engine']['ratio'] for s in cs]):.3f}  now "
+                      f"{gm([now[s]['engine']['ratio'] for s in cs]):.3f}  ({len(cs)} shapes)")
+        worse = sorted(common, key=lambda s: now[s]["engine"]["ratio"] / old[s]["engine"]["ratio"])[:8]
+        print("largest losses now / then:")
+        for s in worse:
+            print(f"  {s} {now[s]['engine'].get('kernel')}: {old[s]['engine']['ratio']:.3f} -> "
+                  f"{now[s]['engine']['ratio']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
