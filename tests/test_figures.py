@@ -152,7 +152,7 @@ def test_broad_table_shows_the_newest_full_run_by_class():
     assert rows["decode"] == ["2", "2.000x", "100%", "2.00x", "2.00x"]
     assert rows["mid"] == ["2", "0.500x", "0%", "0.50x", "0.50x"]
     assert rows["all"] == ["4", "1.000x", "50%", "0.50x", "2.00x"]
-    assert "no full run" in rt.broad_table(records)  # none reaches the default 200 shapes
+    assert "no full run" in rt.broad_table(records)  # none reaches the default 150 shapes
     fig = plots.class_plot(rt.broad_run(records, min_shapes=4))
     assert fig is not None and [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["decode\n(2)", "mid\n(2)"]
     plots.plt.close(fig)
