@@ -123,6 +123,19 @@ def test_eager_path_uses_the_function_and_matches_the_op(on_cpu, monkeypatch):
         assert gemmlab.matmul(a, b, activation="gelu", **kw).grad_fn is None
 
 
+def test_eager_function_under_functorch_grad(on_cpu, monkeypatch):
+    """torch.func.grad accepts only Functions with a setup_context: under it the eager path takes that form
+    of the Function (``_EagerMatmulTransforms``), with the same formula. (Fused gelu/silu do not work under
+    it: their backward recomputes z through the op, whose generated Function functorch refuses.)"""
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    a, w, bias = rnd(8, 32), rnd(16, 32), rnd(16)
+    g = rnd(8, 16)
+    got = torch.func.grad(lambda a: (gemmlab.matmul(a, w.t(), bias=bias, activation="relu").double()
+                                     * g.double()).sum())(a)
+    want, *_ = torch_grads(a, w.t(), g, bias=bias, activation="relu")
+    assert got.dtype == BF16 and rel_error(got, want) <= TOL[BF16]
+
+
 @pytest.mark.parametrize("activation, backward_gemms", [(None, 2), ("relu", 2), ("gelu", 3), ("silu", 3)])
 def test_backward_runs_gemmlab_gemms(on_cpu, activation, backward_gemms):
     """dA and dB are gemmlab GEMMs; gelu/silu recompute the pre-activation (one more), relu reads y > 0."""

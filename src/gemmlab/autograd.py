@@ -123,17 +123,47 @@ torch.library.register_autograd("gemmlab::matmul", backward, setup_context=setup
 
 
 class _EagerMatmul(torch.autograd.Function):
-    """Eager calls that need a gradient (``gemmlab.ops._eager`` says ``_GRAD``): the prepared call as the
-    forward, the same ``setup_context`` and ``backward`` as the op's. It skips the op's dispatch around
-    the op's own autograd Function: on the development machine 110 us instead of 180 for a forward that
-    needs a gradient, 173 instead of 301 for forward and backward (tiny shapes, host time only)."""
+    """Eager calls that need a gradient (``gemmlab.ops._eager`` says ``_GRAD``): the prepared call (validated
+    and looked up by the caller, passed last) as the forward, then the op's ``setup_context``; the op's
+    ``backward``. It skips the op's dispatch around the op's own autograd Function.
+
+    The forward takes ``ctx`` itself (the combined form) rather than declaring ``setup_context``: with a
+    ``setup_context``, ``Function.apply`` binds the arguments through ``inspect.signature`` on every call,
+    which cost ~100 us of host time per call on the development machine, against ~11 us for the combined
+    form (an empty forward either way). functorch transforms (``torch.func.grad``, vmap) accept only the
+    ``setup_context`` form: ``_EagerMatmulTransforms`` is the same Function in it, for calls under them."""
 
     @staticmethod
-    def forward(a, b, bias, activation, alpha, beta, c, out_dtype):
-        return ops._prepared(a, b, bias, activation, alpha, beta, c, out_dtype, None)(a, b, bias, alpha, beta, c, None)
+    def forward(ctx, a, b, bias, activation, alpha, beta, c, out_dtype, call):
+        y = call(a, b, bias, alpha, beta, c, None)
+        setup_context(ctx, (a, b, bias, activation, alpha, beta, c, out_dtype), y)
+        return y
 
-    setup_context = staticmethod(setup_context)
-    backward = staticmethod(backward)
+    @staticmethod
+    def backward(ctx, dy):
+        return (*backward(ctx, dy), None)
 
 
-eager_matmul = _EagerMatmul.apply
+class _EagerMatmulTransforms(torch.autograd.Function):
+    """``_EagerMatmul`` with a ``setup_context``, as functorch transforms require (slower to apply)."""
+
+    @staticmethod
+    def forward(a, b, bias, activation, alpha, beta, c, out_dtype, call):
+        return call(a, b, bias, alpha, beta, c, None)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        setup_context(ctx, inputs[:-1], output)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return (*backward(ctx, dy), None)
+
+
+def eager_matmul(a, b, bias, activation, alpha, beta, c, out_dtype, call=None):
+    """``gemmlab.matmul``'s result with the op's gradient formula, through ``_EagerMatmul``. ``call``: the
+    prepared call for these arguments (``ops._prepared``), when the caller has it already."""
+    if call is None:
+        call = ops._prepared(a, b, bias, activation, alpha, beta, c, out_dtype, None)
+    fn = _EagerMatmulTransforms if torch._C._are_functorch_transforms_active() else _EagerMatmul
+    return fn.apply(a, b, bias, activation, alpha, beta, c, out_dtype, call)
