@@ -373,10 +373,11 @@ class _Call:
     ``_call_key`` is the same. On the engine's route the launch is the engine's prepared one (plan,
     instantiation, descriptors whose addresses follow the tensors); elsewhere ``_compute``."""
 
-    __slots__ = ("p", "shape", "device", "dev", "launch", "activation", "bias_contiguous", "temporary")
+    __slots__ = ("p", "shape", "device", "dev", "launch", "activation", "bias_contiguous", "temporary", "grads")
 
     def __init__(self, p: Problem, a, b, bias, activation, beta, c, out):
         self.p, self.shape, self.device, self.activation = p, (p.M, p.N), p.device, activation
+        self.grads = {}  # the backward GEMMs' prepared calls (gemmlab.autograd._KeptGemms)
         self.dev = a.get_device()
         self.bias_contiguous = bias is None or bias.is_contiguous()
         self.temporary = out is not None and _needs_temporary(out, p, c)
