@@ -343,7 +343,44 @@ def linear_records(device: str, rounds: int = 7) -> list[dict]:
             recs.append(rec)
             print(f"  x {str(shape):<16} N {N:>5} {kind:<30} gemmlab {host['gemmlab']:7.1f} us"
                   + ("" if cpu else f"  torch {host['torch']:7.1f} us  (+{rec['extra_host_us']:.1f})"), flush=True)
+        if not cpu:
+            recs.append(dict(_common("linear_stages"), x_shape=list(shape), N=N, K=K,
+                             stages=_linear_stages(ref, ours, pool[0])))
     return recs
+
+
+def _linear_stages(ref, ours, x) -> dict[str, float]:
+    """The patched forward's pieces under inference_mode, each alone, host time with the GPU kept busy."""
+    from gemmlab import functional, ops
+    from gemmlab.timer import eager_host_us
+
+    w = ours.weight
+    N, K = w.shape
+    with torch.inference_mode():
+        ours(x)
+        entry = ops._CALLS.get(functional._linear_key(x, w, None, None))
+        x2 = x.reshape(-1, K)
+        out = torch.empty(x2.shape[0], N, device=x.device, dtype=x.dtype)
+        dev = x.get_device()
+        stages = {
+            "nn.Linear (torch), whole forward": lambda: ref(x),
+            "F.linear (torch)": lambda: torch.nn.functional.linear(x, ref.weight),
+            "torch.mm on the 2-D view": lambda: torch.mm(x2, ref.weight.t()),
+            "gemmlab nn.Linear (patched), whole forward": lambda: ours(x),
+            "functional._linear_fast (the fast path)": lambda: functional._linear_fast(x, w, None, None),
+            "functional._linear_key + ops._CALLS.get": lambda: ops._CALLS.get(functional._linear_key(x, w, None, None)),
+            "prepared call (torch.empty + launch)": lambda: entry.call(x2, w.t(), None, 1.0, 0.0, None, None),
+            "launch .run alone (preallocated out)": lambda: entry.call.launch.run(ops._stream(dev), x2, w.t(), out, None,
+                                                                                  None, 1.0, 0.0),
+            "torch.empty (rows, N)": lambda: torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device),
+        }
+        out_us = {}
+        for name, fn in stages.items():
+            for _ in range(5):
+                fn()
+            out_us[name] = eager_host_us(fn, calls=50, rounds=5)
+            print(f"    {name:<50} {out_us[name]:7.2f} us", flush=True)
+    return out_us
 
 
 def main(argv=None) -> int:
