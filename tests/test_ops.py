@@ -10,6 +10,8 @@ poisoned outputs, torch.compile with inductor, and CUDA-graph capture.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -799,6 +801,40 @@ def test_gpu_linear_3d(gen):
     assert y.shape == (4, 33, 80)
     check(y, F.gelu(F.linear(x.double(), w.double(), bias.double())), BF16)
     check(gemmlab.linear(x[:, ::2], w), F.linear(x[:, ::2].double(), w.double()), BF16)  # non-viewable: one copy
+
+
+@pytest.mark.parametrize("shape, N", [((16, 1, 2048), 2048), ((2, 300, 512), 1000), ((3, 7, 96), 32000)],
+                         ids=lambda v: str(v))
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_linear_fast_path_follows_fresh_inputs(shape, N, gen):
+    """gemmlab.linear's fast path on the real kernels (decode, h11): fresh inputs every call, a strided x
+    that still flattens by a view, a misaligned x, a side stream, and forward + backward with grad."""
+    K = shape[-1]
+    w = torch.nn.Parameter(rnd(N, K, dtype=BF16, device="cuda", gen=gen))
+    wd = w.detach().double()
+    xs = [rnd(*shape, dtype=BF16, device="cuda", gen=gen) for _ in range(3)]
+    xs.append(rnd(*shape[:-1], K + 8, dtype=BF16, device="cuda", gen=gen)[..., :K])  # rows K + 8 apart
+    xs.append(rnd(math.prod(shape) + 1, dtype=BF16, device="cuda", gen=gen)[1:].view(shape))  # off 2 bytes
+    with torch.inference_mode():
+        for x in xs + xs:  # the second pass: every key is a fast-path hit
+            poison_allocator(math.prod(shape[:-1]) * N * 2)
+            check(gemmlab.linear(x, w), F.linear(x.double(), wd), BF16)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = gemmlab.linear(xs[0], w)
+        torch.cuda.current_stream().wait_stream(side)
+        check(y, F.linear(xs[0].double(), wd), BF16)
+    for x in xs[:2] + xs[:2]:
+        x = x.clone().requires_grad_()
+        w.grad = None
+        g = rnd(*shape[:-1], N, dtype=BF16, device="cuda", gen=gen)
+        gemmlab.linear(x, w).backward(g)
+        x64, w64 = x.detach().double().requires_grad_(), wd.clone().requires_grad_()
+        want = torch.autograd.grad(F.linear(x64, w64), (x64, w64), g.double())
+        check(x.grad, want[0], BF16)
+        check(w.grad, want[1], BF16)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
