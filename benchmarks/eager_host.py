@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, os.environ.get("GEMMLAB_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
 import gemmlab  # noqa: E402
-from gemmlab.bench import append_records, git_sha  # noqa: E402,F401
+from gemmlab.bench import append_records, git_sha  # noqa: E402
 from gemmlab.gpu import gpu_info, sample_clocks  # noqa: E402
 
 def _median_us(fn, reps: int, inner: int = 1) -> float:
@@ -290,8 +290,9 @@ def _stub_device() -> None:
     fakes.forget()
 
 
-def linear_records(device: str, rounds: int = 7) -> list[dict]:
-    """Host microseconds per call of a patched nn.Linear (and, on a GPU, of nn.Linear), interleaved."""
+def linear_records(device: str, out: str, rounds: int = 7) -> list[dict]:
+    """Host microseconds per call of a patched nn.Linear (and, on a GPU, of nn.Linear), interleaved. Each
+    record is appended to ``out`` as soon as it is measured (a run cut short keeps what it measured)."""
     from gemmlab.timer import eager_host_us
 
     cpu = device == "cpu"
@@ -341,11 +342,13 @@ def linear_records(device: str, rounds: int = 7) -> list[dict]:
                 gemmlab_host_us=host["gemmlab"], torch_host_us=host.get("torch"),
                 extra_host_us=None if cpu else host["gemmlab"] - host["torch"], rounds=rounds)
             recs.append(rec)
+            append_records(out, [rec])
             print(f"  x {str(shape):<16} N {N:>5} {kind:<30} gemmlab {host['gemmlab']:7.1f} us"
                   + ("" if cpu else f"  torch {host['torch']:7.1f} us  (+{rec['extra_host_us']:.1f})"), flush=True)
         if not cpu:
             recs.append(dict(_common("linear_stages"), x_shape=list(shape), N=N, K=K,
                              stages=_linear_stages(ref, ours, pool[0])))
+            append_records(out, recs[-1:])
     return recs
 
 
@@ -397,7 +400,7 @@ def main(argv=None) -> int:
     recs = []
     if args.linear:
         print(f"== linear ({args.device})", flush=True)
-        recs += linear_records(args.device)
+        linear_records(args.device, args.out)  # (appended as measured)
     if args.mechanisms:
         print("== mechanisms", flush=True)
         recs += mechanism_records()

@@ -171,13 +171,13 @@ def _linear_fast(x, weight, bias, activation) -> torch.Tensor | None:
     if entry is None:
         return None
     flat = entry.flat
-    x2 = x if flat is None else x.view(flat)
+    x2 = x if flat is None else x.view(*flat)  # (view(*sizes) parses faster than view(tuple): ~0.5 us each)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
                                     (bias is not None and bias.requires_grad)):
         y = _autograd.eager_matmul(x2, weight.t(), bias, activation, 1.0, 0.0, None, None, entry.call)
     else:
         y = entry.call(x2, weight.t(), bias, 1.0, 0.0, None, None)
-    return y if flat is None else y.view(entry.out_shape)
+    return y if flat is None else y.view(*entry.out_shape)
 
 
 def _remember_linear(x, x2, weight, bias, activation) -> None:
