@@ -9,6 +9,12 @@ No CUDA graphs anywhere here: graph replay hides the host path, which is what th
 - ``--breakdown``: the stages of gemmlab's path, each timed alone over many repetitions.
 - ``--mechanisms``: the building blocks a launch can be made of (launch interfaces, stream lookup,
   descriptor encoding and address replacement, allocation, custom-op dispatch), each timed alone.
+- ``--linear``: a decoder's pattern (issue 17): ``gemmlab.patch``ed ``nn.Linear`` against ``nn.Linear`` on a
+  3-D input, a fresh input tensor every call (new data pointers), the weight a Parameter: host time of a
+  forward under inference_mode, of a forward with grad, and of forward + backward (dx and dW), GPU kept busy.
+  With ``--device cpu`` (no GPU needed): gemmlab's side alone, the launches stubbed (tests/fakes.py's fake
+  engine with a no-op launch), for the host path's Python cost (plus CPU allocations of the outputs, which
+  torch's CPU allocator does not cache); torch's CPU side would compute, so it is not timed.
 
 Every record carries the git sha, GPU, SM clock and both sides' numbers; they are appended as JSON lines
 to ``--out`` (default ``benchmarks/results/eager.jsonl``).
@@ -32,7 +38,7 @@ import torch
 sys.path.insert(0, os.environ.get("GEMMLAB_SRC") or str(Path(__file__).resolve().parents[1] / "src"))
 
 import gemmlab  # noqa: E402
-from gemmlab.bench import append_records, git_sha  # noqa: E402,F401
+from gemmlab.bench import append_records, git_sha  # noqa: E402
 from gemmlab.gpu import gpu_info, sample_clocks  # noqa: E402
 
 def _median_us(fn, reps: int, inner: int = 1) -> float:
@@ -269,11 +275,132 @@ def _encode_map(driver, t):
     return m
 
 
+LINEAR_CASES = (((16, 1, 2048), 2048), ((4, 1024, 2048), 5632))  # (x shape, N): llama-1b-ish decode, prefill
+
+
+def _stub_device() -> None:
+    """gemmlab's host path on CPU tensors with nothing launched: tests/fakes.py's fakes, a no-op launch."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import fakes
+
+    from gemmlab import ops
+
+    class NoLaunch(fakes.FakeEngine):
+        def prepare(self, a, b, out, *, bias, activation, has_c, c):
+            class Launch:
+                def run(self, stream, a, b, out, bias, c, alpha, beta):
+                    pass
+            return Launch()
+
+    eng = NoLaunch()
+    ops._check_device, ops._load_engine, ops._sm_count = (lambda d: None), (lambda: eng), (lambda d: 132)
+    ops._stream, ops._fast_device = (lambda dev: 7), (lambda a: True)
+    fakes.forget()
+
+
+def linear_records(device: str, out: str, rounds: int = 7) -> list[dict]:
+    """Host microseconds per call of a patched nn.Linear (and, on a GPU, of nn.Linear), interleaved. Each
+    record is appended to ``out`` as soon as it is measured (a run cut short keeps what it measured)."""
+    from gemmlab.timer import eager_host_us
+
+    cpu = device == "cpu"
+    if cpu:
+        _stub_device()
+    recs = []
+    for shape, N in LINEAR_CASES:
+        K = shape[-1]
+        ref = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
+        ours = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
+        gemmlab.patch(ours)
+        pool = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(4)]
+        pool_g = [t.clone().requires_grad_() for t in pool]
+        g = torch.randn(*shape[:-1], N, device=device, dtype=torch.bfloat16)
+        it = [0]
+
+        def nxt(p):
+            it[0] = (it[0] + 1) % len(p)
+            return p[it[0]]
+
+        def fwd_inference(m):
+            with torch.inference_mode():
+                return m(nxt(pool))
+
+        def fwd_grad(m):
+            return m(nxt(pool))
+
+        def fwd_bwd(m):
+            x = nxt(pool_g)
+            x.grad = m.weight.grad = None
+            m(x).backward(g)
+
+        for kind, fn in (("inference_mode forward", fwd_inference), ("forward with grad", fwd_grad),
+                         ("forward + backward (dx, dW)", fwd_bwd)):
+            sides = {"gemmlab": lambda: fn(ours)} if cpu else {"gemmlab": lambda: fn(ours), "torch": lambda: fn(ref)}
+            times = {k: [] for k in sides}
+            for f in sides.values():  # warm: prepared calls, allocator, cuBLAS
+                for _ in range(3):
+                    f()
+            for _ in range(rounds):
+                for k, f in sides.items():
+                    times[k].append(_median_us(f, reps=1, inner=50) if cpu else eager_host_us(f, calls=30, rounds=1))
+            host = {k: statistics.median(v) for k, v in times.items()}
+            rec = dict(_common("linear") if not cpu else {"time": dt.datetime.now(dt.timezone.utc).isoformat(
+                timespec="seconds"), "git_sha": git_sha(), "gpu": None, "suite": "eager", "kind": "linear"},
+                device="cpu-stub" if cpu else "cuda", x_shape=list(shape), N=N, K=K, step=kind,
+                gemmlab_host_us=host["gemmlab"], torch_host_us=host.get("torch"),
+                extra_host_us=None if cpu else host["gemmlab"] - host["torch"], rounds=rounds)
+            recs.append(rec)
+            append_records(out, [rec])
+            print(f"  x {str(shape):<16} N {N:>5} {kind:<30} gemmlab {host['gemmlab']:7.1f} us"
+                  + ("" if cpu else f"  torch {host['torch']:7.1f} us  (+{rec['extra_host_us']:.1f})"), flush=True)
+        if not cpu:
+            recs.append(dict(_common("linear_stages"), x_shape=list(shape), N=N, K=K,
+                             stages=_linear_stages(ref, ours, pool[0])))
+            append_records(out, recs[-1:])
+    return recs
+
+
+def _linear_stages(ref, ours, x) -> dict[str, float]:
+    """The patched forward's pieces under inference_mode, each alone, host time with the GPU kept busy."""
+    from gemmlab import functional, ops
+    from gemmlab.timer import eager_host_us
+
+    w = ours.weight
+    N, K = w.shape
+    with torch.inference_mode():
+        ours(x)
+        entry = ops._CALLS.get(functional._linear_key(x, w, None, None))
+        x2 = x.reshape(-1, K)
+        out = torch.empty(x2.shape[0], N, device=x.device, dtype=x.dtype)
+        dev = x.get_device()
+        stages = {
+            "nn.Linear (torch), whole forward": lambda: ref(x),
+            "F.linear (torch)": lambda: torch.nn.functional.linear(x, ref.weight),
+            "torch.mm on the 2-D view": lambda: torch.mm(x2, ref.weight.t()),
+            "gemmlab nn.Linear (patched), whole forward": lambda: ours(x),
+            "functional._linear_fast (the fast path)": lambda: functional._linear_fast(x, w, None, None),
+            "functional._linear_key + ops._CALLS.get": lambda: ops._CALLS.get(functional._linear_key(x, w, None, None)),
+            "prepared call (torch.empty + launch)": lambda: entry.call(x2, w.t(), None, 1.0, 0.0, None, None),
+            "launch .run alone (preallocated out)": lambda: entry.call.launch.run(ops._stream(dev), x2, w.t(), out, None,
+                                                                                  None, 1.0, 0.0),
+            "torch.empty (rows, N)": lambda: torch.empty((x2.shape[0], N), dtype=x.dtype, device=x.device),
+        }
+        out_us = {}
+        for name, fn in stages.items():
+            for _ in range(5):
+                fn()
+            out_us[name] = eager_host_us(fn, calls=50, rounds=5)
+            print(f"    {name:<50} {out_us[name]:7.2f} us", flush=True)
+    return out_us
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results/eager.jsonl")
     ap.add_argument("--breakdown", action="store_true", help="time gemmlab's path stage by stage")
     ap.add_argument("--mechanisms", action="store_true", help="time the launch building blocks")
+    ap.add_argument("--linear", action="store_true", help="patched nn.Linear vs nn.Linear, a decoder's pattern")
+    ap.add_argument("--device", default="cuda", help="cpu: --linear's gemmlab side with the launches stubbed")
     ap.add_argument("--no-calls", action="store_true", help="skip the per-call and stack measurements")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per shape (the best is kept)")
@@ -281,6 +408,9 @@ def main(argv=None) -> int:
                     "the eager suite's (no stack)")
     args = ap.parse_args(argv)
     recs = []
+    if args.linear:
+        print(f"== linear ({args.device})", flush=True)
+        linear_records(args.device, args.out)  # (appended as measured)
     if args.mechanisms:
         print("== mechanisms", flush=True)
         recs += mechanism_records()

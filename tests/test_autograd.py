@@ -123,6 +123,39 @@ def test_eager_path_uses_the_function_and_matches_the_op(on_cpu, monkeypatch):
         assert gemmlab.matmul(a, b, activation="gelu", **kw).grad_fn is None
 
 
+def test_eager_backward_keeps_its_gemms_by_the_gradients_layout(on_cpu, monkeypatch):
+    """The eager Function's backward GEMMs are prepared once per layout of dy and kept with the forward's
+    prepared call: repeated steps prepare nothing new, another dy layout prepares its own, and every
+    gradient matches torch's. With create_graph (grad mode on in backward) they take the op."""
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    a, w = leaf(rnd(8, 32)), leaf(rnd(16, 32))
+    for g in (rnd(8, 16), rnd(8, 16), rnd(16, 8).t(), rnd(16, 8).t(), rnd(8, 16)):
+        a.grad = w.grad = None
+        y = gemmlab.matmul(a, w.t())
+        y.backward(g)
+        want_a, want_b, *_ = torch_grads(a, w.t(), g)
+        assert rel_error(a.grad, want_a) <= TOL[BF16] and rel_error(w.grad.t(), want_b) <= TOL[BF16]
+    call = ops._prepared(a, w.t(), None, None, 1.0, 0.0, None, None, None)
+    assert len(call.grads) == 4  # dA and dB, for a row-major and a column-major dy
+    assert len(on_cpu.engine.prepared) == 1 + 4
+    y = gemmlab.matmul(a, w.t())
+    (da,) = torch.autograd.grad(y, a, rnd(8, 16), create_graph=True)
+    assert "gemmlab_matmul" in type(da.grad_fn).__name__  # the op, which differentiates again
+
+
+def test_eager_function_under_functorch_grad(on_cpu, monkeypatch):
+    """torch.func.grad accepts only Functions with a setup_context: under it the eager path takes that form
+    of the Function (``_EagerMatmulTransforms``), with the same formula. (Fused gelu/silu do not work under
+    it: their backward recomputes z through the op, whose generated Function functorch refuses.)"""
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    a, w, bias = rnd(8, 32), rnd(16, 32), rnd(16)
+    g = rnd(8, 16)
+    got = torch.func.grad(lambda a: (gemmlab.matmul(a, w.t(), bias=bias, activation="relu").double()
+                                     * g.double()).sum())(a)
+    want, *_ = torch_grads(a, w.t(), g, bias=bias, activation="relu")
+    assert got.dtype == BF16 and rel_error(got, want) <= TOL[BF16]
+
+
 @pytest.mark.parametrize("activation, backward_gemms", [(None, 2), ("relu", 2), ("gelu", 3), ("silu", 3)])
 def test_backward_runs_gemmlab_gemms(on_cpu, activation, backward_gemms):
     """dA and dB are gemmlab GEMMs; gelu/silu recompute the pre-activation (one more), relu reads y > 0."""

@@ -178,6 +178,32 @@ def test_autocast_computes_in_the_autocast_dtype(on_cpu):
     assert rel_error(y.detach(), F.linear(x.double(), ref.weight.double(), ref.bias.double()).detach()) <= 1e-2
 
 
+def test_fast_path_of_a_seen_shape_still_honours_autocast_and_the_fallback(on_cpu, monkeypatch):
+    """Linear's forward goes straight to gemmlab.linear's fast path for shapes seen before; autocast still
+    casts first (no stored key of the uncast call is used), and tensors off the fast path's device still
+    take the fallback's decision."""
+    from gemmlab import ops
+
+    monkeypatch.setattr(ops, "_fast_device", lambda a: a.device.type == "cpu")  # CPU acts as the GPU here
+    m = gnn.Linear(32, 16)
+    x = torch.randn(2, 4, 32)
+    with torch.no_grad():
+        m(x)
+        y = m(x)  # a fast-path hit
+        assert len(on_cpu.engine.prepared) == 0 and len(on_cpu.sgemm.calls) == 2  # fp32: the ladder's step
+        with torch.autocast("cpu", dtype=BF16):
+            y16 = m(x)
+    assert y.dtype == FP32 and y16.dtype == BF16 and on_cpu.engine.calls[-1]["b"].dtype == BF16
+    want = F.linear(x.double(), m.weight.detach().double(), m.bias.detach().double())
+    assert rel_error(y, want) <= 1e-5 and rel_error(y16, want) <= 1e-2
+    monkeypatch.setattr(ops, "_fast_device", lambda a: False)  # CPU tensors again, on a machine without a GPU
+    monkeypatch.setattr(ops, "_check_device", lambda device: (_ for _ in ()).throw(NoGPUError("no GPU")))
+    gnn.clear_routes()  # (decided for CPU-as-GPU above)
+    with pytest.warns(FallbackWarning, match="falls back"):
+        y = m(x)
+    assert torch.equal(y, F.linear(x, m.weight, m.bias)) and len(on_cpu.sgemm.calls) == 2  # torch's, not ours
+
+
 # patch / unpatch ----------------------------------------------------------------------------------------------
 
 def test_patch_keeps_parameters_ties_hooks_and_optimizers():

@@ -10,6 +10,8 @@ poisoned outputs, torch.compile with inductor, and CUDA-graph capture.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -508,6 +510,136 @@ def test_linear_matches_f_linear_and_flattens_without_copy(on_cpu):
     assert rel_error(y, want) < 1e-2
 
 
+# gemmlab.linear's fast path: keyed on x's and the weight's metadata (CPU, fake engine) --------------------------
+
+def _linear_entries() -> int:
+    return sum(type(v).__name__ == "_Linear" for v in ops._CALLS.calls.values())
+
+
+def test_linear_fast_path_follows_fresh_inputs(eager_cpu):
+    """Fresh x every call (new data pointers, the model's pattern): one preparation, one fast-path entry,
+    every result right, and the engine sees each call's own tensors."""
+    eng = eager_cpu.engine
+    w = torch.nn.Parameter(rnd(16, 32))
+    for i in range(4):
+        x = rnd(2, 3, 32)
+        with torch.no_grad():
+            y = gemmlab.linear(x, w, activation="relu")
+        assert y.shape == (2, 3, 16)
+        assert rel_error(y, F.relu(F.linear(x.double(), w.detach().double()))) < TOL[BF16]
+        assert eng.calls[-1]["a"].data_ptr() == x.data_ptr() and eng.calls[-1]["b"].data_ptr() == w.data_ptr()
+    assert len(eng.prepared) == 1 and len(eng.calls) == 4 and _linear_entries() == 1
+
+
+@pytest.mark.parametrize("change", ["shape", "x strided", "x misaligned", "dtype", "weight layout",
+                                    "weight misaligned", "bias", "activation", "x 2-D", "x 1-D"])
+def test_linear_fast_path_prepares_again_when_metadata_changes(eager_cpu, change):
+    """A fast-path hit needs the same metadata as the call that stored it: any change is a new key, which
+    the general path validates and prepares (and whose result is right)."""
+    eng = eager_cpu.engine
+    x, w, bias, act = rnd(2, 3, 32), rnd(16, 32), None, None
+    gemmlab.linear(x, w)
+    if change == "shape":
+        x = rnd(2, 4, 32)
+    elif change == "x strided":  # still flattens to a view: rows 48 elements apart
+        x = rnd(2, 3, 48)[:, :, :32]
+    elif change == "x misaligned":  # same shape and strides, data pointer off 16 bytes
+        x = rnd(2 * 3 * 32 + 1)[1:].view(2, 3, 32)
+    elif change == "dtype":
+        x, w = x.to(FP16), w.to(FP16)
+    elif change == "weight layout":  # same (N, K) shape, column-major
+        w = rnd(32, 16).t()
+    elif change == "weight misaligned":
+        w = rnd(16 * 32 + 1)[1:].view(16, 32)
+    elif change == "bias":
+        bias = rnd(16)
+    elif change == "activation":
+        act = "gelu"
+    elif change == "x 2-D":
+        x = rnd(6, 32)
+    elif change == "x 1-D":
+        x = rnd(32)
+    before, entries = len(eng.prepared), _linear_entries()
+    for _ in range(2):  # the second call is a fast-path hit on the new key
+        y = gemmlab.linear(x, w, bias, activation=act)
+    # (6, 32) is what (2, 3, 32) flattened to: a new key for the same prepared call
+    assert len(eng.prepared) == before + (change != "x 2-D") and _linear_entries() == entries + 1
+    assert y.shape == (*x.shape[:-1], 16)
+    want = act_reference(F.linear(x.double(), w.double(), None if bias is None else bias.double()), act)
+    assert rel_error(y, want) < TOL[x.dtype]
+
+
+def test_linear_fast_path_when_weight_data_is_replaced(eager_cpu):
+    """A Parameter whose ``.data`` is replaced (same object, another layout) is a new key, not a stale call."""
+    eng = eager_cpu.engine
+    w = torch.nn.Parameter(rnd(16, 32))
+    x = rnd(4, 32)
+    with torch.no_grad():
+        gemmlab.linear(x, w)
+        w.data = rnd(32, 16).t()
+        y = gemmlab.linear(x, w)
+    assert len(eng.prepared) == 2 and eng.prepared[-1]["strides"][1] == (16, 1)
+    assert rel_error(y, F.linear(x.double(), w.detach().double())) < TOL[BF16]
+
+
+def test_linear_input_that_reshape_copies_is_never_a_fast_path_key(eager_cpu):
+    """x whose leading dimensions cannot be flattened by a view (a transpose): each call flattens with a
+    copy on the general path; no fast-path key is stored, and results stay right."""
+    eng = eager_cpu.engine
+    w = rnd(16, 32)
+    for _ in range(3):
+        x = rnd(3, 2, 32).transpose(0, 1)
+        y = gemmlab.linear(x, w)
+        assert rel_error(y, F.linear(x.double(), w.double())) < TOL[BF16]
+    assert _linear_entries() == 0 and len(eng.prepared) == 1
+
+
+def test_linear_bad_input_stores_no_fast_path_key(eager_cpu):
+    """A key is stored only after the general path validated and ran the call: bad input raises every time."""
+    w = rnd(16, 32)
+    for _ in range(2):
+        with pytest.raises(UnsupportedProblem, match="features"):
+            gemmlab.linear(rnd(2, 3, 31), w)
+        with pytest.raises(TypeError, match="must share one dtype"):
+            gemmlab.linear(rnd(2, 3, 32, dtype=FP16), w)
+        with pytest.raises(UnsupportedProblem, match="unknown activation"):
+            gemmlab.linear(rnd(2, 3, 32), w, activation="tanh")
+    assert not ops._CALLS.calls and not eager_cpu.engine.prepared
+
+
+def test_linear_fast_path_steps_aside_for_modes_and_gradients(eager_cpu):
+    """After a key is stored: a dispatch mode still sees the op; a call needing a gradient runs inside
+    gemmlab.autograd's Function and its gradients match torch's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, w = rnd(2, 3, 32), torch.nn.Parameter(rnd(16, 32))
+    with torch.no_grad():
+        gemmlab.linear(x, w)
+        gemmlab.linear(x, w)
+        with Recorder() as rec:
+            gemmlab.linear(x, w)
+    assert any("gemmlab.matmul" in name for name in rec.ops)
+    xg = x.clone().requires_grad_()
+    y = gemmlab.linear(xg, w)
+    assert type(y.grad_fn).__name__ == "ViewBackward0"  # (2, 3, 16) from the Function's (6, 16)
+    assert type(y.grad_fn.next_functions[0][0]).__name__ == "_EagerMatmulBackward"
+    g = rnd(2, 3, 16)
+    y.backward(g)
+    x64, w64 = x.double().requires_grad_(), w.detach().double().requires_grad_()
+    want = torch.autograd.grad(F.linear(x64, w64), (x64, w64), g.double())
+    assert rel_error(xg.grad, want[0]) < 1.5e-2 and rel_error(w.grad, want[1]) < 1.5e-2
+    assert w.grad.stride() == (32, 1)  # the weight's gradient in the weight's layout
+
+
 # Zero-size problems launch nothing -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [BF16, FP32])
@@ -669,6 +801,40 @@ def test_gpu_linear_3d(gen):
     assert y.shape == (4, 33, 80)
     check(y, F.gelu(F.linear(x.double(), w.double(), bias.double())), BF16)
     check(gemmlab.linear(x[:, ::2], w), F.linear(x[:, ::2].double(), w.double()), BF16)  # non-viewable: one copy
+
+
+@pytest.mark.parametrize("shape, N", [((16, 1, 2048), 2048), ((2, 300, 512), 1000), ((3, 7, 96), 32000)],
+                         ids=lambda v: str(v))
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_linear_fast_path_follows_fresh_inputs(shape, N, gen):
+    """gemmlab.linear's fast path on the real kernels (decode, h11): fresh inputs every call, a strided x
+    that still flattens by a view, a misaligned x, a side stream, and forward + backward with grad."""
+    K = shape[-1]
+    w = torch.nn.Parameter(rnd(N, K, dtype=BF16, device="cuda", gen=gen))
+    wd = w.detach().double()
+    xs = [rnd(*shape, dtype=BF16, device="cuda", gen=gen) for _ in range(3)]
+    xs.append(rnd(*shape[:-1], K + 8, dtype=BF16, device="cuda", gen=gen)[..., :K])  # rows K + 8 apart
+    xs.append(rnd(math.prod(shape) + 1, dtype=BF16, device="cuda", gen=gen)[1:].view(shape))  # off 2 bytes
+    with torch.inference_mode():
+        for x in xs + xs:  # the second pass: every key is a fast-path hit
+            poison_allocator(math.prod(shape[:-1]) * N * 2)
+            check(gemmlab.linear(x, w), F.linear(x.double(), wd), BF16)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = gemmlab.linear(xs[0], w)
+        torch.cuda.current_stream().wait_stream(side)
+        check(y, F.linear(xs[0].double(), wd), BF16)
+    for x in xs[:2] + xs[:2]:
+        x = x.clone().requires_grad_()
+        w.grad = None
+        g = rnd(*shape[:-1], N, dtype=BF16, device="cuda", gen=gen)
+        gemmlab.linear(x, w).backward(g)
+        x64, w64 = x.detach().double().requires_grad_(), wd.clone().requires_grad_()
+        want = torch.autograd.grad(F.linear(x64, w64), (x64, w64), g.double())
+        check(x.grad, want[0], BF16)
+        check(w.grad, want[1], BF16)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

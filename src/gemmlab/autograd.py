@@ -53,14 +53,19 @@ def setup_context(ctx, inputs, output) -> None:
 
 
 def backward(ctx, dy):
+    return _backward(ctx, dy, _op_gemm)
+
+
+def _backward(ctx, dy, gemm):
+    """The formula; ``gemm(which, dz, x, y, alpha, out_dtype)`` runs dA's and dB's GEMMs (x @ y)."""
     a, b, bias, c, y = ctx.saved_tensors
     need = ctx.needs_input_grad
     dz, dz32 = _dz(ctx, dy, a, b, bias, c, y)
     da = db = dbias = dc = None
     if need[_A]:
-        da = _grad_a(dz, a, b, ctx.alpha)
+        da = _grad_a(dz, a, b, ctx.alpha, gemm)
     if need[_B]:
-        db = _grad_b(dz, a, b, ctx.alpha)
+        db = _grad_b(dz, a, b, ctx.alpha, gemm)
     if need[_BIAS]:
         dbias = (dz32 if dz32 is not None else dy).sum(0, dtype=torch.float32).to(ctx.bias_dtype)
     if need[_C]:
@@ -105,35 +110,114 @@ def _column_major(t: torch.Tensor) -> bool:
     return t.stride(0) == 1 and t.stride(1) != 1
 
 
-def _grad_a(dz, a, b, alpha):
+def _grad_a(dz, a, b, alpha, gemm):
     """alpha * dz @ b^T, (M, K) in a's dtype, laid out like a."""
     if _column_major(a):
-        return ops.gemm(b, dz.t(), alpha=alpha, out_dtype=a.dtype).t()
-    return ops.gemm(dz, b.t(), alpha=alpha, out_dtype=a.dtype)
+        return gemm("a", dz, b, dz.t(), alpha, a.dtype).t()
+    return gemm("a", dz, dz, b.t(), alpha, a.dtype)
 
 
-def _grad_b(dz, a, b, alpha):
+def _grad_b(dz, a, b, alpha, gemm):
     """alpha * a^T @ dz, (K, N) in b's dtype, laid out like b (for b = w.t(): a row-major (N, K), transposed)."""
     if _column_major(b):
-        return ops.gemm(dz.t(), a, alpha=alpha, out_dtype=b.dtype).t()
-    return ops.gemm(a.t(), dz, alpha=alpha, out_dtype=b.dtype)
+        return gemm("b", dz, dz.t(), a, alpha, b.dtype).t()
+    return gemm("b", dz, a.t(), dz, alpha, b.dtype)
+
+
+def _op_gemm(which, dz, x, y, alpha, out_dtype):
+    return ops.gemm(x, y, alpha=alpha, out_dtype=out_dtype)
+
+
+class _KeptGemms:
+    """dA's and dB's GEMMs for ``_EagerMatmul``'s backward, their prepared calls kept on the forward's
+    prepared call (``ops._Call.grads``). That call's key fixes a's and b's metadata, so the operands of
+    each backward GEMM are fixed up to dz's metadata: (which gradient, dz's shape, strides, dtype, device,
+    16-byte alignment) finds the prepared call that ``ops._prepared`` validated for them. Used only where
+    ``ops.gemm`` would take the prepared call too (see ``_gemms_for``); saves its ``_eager`` test and the
+    two-operand key per GEMM."""
+
+    MAX = 16  # dz layouts per forward key (autograd hands one or two in practice)
+
+    __slots__ = ("kept",)
+
+    def __init__(self, kept: dict):
+        self.kept = kept
+
+    def __call__(self, which, dz, x, y, alpha, out_dtype):
+        if type(dz) not in ops._PLAIN:
+            return ops.gemm(x, y, alpha=alpha, out_dtype=out_dtype)
+        key = (which, dz.shape, dz.stride(), dz.dtype, dz.get_device(), dz.data_ptr() & 15)
+        call = self.kept.get(key)
+        if call is None:
+            call = ops._prepared(x, y, None, None, alpha, 0.0, None, out_dtype, None)
+            if not (x.is_cuda and torch.cuda.is_current_stream_capturing()):  # as ops._prepared keeps calls
+                if len(self.kept) >= self.MAX:
+                    self.kept.clear()
+                self.kept[key] = call
+        return call(x, y, None, alpha, 0.0, None, None)
+
+
+def _gemms_for(call):
+    """The backward GEMMs of an ``_EagerMatmul``: kept prepared calls where ``ops.gemm`` would take the
+    prepared call (no grad mode, i.e. no ``create_graph``; no tracing; no torch mode), else ``ops.gemm``."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or ops._modes_active():
+        return _op_gemm
+    return _KeptGemms(call.grads)
 
 
 torch.library.register_autograd("gemmlab::matmul", backward, setup_context=setup_context)
 
 
 class _EagerMatmul(torch.autograd.Function):
-    """Eager calls that need a gradient (``gemmlab.ops._eager`` says ``_GRAD``): the prepared call as the
-    forward, the same ``setup_context`` and ``backward`` as the op's. It skips the op's dispatch around
-    the op's own autograd Function: on the development machine 110 us instead of 180 for a forward that
-    needs a gradient, 173 instead of 301 for forward and backward (tiny shapes, host time only)."""
+    """Eager calls that need a gradient (``gemmlab.ops._eager`` says ``_GRAD``): the prepared call (validated
+    and looked up by the caller, passed last) as the forward, then the op's ``setup_context``; the op's
+    ``backward``. It skips the op's dispatch around the op's own autograd Function.
+
+    The forward takes ``ctx`` itself (the combined form) rather than declaring ``setup_context``: with a
+    ``setup_context``, ``Function.apply`` binds the arguments through ``inspect.signature`` on every call,
+    which cost ~100 us of host time per call on the development machine, against ~11 us for the combined
+    form (an empty forward either way). functorch transforms (``torch.func.grad``, vmap) accept only the
+    ``setup_context`` form: ``_EagerMatmulTransforms`` is the same Function in it, for calls under them."""
 
     @staticmethod
-    def forward(a, b, bias, activation, alpha, beta, c, out_dtype):
-        return ops._prepared(a, b, bias, activation, alpha, beta, c, out_dtype, None)(a, b, bias, alpha, beta, c, None)
+    def forward(ctx, a, b, bias, activation, alpha, beta, c, out_dtype, call):
+        y = call(a, b, bias, alpha, beta, c, None)
+        setup_context(ctx, (a, b, bias, activation, alpha, beta, c, out_dtype), y)
+        ctx.call = call
+        return y
 
-    setup_context = staticmethod(setup_context)
-    backward = staticmethod(backward)
+    @staticmethod
+    def backward(ctx, dy):
+        return (*_backward(ctx, dy, _gemms_for(ctx.call)), None)
 
 
-eager_matmul = _EagerMatmul.apply
+class _EagerMatmulTransforms(torch.autograd.Function):
+    """``_EagerMatmul`` with a ``setup_context``, as functorch transforms require (slower to apply)."""
+
+    @staticmethod
+    def forward(a, b, bias, activation, alpha, beta, c, out_dtype, call):
+        return call(a, b, bias, alpha, beta, c, None)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        setup_context(ctx, inputs[:-1], output)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return (*backward(ctx, dy), None)
+
+
+def eager_matmul(a, b, bias, activation, alpha, beta, c, out_dtype, call=None):
+    """``gemmlab.matmul``'s result with the op's gradient formula, through ``_EagerMatmul``. ``call``: the
+    prepared call for these arguments (``ops._prepared``), when the caller has it already."""
+    if call is None:
+        call = ops._prepared(a, b, bias, activation, alpha, beta, c, out_dtype, None)
+    if torch._C._are_functorch_transforms_active():
+        return _EagerMatmulTransforms.apply(a, b, bias, activation, alpha, beta, c, out_dtype, call)
+    return _apply(a, b, bias, activation, alpha, beta, c, out_dtype, call)
+
+
+# Function.apply is a Python prelude (functorch's checks, done above) around the C++ apply of
+# torch._C._FunctionBase: take the C++ one directly (~2 us less per call here), where this torch has it.
+_base_apply = getattr(torch._C._FunctionBase, "__dict__", {}).get("apply")
+_apply = _base_apply.__get__(None, _EagerMatmul) if hasattr(_base_apply, "__get__") else _EagerMatmul.apply

@@ -91,7 +91,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     dimensions are flattened with ``reshape`` (a view whenever x's strides allow, else one copy), and
     the product is ``gemmlab.matmul(x2d, weight.t(), ...)``, whose rules and errors apply.
     ``fallback=True``: ``torch.nn.functional.linear`` where gemmlab cannot run (as ``gemmlab.nn.Linear``).
+
+    Eager calls whose x and weight metadata was seen before (``_linear_fast``) go straight to the
+    prepared call that the first such call validated and prepared.
     """
+    y = _linear_fast(x, weight, bias, activation)
+    if y is not None:
+        return y
     if fallback and isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor) and \
             not _fallback.route(x.dtype, x.device, weight.dtype, "gemmlab.linear", 3):
         return _fallback.torch_linear(x, weight, bias, activation)
@@ -107,12 +113,86 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise UnsupportedProblem(f"gemmlab.linear: x has {K} features (last dimension) but weight (N, K) has "
                                  f"shape {tuple(weight.shape)}; weight.shape[1] must equal x.shape[-1]")
     if x.dim() == 2:
-        return matmul(x, weight.t(), bias=bias, activation=activation)
+        y = matmul(x, weight.t(), bias=bias, activation=activation)
+        _remember_linear(x, x, weight, bias, activation)
+        return y
     lead = tuple(x.shape[:-1])
     rows = 1
     for d in lead:
         rows *= d
-    y = matmul(x.reshape(rows, K), weight.t(), bias=bias, activation=activation)
+    x2 = x.reshape(rows, K)
+    y = matmul(x2, weight.t(), bias=bias, activation=activation)
+    _remember_linear(x, x2, weight, bias, activation)
     return y.reshape(*lead, weight.shape[0])
 
 
+# gemmlab.linear's fast path -----------------------------------------------------------------------------
+#
+# A model calls each nn.Linear with the same metadata every step (shapes, strides, dtypes, devices, the
+# weight's layout) and fresh tensors: new activations, new data pointers. Where ``x`` flattens to its 2-D
+# (rows, K) by a view, the flattened shape and strides, ``weight.t()``'s and everything ``ops._call_key``
+# holds are functions of x's and the weight's metadata, so one key of those (the same fields as
+# ``ops._meta``: shape, strides, dtype, device, 16-byte alignment of the data pointer; the bias's; the
+# activation) finds the prepared call the general path validated for them. Such a key is stored (in
+# ``ops._CALLS``, so it is emptied with the prepared calls) only after the general path ran that call
+# eagerly, so a hit implies every check passed. The hit skips gemmlab.linear's checks and flattening
+# arithmetic, ``gemmlab.matmul``'s keyword call and ``ops._call_key``'s second key.
+
+class _Linear:
+    """A ``gemmlab.linear`` shape seen before: the 2-D view of x (None: x is 2-D), the output's shape, and
+    the prepared call of ``matmul(x2d, weight.t(), bias=bias, activation=activation)``."""
+
+    __slots__ = ("flat", "out_shape", "call")
+
+    def __init__(self, flat, out_shape, call):
+        self.flat, self.out_shape, self.call = flat, out_shape, call
+
+
+_LINEAR = object()  # first field of a fast-path key: no ops._call_key starts with it
+
+
+def _linear_key(x, w, bias, activation) -> tuple:
+    return (_LINEAR, x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15, w.shape, w.stride(),
+            w.dtype, w.get_device(), w.data_ptr() & 15, None if bias is None else ops._meta(bias), activation)
+
+
+def _linear_fast(x, weight, bias, activation) -> torch.Tensor | None:
+    """The result of ``linear(x, weight, bias, activation)`` where its key was stored (``_remember_linear``)
+    and the call may skip the op (``ops._eager``'s conditions, with x and the weight for a and b); None
+    otherwise (the caller takes the general path, which raises any error)."""
+    P = ops._PLAIN
+    if torch.compiler.is_compiling() or type(x) not in P or type(weight) not in P or \
+            (bias is not None and type(bias) not in P) or not ops._fast_device(x) or ops._modes_active():
+        return None
+    try:
+        entry = ops._CALLS.get(_linear_key(x, weight, bias, activation))
+    except (RuntimeError, TypeError):  # no storage or strides, an unhashable activation...
+        return None
+    if entry is None:
+        return None
+    flat = entry.flat
+    x2 = x if flat is None else x.view(*flat)  # (view(*sizes) parses faster than view(tuple): ~0.5 us each)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
+                                    (bias is not None and bias.requires_grad)):
+        y = _autograd.eager_matmul(x2, weight.t(), bias, activation, 1.0, 0.0, None, None, entry.call)
+    else:
+        y = entry.call(x2, weight.t(), bias, 1.0, 0.0, None, None)
+    return y if flat is None else y.view(*entry.out_shape)
+
+
+def _remember_linear(x, x2, weight, bias, activation) -> None:
+    """After the general path ran ``linear``: store its key for ``_linear_fast`` when the 2-D product took
+    the eager path (its prepared call is in ``ops._CALLS``) and ``x2`` is a view of x (not a copy)."""
+    wt = weight.t()
+    if not ops._eager(x2, wt, bias, 1.0, 0.0, None, None):
+        return
+    try:
+        if x2 is not x and x2.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
+            return  # reshape copied: the fast path's view would fail (and a copy's metadata is not x's)
+        call = ops._CALLS.get(ops._call_key(x2, wt, bias, activation, 0.0, None, None, None))
+        key = _linear_key(x, weight, bias, activation)
+    except (RuntimeError, TypeError):
+        return
+    if call is not None:
+        flat = None if x2 is x else tuple(x2.shape)
+        ops._CALLS.put(key, _Linear(flat, (*x.shape[:-1], weight.shape[0]), call))

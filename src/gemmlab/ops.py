@@ -21,11 +21,12 @@ Which exception means what:
   GPU the Hopper engine cannot run on (fp32 inputs run on any CUDA GPU).
 
 Eager calls skip the op's dispatch (~20-60 us of host time on the H200's host, benchmarks/results/eager.jsonl):
-a call on plain CUDA tensors outside tracing, torch modes and the profiler looks up its prepared
-call by a key of everything the validation and the launch depend on (shapes, strides, dtypes, devices,
-16-byte alignment of the data pointers, which optional tensors are given, the activation, whether beta is
-0), so a repeated call validates nothing again and pays an allocation and one driver launch. The op's
-implementation (what ``torch.compile`` and the paths around the fast one run) uses the same cache.
+a call on plain CUDA tensors outside tracing, torch modes and the profiler looks up its prepared call by
+a key of everything the validation and the launch depend on (shapes, strides, dtypes, devices, 16-byte
+alignment of the data pointers, which optional tensors are given, the activation, whether beta is 0), so a
+repeated call validates nothing again and pays an allocation and one driver launch. The op's
+implementation (what ``torch.compile`` and the paths around the fast one run) uses the same cache, and
+so does ``gemmlab.linear``'s own fast path (keyed on the un-flattened input and the weight).
 
 Meta tensors are accepted and give a meta result (shape and dtype only), like any torch op.
 Autograd: ``gemmlab.autograd`` is the op's backward formula (registered when this module loads). An eager
@@ -372,10 +373,11 @@ class _Call:
     ``_call_key`` is the same. On the engine's route the launch is the engine's prepared one (plan,
     instantiation, descriptors whose addresses follow the tensors); elsewhere ``_compute``."""
 
-    __slots__ = ("p", "shape", "device", "dev", "launch", "activation", "bias_contiguous", "temporary")
+    __slots__ = ("p", "shape", "device", "dev", "launch", "activation", "bias_contiguous", "temporary", "grads")
 
     def __init__(self, p: Problem, a, b, bias, activation, beta, c, out):
         self.p, self.shape, self.device, self.activation = p, (p.M, p.N), p.device, activation
+        self.grads = {}  # the backward GEMMs' prepared calls (gemmlab.autograd._KeptGemms)
         self.dev = a.get_device()
         self.bias_contiguous = bias is None or bias.is_contiguous()
         self.temporary = out is not None and _needs_temporary(out, p, c)
@@ -496,13 +498,18 @@ def _eager(a, b, bias, alpha, beta, c, out) -> bool | str:
     for t in (bias, c, out):
         if t is not None and type(t) not in _PLAIN:
             return False
-    if torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack() or \
-            torch.autograd._profiler_enabled():
+    if _modes_active():
         return False
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
                                     or (c is not None and c.requires_grad)):
         return _GRAD
     return True
+
+
+def _modes_active() -> bool:
+    """Whether something must see the op: a torch function or dispatch mode, or the profiler."""
+    return bool(torch._C._is_torch_function_mode_enabled() or torch._C._len_torch_dispatch_stack()
+                or torch.autograd._profiler_enabled())
 
 
 def _fast_device(a: torch.Tensor) -> bool:
