@@ -9,6 +9,8 @@ from gemmlab import engine2
 from gemmlab import planner
 from gemmlab.bench import rel_error
 
+from fakes import reference
+
 pytestmark = pytest.mark.hopper
 
 _TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -40,14 +42,7 @@ def _run_case(p: planner.Plan, *, alpha=1.0, beta=0.0, seed=0):
     bias = torch.randn(N, device="cuda", generator=g).to(_TYPES[p.bias_dtype]) if p.bias_dtype else None
     engine2.launch(p, a, b, out, alpha=alpha, beta=beta, c=c, bias=bias)
     torch.cuda.synchronize()
-    ref = alpha * (a.double() @ b.double())
-    if c is not None:
-        ref += beta * c.double()
-    if bias is not None:
-        ref += bias.double()
-    act = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
-           "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}[p.activation]
-    return out, frame, act(ref)
+    return out, frame, reference(a, b, bias=bias, activation=p.activation, alpha=alpha, beta=beta, c=c)
 
 
 CASES = [
@@ -196,14 +191,7 @@ def test_matmul_routes_to_the_engine_kernel_and_matches_float64(case):
         y = gemmlab.matmul(a, b, bias=bias, activation=act, alpha=alpha, beta=beta, c=c, out_dtype=odt, out=out)
         assert y.data_ptr() == out.data_ptr()
         torch.cuda.synchronize()
-        ref = alpha * (a.double() @ b.double())
-        if c is not None:
-            ref += beta * c.double()
-        if bias is not None:
-            ref += bias.double()
-        ref = {None: lambda x: x, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
-               "silu": torch.nn.functional.silu,
-               "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}[act](ref)
+        ref = reference(a, b, bias=bias, activation=act, alpha=alpha, beta=beta, c=c)
         assert not torch.isnan(y).any()
         assert rel_error(y, ref) <= 1e-2, (shape, rel_error(y, ref))
 

@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmlab
 from gemmlab import matmul_suites, ops
@@ -473,22 +474,23 @@ def test_eager_bad_input_raises_and_prepares_nothing(eager_cpu):
     assert not eager_cpu.engine.prepared and not ops._CALLS.calls
 
 
+class _Recorder(TorchDispatchMode):
+    """A dispatch mode that records the ops it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def test_autograd_and_dispatch_modes_take_the_op(eager_cpu):
     """What must see the op (a dispatch mode) never takes the eager path; a call that needs a gradient
     takes it inside gemmlab.autograd's Function (the op's backward formula)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     a, b = rnd(8, 32), rnd(32, 16)
-    with Recorder() as rec:
+    with _Recorder() as rec:
         gemmlab.matmul(a, b)
     assert any("gemmlab.matmul" in name for name in rec.ops)
     y = gemmlab.matmul(a.requires_grad_(), b)
@@ -610,22 +612,11 @@ def test_linear_bad_input_stores_no_fast_path_key(eager_cpu):
 def test_linear_fast_path_steps_aside_for_modes_and_gradients(eager_cpu):
     """After a key is stored: a dispatch mode still sees the op; a call needing a gradient runs inside
     gemmlab.autograd's Function and its gradients match torch's."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     x, w = rnd(2, 3, 32), torch.nn.Parameter(rnd(16, 32))
     with torch.no_grad():
         gemmlab.linear(x, w)
         gemmlab.linear(x, w)
-        with Recorder() as rec:
+        with _Recorder() as rec:
             gemmlab.linear(x, w)
     assert any("gemmlab.matmul" in name for name in rec.ops)
     xg = x.clone().requires_grad_()

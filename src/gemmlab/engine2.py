@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import planner
-from .engine import _operand, _tma_ok, stream_k_workspace
+from .engine import _operand, _operand_mn, _tma_ok, stream_k_workspace
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
 from .jit.launch import launch as _launch
@@ -36,22 +36,11 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch
     layouts (a: (M, K), b: (K, N), out: (M, N))."""
     M, K = a.shape
     N = b.shape[1]
-    a_mn, b_mn = _is_mn_major(a, 1), _is_mn_major(b, 0)
+    a_mn, b_mn = _operand_mn(a, 1), _operand_mn(b, 0)
     return planner.plan(M, N, K, dtype=_NAMES[a.dtype], out_dtype=_NAMES[out.dtype],
                         bias_dtype=_NAMES[bias.dtype] if bias is not None else None, has_c=has_c,
                         activation=activation, a_mn=a_mn, b_mn=b_mn, direct=not _tma_ok(out),
                         profile=_profile(a.device))
-
-
-def _is_mn_major(x: torch.Tensor, k_dim: int) -> bool:
-    """Whether ``engine._operand`` will hand the kernel an MN-major view (decided without copying)."""
-    k_major = x.t() if k_dim == 0 else x
-    mn_major = x if k_dim == 0 else x.t()
-    if k_major.stride(1) == 1 and _tma_ok(k_major):
-        return False
-    if mn_major.stride(1) == 1 and _tma_ok(mn_major):
-        return True
-    return mn_major.stride(1) == 1 and k_major.stride(1) != 1
 
 
 _PROFILES: dict[int, object] = {}
