@@ -176,6 +176,26 @@ def _t(shape, dtype=torch.bfloat16, stride=None, offset=0):
     return base.as_strided(shape, stride or torch.empty(shape).stride(), offset)
 
 
+def test_cost_s_prices_the_plan_with_the_profiles_decode_constants():
+    """``cost_s`` = fixed + per-NT + weight bytes over the plan's fill at the fitted bandwidth + the fitted
+    multiple of the split-K fix-up, for ``plan``'s split; ``plan_time`` (which picks that split) unchanged."""
+    from gemmlab.devices import H200
+
+    for M, N, K in [(1, 4096, 4096), (16, 2048, 5632), (32, 896, 896), (1, 576, 5120), (7, 14, 256)]:
+        p = decode.plan(M, N, K, 132)
+        weight_bytes, x_l2, fixup, piece, blocks = decode._terms(M, N, K, 132, p.rw, p.splits, p.variant)
+        assert (piece, blocks) == (p.piece, p.row_blocks)
+        assert (fixup > 0) == (p.splits > 1)
+        want = (H200.decode_fixed_s + H200.decode_token_tile_s * p.nt + weight_bytes / H200.decode_hbm_bytes_per_s
+                + H200.decode_fixup_factor * fixup)
+        assert decode.cost_s(M, N, K, 132, H200) == pytest.approx(want)
+        t, same = decode.plan_time(M, N, K, 132, p.rw, p.splits, p.variant)
+        assert same == p and t == pytest.approx(max(weight_bytes / decode.HBM_BYTES_PER_S, x_l2) + fixup)
+    # More tokens per call cost more at one weight; a larger weight costs more at one M.
+    assert decode.cost_s(32, 4096, 4096, 132, H200) > decode.cost_s(1, 4096, 4096, 132, H200)
+    assert decode.cost_s(1, 8192, 4096, 132, H200) > decode.cost_s(1, 4096, 4096, 132, H200)
+
+
 def test_use_decode_takes_linear_layer_shapes():
     w = torch.empty(4096, 4096, dtype=torch.bfloat16)
     for M in (1, 7, 16, decode.MAX_M):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import DeviceProfile
 from .log import logger
 
 SOURCE = "engine/decode.cu"
@@ -182,6 +183,27 @@ MAX_SPLITS = 16
 IN_FLIGHT_PER_SM = 32 * 1024
 
 
+def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
+           v: Variant) -> tuple[float, float, float, int, int] | None:
+    """``plan_time``'s pieces: (weight bytes over the share of in-flight loads the busy warps keep, X's L2
+    seconds, the split-K fix-up's seconds, the warp's k piece, row blocks); None if a CTA is left without k."""
+    kw = WARPS // rw
+    # (Returning None for a piece below the minimum instead, as before, left K < kw x MIN_WARP_K without
+    # any plan at small N: linear(x(7, 256), w(14, 256)) asserted in ``plan``.)
+    piece = max(math.ceil(math.ceil(K / (splits * kw)) / CHUNK_K) * CHUNK_K,
+                min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K))
+    if math.ceil(math.ceil(K / piece) / kw) != splits:
+        return None
+    row_groups = math.ceil(N / v.rows)
+    row_blocks = math.ceil(row_groups / rw)
+    busy_warps = row_groups * math.ceil(K / piece)
+    warps_needed = math.ceil(IN_FLIGHT_PER_SM / v.in_flight_bytes)
+    fill = min(1.0, busy_warps / (sm_count * warps_needed))
+    x_l2 = row_blocks * 2.0 * M * K / L2_BYTES_PER_S
+    fixup = 0.0 if splits == 1 else splits * (M * v.rows * rw * 4 / (L2_BYTES_PER_S / sm_count) + SPLIT_OVERHEAD_S)
+    return 2.0 * N * K / fill, x_l2, fixup, piece, row_blocks
+
+
 def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
               variant: Variant | None = None) -> tuple[float, DecodePlan] | None:
     """Modelled seconds for one CTA shape (``rw`` row groups per CTA) and ``splits`` CTAs per row block;
@@ -196,23 +218,25 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     """
     nt = token_tiles(M)
     v = variant or default_variant(nt)
-    kw = WARPS // rw
-    # (Returning None for a piece below the minimum instead, as before, left K < kw x MIN_WARP_K without
-    # any plan at small N: linear(x(7, 256), w(14, 256)) asserted in ``plan``.)
-    piece = max(math.ceil(math.ceil(K / (splits * kw)) / CHUNK_K) * CHUNK_K,
-                min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K))
-    if math.ceil(math.ceil(K / piece) / kw) != splits:
+    got = _terms(M, N, K, sm_count, rw, splits, v)
+    if got is None:
         return None
-    row_groups = math.ceil(N / v.rows)
-    row_blocks = math.ceil(row_groups / rw)
-    busy_warps = row_groups * math.ceil(K / piece)
-    warps_needed = math.ceil(IN_FLIGHT_PER_SM / v.in_flight_bytes)
-    fill = min(1.0, busy_warps / (sm_count * warps_needed))
-    weight = 2.0 * N * K / HBM_BYTES_PER_S / fill
-    x_l2 = row_blocks * 2.0 * M * K / L2_BYTES_PER_S
-    fixup = 0.0 if splits == 1 else splits * (M * v.rows * rw * 4 / (L2_BYTES_PER_S / sm_count) + SPLIT_OVERHEAD_S)
-    return max(weight, x_l2) + fixup, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece, row_blocks=row_blocks,
-                                                  variant=v)
+    weight_bytes, x_l2, fixup, piece, row_blocks = got
+    return max(weight_bytes / HBM_BYTES_PER_S, x_l2) + fixup, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece,
+                                                                          row_blocks=row_blocks, variant=v)
+
+
+def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile) -> float:
+    """The decode kernel's time for (M, N, K) as ``engine.route`` prices it against the engine kernel's
+    plan: ``plan``'s split, priced with the profile's fitted decode constants (``DeviceProfile.decode_*``):
+    a fixed cost per call, one per 8-token column (NT), the weight stream (at the plan's fill of in-flight
+    loads) and the split-K fix-up. ``plan_time`` alone ran 1.2-7.5x below the measured times (sha ac16df0:
+    3.3 us measured at 1 x 256 x 2048 against 1.1 priced, 11.4 against 2.9 at 32 x 1024 x 5120): it only
+    has to rank splits against each other, this has to rank kernels."""
+    p = plan(M, N, K, sm_count)
+    weight_bytes, _, fixup, _, _ = _terms(M, N, K, sm_count, p.rw, p.splits, p.variant)
+    return (prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + weight_bytes / prof.decode_hbm_bytes_per_s
+            + prof.decode_fixup_factor * fixup)
 
 
 @functools.lru_cache(maxsize=4096)
