@@ -284,11 +284,16 @@ def kernel_expr(in_ctype: str, out_ctype: str, bias_ctype: str, nt: int, epi: in
 # alive (_RETIRED), because a CUDA graph captured earlier still holds their addresses.
 _BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list[torch.Tensor] = []
+# Counters allocated while the stream was capturing a graph (their data pointers): their zeroing is a node
+# of that graph, so until something zeroes them outside a capture they hold whatever the memory held.
+# Counters allocated eagerly are zero from the start and every launch leaves them at zero.
+_CAPTURED: set[int] = set()
 
 
 def split_buffers(device: torch.device, ws_floats: int, counters: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 workspace and int32 counters (zeroed once; the kernel leaves them at zero) for ``stream`` (a raw
-    stream handle) on ``device``, grown as needed."""
+    stream handle) on ``device``, grown as needed. Counters allocated during a capture are noted in
+    _CAPTURED (``DecodeLaunch`` zeroes them before use)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     key = (idx, stream)
     ws, ctr = _BUFFERS.get(key, (None, None))
@@ -302,6 +307,8 @@ def split_buffers(device: torch.device, ws_floats: int, counters: int, stream: i
         if ctr is not None:
             _RETIRED.append(ctr)
         ctr = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
+        if torch.cuda.is_current_stream_capturing():
+            _CAPTURED.add(ctr.data_ptr())
     _BUFFERS[key] = (ws, ctr)
     return ws, ctr
 
@@ -338,7 +345,22 @@ class DecodeLaunch:
                                      device_index=a.get_device())
         L.set_args((b, ldw, a, lda, M, N, K, p.rw, p.piece, 1.0, 0.0, cin, cin.stride(0), cin.stride(1),
                     bias if bias is not None else out, out, out, out, out.stride(0)))
-        self._buffers = None  # (stream, workspace, counters) of the last split-K call
+        # Split-K: the parameter block holds the workspace and counters of one stream (``_bind``), bound here
+        # for the stream this call is prepared on, so that a later capture of it allocates nothing; ``run``
+        # binds again only when called on another stream. Without split-K they are never touched.
+        self._stream: int | None = None
+        self._counters: torch.Tensor | None = None
+        self._dirty = False  # the bound counters were allocated during a capture and not zeroed since
+        if self.split:
+            from .jit.launch import raw_stream
+
+            self._bind(raw_stream(a.get_device()))
+
+    def _bind(self, stream: int) -> None:
+        ws, ctr = split_buffers(self.device, self.ws_floats, self.plan.row_blocks, stream)
+        self.launcher.set_ptr(_WS, ws.data_ptr())
+        self.launcher.set_ptr(_CTR, ctr.data_ptr())
+        self._stream, self._counters, self._dirty = stream, ctr, ctr.data_ptr() in _CAPTURED
 
     def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
         L = self.launcher
@@ -352,18 +374,22 @@ class DecodeLaunch:
             L.set_ptr(_BIAS, bias.data_ptr() if self.has_bias else po)
             L.set_ptr(_OUT, po)
             if self.split:
-                ws, ctr = split_buffers(self.device, self.ws_floats, self.plan.row_blocks, stream)
-                if torch.cuda.is_current_stream_capturing():
-                    # The kernel leaves its counters at zero, but only the graph whose capture allocated
-                    # them zeroes them first: a graph captured later and replayed alone would start from
-                    # whatever they hold. Each graph zeroes what it uses (a memset node, ~2 us).
-                    ctr[:self.plan.row_blocks].zero_()
-                L.set_ptr(_WS, ws.data_ptr())
-                L.set_ptr(_CTR, ctr.data_ptr())
-            else:  # never touched without split-K
-                L.set_ptr(_WS, po)
-                L.set_ptr(_CTR, po)
+                if stream != self._stream:
+                    self._bind(stream)
+                if self._dirty:
+                    self._zero_counters()
             L.launch(stream)
+
+    def _zero_counters(self) -> None:
+        """Counters allocated during a capture: that capture's graph zeroes them when replayed, nothing else
+        does. Under a capture, this graph zeroes them too (a memset node, ~2 us; a graph captured later and
+        replayed alone would otherwise start from whatever they hold); outside one they are zeroed now, in
+        stream order, and stay zero (every launch leaves them so): no later call or capture zeroes them."""
+        ctr = self._counters
+        ctr.zero_()  # all of it: another launch may share these counters with more row blocks
+        if not torch.cuda.is_current_stream_capturing():
+            _CAPTURED.discard(ctr.data_ptr())
+            self._dirty = False
 
 
 def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctypes: tuple[str, str, str],
