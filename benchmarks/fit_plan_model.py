@@ -314,7 +314,7 @@ def route_report(prof, decode_rule: str, cases: dict, halves_: tuple[set, set]) 
     weighs has a record (geomean, share >= 1.0, min), and its loss against the best of those kernels."""
     gm = lambda xs: math.exp(statistics.fmean(map(math.log, xs)))  # noqa: E731
     for sha, shapes in sorted(cases.items()):
-        for name, half in zip(("fit", "held-out"), halves_):
+        for name, half in zip(("fit", "held-out", "all"), (*halves_, halves_[0] | halves_[1])):
             got, best = [], []
             for s, d in shapes.items():
                 if s not in half:
