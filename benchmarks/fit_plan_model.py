@@ -2,6 +2,14 @@
 
     PYTHONPATH=src python3 benchmarks/fit_plan_model.py [--set launch_s=2e-6 ...]
     PYTHONPATH=src python3 benchmarks/fit_plan_model.py --broad [--fit] [--sha ac16df0070a2]
+    PYTHONPATH=src python3 benchmarks/fit_plan_model.py --route [--decode] [--set h11_factor=1.04]
+
+``--route``: ``engine.route``'s choice on the records of both broad runs (ac16df0, f55b3b5), per run and
+half of the shapes (the same even / odd split over both runs' shapes): the routed kernel's measured ratio
+to torch.mm (geomean, share >= 1.0, min) and its loss against the best of the kernels it weighs (the
+decode kernel, h11, the engine kernel's measured plan the model ranks first), for the decode rule before
+("always": wherever use_decode allows it) and now ("priced"). ``--decode`` first fits the decode kernel's
+price (``decode.cost_s``'s four ``DeviceProfile.decode_*`` constants) on the fit half and prints it.
 
 ``--broad``: the engine kernel's own records (``engine_broad.jsonl``: per shape the model's plan and a few
 others, and ``engine`` = h11 or the decode kernel), split by shape into a fit half (even positions of the
@@ -301,7 +309,8 @@ def routed(s, d: dict, prof, decode_rule: str = "priced") -> dict | None:
 
     new = min(d["new"], key=lambda r: _price(s, r, prof)) if d["new"] else None
     if engine.decode_shape(*s):
-        if decode_rule == "always" or (new is not None and decode.cost_s(*s, prof.sm_count, prof) <= _price(s, new, prof)):
+        priced_in = new is not None and decode.cost_s(*s, prof.sm_count, prof) <= _price(s, new, prof)
+        if decode_rule == "always" or priced_in:
             return d.get("decode")
     if new is None:
         return None

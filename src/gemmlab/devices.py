@@ -128,7 +128,7 @@ class DeviceProfile:
     one_consumer_efficiency: float = 0.68  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit
-    # half of the shapes; benchmarks/fit_plan_model.py --decode). ``decode.plan_time`` (which picks the
+    # half of the shapes; benchmarks/fit_plan_model.py --route --decode). ``decode.plan_time`` (which picks the
     # split) keeps its own constants: the price only has to rank the decode kernel against the engine's.
     decode_fixed_s: float = 2.15e-6  # launch, X's first loads, the epilogue: once per call
     decode_token_tile_s: float = 0.54e-6  # per 8-token MMA column (NT): its X loads and mma.sync issue

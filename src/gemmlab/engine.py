@@ -9,7 +9,8 @@ the pipeline depth that fits, and the fused epilogue variant. Compiled variants 
 cached, so a repeated call is a few dictionary lookups, one ``stat`` and one launch.
 
 Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands and weights up to
-``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) go to the small-M kernel in ``gemmlab.decode`` instead.
+``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) may go to the small-M kernel in ``gemmlab.decode`` instead:
+``route`` runs it where its price is at most the engine kernel's.
 Split-K needs no workspace: a tile's splits run as one thread-block cluster and reduce through
 distributed shared memory.
 """
@@ -369,8 +370,9 @@ DECODE_MAX_WEIGHT_DIM = 12288  # past it, h11 streams a weight faster than the d
 
 
 def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
-    """Whether ``a @ b`` runs on the decode kernel (``gemmlab.decode``: M <= decode.MAX_M, K-contiguous
-    operands, K % 8 == 0, 16-byte alignment) instead of h11. The one place this choice is made.
+    """Whether ``a @ b`` may run on the decode kernel (``gemmlab.decode``: M <= decode.MAX_M, K-contiguous
+    operands, K % 8 == 0, 16-byte alignment); ``route`` then runs it where ``decode.cost_s`` prices it at
+    most the engine kernel's best plan.
 
     Weights with a dimension past DECODE_MAX_WEIGHT_DIM go to h11 at every M (its TMA pipeline keeps
     more bytes in flight). On the H200 (engine_policies.jsonl): at M = 16, 16x28672x8192 ran 116 us on
@@ -529,7 +531,7 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
         if plan != "decode":
             raise UnsupportedProblem(f"unknown plan {plan!r}: 'decode', an h11 (BN, splits) or a planner.Plan")
         if not use_decode(a, b, out):
-            why = decode.why_not(a, b, out) or f"a weight dimension past DECODE_MAX_WEIGHT_DIM = {DECODE_MAX_WEIGHT_DIM}"
+            why = decode.why_not(a, b, out) or "a weight dimension past DECODE_MAX_WEIGHT_DIM"
             raise UnsupportedProblem(f"the decode kernel cannot run this call: {why}")
         return Route("decode", M, N, K, "forced")
     if plan is not None:
