@@ -9,8 +9,8 @@ fixed order when ``--limit`` takes a subset. Per shape the candidates are: ``mod
 the model's best plan of each other schedule, its best plan with another tile height, ``engine`` (what
 ``gemmlab.matmul`` runs through ``engine.gemm``: ``engine.route``'s choice of the decode kernel, h11 or
 the engine kernel; its record says which), and ``torch`` (torch.mm on the same operands, TN:
-``a @ w.t()``), and ``h11`` (h11's plan, where the router runs the engine kernel: what ran there before
-the router). Inputs are fresh randn, rotated over sets of 2x the L2; every candidate is checked against
+``a @ w.t()``), ``h11`` (h11's plan, where the router runs the engine kernel: what ran there before
+the router), and ``decode`` (the decode kernel, where the router priced it and chose another kernel). Inputs are fresh randn, rotated over sets of 2x the L2; every candidate is checked against
 an fp32 reference before it is timed (``gemmlab.timer``: graph replays, interleaved rounds, per-candidate
 SM clocks). One JSON line per (shape, candidate): git sha, GPU, clocks, shape and class, the plan and its
 predicted time, the measured time, torch's, and the ratio. Every instantiation is compiled up front in a
@@ -125,6 +125,8 @@ def main() -> None:
         route = engine.plan(M, N, K, sm_count=info.sm_count)
         if route.kernel == "engine":  # what gemmlab.matmul ran before the router: h11's plan
             runs["h11"] = lambda i, h=route.h11: engine.gemm(*sets[i], plan=h)
+        if route.decode_s is not None and route.kernel != "decode":  # priced out: the decode kernel beside
+            runs["decode"] = lambda i: engine.gemm(*sets[i], plan="decode")
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2])}
         errors = {}
         for name, fn in runs.items():

@@ -5,7 +5,8 @@
 Per candidate: geomean ratio to torch.mm, share of shapes >= 1.0, min, per shape class; the model's
 pick against the best measured plan of the new kernel; the oracle (best of everything measured); and,
 with ``--before``, ``engine`` of both runs over the shapes both timed (what gemmlab.matmul ran then and
-now), and the router's kernel choice against its alternative (``h11`` of the same run).
+now), and the router's kernel choice against the alternatives timed beside it in the same run (``h11``,
+``decode``, or the engine kernel's ``model`` plan where the decode kernel ran).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main() -> None:
     cands = sorted({c for d in now.values() for c in d})
     for c in cands:
         print(line(c, [d[c]["ratio"] for d in now.values() if c in d]))
-    new = lambda d: [r["ratio"] for k, r in d.items() if k not in ("engine", "h11")]  # noqa: E731
+    new = lambda d: [r["ratio"] for k, r in d.items() if k not in ("engine", "h11", "decode")]  # noqa: E731
     loss = [max(new(d)) / d["model"]["ratio"] for d in now.values() if "model" in d]
     print(f"  model pick / best measured new-kernel plan: geomean {gm(loss):.3f}, worst {max(loss):.3f}")
     print(line("oracle (best of all)", [max(r["ratio"] for r in d.values()) for d in now.values()]))
@@ -60,10 +61,13 @@ def main() -> None:
     for kind, ds in sorted(kinds.items()):
         print(f"router ran {kind} on {len(ds)} shapes:")
         print(line("engine (routed)", [d["engine"]["ratio"] for d in ds]))
-        if kind == "engine":
-            both = [d for d in ds if "h11" in d]
-            print(line("h11 on those shapes", [d["h11"]["ratio"] for d in both]))
-            print(line("routed / h11", [d["engine"]["ratio"] / d["h11"]["ratio"] for d in both]))
+        # The alternatives timed beside the routed kernel: h11 where the engine kernel ran, the decode
+        # kernel where it was priced out, the engine kernel's best plan ("model") where the decode kernel ran.
+        for other in {"engine": ("h11", "decode"), "decode": ("model",), "h11": ()}.get(kind, ()):
+            both = [d for d in ds if other in d]
+            if both:
+                print(line(f"{other} on {len(both)} of them", [d[other]["ratio"] for d in both]))
+                print(line(f"routed / {other}", [d["engine"]["ratio"] / d[other]["ratio"] for d in both]))
     classes = sorted({next(iter(d.values()))["cls"] for d in now.values()})
     for cls in classes:
         ds = [d for d in now.values() if next(iter(d.values()))["cls"] == cls]

@@ -2,6 +2,14 @@
 
     PYTHONPATH=src python3 benchmarks/fit_plan_model.py [--set launch_s=2e-6 ...]
     PYTHONPATH=src python3 benchmarks/fit_plan_model.py --broad [--fit] [--sha ac16df0070a2]
+    PYTHONPATH=src python3 benchmarks/fit_plan_model.py --route [--decode] [--set h11_factor=1.04]
+
+``--route``: ``engine.route``'s choice on the records of both broad runs (ac16df0, f55b3b5), per run and
+half of the shapes (the same even / odd split over both runs' shapes): the routed kernel's measured ratio
+to torch.mm (geomean, share >= 1.0, min) and its loss against the best of the kernels it weighs (the
+decode kernel, h11, the engine kernel's measured plan the model ranks first), for the decode rule before
+("always": wherever use_decode allows it) and now ("priced"). ``--decode`` first fits the decode kernel's
+price (``decode.cost_s``'s four ``DeviceProfile.decode_*`` constants) on the fit half and prints it.
 
 ``--broad``: the engine kernel's own records (``engine_broad.jsonl``: per shape the model's plan and a few
 others, and ``engine`` = h11 or the decode kernel), split by shape into a fit half (even positions of the
@@ -150,7 +158,8 @@ def h11_rows(recs: list[dict], prof):
     from gemmlab import engine
 
     for r in recs:
-        if r["candidate"] != "engine" or engine.decode_shape(r["M"], r["N"], r["K"]):
+        if r["candidate"] != "engine" or r.get("kernel", "decode" if engine.decode_shape(r["M"], r["N"], r["K"])
+                                                   else "h11") != "h11":
             continue
         s = (r["M"], r["N"], r["K"])
         yield s, r["time_ms"] * 1e-3, engine.h11_cost(*s, prof=prof, clock_mhz=_clock(r))
@@ -211,13 +220,164 @@ def route_eval(recs, train, held, prof) -> None:
               f"geomean {gm(loss):.3f}, worst {max(loss):.3f} ({len(half)} shapes)")
 
 
+# The router on the records of both broad runs (``--route``, ``--decode``) ---------------------------------
+
+ROUTE_SHAS = ("ac16df0070a2", "f55b3b567247")
+
+
+def route_cases(shas=ROUTE_SHAS) -> dict:
+    """{sha: {shape: {"decode" | "h11" | "new": ...}}}: per shape the decode kernel's record (where the old
+    route ran it), h11's record (``engine`` where it ran h11, else ``h11`` timed beside the engine kernel)
+    and the engine kernel's records (every plan measured)."""
+    from gemmlab import engine
+
+    by = defaultdict(lambda: defaultdict(dict))
+    for r in map(json.loads, open(RESULTS / "engine_broad.jsonl")):
+        if r.get("git_sha") in shas and r.get("time_ms"):
+            by[r["git_sha"]][(r["M"], r["N"], r["K"])][r["candidate"]] = r
+    out = {}
+    for sha, shapes in by.items():
+        out[sha] = {}
+        for s, c in shapes.items():
+            e = c.get("engine")
+            if e is None:
+                continue
+            ran = e.get("kernel", "decode" if engine.decode_shape(*s) else "h11")
+            d = {"new": [r for k, r in c.items() if r.get("bm") is not None and k != "engine"]}
+            if ran in ("decode", "h11"):
+                d[ran] = e
+            if "h11" in c:
+                d["h11"] = c["h11"]
+            if "decode" in c:
+                d["decode"] = c["decode"]
+            out[sha][s] = d
+    return out
+
+
+def halves(cases: dict) -> tuple[set, set]:
+    """The fit half (even positions of the sorted distinct shapes of all runs) and the held-out half."""
+    shapes = sorted({s for d in cases.values() for s in d})
+    fit = {s for i, s in enumerate(shapes) if i % 2 == 0}
+    return fit, set(shapes) - fit
+
+
+def _price(s, r, prof) -> float:
+    return plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
+                               splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
+                               direct=(s[1] * 2) % 16 != 0)
+
+
+def decode_rows(cases: dict, sm_count: int = 132):
+    """(shape, sha, decode record, the engine kernel's measured plan the model ranks first) where both ran."""
+    for sha, shapes in cases.items():
+        for s, d in shapes.items():
+            if "decode" in d and d["new"]:
+                yield s, sha, d["decode"], min(d["new"], key=lambda r: _price(s, r, H200))
+
+
+def decode_features(s, sm_count: int = 132) -> tuple[float, float, float, float]:
+    """(1, NT, weight bytes over the plan's fill, the split-K fix-up as decode.plan_time prices it):
+    ``decode.cost_s`` is their dot product with (decode_fixed_s, decode_token_tile_s, 1 /
+    decode_hbm_bytes_per_s, decode_fixup_factor)."""
+    from gemmlab import decode
+
+    p = decode.plan(*s, sm_count)
+    weight_bytes, _, fixup, _, _ = decode._terms(*s, sm_count, p.rw, p.splits, p.variant)
+    return 1.0, float(p.nt), weight_bytes, fixup
+
+
+def fit_decode(rows) -> dict:
+    """Least squares of the decode records' times on ``decode_features``, each weighted by 1 / its time (a
+    relative fit: a 3 us shape counts as much as a 50 us one)."""
+    import numpy as np
+
+    X = np.array([decode_features(s) for s, *_ in rows])
+    y = np.array([d["time_ms"] * 1e-3 for _, _, d, _ in rows])
+
+    A = X / y[:, None]
+    scale = np.abs(A).max(axis=0)  # columns of 1 .. 1e13: scaled, or lstsq's cutoff drops the small ones
+    c = np.linalg.lstsq(A / scale, np.ones_like(y), rcond=None)[0] / scale
+    return {"decode_fixed_s": c[0], "decode_token_tile_s": c[1], "decode_hbm_bytes_per_s": 1.0 / c[2],
+            "decode_fixup_factor": c[3]}
+
+
+def routed(s, d: dict, prof, decode_rule: str = "priced") -> dict | None:
+    """The record of what the router's rule runs for shape ``s`` (the engine kernel: its measured plan the
+    model ranks first), or None where that kernel has no record. ``decode_rule`` "always": the rule before
+    this change (the decode kernel wherever use_decode allows it); "priced": ``engine.route``'s."""
+    from gemmlab import decode, engine
+
+    new = min(d["new"], key=lambda r: _price(s, r, prof)) if d["new"] else None
+    if engine.decode_shape(*s):
+        priced_in = new is not None and decode.cost_s(*s, prof.sm_count, prof) <= _price(s, new, prof)
+        if decode_rule == "always" or priced_in:
+            return d.get("decode")
+    if new is None:
+        return None
+    h11_s = prof.h11_factor * engine.h11_cost(*s, prof=prof, direct=(s[1] * 2) % 16 != 0)
+    return new if _price(s, new, prof) < h11_s else d.get("h11")
+
+
+def route_report(prof, decode_rule: str, cases: dict, halves_: tuple[set, set]) -> None:
+    """Per run and half: the routed choice's measured ratio to torch.mm over the shapes where every kernel it
+    weighs has a record (geomean, share >= 1.0, min), and its loss against the best of those kernels."""
+    gm = lambda xs: math.exp(statistics.fmean(map(math.log, xs)))  # noqa: E731
+    for sha, shapes in sorted(cases.items()):
+        for name, half in zip(("fit", "held-out", "all"), (*halves_, halves_[0] | halves_[1])):
+            got, best = [], []
+            for s, d in shapes.items():
+                if s not in half:
+                    continue
+                r = routed(s, d, prof, decode_rule)
+                if r is None:
+                    continue
+                new = min(d["new"], key=lambda x: _price(s, x, prof)) if d["new"] else None
+                options = [x for x in (d.get("decode"), d.get("h11"), new) if x is not None]
+                got.append(r["ratio"])
+                best.append(max(x["ratio"] for x in options))
+            loss = [g / b for g, b in zip(got, best)]
+            print(f"  {sha[:7]} {name:8s} routed {gm(got):.3f} >=1.0 {sum(x >= 1 for x in got) / len(got):4.0%} "
+                  f"min {min(got):.3f}; routed / best of the weighed kernels: geomean {gm(loss):.4f} worst "
+                  f"{min(loss):.3f} ({len(got)} shapes)")
+
+
+def route_main(args) -> None:
+    cases = route_cases()
+    fit_half, held = halves(cases)
+    prof = dataclasses.replace(H200, **{k: float(v) for k, v in (s.split("=") for s in args.set)})
+    if args.decode:
+        rows = list(decode_rows(cases))
+        for name, half in (("fit", fit_half), ("all", fit_half | held)):
+            c = fit_decode([r for r in rows if r[0] in half])
+            print(f"decode constants fitted on {name} ({sum(r[0] in half for r in rows)} records): "
+                  + ", ".join(f"{k} = {v:.4g}" for k, v in c.items()))
+        for name, half in (("fit", fit_half), ("held-out", held)):
+            xs = [d["time_ms"] * 1e-3 / decode_cost(s, prof) for s, _, d, _ in rows if s in half]
+            print(f"{name:8s} decode measured / priced: geomean {statistics.geometric_mean(xs):.3f}, mean |log| "
+                  f"{statistics.fmean(abs(math.log(x)) for x in xs):.3f} ({len(xs)} records)")
+    for rule in ("always", "priced"):
+        print(f"decode rule {rule!r} (h11_factor {prof.h11_factor}):")
+        route_report(prof, rule, cases, (fit_half, held))
+
+
+def decode_cost(s, prof) -> float:
+    from gemmlab import decode
+
+    return decode.cost_s(*s, prof.sm_count, prof)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", nargs="*", default=[], help="NAME=VALUE overrides of DeviceProfile constants")
     p.add_argument("--broad", action="store_true", help="the broad set's records (engine_broad.jsonl)")
     p.add_argument("--fit", action="store_true", help="with --broad: fit the constants on the fit half")
     p.add_argument("--sha", default=BROAD_SHA, help="with --broad: the run's git_sha")
+    p.add_argument("--route", action="store_true", help="the router's choice on both broad runs' records, by half")
+    p.add_argument("--decode", action="store_true", help="with --route: fit the decode kernel's price first")
     args = p.parse_args()
+    if args.route:
+        route_main(args)
+        return
     if args.broad:
         broad_main(args)
         return

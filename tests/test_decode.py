@@ -176,6 +176,26 @@ def _t(shape, dtype=torch.bfloat16, stride=None, offset=0):
     return base.as_strided(shape, stride or torch.empty(shape).stride(), offset)
 
 
+def test_cost_s_prices_the_plan_with_the_profiles_decode_constants():
+    """``cost_s`` = fixed + per-NT + weight bytes over the plan's fill at the fitted bandwidth + the fitted
+    multiple of the split-K fix-up, for ``plan``'s split; ``plan_time`` (which picks that split) unchanged."""
+    from gemmlab.devices import H200
+
+    for M, N, K in [(1, 4096, 4096), (16, 2048, 5632), (32, 896, 896), (1, 576, 5120), (7, 14, 256)]:
+        p = decode.plan(M, N, K, 132)
+        weight_bytes, x_l2, fixup, piece, blocks = decode._terms(M, N, K, 132, p.rw, p.splits, p.variant)
+        assert (piece, blocks) == (p.piece, p.row_blocks)
+        assert (fixup > 0) == (p.splits > 1)
+        want = (H200.decode_fixed_s + H200.decode_token_tile_s * p.nt + weight_bytes / H200.decode_hbm_bytes_per_s
+                + H200.decode_fixup_factor * fixup)
+        assert decode.cost_s(M, N, K, 132, H200) == pytest.approx(want)
+        t, same = decode.plan_time(M, N, K, 132, p.rw, p.splits, p.variant)
+        assert same == p and t == pytest.approx(max(weight_bytes / decode.HBM_BYTES_PER_S, x_l2) + fixup)
+    # More tokens per call cost more at one weight; a larger weight costs more at one M.
+    assert decode.cost_s(32, 4096, 4096, 132, H200) > decode.cost_s(1, 4096, 4096, 132, H200)
+    assert decode.cost_s(1, 8192, 4096, 132, H200) > decode.cost_s(1, 4096, 4096, 132, H200)
+
+
 def test_use_decode_takes_linear_layer_shapes():
     w = torch.empty(4096, 4096, dtype=torch.bfloat16)
     for M in (1, 7, 16, decode.MAX_M):
@@ -288,3 +308,142 @@ def test_default_variant_issues_its_weight_loads_before_the_mmas(nt):
                   for ins in body)
     runs = [r for r in seq.split("M") if r]  # the weight loads between HMMAs
     assert len(runs) % v.depth == 0 and {len(r) for r in runs} == {2 * v.u * v.rpw}, seq
+
+
+# The prepared launch's split-K buffers, with the GPU stubbed ---------------------------------------------
+
+class _Launcher:
+    """jit.launch.Launcher's interface, recording the parameter block's pointers and the launches."""
+
+    def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0):
+        import threading
+
+        self.kinds, self.ptrs, self.launches, self.lock = kinds, {}, [], threading.Lock()
+
+    def set_args(self, args):
+        assert len(args) == len(self.kinds)
+
+    def set_ptr(self, i, v):
+        assert self.kinds[i] == "ptr"
+        self.ptrs[i] = v
+
+    def set_f32(self, i, v):
+        assert self.kinds[i] == "f32"
+
+    def launch(self, stream):
+        self.launches.append(stream)
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """DecodeLaunch on CPU tensors: compiles and launches stubbed, the current stream 7, buffer lookups and
+    capture queries counted (``calls``), ``capturing`` settable."""
+    import types
+
+    from gemmlab.jit import compiler, launch
+
+    monkeypatch.setattr(compiler, "compile_kernel", lambda *a, **k: types.SimpleNamespace(name="stub"))
+    monkeypatch.setattr(launch, "Launcher", _Launcher)
+    monkeypatch.setattr(launch, "raw_stream", lambda index: 7)
+    state = types.SimpleNamespace(capturing=False, calls={"buffers": [], "capturing": 0})
+
+    def capturing():
+        state.calls["capturing"] += 1
+        return state.capturing
+
+    def buffers(device, ws_floats, counters, stream):
+        state.calls["buffers"].append(stream)
+        return state.bufs.setdefault(stream, (torch.zeros(max(ws_floats, 1)), torch.full((max(counters, 8),), 5,
+                                                                                          dtype=torch.int32)))
+
+    state.bufs = {}
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", capturing)
+    monkeypatch.setattr(decode, "split_buffers", buffers)
+    monkeypatch.setattr(decode, "_CAPTURED", set())
+    return state
+
+
+def _launch(M, N, K):
+    a, w = torch.zeros(M, K, dtype=torch.bfloat16), torch.zeros(N, K, dtype=torch.bfloat16)
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    call = decode.prepare(a, w.t(), out, epi=0, ctypes=("__nv_bfloat16", "__nv_bfloat16", "float"), c=None,
+                          bias=None, sm_count=132)
+    return call, (a, w.t(), out, None, None, 1.0, 0.0)
+
+
+SPLIT = (16, 256, 8192)  # decode.plan splits K at this shape on 132 SMs
+
+
+def test_split_k_call_binds_its_buffers_once_per_stream(stubbed):
+    """The buffers are looked up when the call is prepared (on the current stream, so a capture of a
+    prepared call allocates nothing) and again only when a call comes on another stream; the capture
+    state is never asked for counters allocated outside a capture."""
+    assert decode.plan(*SPLIT, 132).splits > 1
+    call, args = _launch(*SPLIT)
+    assert stubbed.calls["buffers"] == [7]
+    ws, ctr = stubbed.bufs[7]
+    for _ in range(3):
+        call.run(7, *args)
+    assert stubbed.calls == {"buffers": [7], "capturing": 0}
+    assert call.launcher.ptrs[decode._WS] == ws.data_ptr() and call.launcher.ptrs[decode._CTR] == ctr.data_ptr()
+    call.run(9, *args)  # another stream: its own buffers
+    assert stubbed.calls["buffers"] == [7, 9]
+    assert call.launcher.ptrs[decode._CTR] == stubbed.bufs[9][1].data_ptr()
+    call.run(9, *args)
+    call.run(7, *args)
+    assert stubbed.calls["buffers"] == [7, 9, 7] and call.launcher.ptrs[decode._CTR] == ctr.data_ptr()
+    assert call.launcher.launches == [7, 7, 7, 9, 9, 7]
+    assert torch.all(ctr == 5)  # counters allocated outside a capture are never zeroed again
+
+
+def test_counters_allocated_during_a_capture_are_zeroed_until_zeroed_eagerly(stubbed):
+    """Counters a capture allocated (in _CAPTURED): every captured call zeroes them in its graph; the first
+    eager call zeroes them for good, and later calls and captures leave them alone."""
+    call, args = _launch(*SPLIT)
+    ctr = stubbed.bufs[7][1]
+    decode._CAPTURED.add(ctr.data_ptr())
+    other, _ = _launch(*SPLIT)  # a second launch bound to the same counters before they were zeroed
+    call._bind(7)
+    stubbed.capturing = True
+    call.run(7, *args)
+    assert torch.all(ctr == 0) and ctr.data_ptr() in decode._CAPTURED and stubbed.calls["capturing"] == 1
+    ctr.fill_(5)
+    call.run(7, *args)  # a second capture zeroes them again
+    assert torch.all(ctr == 0) and stubbed.calls["capturing"] == 2
+    ctr.fill_(5)
+    stubbed.capturing = False
+    call.run(7, *args)  # eager: zeroed now, and no longer noted
+    assert torch.all(ctr == 0) and ctr.data_ptr() not in decode._CAPTURED and stubbed.calls["capturing"] == 3
+    ctr.fill_(5)
+    stubbed.capturing = True
+    call.run(7, *args)
+    assert torch.all(ctr == 5) and stubbed.calls["capturing"] == 3
+    stubbed.capturing = False
+    other.run(7, *args)  # bound while they were noted: it zeroes them once more (harmless), then never
+    assert torch.all(ctr == 0) and stubbed.calls["capturing"] == 4
+    ctr.fill_(5)
+    other.run(7, *args)
+    assert torch.all(ctr == 5) and stubbed.calls["capturing"] == 4
+
+
+def test_unsplit_call_never_touches_buffers_or_the_capture_state(stubbed):
+    call, args = _launch(1, 1024, 1024)
+    assert decode.plan(1, 1024, 1024, 132).splits == 1
+    call.run(7, *args)
+    call.run(9, *args)
+    assert stubbed.calls == {"buffers": [], "capturing": 0}
+
+
+def test_split_buffers_note_counters_allocated_during_a_capture(monkeypatch):
+    monkeypatch.setattr(decode, "_BUFFERS", {})
+    monkeypatch.setattr(decode, "_RETIRED", [])
+    monkeypatch.setattr(decode, "_CAPTURED", set())
+    cpu = torch.device("cpu", 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    ws, ctr = decode.split_buffers(cpu, 100, 10, stream=1)
+    assert not decode._CAPTURED and torch.all(ctr == 0)
+    assert decode.split_buffers(cpu, 50, 10, stream=1)[1] is ctr  # big enough: the same buffers
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    ws2, ctr2 = decode.split_buffers(cpu, 100, 4096, stream=1)  # grown during a capture
+    assert ctr2 is not ctr and decode._CAPTURED == {ctr2.data_ptr()} and ctr in decode._RETIRED
+    assert ws2 is ws  # the workspace was big enough: kept

@@ -32,13 +32,14 @@ def _reference(a, b, bias=None, act=None, alpha=1.0, beta=0.0, c=None):
 
 
 def _run(a, b, out_dtype, variant=None, **kw):
-    """Through engine.gemm where the engine takes the decode kernel; past MAX_M (NT = 8), for the large
-    weights the engine sends to h11, or with an explicit variant, through decode.run_variant."""
+    """Through engine.gemm with the decode kernel forced (``plan="decode"``: the router prices it against the
+    engine kernel and may send the shape there) where use_decode allows it; past MAX_M (NT = 8), for the
+    large weights the engine sends to h11, or with an explicit variant, through decode.run_variant."""
     out = poison_(torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=out_dtype))
     if a.shape[0] <= 8 and max(a.shape[1], b.shape[1]) <= engine.DECODE_MAX_WEIGHT_DIM:
         assert engine.use_decode(a, b), decode.why_not(a, b)
     if variant is None and engine.use_decode(a, b):
-        engine.gemm(a, b, out, **kw)
+        engine.gemm(a, b, out, plan="decode", **kw)
     else:
         decode.run_variant(a, b, out, variant, **kw)
     torch.cuda.synchronize()
@@ -115,10 +116,10 @@ def test_split_k_in_a_cuda_graph():
     M, N, K = _split_case()
     a, b = _linear(M, N, K, torch.bfloat16)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    engine.gemm(a, b, out)  # warm-up outside capture (compile, buffers)
+    engine.gemm(a, b, out, plan="decode")  # warm-up outside capture (compile, buffers)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        engine.gemm(a, b, out)
+        engine.gemm(a, b, out, plan="decode")
     for _ in range(3):
         poison_(out)
         a.copy_(torch.randn_like(a))
@@ -137,19 +138,19 @@ def test_two_streams_get_their_own_workspace():
         for s, o in zip(streams, outs):
             with torch.cuda.stream(s):
                 poison_(o)
-                engine.gemm(a, b, o)
+                engine.gemm(a, b, o, plan="decode")
         torch.cuda.synchronize()
         for o in outs:
             assert rel_error(o, _reference(a, b)) <= TOL[torch.bfloat16]
 
 
 def test_matmul_routes_decode_shapes_and_not_others():
-    """Through the public op: a decode shape and a layout the decode kernel does not take agree with the
-    reference (the second goes to h11 unchanged)."""
+    """Through the public op: a shape the router sends to the decode kernel and a layout the decode kernel
+    does not take agree with the reference (the second goes to h11 or the engine kernel)."""
     import gemmlab
 
-    a, b = _linear(16, 4096, 4096, torch.bfloat16)
-    assert engine.use_decode(a, b)
+    a, b = _linear(1, 2048, 2048, torch.bfloat16)
+    assert engine.use_decode(a, b) and gemmlab.plan(1, 2048, 2048).kernel == "decode"
     assert rel_error(gemmlab.matmul(a, b), _reference(a, b)) <= TOL[torch.bfloat16]
     bn = b.contiguous()  # (K, N) row-major: not K-contiguous, so h11
     assert not engine.use_decode(a, bn)

@@ -100,7 +100,7 @@ def test_decode_reduction_is_bitwise_deterministic(split):
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
         assert engine.use_decode(x, w.t())
-        outs = _runs(lambda out: engine.gemm(x, w.t(), out, bias=bias, activation="silu"),
+        outs = _runs(lambda out: engine.gemm(x, w.t(), out, bias=bias, activation="silu", plan="decode"),
                      torch.empty(M, N, device="cuda", dtype=torch.float32))
         _assert_identical(outs, f"decode {M}x{N}x{K}")
         assert rel_error(outs[0], exact(x, w.t(), bias, "silu")) <= 5e-3

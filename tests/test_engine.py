@@ -266,8 +266,53 @@ def test_route_splits_the_broad_set_by_what_was_measured():
     assert kinds == {"decode", "h11", "engine"}
 
 
+@pytest.mark.parametrize("M, N, K, kernel", [
+    (1, 1024, 1152, "decode"),  # H200 (sha ac16df0): decode 2.04x torch, the engine kernel's best plan 1.94x
+    (1, 2048, 2048, "decode"),  # 1.13x against 0.96x
+    (16, 12288, 4096, "engine"),  # a weight streamed from HBM: decode 0.75x, a 64-row plan 0.96x
+    (32, 6144, 5120, "engine"),  # 0.72x against 0.97x
+    (4, 10240, 8192, "engine"),  # 0.88x against 1.12x
+    (32, 4800, 1600, "engine"),  # 0.67x against 0.95x
+])
+def test_route_prices_the_decode_kernel_against_the_engine_kernel(M, N, K, kernel):
+    """Where ``use_decode`` allows the decode kernel, it runs only if ``decode.cost_s`` is at most the engine
+    kernel's best plan's price; otherwise the call is routed as any other (here: to the engine kernel). The
+    shapes are broad-set records where one kernel ran clearly faster than the other on the H200."""
+    r = _route(M, N, K)
+    prof = engine.plan_profile(132)
+    assert r.plan == planner.plan(M, N, K, profile=prof)
+    assert r.decode_s == pytest.approx(decode.cost_s(M, N, K, 132, prof))
+    assert (r.kernel == "decode") == (r.decode_s <= r.plan.predicted_s)
+    assert r.kernel == kernel
+    assert r.how == ("decode priced" if kernel == "decode" else "model")
+    assert ("decode kernel" in repr(r)) == (kernel == "decode")
+
+
+def test_route_prices_no_decode_kernel_where_it_cannot_run():
+    """A weight that is not K-contiguous (use_decode: no) or past DECODE_MAX_WEIGHT_DIM is never priced."""
+    assert _route(1, 2048, 2048, b_mn=True).decode_s is None
+    assert _route(1, 2048, 2048, b_mn=True).kernel != "decode"
+    r = _route(8, engine.DECODE_MAX_WEIGHT_DIM + 16, 4096)
+    assert r.decode_s is None and r.kernel in ("engine", "h11")
+
+
+def test_route_forces_the_decode_kernel_where_it_can_run():
+    """``plan="decode"``: the decode kernel whatever the prices say (tests and the sanitizer driver use it);
+    UnsupportedProblem where use_decode rules it out; any other string is refused."""
+    r = _route(16, 12288, 4096, plan="decode")  # priced out: the engine kernel unforced
+    assert (r.kernel, r.how, r.decode_s) == ("decode", "forced", None) and "forced" in repr(r)
+    with pytest.raises(UnsupportedProblem, match="M=33 > 32"):
+        _route(33, 1024, 1024, plan="decode")
+    with pytest.raises(UnsupportedProblem, match="DECODE_MAX_WEIGHT_DIM"):
+        _route(1, engine.DECODE_MAX_WEIGHT_DIM + 8, 1024, plan="decode")
+    with pytest.raises(UnsupportedProblem, match="not K-contiguous"):
+        _route(1, 1024, 1024, plan="decode", b_mn=True)
+    with pytest.raises(UnsupportedProblem, match="unknown plan 'h11'"):
+        _route(1, 1024, 1024, plan="h11")
+
+
 def test_route_keeps_decode_tuned_and_forced_choices(tuned):
-    assert _route(1, 4096, 4096).kernel == "decode"
+    assert _route(1, 2048, 2048).kernel == "decode"
     assert _route(1, 4096, 4096, plan=(64, 1)).kernel == "h11"  # forced h11, even at a decode shape
     p = planner.plan(1, 4096, 4096)
     r = _route(1, 4096, 4096, plan=p)
@@ -298,7 +343,7 @@ def test_route_plans_for_the_gpus_sm_count():
 def test_gemmlab_plan_says_which_kernel_matmul_runs():
     import gemmlab
 
-    assert gemmlab.plan(1, 4096, 4096).kernel == "decode"
+    assert gemmlab.plan(1, 2048, 2048).kernel == "decode"
     r = gemmlab.plan(2040, 3584, 3584)
     assert r.kernel == "engine" and "engine kernel" in repr(r) and "2040x3584x3584" in repr(r)
     assert gemmlab.plan(16384, 3072, 1024).kernel == "h11"

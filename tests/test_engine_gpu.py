@@ -259,7 +259,7 @@ def test_a_forced_plan_runs_h11_at_a_decode_shape(monkeypatch):
 
     M, N, K = 16, 4096, 4096
     a, b = _operands(M, N, K, torch.bfloat16, "NT")
-    assert engine.use_decode(a, b)  # unforced, the decode kernel
+    assert engine.use_decode(a, b)  # the decode kernel may run it unforced
     plans = _h11_plans(monkeypatch)
     out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
     engine.gemm(a, b, out, plan=(128, 4))

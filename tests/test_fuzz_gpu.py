@@ -180,7 +180,7 @@ def test_decode_split_k_graph_replayed_without_the_graph_that_allocated_its_buff
     xs = [torch.randn(M, K, device=dev, dtype=torch.bfloat16) for _ in range(2)]
     outs = [torch.empty(M, N, device=dev, dtype=torch.bfloat16) for _ in range(2)]
     assert engine.use_decode(xs[0], w.t(), outs[0])
-    engine.gemm(xs[0], w.t(), outs[0])  # compiled and loaded outside capture
+    engine.gemm(xs[0], w.t(), outs[0], plan="decode")  # compiled and loaded outside capture
     torch.cuda.synchronize()
     stream, pool = torch.cuda.Stream(dev), torch.cuda.graph_pool_handle()
     dirty = torch.cuda.CUDAGraph()
@@ -193,7 +193,7 @@ def test_decode_split_k_graph_replayed_without_the_graph_that_allocated_its_buff
     graphs = [torch.cuda.CUDAGraph() for _ in range(2)]
     for g, x, out in zip(graphs, xs, outs):
         with torch.cuda.graph(g, pool=pool, stream=stream):
-            engine.gemm(x, w.t(), out)
+            engine.gemm(x, w.t(), out, plan="decode")
     outs[1].fill_(float("nan"))
     graphs[1].replay()
     torch.cuda.synchronize()

@@ -1,9 +1,14 @@
 """compute-sanitizer's memcheck and racecheck over the engine's and the decode kernel's launches (issue 15;
 ``slow``: minutes). Skipped when ``compute-sanitizer`` is not on PATH.
 
-Each tool runs one Python process that calls every route on small shapes: h11 unsplit and split-K (a
-forced plan of clusters of 3), the aligned copies and direct stores of unaligned operands and outputs,
-the decode kernel unsplit and split-K, each with a fused epilogue, each result checked against float64.
+Each tool runs one Python process that calls every route on small shapes, each result checked against
+float64: h11 unsplit and split-K (a forced plan of clusters of 3), the aligned copies and direct stores of
+unaligned operands and outputs; the engine kernel (``kernels/engine/gemm.cu``) through forced
+``planner.Plan``s: data-parallel with 64- (a 16-wide tail piece), 128- and 256-row tiles, cluster split-K
+with 64- and 128-row tiles, stream-K all streamed (64 and 128 rows) and hybrid (full data-parallel wave +
+streamed tiles), copies + direct stores under each schedule, epilogues (bias + relu, silu, fp32 output
+with beta * C), and one call the router itself sends to the engine kernel; the decode kernel (forced)
+unsplit and split-K.
 """
 
 import os
@@ -18,38 +23,85 @@ pytestmark = [pytest.mark.hopper, pytest.mark.slow]
 
 DRIVER = r"""
 import sys, torch
-from gemmlab import decode, engine
+from gemmlab import decode, engine, planner
 from gemmlab.bench import poison_, rel_error
 
-def run(name, a, b, plan=None, out_cols=None, **kw):
-    M, N = a.shape[0], b.shape[1]
-    out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+ACT = {None: lambda x: x, "relu": torch.relu, "silu": lambda x: x * torch.sigmoid(x)}
+
+def out_for(M, N, out_cols=None, dtype=torch.bfloat16):
     if out_cols:  # a view whose rows are not 16-byte aligned: direct stores
-        out = poison_(torch.empty(M, out_cols, device="cuda", dtype=torch.bfloat16))[:, :N]
+        return poison_(torch.empty(M, out_cols, device="cuda", dtype=dtype))[:, :N]
+    return poison_(torch.empty(M, N, device="cuda", dtype=dtype))
+
+def run(name, a, b, plan=None, out=None, **kw):
+    out = out_for(a.shape[0], b.shape[1]) if out is None else out
+    if callable(plan):
+        plan = plan(a, b, out, **kw)
     engine.gemm(a, b, out, plan=plan, **kw)
     torch.cuda.synchronize()
-    ref = a.double() @ b.double()
+    ref = kw.get("alpha", 1.0) * (a.double() @ b.double())
+    if kw.get("c") is not None and kw.get("beta", 0.0) != 0.0:
+        ref = ref + kw["beta"] * kw["c"].double()
     if kw.get("bias") is not None:
         ref = ref + kw["bias"].double()
-    err = rel_error(out, torch.relu(ref) if kw.get("activation") == "relu" else ref)
-    print(f"{name}: rel error {err:.2e}", flush=True)
+    err = rel_error(out, ACT[kw.get("activation")](ref))
+    print(f"{name}: {plan!r}: rel error {err:.2e}", flush=True)
     if not err <= 1e-2:
         sys.exit(3)
 
-def r(*shape):
-    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+def r(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
 
 sm = torch.cuda.get_device_properties(0).multi_processor_count
+prof = engine.plan_profile(sm)
+
+def engine_plan(schedule, bm=None, hybrid=False):
+    # The best plan of the engine kernel with this schedule (and tile height) for the call's tensors: the
+    # same dtypes, operand majors, output alignment and epilogue as Engine2Launch checks.
+    def pick(a, b, out, bias=None, activation=None, c=None, beta=0.0, alpha=1.0):
+        M, K = a.shape
+        has_c = c is not None and beta != 0.0
+        cands = planner.candidates(M, b.shape[1], K, dtype=engine._DT[a.dtype], out_dtype=engine._DT[out.dtype],
+                                   bias_dtype=engine._DT[bias.dtype] if bias is not None else None,
+                                   has_c=has_c, activation=activation, a_mn=engine._operand_mn(a, 1),
+                                   b_mn=engine._operand_mn(b, 0), direct=not engine._tma_ok(out), profile=prof)
+        ok = [p for p in cands if p.schedule == schedule and (bm is None or p.bm == bm)
+              and (not hybrid or 0 < p.sk_tiles < p.tiles)]
+        assert ok, f"no {schedule} plan with bm={bm} hybrid={hybrid} for {M}x{b.shape[1]}x{K}"
+        return ok[0]
+    return pick
+
 w = r(256, 512)
 run("h11", r(200, 512), w.t(), plan=(128, 1), bias=r(256), activation="relu")
 run("h11 split-K 3", r(100, 1536), r(256, 1536).t(), plan=(64, 3))
-run("h11 copies + direct store", r(67, 301)[:, :299], r(299, 131), out_cols=133)
+run("h11 copies + direct store", r(67, 301)[:, :299], r(299, 131), plan=(64, 1), out=out_for(67, 131, 133))
+
+run("engine DP 64-row, tail piece, bias + relu", r(100, 512), w.t(), plan=engine_plan("data_parallel", 64),
+    bias=r(256), activation="relu")
+run("engine DP 128-row", r(200, 512), r(384, 512).t(), plan=engine_plan("data_parallel", 128))
+run("engine DP 256-row, silu", r(300, 512), r(384, 512).t(), plan=engine_plan("data_parallel", 256), activation="silu")
+run("engine split-K 64-row", r(64, 4096), r(256, 4096).t(), plan=engine_plan("split_k", 64), bias=r(256))
+run("engine split-K 128-row", r(100, 4096), r(384, 4096).t(), plan=engine_plan("split_k", 128))
+run("engine stream-K 64-row", r(256, 2048), r(512, 2048).t(), plan=engine_plan("stream_k", 64))
+run("engine stream-K 128-row, fp32 out + beta * C", r(256, 2048), r(512, 2048).t(),
+    plan=engine_plan("stream_k", 128), out=out_for(256, 512, dtype=torch.float32),
+    c=r(256, 512, dtype=torch.float32), beta=-0.5, alpha=2.0)
+run("engine stream-K hybrid", r(640, 1024), r(2304, 1024).t(), plan=engine_plan("stream_k", hybrid=True))
+for sched in ("data_parallel", "split_k", "stream_k"):
+    a, b = r(67, 1031)[:, :1027], r(1027, 131)  # A's and B's rows not 16-byte aligned: copies
+    run(f"engine {sched} copies + direct store", a, b, plan=engine_plan(sched), out=out_for(67, 131, 133),
+        bias=r(131))
+x, wx = r(256, 2048), r(512, 2048)
+route = engine.route(x, wx.t(), out_for(256, 512), bias=None, activation=None, has_c=False, sm_count=sm)
+assert route.kernel == "engine", route
+run("engine routed", x, wx.t())
+
 x = r(7, 256)
 assert engine.use_decode(x, r(14, 256).t())
-run("decode 7x14x256", x, r(14, 256).t(), bias=r(14))
+run("decode 7x14x256", x, r(14, 256).t(), plan="decode", bias=r(14))
 M, N, K = 16, 256, 8192
 assert decode.plan(M, N, K, sm).splits > 1
-run("decode split-K", r(M, K), r(N, K).t(), activation="relu")
+run("decode split-K", r(M, K), r(N, K).t(), plan="decode", activation="relu")
 print("all routes ran")
 """
 

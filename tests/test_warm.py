@@ -163,7 +163,7 @@ def test_warmup_compiles_ahead_then_finds_its_kernels(tmp_path, monkeypatch):
     """Real NVRTC compiles without a GPU: misses, then this process's memory, then the disk cache."""
     monkeypatch.setenv("GEMMLAB_CACHE_DIR", str(tmp_path))
     compiler.clear_memory_cache()
-    calls = [(16, 1024, 512), {"M": 256, "N": 512, "K": 320, "activation": "gelu", "bias": BF16}]
+    calls = [(1, 2048, 2048), {"M": 256, "N": 512, "K": 320, "activation": "gelu", "bias": BF16}]
     first = gemmlab.warmup(calls, target="h200", threads=2)
     assert first.gemms == 2 and len(first.kernels) == 2 and first.threads == 2
     assert {k.status for k in first.kernels} == {"miss"} and first.prepared == 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import DeviceProfile
 from .log import logger
 
 SOURCE = "engine/decode.cu"
@@ -182,6 +183,27 @@ MAX_SPLITS = 16
 IN_FLIGHT_PER_SM = 32 * 1024
 
 
+def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
+           v: Variant) -> tuple[float, float, float, int, int] | None:
+    """``plan_time``'s pieces: (weight bytes over the share of in-flight loads the busy warps keep, X's L2
+    seconds, the split-K fix-up's seconds, the warp's k piece, row blocks); None if a CTA is left without k."""
+    kw = WARPS // rw
+    # (Returning None for a piece below the minimum instead, as before, left K < kw x MIN_WARP_K without
+    # any plan at small N: linear(x(7, 256), w(14, 256)) asserted in ``plan``.)
+    piece = max(math.ceil(math.ceil(K / (splits * kw)) / CHUNK_K) * CHUNK_K,
+                min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K))
+    if math.ceil(math.ceil(K / piece) / kw) != splits:
+        return None
+    row_groups = math.ceil(N / v.rows)
+    row_blocks = math.ceil(row_groups / rw)
+    busy_warps = row_groups * math.ceil(K / piece)
+    warps_needed = math.ceil(IN_FLIGHT_PER_SM / v.in_flight_bytes)
+    fill = min(1.0, busy_warps / (sm_count * warps_needed))
+    x_l2 = row_blocks * 2.0 * M * K / L2_BYTES_PER_S
+    fixup = 0.0 if splits == 1 else splits * (M * v.rows * rw * 4 / (L2_BYTES_PER_S / sm_count) + SPLIT_OVERHEAD_S)
+    return 2.0 * N * K / fill, x_l2, fixup, piece, row_blocks
+
+
 def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
               variant: Variant | None = None) -> tuple[float, DecodePlan] | None:
     """Modelled seconds for one CTA shape (``rw`` row groups per CTA) and ``splits`` CTAs per row block;
@@ -196,23 +218,25 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     """
     nt = token_tiles(M)
     v = variant or default_variant(nt)
-    kw = WARPS // rw
-    # (Returning None for a piece below the minimum instead, as before, left K < kw x MIN_WARP_K without
-    # any plan at small N: linear(x(7, 256), w(14, 256)) asserted in ``plan``.)
-    piece = max(math.ceil(math.ceil(K / (splits * kw)) / CHUNK_K) * CHUNK_K,
-                min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K))
-    if math.ceil(math.ceil(K / piece) / kw) != splits:
+    got = _terms(M, N, K, sm_count, rw, splits, v)
+    if got is None:
         return None
-    row_groups = math.ceil(N / v.rows)
-    row_blocks = math.ceil(row_groups / rw)
-    busy_warps = row_groups * math.ceil(K / piece)
-    warps_needed = math.ceil(IN_FLIGHT_PER_SM / v.in_flight_bytes)
-    fill = min(1.0, busy_warps / (sm_count * warps_needed))
-    weight = 2.0 * N * K / HBM_BYTES_PER_S / fill
-    x_l2 = row_blocks * 2.0 * M * K / L2_BYTES_PER_S
-    fixup = 0.0 if splits == 1 else splits * (M * v.rows * rw * 4 / (L2_BYTES_PER_S / sm_count) + SPLIT_OVERHEAD_S)
-    return max(weight, x_l2) + fixup, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece, row_blocks=row_blocks,
-                                                  variant=v)
+    weight_bytes, x_l2, fixup, piece, row_blocks = got
+    return max(weight_bytes / HBM_BYTES_PER_S, x_l2) + fixup, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece,
+                                                                          row_blocks=row_blocks, variant=v)
+
+
+def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile) -> float:
+    """The decode kernel's time for (M, N, K) as ``engine.route`` prices it against the engine kernel's
+    plan: ``plan``'s split, priced with the profile's fitted decode constants (``DeviceProfile.decode_*``):
+    a fixed cost per call, one per 8-token column (NT), the weight stream (at the plan's fill of in-flight
+    loads) and the split-K fix-up. ``plan_time`` alone ran 1.2-7.5x below the measured times (sha ac16df0:
+    3.3 us measured at 1 x 256 x 2048 against 1.1 priced, 11.4 against 2.9 at 32 x 1024 x 5120): it only
+    has to rank splits against each other, this has to rank kernels."""
+    p = plan(M, N, K, sm_count)
+    weight_bytes, _, fixup, _, _ = _terms(M, N, K, sm_count, p.rw, p.splits, p.variant)
+    return (prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + weight_bytes / prof.decode_hbm_bytes_per_s
+            + prof.decode_fixup_factor * fixup)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -260,11 +284,16 @@ def kernel_expr(in_ctype: str, out_ctype: str, bias_ctype: str, nt: int, epi: in
 # alive (_RETIRED), because a CUDA graph captured earlier still holds their addresses.
 _BUFFERS: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list[torch.Tensor] = []
+# Counters allocated while the stream was capturing a graph (their data pointers): their zeroing is a node
+# of that graph, so until something zeroes them outside a capture they hold whatever the memory held.
+# Counters allocated eagerly are zero from the start and every launch leaves them at zero.
+_CAPTURED: set[int] = set()
 
 
 def split_buffers(device: torch.device, ws_floats: int, counters: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 workspace and int32 counters (zeroed once; the kernel leaves them at zero) for ``stream`` (a raw
-    stream handle) on ``device``, grown as needed."""
+    stream handle) on ``device``, grown as needed. Counters allocated during a capture are noted in
+    _CAPTURED (``DecodeLaunch`` zeroes them before use)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     key = (idx, stream)
     ws, ctr = _BUFFERS.get(key, (None, None))
@@ -278,6 +307,8 @@ def split_buffers(device: torch.device, ws_floats: int, counters: int, stream: i
         if ctr is not None:
             _RETIRED.append(ctr)
         ctr = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
+        if torch.cuda.is_current_stream_capturing():
+            _CAPTURED.add(ctr.data_ptr())
     _BUFFERS[key] = (ws, ctr)
     return ws, ctr
 
@@ -314,7 +345,22 @@ class DecodeLaunch:
                                      device_index=a.get_device())
         L.set_args((b, ldw, a, lda, M, N, K, p.rw, p.piece, 1.0, 0.0, cin, cin.stride(0), cin.stride(1),
                     bias if bias is not None else out, out, out, out, out.stride(0)))
-        self._buffers = None  # (stream, workspace, counters) of the last split-K call
+        # Split-K: the parameter block holds the workspace and counters of one stream (``_bind``), bound here
+        # for the stream this call is prepared on, so that a later capture of it allocates nothing; ``run``
+        # binds again only when called on another stream. Without split-K they are never touched.
+        self._stream: int | None = None
+        self._counters: torch.Tensor | None = None
+        self._dirty = False  # the bound counters were allocated during a capture and not zeroed since
+        if self.split:
+            from .jit.launch import raw_stream
+
+            self._bind(raw_stream(a.get_device()))
+
+    def _bind(self, stream: int) -> None:
+        ws, ctr = split_buffers(self.device, self.ws_floats, self.plan.row_blocks, stream)
+        self.launcher.set_ptr(_WS, ws.data_ptr())
+        self.launcher.set_ptr(_CTR, ctr.data_ptr())
+        self._stream, self._counters, self._dirty = stream, ctr, ctr.data_ptr() in _CAPTURED
 
     def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
         L = self.launcher
@@ -328,18 +374,22 @@ class DecodeLaunch:
             L.set_ptr(_BIAS, bias.data_ptr() if self.has_bias else po)
             L.set_ptr(_OUT, po)
             if self.split:
-                ws, ctr = split_buffers(self.device, self.ws_floats, self.plan.row_blocks, stream)
-                if torch.cuda.is_current_stream_capturing():
-                    # The kernel leaves its counters at zero, but only the graph whose capture allocated
-                    # them zeroes them first: a graph captured later and replayed alone would start from
-                    # whatever they hold. Each graph zeroes what it uses (a memset node, ~2 us).
-                    ctr[:self.plan.row_blocks].zero_()
-                L.set_ptr(_WS, ws.data_ptr())
-                L.set_ptr(_CTR, ctr.data_ptr())
-            else:  # never touched without split-K
-                L.set_ptr(_WS, po)
-                L.set_ptr(_CTR, po)
+                if stream != self._stream:
+                    self._bind(stream)
+                if self._dirty:
+                    self._zero_counters()
             L.launch(stream)
+
+    def _zero_counters(self) -> None:
+        """Counters allocated during a capture: that capture's graph zeroes them when replayed, nothing else
+        does. Under a capture, this graph zeroes them too (a memset node, ~2 us; a graph captured later and
+        replayed alone would otherwise start from whatever they hold); outside one they are zeroed now, in
+        stream order, and stay zero (every launch leaves them so): no later call or capture zeroes them."""
+        ctr = self._counters
+        ctr.zero_()  # all of it: another launch may share these counters with more row blocks
+        if not torch.cuda.is_current_stream_capturing():
+            _CAPTURED.discard(ctr.data_ptr())
+            self._dirty = False
 
 
 def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctypes: tuple[str, str, str],

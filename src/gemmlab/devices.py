@@ -126,6 +126,14 @@ class DeviceProfile:
     split_k_kstep_factor: float = 1.225  # a split-K CTA's k-step against a data-parallel one's (fitted)
     stream_k_kstep_factor: float = 1.35  # a streamed k-step against a data-parallel one's (fitted)
     one_consumer_efficiency: float = 0.68  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
+    # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
+    # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit
+    # half of the shapes; benchmarks/fit_plan_model.py --route --decode). ``decode.plan_time`` (which picks the
+    # split) keeps its own constants: the price only has to rank the decode kernel against the engine's.
+    decode_fixed_s: float = 2.15e-6  # launch, X's first loads, the epilogue: once per call
+    decode_token_tile_s: float = 0.54e-6  # per 8-token MMA column (NT): its X loads and mma.sync issue
+    decode_hbm_bytes_per_s: float = 3.72e12  # the weight stream (at the plan's fill of in-flight loads)
+    decode_fixup_factor: float = 19.5  # the split-K fix-up against decode.plan_time's (one SM, fence, atomic)
     # Clusters of 1..8 one-SM CTAs the GPU holds at once (GPCs of uneven size leave SMs over): the
     # H200's, from cuda-core's occupancy query (sha 4fc772e). ``gemmlab.engine`` asks the GPU it runs on.
     cluster_capacity: tuple = ((1, 132), (2, 66), (3, 39), (4, 30), (5, 22), (6, 17), (7, 15), (8, 15))

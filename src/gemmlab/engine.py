@@ -9,7 +9,8 @@ the pipeline depth that fits, and the fused epilogue variant. Compiled variants 
 cached, so a repeated call is a few dictionary lookups, one ``stat`` and one launch.
 
 Decode shapes (M <= ``decode.MAX_M`` with K-contiguous operands and weights up to
-``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) go to the small-M kernel in ``gemmlab.decode`` instead.
+``DECODE_MAX_WEIGHT_DIM``, see ``use_decode``) may go to the small-M kernel in ``gemmlab.decode`` instead:
+``route`` runs it where its price is at most the engine kernel's.
 Split-K needs no workspace: a tile's splits run as one thread-block cluster and reduce through
 distributed shared memory.
 """
@@ -369,8 +370,9 @@ DECODE_MAX_WEIGHT_DIM = 12288  # past it, h11 streams a weight faster than the d
 
 
 def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
-    """Whether ``a @ b`` runs on the decode kernel (``gemmlab.decode``: M <= decode.MAX_M, K-contiguous
-    operands, K % 8 == 0, 16-byte alignment) instead of h11. The one place this choice is made.
+    """Whether ``a @ b`` may run on the decode kernel (``gemmlab.decode``: M <= decode.MAX_M, K-contiguous
+    operands, K % 8 == 0, 16-byte alignment); ``route`` then runs it where ``decode.cost_s`` prices it at
+    most the engine kernel's best plan.
 
     Weights with a dimension past DECODE_MAX_WEIGHT_DIM go to h11 at every M (its TMA pipeline keeps
     more bytes in flight). On the H200 (engine_policies.jsonl): at M = 16, 16x28672x8192 ran 116 us on
@@ -393,8 +395,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Ten
     a: (M, K), b: (K, N), any strides, both bf16 or both fp16. out: (M, N) contiguous, bf16/fp16/fp32.
     c: (M, N) in out's dtype, any strides (used when beta != 0). bias: (N,) contiguous, a's dtype or fp32.
     plan: (BN, splits) to run h11 with, even at a decode shape (``validate_plan``; UnsupportedProblem if
-    the engine cannot run it), or a ``planner.Plan`` to run the engine kernel with (``Engine2Launch``);
-    None: what ``route`` chooses.
+    the engine cannot run it), a ``planner.Plan`` to run the engine kernel with (``Engine2Launch``), or
+    "decode" for the decode kernel where ``use_decode`` allows it; None: what ``route`` chooses.
     Launches on torch's current stream. ``prepare`` + ``run``: callers that repeat a call keep the prepared
     launch (``gemmlab.ops`` does, per metadata key) instead of deciding everything again.
     """
@@ -410,7 +412,7 @@ def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.
     engine kernel), its plan, instantiation, launch shape and parameter block. Returns an object whose
     ``run(stream, a, b, out, bias, c, alpha, beta)`` launches it for any tensors with that same metadata
     (only their addresses and the scalars may differ; the caller guarantees the rest, e.g. by keying on it).
-    ``plan``: None, an h11 plan (BN, splits), or a ``planner.Plan`` of the engine kernel (forced)."""
+    ``plan``: None, an h11 plan (BN, splits), a ``planner.Plan`` of the engine kernel, or "decode" (forced)."""
     M, K = a.shape
     N = b.shape[1]
     if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
@@ -420,7 +422,7 @@ def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.
     r = route(a, b, out, bias=bias, activation=activation, has_c=has_c, plan=plan, sm_count=lambda: _sm_count(a.device),
               capacity=lambda: cluster_capacity(a.device), gpu=lambda: tuned.device_gpu(_index(a.device)))
     if r.kernel == "decode":
-        logger.debug("matmul %dx%dx%d %s: decode kernel", M, N, K, a.dtype)
+        logger.debug("matmul %dx%dx%d %s: %r", M, N, K, a.dtype, r)
         return decode.prepare(a, b, out, epi=epi_bits(bias is not None, has_c, activation),
                               ctypes=ctypes(a.dtype, out.dtype, None if bias is None else bias.dtype), c=c,
                               bias=bias, sm_count=_sm_count(a.device))
@@ -442,9 +444,11 @@ def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.
 class Route:
     """What ``gemmlab.matmul`` runs for one call: ``kernel`` "decode" (``gemmlab.decode``), "h11" (the
     ladder's general step, plan ``h11`` = (BN, splits)) or "engine" (the engine kernel, ``plan``).
-    ``plan``: the engine kernel's best plan by the model (also when h11 runs; None for decode and forced
-    h11 plans); ``h11_s``: h11's plan priced by the same model x ``h11_factor`` (None where not weighed);
-    ``how``: why this kernel ("decode shape", "tuned", "forced", "model")."""
+    ``plan``: the engine kernel's best plan by the model (also when h11 or the decode kernel runs; None for
+    forced and tuned h11 plans); ``h11_s``: h11's plan priced by the
+    same model x ``h11_factor`` (None where not weighed); ``decode_s``: the decode kernel's price
+    (``decode.cost_s``; None where ``use_decode`` rules it out); ``how``: why this kernel ("decode priced",
+    "tuned", "forced", "model")."""
 
     kernel: str
     M: int
@@ -454,11 +458,15 @@ class Route:
     plan: planner.Plan | None = None
     h11: tuple[int, int] | None = None
     h11_s: float | None = None
+    decode_s: float | None = None
 
     def __repr__(self) -> str:
         head = f"Route({self.M}x{self.N}x{self.K}: "
         if self.kernel == "decode":
-            return head + "decode kernel (gemmlab.decode))"
+            if self.decode_s is None:
+                return head + f"decode kernel (gemmlab.decode, {self.how}))"
+            other = (f"; the engine kernel's best: {self.plan!r}" if self.plan is not None else "")
+            return head + f"decode kernel (gemmlab.decode) priced {self.decode_s * 1e6:.1f} us{other})"
         h11 = (f"h11 BN={self.h11[0]} splits={self.h11[1]}" if self.h11 else "")
         priced = f" priced {self.h11_s * 1e6:.1f} us" if self.h11_s is not None else ""
         if self.kernel == "h11":
@@ -504,37 +512,58 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     """Which kernel and plan ``prepare`` builds for these tensors (metadata only: meta tensors will do).
     The one place the choice is made (``gemmlab.plan`` and ``gemmlab.warm`` ask it too):
 
-    1. ``plan`` forced: an (BN, splits) pair runs h11, a ``planner.Plan`` the engine kernel;
-    2. ``use_decode``: the decode kernel;
+    1. ``plan`` forced: an (BN, splits) pair runs h11, a ``planner.Plan`` the engine kernel, "decode" the
+       decode kernel (UnsupportedProblem where ``use_decode`` rules it out);
+    2. where ``use_decode`` allows the decode kernel, it runs if its price (``decode.cost_s``) is at most
+       the engine kernel's best plan's (the plan model's); otherwise the call goes on to 3 and 4;
     3. a plan ``gemmlab tune hopper.h11_general`` saved for this shape on this GPU: h11;
     4. otherwise the plan model prices the engine kernel's best plan and h11's ``choose_plan`` plan
        (``h11_cost`` x the profile's ``h11_factor``, fitted to h11's broad-set records) and the cheaper
        runs; ties go to h11, the kernel with the longer record.
 
-    sm_count: the GPU's SMs (or a function returning it: asked from step 3 on); capacity: its cluster table
-    (or a function returning it); gpu: a function returning its ``tuned.GpuKey`` (asked only for step 3)."""
+    sm_count: the GPU's SMs (or a function returning it); capacity: its cluster table (or a function
+    returning it); gpu: a function returning its ``tuned.GpuKey`` (asked only for step 3)."""
     M, K = a.shape
     N = b.shape[1]
     if isinstance(plan, planner.Plan):
         return Route("engine", M, N, K, "forced", plan=plan)
+    if isinstance(plan, str):
+        if plan != "decode":
+            raise UnsupportedProblem(f"unknown plan {plan!r}: 'decode', an h11 (BN, splits) or a planner.Plan")
+        if not use_decode(a, b, out):
+            why = decode.why_not(a, b, out) or "a weight dimension past DECODE_MAX_WEIGHT_DIM"
+            raise UnsupportedProblem(f"the decode kernel cannot run this call: {why}")
+        return Route("decode", M, N, K, "forced")
     if plan is not None:
         return Route("h11", M, N, K, "forced", h11=validate_plan(plan, K, capacity))
-    if use_decode(a, b, out):
-        return Route("decode", M, N, K, "decode shape")
     if callable(sm_count):
         sm_count = sm_count()
-    h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
-    if h11 is not None:
-        return Route("h11", M, N, K, "tuned", h11=h11)
-    h11 = choose_plan(M, N, K, sm_count, capacity)
     prof = plan_profile(sm_count)
     direct = not _tma_ok(out)
-    new = planner.plan(M, N, K, dtype=_DT[a.dtype], out_dtype=_DT[out.dtype],
-                       bias_dtype=_DT[bias.dtype] if bias is not None else None, has_c=has_c, activation=activation,
-                       a_mn=_operand_mn(a, 1), b_mn=_operand_mn(b, 0), direct=direct, profile=prof)
+    new = None
+    decode_s = None
+    if use_decode(a, b, out):
+        new = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
+        decode_s = decode.cost_s(M, N, K, sm_count, prof)
+        if decode_s <= new.predicted_s:
+            return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s)
+    h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
+    if h11 is not None:
+        return Route("h11", M, N, K, "tuned", h11=h11, decode_s=decode_s)
+    h11 = choose_plan(M, N, K, sm_count, capacity)
+    if new is None:
+        new = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
     h11_s = prof.h11_factor * h11_cost(M, N, K, prof=prof, plan=h11, out_bytes=out.element_size(), direct=direct)
     kernel = "engine" if new.predicted_s < h11_s else "h11"
-    return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s)
+    return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s, decode_s=decode_s)
+
+
+def _engine_plan(a, b, out, bias, has_c: bool, activation, direct: bool, prof: DeviceProfile) -> planner.Plan:
+    """The engine kernel's best plan by the model for these tensors' dtypes, layouts, epilogue and output."""
+    M, K = a.shape
+    return planner.plan(M, b.shape[1], K, dtype=_DT[a.dtype], out_dtype=_DT[out.dtype],
+                        bias_dtype=_DT[bias.dtype] if bias is not None else None, has_c=has_c, activation=activation,
+                        a_mn=_operand_mn(a, 1), b_mn=_operand_mn(b, 0), direct=direct, profile=prof)
 
 
 _DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
