@@ -45,13 +45,21 @@ __device__ __forceinline__ void promote(float (&acc)[R], const float (&part)[R])
 }
 
 // acc += part x sa[row] x sb[column block]. Fragment value 4j + h sits in row frag_row (h < 2) or + 8,
-// column 8j + ...: 8-column block j lies in B scale block j / 16 of the tile.
+// column n0 + 8j + ...: its B block is the tile's first (n0 / 128) plus (n0 % 128 + 8j) / 128, picked by
+// compares against the unrolled j (a register array indexed at run time would go to local memory).
 template <class Tr>
 __device__ __forceinline__ void promote_scaled(float (&acc)[Tr::BN / 2], const float (&part)[Tr::BN / 2],
-                                               float top, float bot, const float (&col)[Tr::SB_BLOCKS]) {
+                                               float top, float bot, const float (&col)[Tr::SB_BLOCKS], int n0) {
+    const int off = Tr::SB_ALIGNED ? 0 : n0 % 128;
 #pragma unroll
     for (int j = 0; j < Tr::BN / 8; ++j) {
-        const float sb = col[Tr::SB_BLOCKS > 1 ? j / 16 : 0];
+        float sb = col[0];
+        if constexpr (Tr::SB_ALIGNED) {
+            sb = col[j / 16];
+        } else {
+#pragma unroll
+            for (int c = 1; c < Tr::SB_BLOCKS; ++c) sb = off + 8 * j >= 128 * c ? col[c] : sb;
+        }
         const float st = top * sb, sbot = bot * sb;
         acc[4 * j + 0] = fmaf(part[4 * j + 0], st, acc[4 * j + 0]);
         acc[4 * j + 1] = fmaf(part[4 * j + 1], st, acc[4 * j + 1]);

@@ -41,15 +41,16 @@ struct Fp8GemmTraits {
     static constexpr u32 SLAB_BYTES = 64 * 128;
     static constexpr u32 SLABS_BYTES = CONSUMERS * 2 * SLAB_BYTES;
 
-    // Block scales: the B scale blocks (128 columns each) one tile row spans.
-    static constexpr int SB_BLOCKS = BN > 128 ? BN / 128 : 1;
+    // Block scales: how many B scale blocks (128 columns each) a tile's columns can touch. Tiles of a
+    // width that divides 128, or of a multiple of it, start on a block boundary; other widths can start
+    // inside one and end in the next.
+    static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
+    static constexpr int SB_BLOCKS = SB_ALIGNED ? (BN > 128 ? BN / 128 : 1) : BN / 128 + 2;
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
-    static_assert(kScale != SCALE_BLOCK || 128 % BN == 0 || BN % 128 == 0,
-                  "block scales: a tile covers part of one 128-column B block or whole ones");
     static_assert(kPromote >= 0, "promotion interval");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");
 };

@@ -50,7 +50,7 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi) {
                 if constexpr (Tr::SCALE == SCALE_BLOCK) {
-                    promote_scaled<Tr>(acc[mi], part[mi], s.top[mi], s.bot[mi], s.col);
+                    promote_scaled<Tr>(acc[mi], part[mi], s.top[mi], s.bot[mi], s.col, n0);
                 } else {
                     promote(acc[mi], part[mi]);
                 }
