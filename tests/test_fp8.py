@@ -276,3 +276,72 @@ def test_quantized_product_is_close_to_the_real_one():
         ref = fp8.reference_scaled_mm(a, q.t(), sa, sb)
         rel = (ref - exact).norm() / exact.norm()
         assert 1e-4 < rel < 0.08, (block, rel)  # quantized (not exact), but close
+
+
+# The launch's arguments against the kernel's parameter list ---------------------------------------------
+
+def _ptx_params(p: planner.Fp8Plan) -> list[str]:
+    """The .entry parameters of the plan's instantiation, from NVRTC's PTX (cuda.bindings' nvrtc: no
+    driver needed): '.b8[128]' for a by-value CUtensorMap, else the PTX type ('.u64', '.u32', '.f32')."""
+    import re
+
+    from cuda.bindings import nvrtc
+
+    from gemmlab.jit.compiler import KERNEL_ROOT, collect_sources
+    from gemmlab.jit.toolchain import cuda_include_dir
+
+    src = planner.FP8_SOURCE
+    _, prog = nvrtc.nvrtcCreateProgram(collect_sources(src)[src].encode(), src.encode(), 0, [], [])
+    nvrtc.nvrtcAddNameExpression(prog, p.name_expression.encode())
+    opts = [b"-arch=compute_90a", b"-std=c++17", f"-I{KERNEL_ROOT}".encode(),
+            f"-I{(KERNEL_ROOT / src).parent}".encode(), f"-I{cuda_include_dir()}".encode()]
+    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, res
+    _, size = nvrtc.nvrtcGetPTXSize(prog)
+    buf = b" " * size
+    nvrtc.nvrtcGetPTX(prog, buf)
+    _, mangled = nvrtc.nvrtcGetLoweredName(prog, p.name_expression.encode())
+    nvrtc.nvrtcDestroyProgram(prog)
+    ptx = buf.decode(errors="replace")
+    head = ptx[ptx.index(f".entry {mangled.decode()}("):]
+    head = head[:head.index(")")]
+    return [f".b8[{m.group(3)}]" if m.group(2) else m.group(1)
+            for m in re.finditer(r"\.param\s+(?:\.align\s+\d+\s+)?(\.\w+)\s+\w+(\[(\d+)\])?", head)]
+
+
+@pytest.mark.parametrize("scale", planner.FP8_SCALES)
+def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
+    """engine2.launch_fp8's argument list, captured on CPU tensors, has the kernel's parameters in order
+    and size: five tensor maps by value, then pointers (8 bytes), int32, int64 and float32 scalars."""
+    import numpy as np
+
+    M, N, K = 300, 1000, 1024
+    a, b, sa, sb = _ops(M, N, K, block=scale == "block")
+    p = planner.plan_fp8(M, N, K, scale=scale, bias_dtype="bf16")
+    captured = {}
+    monkeypatch.setattr(engine2, "compile_fp8_plan", lambda p: "compiled")
+    monkeypatch.setattr(engine2, "tensor_map_2d", lambda t, box, swizzle_bytes=128: ("tmap", t.dtype, tuple(box)))
+    monkeypatch.setattr(engine2, "_order", lambda tm, tn, dev: torch.zeros(tm * tn, dtype=torch.int32))
+    monkeypatch.setattr(engine2, "_launch", lambda compiled, **kw: captured.update(kw))
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    engine2.launch_fp8(p, a, b.t(), sa, sb, out, bias=torch.zeros(N, dtype=torch.bfloat16))
+    args = captured["args"]
+    assert captured["grid"] == p.grid and captured["block"] == p.threads and captured["smem"] == p.smem_bytes
+
+    def kind(x):
+        if isinstance(x, tuple) and x[0] == "tmap":
+            return ".b8[128]"
+        if isinstance(x, torch.Tensor):
+            return ".u64"
+        return {np.int32: ".u32", np.int64: ".u64", np.float32: ".f32"}[type(x)]
+
+    want = [t.replace(".s32", ".u32").replace(".s64", ".u64").replace(".b64", ".u64").replace(".b32", ".u32")
+            for t in _ptx_params(p)]
+    assert [kind(x) for x in args] == want
+    # The operand maps are byte views with 128-byte (one swizzle row) boxes; A's short box for ragged M.
+    assert args[0] == ("tmap", torch.uint8, (p.bm, 128)) and args[2] == ("tmap", torch.uint8, (p.bn, 128))
+    assert args[1] == ("tmap", torch.uint8, (p.a_rows, 128)) and p.a_rows == 48  # 300 = 2 x 128 + 44 -> 48
+    if scale == "block":  # scale strides: (M, K / 128) and (ceil(N / 128), K / 128) row-major
+        assert [int(x) for x in args[10:12]] == [K // 128, 1] and [int(x) for x in args[13:15]] == [K // 128, 1]
+    else:
+        assert [int(x) for x in args[10:12]] == [0, 0]
