@@ -3,7 +3,7 @@ and their SASS has the FP8 wgmma of the plan's shape (QGMMA.64xNx32.F32.E4M3.E4M
 the plans' rules and repr; ``gemmlab.scaled_mm``'s argument errors; the custom op's fake implementation;
 the float64 reference and the quantizers the GPU tests use.
 
-The default run compiles a representative set (~14 instantiations); ``-m slow`` compiles every tile the
+The default run compiles a representative set (11 instantiations); ``-m slow`` compiles every tile the
 FP8 planner may pick, per scale mode, with the plainest and the heaviest epilogue (~110 compiles).
 """
 
@@ -28,24 +28,19 @@ def _check(p: planner.Fp8Plan) -> None:
         assert needle not in ck.log, f"{p}:\n{ck.log}"
 
 
-SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 7168, 4096), (128, 4096, 4096), (1, 4096, 4096)]
-
-
 def _representative():
+    """~11 instantiations: the model's picks for a square (both scale modes: 128 x 208, whose tiles straddle
+    B's scale blocks), a big square, a few-row and a one-row problem; DIRECT; the heaviest epilogue; no
+    promotion; and forced tiles at the space's edges (256 x 96, 64 x 224 block, 64 x 240)."""
     seen = {}
-    for shape in SHAPES:
-        for scale in planner.FP8_SCALES:
-            p = planner.plan_fp8(*shape, scale=scale)
-            seen.setdefault(p.name_expression, p)
-    for shape, kw in (((4095, 4097, 4096), {}),  # DIRECT stores
+    for shape, kw in (((4096, 4096, 4096), {}), ((4096, 4096, 4096), {"scale": "block"}),
+                      ((8192, 8192, 8192), {}), ((128, 4096, 4096), {}), ((1, 4096, 4096), {"scale": "block"}),
+                      ((4095, 4097, 4096), {}),  # DIRECT stores
                       ((2048, 4096, 4096), {"out_dtype": "fp32", "bias_dtype": "bf16", "activation": "gelu"}),
-                      ((2048, 4096, 16384), {"promote": 0}),  # no promotion until the tile's end
-                      ((2048, 4096, 16384), {"promote": 4})):
+                      ((2048, 4096, 16384), {"promote": 0})):  # no promotion until the tile's end
         p = planner.plan_fp8(*shape, **kw)
         seen.setdefault(p.name_expression, p)
-    # Forced: each tile height, widths that straddle B's 128-column scale blocks, and a tail width.
-    for bm, bn, scale in ((256, 96, "block"), (64, 224, "block"), (128, 80, "block"), (128, 224, "tensor"),
-                          (64, 240, "tensor")):
+    for bm, bn, scale in ((256, 96, "block"), (64, 224, "block"), (64, 240, "tensor")):
         p = next(c for c in planner.fp8_candidates(4096, 4096, 4096, scale=scale) if (c.bm, c.bn) == (bm, bn))
         seen.setdefault(p.name_expression, p)
     return list(seen.values())
@@ -60,7 +55,7 @@ def test_representative_set_covers_the_space():
     ps = _representative()
     assert {p.bm for p in ps} == {64, 128, 256} and {p.scale for p in ps} == set(planner.FP8_SCALES)
     assert any(p.direct for p in ps) and any(p.out_dtype == "fp32" and p.bias_dtype for p in ps)
-    assert {p.promote for p in ps} >= {0, 1, 4}
+    assert {p.promote for p in ps} >= {0, 1}
     assert any(p.scale == "block" and 128 % p.bn and p.bn % 128 for p in ps)  # straddling tiles
 
 
