@@ -340,3 +340,23 @@ def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
         assert [int(x) for x in args[10:12]] == [K // 128, 1] and [int(x) for x in args[13:15]] == [K // 128, 1]
     else:
         assert [int(x) for x in args[10:12]] == [0, 0]
+
+
+def test_block_scale_registers_cover_every_tile():
+    """fp8_traits.cuh's SB_BLOCKS (B scales a thread holds per k-block) is enough for every tile of every
+    width the planner offers with block scales: a tile at column n0 touches B blocks n0 // 128 ..
+    (n0 + BN - 1) // 128; and the compare-select in fp8_promote.cuh (block c where off + 8j >= 128 c, off =
+    n0 % 128, or j // 16 for aligned widths) names the block (n0 + 8j) // 128 - n0 // 128."""
+    for bm, bn in {(p.bm, p.bn) for p in planner.fp8_candidates(4096, 4096, 4096, scale="block")}:
+        aligned = 128 % bn == 0 or bn % 128 == 0
+        sb_blocks = (bn // 128 if bn > 128 else 1) if aligned else bn // 128 + 2
+        for t in range(256):
+            n0 = t * bn
+            assert (n0 + bn - 1) // 128 - n0 // 128 + 1 <= sb_blocks, (bn, n0)
+            off = 0 if aligned else n0 % 128
+            for j in range(bn // 8):
+                if aligned:
+                    c = j // 16
+                else:
+                    c = max([0] + [k for k in range(1, sb_blocks) if off + 8 * j >= 128 * k])
+                assert c == (n0 + 8 * j) // 128 - n0 // 128, (bn, n0, j)
