@@ -140,27 +140,28 @@ def _ops(M=64, N=256, K=256, block=False):
 
 
 BAD = [
-    (lambda a, b, sa, sb: (a.float(), b, sa, sb, {}), "float8_e4m3fn"),
-    (lambda a, b, sa, sb: (a, b.to(torch.float8_e5m2), sa, sb, {}), "float8_e4m3fn"),
-    (lambda a, b, sa, sb: (a[None], b, sa, sb, {}), "2-D"),
-    (lambda a, b, sa, sb: (a, b[:128], sa, sb, {}), "inner dimensions"),
-    (lambda a, b, sa, sb: (a.t().contiguous().t(), b, sa, sb, {}), "row-major"),
-    (lambda a, b, sa, sb: (a, b.contiguous(), sa, sb, {}), r"transpose of a row-major \(N, K\)"),
-    (lambda a, b, sa, sb: (a[:, :200], b[:200], sa, sb, {}), "K % 16"),
-    (lambda a, b, sa, sb: (a, b, sa.double(), sb, {}), "float32"),
-    (lambda a, b, sa, sb: (a, b, sa, sb.reshape(1, 1), {}), "row-wise"),
-    (lambda a, b, sa, sb: (a, b, torch.ones(64, 1), torch.ones(1, 256), {}), "row-wise"),
-    (lambda a, b, sa, sb: (a, b, sa, sb, {"out_dtype": torch.float8_e4m3fn}), "out_dtype"),
-    (lambda a, b, sa, sb: (a, b, sa, sb, {"bias": torch.ones(255)}), r"bias must have shape \(N,\)"),
-    (lambda a, b, sa, sb: (a, b, sa, sb, {"bias": torch.ones(256, dtype=torch.int32)}), "bias must be"),
-    (lambda a, b, sa, sb: (a, b, sa, sb, {"activation": "tanh"}), "unknown activation"),
+    (lambda a, b, sa, sb: (a.float(), b, sa, sb, {}), TypeError, "float8_e4m3fn"),
+    (lambda a, b, sa, sb: (a, b.to(torch.float8_e5m2), sa, sb, {}), TypeError, "float8_e4m3fn"),
+    (lambda a, b, sa, sb: (a[None], b, sa, sb, {}), UnsupportedProblem, "2-D"),
+    (lambda a, b, sa, sb: (a, b[:128], sa, sb, {}), UnsupportedProblem, "inner dimensions"),
+    (lambda a, b, sa, sb: (a.t().contiguous().t(), b, sa, sb, {}), UnsupportedProblem, "row-major"),
+    (lambda a, b, sa, sb: (a, b.contiguous(), sa, sb, {}), UnsupportedProblem, r"transpose of a row-major \(N, K\)"),
+    (lambda a, b, sa, sb: (a[:, :200], b[:200], sa, sb, {}), UnsupportedProblem, "K % 16"),
+    (lambda a, b, sa, sb: (a, b, sa.double(), sb, {}), TypeError, "float32"),
+    (lambda a, b, sa, sb: (a, b, sa, sb.reshape(1, 1), {}), UnsupportedProblem, "row-wise"),
+    (lambda a, b, sa, sb: (a, b, torch.ones(64, 1), torch.ones(1, 256), {}), UnsupportedProblem, "row-wise"),
+    (lambda a, b, sa, sb: (a, b, sa, sb, {"out_dtype": torch.float8_e4m3fn}), TypeError, "out_dtype"),
+    (lambda a, b, sa, sb: (a, b, sa, sb, {"bias": torch.ones(255)}), UnsupportedProblem, r"bias must have shape \(N,\)"),
+    (lambda a, b, sa, sb: (a, b, sa, sb, {"bias": torch.ones(256, dtype=torch.int32)}), TypeError, "bias must be"),
+    (lambda a, b, sa, sb: (a, b, sa, sb, {"activation": "tanh"}), UnsupportedProblem, "unknown activation"),
 ]
 
 
-@pytest.mark.parametrize("make,match", BAD, ids=[m for _, m in BAD])
-def test_scaled_mm_rejects_bad_arguments(make, match):
+@pytest.mark.parametrize("make,exc,match", BAD, ids=[m for _, _, m in BAD])
+def test_scaled_mm_rejects_bad_arguments(make, exc, match):
+    """TypeError for dtypes (as gemmlab.matmul), UnsupportedProblem (a ValueError) for the rest."""
     a, b, sa, sb, kw = make(*_ops())
-    with pytest.raises(UnsupportedProblem, match=match):
+    with pytest.raises(exc, match=match):
         gemmlab.scaled_mm(a, b, sa, sb, **kw)
     assert issubclass(UnsupportedProblem, ValueError)
 

@@ -50,13 +50,14 @@ class Fp8Problem:
 def validate(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
              out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor],
              activation: Optional[str]) -> Fp8Problem:
-    """Check ``scaled_mm``'s arguments (shapes, dtypes, layouts, scale shapes); raise UnsupportedProblem
-    (a ValueError) saying what is wrong and what is taken. Reads no data (runs on fake tensors)."""
+    """Check ``scaled_mm``'s arguments; raise TypeError for a dtype (as ``gemmlab.matmul`` does) and
+    UnsupportedProblem (a ValueError) for shapes, layouts, devices and scale shapes, saying what is wrong
+    and what is taken. Reads no data (runs on fake tensors)."""
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, torch.Tensor):
-            raise UnsupportedProblem(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype != E4M3:
-            raise UnsupportedProblem(f"{name} must be torch.float8_e4m3fn, got {x.dtype}")
+            raise TypeError(f"{name} must be torch.float8_e4m3fn, got {x.dtype}")
         if x.dim() != 2:
             raise UnsupportedProblem(f"{name} must be 2-D, got shape {tuple(x.shape)}")
     M, K = a.shape
@@ -80,9 +81,9 @@ def validate(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     # Scales.
     for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
         if not isinstance(s, torch.Tensor):
-            raise UnsupportedProblem(f"{name} must be a torch.Tensor of float32, got {type(s).__name__}")
+            raise TypeError(f"{name} must be a torch.Tensor of float32, got {type(s).__name__}")
         if s.dtype != torch.float32:
-            raise UnsupportedProblem(f"{name} must be float32, got {s.dtype}")
+            raise TypeError(f"{name} must be float32, got {s.dtype}")
         if s.device != a.device:
             raise UnsupportedProblem(f"{name} is on {s.device}, the operands on {a.device}")
     if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 1 and scale_b.dim() <= 1:
@@ -105,11 +106,11 @@ def validate(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
                                  "row-wise (M, 1) x (1, N) scaling is not supported")
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in _OUT:
-        raise UnsupportedProblem(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
+        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
     bias_dtype = None
     if bias is not None:
         if not isinstance(bias, torch.Tensor) or bias.dtype not in _BIAS:
-            raise UnsupportedProblem("bias must be a bf16, fp16 or fp32 tensor")
+            raise TypeError("bias must be a bf16, fp16 or fp32 tensor")
         if tuple(bias.shape) != (N,):
             raise UnsupportedProblem(f"bias must have shape (N,) = ({N},), got {tuple(bias.shape)}")
         if bias.device != a.device:
@@ -170,7 +171,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     (per-tensor) or (M, K / 128) and (ceil(N / 128), K / 128) (1 x 128 / 128 x 128 block scales; K % 128
     == 0). out_dtype: bf16 (default), fp16 or fp32. bias: (N,) bf16 / fp16 / fp32, added in fp32.
     activation: None, "relu", "gelu", "gelu_tanh", "silu". A torch custom op (``gemmlab::scaled_mm``) with a
-    fake implementation: traces under torch.compile. Raises UnsupportedProblem for what it does not take."""
+    fake implementation: traces under torch.compile. Raises TypeError for dtypes and UnsupportedProblem for
+    what else it does not take, before any GPU work."""
     validate(a, b, scale_a, scale_b, out_dtype, bias, activation)
     return _scaled_mm_op(a, b, scale_a, scale_b, bias, out_dtype, activation)
 
