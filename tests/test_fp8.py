@@ -361,3 +361,57 @@ def test_block_scale_registers_cover_every_tile():
                 else:
                     c = max([0] + [k for k in range(1, sb_blocks) if off + 8 * j >= 128 * k])
                 assert c == (n0 + 8 * j) // 128 - n0 // 128, (bn, n0, j)
+
+
+# The call path on CPU: scaled_mm -> the custom op -> plan -> launch_fp8 (replaced by the reference) ------
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    """fp8.gemm runs on CPU tensors with engine2.launch_fp8 replaced by a fake that checks what it is
+    given against its plan and writes the float64 reference into ``out``; yields the plans it ran."""
+    ran = []
+
+    def launch(p, a, w, sa, sb, out, *, bias=None):
+        assert a.shape == (p.M, p.K) and w.shape == (p.N, p.K) and w.stride(1) == 1  # K-major weight
+        assert out.shape == (p.M, p.N) and out.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16,
+                                                         "fp32": torch.float32}[p.out_dtype]
+        assert (bias is None) == (p.bias_dtype is None) and p.scale == ("tensor" if sa.numel() == 1 else "block")
+        out.copy_(fp8.reference_scaled_mm(a, w.t(), sa, sb, bias=bias, activation=p.activation))
+        ran.append(p)
+
+    monkeypatch.setattr(fp8, "_runs_here", lambda a: True)
+    monkeypatch.setattr(engine2, "launch_fp8", launch)
+    yield ran
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_call_path_on_cpu(fake_launch, block):
+    a, b, sa, sb = _ops(M=100, N=300, K=256, block=block)
+    bias = torch.randn(300)
+    out = gemmlab.scaled_mm(a, b, sa, sb, out_dtype=torch.float32, bias=bias, activation="silu")
+    p = fake_launch[-1]
+    assert (p.M, p.N, p.K, p.scale, p.out_dtype, p.bias_dtype, p.activation) == (
+        100, 300, 256, "block" if block else "tensor", "fp32", "fp32", "silu")
+    assert not p.direct  # 300 fp32 columns: 1200-byte rows
+    assert out.shape == (100, 300) and out.dtype == torch.float32
+    assert torch.allclose(out.double(), fp8.reference_scaled_mm(a, b, sa, sb, bias=bias, activation="silu"))
+    out = gemmlab.scaled_mm(a, b, sa, sb)  # bf16, N = 300: 600-byte rows are not 16-byte aligned
+    assert out.dtype == torch.bfloat16 and fake_launch[-1].direct
+
+
+def test_call_path_under_torch_compile_on_cpu(fake_launch):
+    a, b, sa, sb = _ops(M=64, N=128, K=256, block=True)
+
+    def f(a, b, sa, sb):
+        return gemmlab.scaled_mm(a, b, sa, sb, out_dtype=torch.float32) * 2
+
+    out = torch.compile(f, backend="eager", fullgraph=True)(a, b, sa, sb)
+    assert torch.allclose(out.double(), 2 * fp8.reference_scaled_mm(a, b, sa, sb))
+
+
+def test_empty_and_k0_on_cpu(fake_launch):
+    a, b, sa, sb = _ops(M=64, N=128, K=128)
+    assert gemmlab.scaled_mm(a[:0], b, sa, sb).shape == (0, 128)
+    out = gemmlab.scaled_mm(a[:, :0], b[:0], sa, sb, bias=torch.ones(128), activation="relu")
+    assert torch.equal(out, torch.ones(64, 128, dtype=torch.bfloat16))
+    assert not fake_launch  # nothing launched for an empty problem

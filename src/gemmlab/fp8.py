@@ -142,7 +142,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch
     """``scaled_mm`` without the custom op, with a chosen ``plan`` (or ``promote`` interval): for the tests
     and the benchmark. Arguments as for ``scaled_mm``."""
     p = validate(a, b, scale_a, scale_b, out_dtype, bias, activation)
-    if not a.is_cuda:
+    if not _runs_here(a):
         raise UnsupportedProblem(f"scaled_mm runs on a CUDA (Hopper) device; the operands are on {a.device}")
     out = torch.empty((p.M, p.N), dtype=p.out_dtype, device=a.device)
     if p.M == 0 or p.N == 0:
@@ -158,6 +158,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch
 
     launch_fp8(pl, a, b.t(), scale_a, scale_b, out, bias=bias)
     return out
+
+
+def _runs_here(a: torch.Tensor) -> bool:
+    """Whether the kernel can run on ``a``'s device: a CUDA device (CPU tests replace this)."""
+    return a.is_cuda
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
