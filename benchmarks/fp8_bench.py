@@ -158,7 +158,7 @@ def main() -> None:
                                promote=pl.promote, predicted_ms=pl.predicted_s * 1e3)
                 f.write(json.dumps(rec) + "\n")
         print(line + f"  (TFLOP/s; SM {res.clocks.sm_mhz} MHz)", flush=True)
-        del sets
+        sets = s0 = refs = None  # free this shape's operands before the next shape's
         torch.cuda.empty_cache()
     for name, rs in sorted(ratios.items()):
         geo = math.exp(statistics.fmean(math.log(r) for r in rs))

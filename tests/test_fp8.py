@@ -151,7 +151,8 @@ BAD = [
     (lambda a, b, sa, sb: (a, b, sa, sb.reshape(1, 1), {}), UnsupportedProblem, "row-wise"),
     (lambda a, b, sa, sb: (a, b, torch.ones(64, 1), torch.ones(1, 256), {}), UnsupportedProblem, "row-wise"),
     (lambda a, b, sa, sb: (a, b, sa, sb, {"out_dtype": torch.float8_e4m3fn}), TypeError, "out_dtype"),
-    (lambda a, b, sa, sb: (a, b, sa, sb, {"bias": torch.ones(255)}), UnsupportedProblem, r"bias must have shape \(N,\)"),
+    (lambda a, b, sa, sb: (a, b, sa, sb, {"bias": torch.ones(255)}), UnsupportedProblem,
+     r"bias must have shape \(N,\)"),
     (lambda a, b, sa, sb: (a, b, sa, sb, {"bias": torch.ones(256, dtype=torch.int32)}), TypeError, "bias must be"),
     (lambda a, b, sa, sb: (a, b, sa, sb, {"activation": "tanh"}), UnsupportedProblem, "unknown activation"),
 ]

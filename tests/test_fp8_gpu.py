@@ -148,7 +148,8 @@ def test_promotion_keeps_deep_k_near_fp32_accumulation():
         f32 = fp8.dequantize(a, sa, dtype=torch.float32) @ fp8.dequantize(q, sb, dtype=torch.float32).t()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev
-    msg = f"relative error by promotion interval (k-steps of 128; 0 = none) {err}, fp32 accumulation {rel_error(f32, ref):.2e}"
+    msg = (f"relative error by promotion interval (k-steps of 128; 0 = none) {err}, "
+           f"fp32 accumulation {rel_error(f32, ref):.2e}")
     assert err[1] < 3e-4, msg
     assert err[1] <= err[0] and err[4] <= err[0] * 1.01, msg
 

@@ -240,4 +240,5 @@ def qgmma_shapes(compiled) -> set[str]:
 
     from .sass import disassemble
 
-    return set(re.findall(r"QGMMA\.(\d+x\d+x\d+\.F32\.E4M3\.E4M3)\b", disassemble(compiled.cubin, compiled.mangled_name)))
+    text = disassemble(compiled.cubin, compiled.mangled_name)
+    return set(re.findall(r"QGMMA\.(\d+x\d+x\d+\.F32\.E4M3\.E4M3)\b", text))
