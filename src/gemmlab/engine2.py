@@ -155,3 +155,79 @@ def hgmma_shapes(compiled) -> set[str]:
     from .sass import disassemble
 
     return set(re.findall(r"HGMMA\.(\d+x\d+x\d+\.F32(?:\.BF16)?)\b", disassemble(compiled.cubin, compiled.mangled_name)))
+
+
+# FP8 (kernels/engine/gemm_fp8.cu) ------------------------------------------------------------------------
+
+def compile_fp8_plan(p: planner.Fp8Plan):
+    """The compiled instantiation of an FP8 plan (cached in memory and on disk; works without a GPU)."""
+    return compile_kernel(planner.FP8_SOURCE, p.name_expression, arch="sm_90a", name=p.compiled_name)
+
+
+def launch_fp8(p: planner.Fp8Plan, a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+               out: torch.Tensor, *, bias: torch.Tensor | None = None) -> None:
+    """Run FP8 plan ``p``: out = act(a @ w.T x scales + bias), act = ``p.activation``.
+
+    a: (M, K) and w: (N, K), torch.float8_e4m3fn, unit inner stride, rows 16-byte aligned (K-major both:
+    the fp8 wgmma reads no MN-major operand). scale_a / scale_b: fp32; ``p.scale == "tensor"``: one
+    element each; "block": (M, K / 128) and (ceil(N / 128), K / 128), any strides. out: (M, N) in
+    ``p.out_dtype``, unit column stride, ``p.direct`` saying whether its rows are 16-byte aligned. bias:
+    (N,) in ``p.bias_dtype``. Checks only what the plan fixes; ``gemmlab.fp8`` validates user input."""
+    M, K = a.shape
+    N = w.shape[0]
+    if (M, N, K) != (p.M, p.N, p.K) or w.shape[1] != K:
+        raise UnsupportedProblem(f"plan is for {p.M}x{p.N}x{p.K}, the operands are {M}x{N}x{K}")
+    if p.direct == _tma_ok(out):
+        raise UnsupportedProblem(f"plan says direct={p.direct}, but the output's rows are "
+                                 f"{'' if _tma_ok(out) else 'not '}16-byte aligned")
+    if (bias is not None) != (p.bias_dtype is not None):
+        raise UnsupportedProblem("the plan's epilogue (bias) does not match the arguments")
+    compiled = compile_fp8_plan(p)
+    ta, tw = a.view(torch.uint8), w.view(torch.uint8)  # TMA moves bytes; the wgmma reads them as e4m3
+    map_a = tensor_map_2d(ta, (p.bm, planner.FP8_BK))
+    map_a_short = tensor_map_2d(ta, (p.a_rows, planner.FP8_BK)) if p.a_rows != p.bm else map_a
+    map_b = tensor_map_2d(tw, (p.bn, planner.FP8_BK))
+    piece = 32 if out.element_size() == 4 else 64
+    tail = p.bn % piece
+    map_c = map_a if p.direct else tensor_map_2d(out, (64, piece))
+    map_c_tail = tensor_map_2d(out, (64, tail), swizzle_bytes=0) if tail and not p.direct else map_c
+    order = _order(p.tiles_m, p.tiles_n, a.device)
+    if p.scale == "block":
+        sa = (np.int64(scale_a.stride(0)), np.int64(scale_a.stride(1)))
+        sb = (np.int64(scale_b.stride(0)), np.int64(scale_b.stride(1)))
+    else:
+        sa = sb = (np.int64(0), np.int64(0))
+    la = p.launch_args()
+    args = (map_a, map_a_short, map_b, map_c, map_c_tail, order, np.int32(M), np.int32(N), np.int32(K),
+            scale_a, *sa, scale_b, *sb, bias if bias is not None else out, out, np.int64(out.stride(0)),
+            np.int32(p.a_rows))
+    _launch(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def sass_expect_fp8(p: planner.Fp8Plan):
+    """What the SASS of an FP8 plan must show: FP8 wgmma (QGMMA; its shape: ``qgmma_shapes``), TMA
+    loads, no bf16 wgmma or mma.sync, no local memory; TMA stores (stmatrix for 16-bit output) unless
+    DIRECT; setmaxnreg with two consumers."""
+    from .sass import SassExpect
+
+    contains = [r"^QGMMA", r"^UTMALDG"]
+    absent = [r"^HGMMA", r"^HMMA"]
+    if p.direct:
+        absent += [r"^UTMASTG"]
+    else:
+        contains += [r"^UTMASTG"] + ([r"^STSM"] if p.out_dtype != "fp32" else [])
+    if p.consumers > 1:
+        contains += [r"^USETMAXREG"]
+    return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True,
+                      loop_absent=(r"^MEMBAR\.ALL\.GPU",))
+
+
+def qgmma_shapes(compiled) -> set[str]:
+    """The FP8 wgmma shapes in a compiled kernel's SASS: nvdisasm prints wgmma.mma_async m64nNk32 .e4m3
+    as e.g. "QGMMA.64x128x32.F32.E4M3.E4M3"; returned as {"64x128x32.F32.E4M3.E4M3"}."""
+    import re
+
+    from .sass import disassemble
+
+    text = disassemble(compiled.cubin, compiled.mangled_name)
+    return set(re.findall(r"QGMMA\.(\d+x\d+x\d+\.F32\.E4M3\.E4M3)\b", text))

@@ -318,3 +318,211 @@ def _profile(profile: DeviceProfile | None, device) -> DeviceProfile:
     idx = torch.device(device).index if not isinstance(device, int) else device
     info = gpu_info(idx)
     return dataclasses.replace(H200, name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes, source="gpu")
+
+
+# FP8 (e4m3) ---------------------------------------------------------------------------------------------
+# The FP8 engine kernel (kernels/engine/gemm_fp8.cu): the same ring, producer, scheduler and epilogue, a
+# k-step of 128 (one 128-byte swizzle row of e4m3), k32 wgmmas into a second set of accumulators that is
+# promoted into fp32 every ``promote`` k-steps. Data-parallel only so far (no split-K / stream-K for fp8).
+
+FP8_SOURCE = "engine/gemm_fp8.cu"
+FP8_KERNEL = "engine_gemm_fp8"
+FP8_BK = 128
+FP8_SCALES = ("tensor", "block")  # Fp8ScaleMode: one fp32 scalar per operand, or 1x128 (A) / 128x128 (B)
+FP8_BLOCK = 128  # block scales: K (and B's N) per scale
+FP8_PROMOTE = 1  # default k-steps per promotion: every 128 of K, as DeepGEMM does
+
+# Widths whose two accumulator sets (wgmma's and the promoted fp32) compile without spills, with the
+# plainest and the heaviest epilogue (fp32 out, bias, gelu, DIRECT): a compile sweep, kept by
+# tests/test_fp8.py (-m slow: all of them). One consumer (64 rows) up to 240 columns, two consumers of 64
+# rows up to 224, two of 128 rows (two m64 blocks each) up to 96 (112 spills with the heavy epilogue).
+FP8_TILES: tuple[tuple[int, int], ...] = (tuple((64, n) for n in range(16, 241, 16))
+                                          + tuple((128, n) for n in range(64, 225, 16))
+                                          + tuple((256, n) for n in range(64, 97, 16)))
+
+
+def fp8_smem_bytes(bm: int, bn: int, stages: int) -> int:
+    """Dynamic shared memory of the FP8 kernel: alignment, the stages (bm + bn rows of 128 bytes), and
+    two output slabs per consumer."""
+    return 1024 + stages * (bm + bn) * FP8_BK + (1 if bm == 64 else 2) * 2 * SLAB_BYTES
+
+
+def fp8_stages_for(bm: int, bn: int) -> int:
+    """The deepest FP8 ring that fits (up to MAX_STAGES); 0 if none."""
+    for q in range(MAX_STAGES, 1, -1):
+        if fp8_smem_bytes(bm, bn, q) <= SMEM_LIMIT:
+            return q
+    return 0
+
+
+def fp8_predict_s(M: int, N: int, K: int, bm: int, bn: int, stages: int, promote: int,
+                  prof: DeviceProfile) -> float:
+    """A first, unfitted model of one data-parallel FP8 plan: the bf16 engine's constants with FP8's
+    tensor rate (``flop_per_clk_sm['fp8']``). Per 128-deep k-step the larger of the MMAs and the TMA
+    bytes at the SM's share of L2; per promotion the consumer drains its wgmmas (``kstep_turnaround_clk``,
+    half hidden by the other consumer with two of them); per tile the fixed cost and the store; the
+    busiest SM runs ceil(tiles / SMs) tiles; floored by the operands' HBM time. Not yet checked against a
+    measurement."""
+    clock = prof.plan_clock_mhz * 1e6
+    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    active = min(tiles, prof.sm_count)
+    k = math.ceil(K / FP8_BK)
+    eff = prof.engine_mma_efficiency * (prof.one_consumer_efficiency if bm == 64 else 1.0)
+    mma = 2 * bm * bn * FP8_BK / (prof.flop_per_clk_sm.get("fp8", 8192) * clock * eff)
+    share = min(prof.sm_l2_bytes_per_s, prof.engine_l2_bytes_per_s / active)
+    load = (bm + bn) * FP8_BK / share
+    promotions = k if promote == 0 else math.ceil(k / promote)
+    drain = prof.kstep_turnaround_clk / clock * (1.0 if bm == 64 else 0.5)
+    out_bytes = 2
+    tile_s = k * max(mma, load) + (promotions if promote else 1) * drain + prof.tile_fixed_s \
+        + bm * bn * out_bytes / prof.store_bytes_per_s
+    t = prof.launch_s + math.ceil(tiles / prof.sm_count) * tile_s
+    hbm = (M * K + N * K + 2 * M * N) / prof.hbm_bytes_per_s
+    return max(t, hbm)
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """One launch of the FP8 engine kernel: out (M x N) = act(scale * A (M x K, e4m3) @ B (K x N, e4m3,
+    stored as an N x K K-major weight) + bias).
+
+    ``scale``: "tensor" (fp32 scalars, applied in the epilogue) or "block" (A 1 x 128, B 128 x 128,
+    applied at each promotion). ``promote``: k-steps of 128 between promotions of the wgmma's partial sum
+    into fp32 registers (0: once per tile; block scales need 1). Data-parallel over ``grid`` persistent
+    CTAs; ``stages`` as many as fit. ``predicted_s``: ``fp8_predict_s`` (unfitted)."""
+
+    M: int
+    N: int
+    K: int
+    bm: int
+    bn: int
+    stages: int
+    grid: int
+    scale: str = "tensor"
+    promote: int = FP8_PROMOTE
+    out_dtype: str = "bf16"
+    bias_dtype: str | None = None
+    activation: str | None = None
+    direct: bool = False
+    predicted_s: float = 0.0
+    dtype: str = "e4m3"
+    schedule: str = "data_parallel"
+    kernel: str = FP8_KERNEL
+
+    @property
+    def tiles_m(self) -> int:
+        return math.ceil(self.M / self.bm)
+
+    @property
+    def tiles_n(self) -> int:
+        return math.ceil(self.N / self.bn)
+
+    @property
+    def tiles(self) -> int:
+        return self.tiles_m * self.tiles_n
+
+    @property
+    def k_iters(self) -> int:
+        return math.ceil(self.K / FP8_BK)
+
+    @property
+    def consumers(self) -> int:
+        return 1 if self.bm == 64 else 2
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    @property
+    def smem_bytes(self) -> int:
+        return fp8_smem_bytes(self.bm, self.bn, self.stages)
+
+    @property
+    def a_rows(self) -> int:
+        """Rows of the short A box for the last row of tiles (rounded up to 8)."""
+        left = self.M - (self.tiles_m - 1) * self.bm
+        return min(self.bm, math.ceil(left / 8) * 8)
+
+    def template_args(self) -> tuple[str, ...]:
+        """Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE, PROMOTE, BIAS, ACT, DIRECT>."""
+        b = lambda x: "true" if x else "false"  # noqa: E731
+        return (_CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm), str(self.bn),
+                str(self.stages), str(FP8_SCALES.index(self.scale)), str(self.promote), b(self.bias_dtype),
+                str(ACTIVATIONS[self.activation]), b(self.direct))
+
+    @property
+    def name_expression(self) -> str:
+        return f"{FP8_KERNEL}<Fp8GemmTraits<{', '.join(self.template_args())}>>"
+
+    @property
+    def compiled_name(self) -> str:
+        return f"engine.gemm_fp8[{', '.join(self.template_args())}]"
+
+    def launch_args(self) -> dict:
+        return {"grid": self.grid, "cluster": None, "block": self.threads, "smem": self.smem_bytes}
+
+    def __repr__(self) -> str:
+        scale = "per-tensor scales" if self.scale == "tensor" else "1x128 / 128x128 block scales"
+        promo = f"promoted every {self.promote * FP8_BK} of K" if self.promote else "promoted once per tile"
+        extra = [x for x in (self.direct and "direct stores", self.bias_dtype and "bias", self.activation) if x]
+        return (f"Fp8Plan({self.M}x{self.N}x{self.K} e4m3->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} "
+                f"tiles ({self.tiles}), {scale}, {promo}, data-parallel, {self.stages} stages, grid {self.grid}"
+                + (f", {', '.join(extra)}" if extra else "") + f"; predicted {self.predicted_s * 1e6:.1f} us)")
+
+
+def fp8_tile_problem(bm: int, bn: int, scale: str = "tensor") -> str | None:
+    """Why the FP8 kernel cannot be instantiated with this tile and scale mode, or None. Block scales on a
+    width that neither divides 128 nor is a multiple of it hold one more B scale per thread (a tile can
+    straddle two 128-column blocks): 128 x 224 and 64 x 240 spill then (compile sweep)."""
+    if (bm, bn) not in FP8_TILES:
+        return f"{bm}x{bn} is not in the FP8 tile space (two accumulator sets per thread must fit)"
+    if not fp8_stages_for(bm, bn):
+        return "no pipeline depth fits in shared memory"
+    if scale == "block" and 128 % bn and bn % 128 and bn > {64: 224, 128: 208, 256: 96}[bm]:
+        return f"block scales on a {bm}x{bn} tile spill (straddled B blocks)"
+    return None
+
+
+def fp8_candidates(M: int, N: int, K: int, *, scale: str = "tensor", out_dtype=None, bias_dtype=None,
+                   activation: str | None = None, direct: bool | None = None, promote: int | None = None,
+                   profile: DeviceProfile | None = None, device=None) -> list[Fp8Plan]:
+    """Every FP8 plan for the problem, fastest first by ``fp8_predict_s``. Arguments as for ``plan_fp8``."""
+    prof = _profile(profile, device)
+    if scale not in FP8_SCALES:
+        raise ValueError(f"unknown scale mode {scale!r}; known: {list(FP8_SCALES)}")
+    odt = dtype_name(out_dtype) if out_dtype is not None else "bf16"
+    bdt = dtype_name(bias_dtype) if bias_dtype is not None else None
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {[a for a in ACTIVATIONS if a]}")
+    if min(M, N, K) < 1:
+        raise ValueError(f"M, N, K must be >= 1, got {M}, {N}, {K}")
+    if promote is None:
+        promote = FP8_PROMOTE
+    if promote < 0 or (scale == "block" and promote != 1):
+        raise ValueError(f"promote must be >= 0 (block scales: 1, every 128 of K), got {promote}")
+    if direct is None:
+        direct = (N * plan_cost.in_bytes(odt)) % 16 != 0
+    plans = []
+    for bm, bn in FP8_TILES:
+        if fp8_tile_problem(bm, bn, scale):
+            continue
+        stages = fp8_stages_for(bm, bn)
+        tiles = math.ceil(M / bm) * math.ceil(N / bn)
+        plans.append(Fp8Plan(M=M, N=N, K=K, bm=bm, bn=bn, stages=stages, grid=min(prof.sm_count, tiles),
+                             scale=scale, promote=promote, out_dtype=odt, bias_dtype=bdt, activation=activation,
+                             direct=direct, predicted_s=fp8_predict_s(M, N, K, bm, bn, stages, promote, prof)))
+    plans.sort(key=lambda p: (round(p.predicted_s, 9), -p.bm * p.bn))
+    return plans
+
+
+def plan_fp8(M: int, N: int, K: int, *, scale: str = "tensor", out_dtype=None, bias_dtype=None,
+             activation: str | None = None, direct: bool | None = None, promote: int | None = None,
+             profile: DeviceProfile | None = None, device=None) -> Fp8Plan:
+    """The plan the FP8 engine kernel would run for out (M x N) = act(scales x A (M x K) @ B (K x N) + bias).
+
+    scale: "tensor" or "block"; out_dtype: torch.bfloat16 (default), torch.float16 or torch.float32 (or
+    their names); bias_dtype: None (no bias) or the bias's dtype; promote: k-steps of 128 between
+    promotions (default 1; 0 = none until the tile's end, for precision studies). direct: the output's
+    rows are not 16-byte aligned (None: decided from N). Pure Python; no GPU needed."""
+    return fp8_candidates(M, N, K, scale=scale, out_dtype=out_dtype, bias_dtype=bias_dtype, activation=activation,
+                          direct=direct, promote=promote, profile=profile, device=device)[0]

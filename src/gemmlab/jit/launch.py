@@ -187,7 +187,8 @@ def tensor_map_2d(t: torch.Tensor, box: tuple[int, int], *, swizzle_bytes: int =
     import ml_dtypes
     from cuda.core._tensor_map import TensorMapSwizzle
 
-    dtypes = {torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16, torch.float32: np.float32}
+    dtypes = {torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16, torch.float32: np.float32,
+              torch.uint8: np.uint8}  # uint8: fp8 operands, passed as a byte view (the TMA copies bytes)
     swz = {0: TensorMapSwizzle.NONE, 32: TensorMapSwizzle.SWIZZLE_32B, 64: TensorMapSwizzle.SWIZZLE_64B,
            128: TensorMapSwizzle.SWIZZLE_128B}[swizzle_bytes]
     from_dlpack = getattr(StridedMemoryView, "from_dlpack", None)

@@ -1,0 +1,56 @@
+// Everything fixed when the FP8 engine kernel (engine/gemm_fp8.cu) is instantiated, by name: the FP8
+// sibling of GemmTraits. gemmlab.planner.Fp8Plan writes the template arguments. The names the shared
+// parts read (T, BM, BN, BK, STAGES, A_MN, B_MN, B_STAGE for mainloop.cuh's producer; TO, TBIAS,
+// HAS_BIAS, HAS_C, ACT, DIRECT, PIECE, FULL_PIECES, TAIL, SLAB_BYTES for epilogue_store.cuh) mean what
+// they mean in GemmTraits.
+#pragma once
+#include "ptx.cuh"
+#include "tile_scheduler.cuh"
+
+// How the fp8 operands are scaled back: one fp32 scalar each (applied once, in the epilogue), or
+// DeepSeek-style blocks (A: one scale per row and 128 of K; B: one per 128 x 128 block), applied to each
+// 128-deep partial sum when it is promoted into the fp32 accumulators.
+enum Fp8ScaleMode { SCALE_TENSOR = 0, SCALE_BLOCK = 1 };
+
+template <typename TOut, typename TBias,  // output and bias element types
+          int kBM, int kBN, int kStages,  // tile (rows x columns) and ring depth
+          int kScale,                     // Fp8ScaleMode
+          int kPromote,                   // k-steps (of 128) per promotion; 0: once, at the end of the tile
+          bool kBias, int kAct,           // epilogue: + bias[n], activation
+          bool kDirect>                   // output rows not 16-byte aligned: threads store
+struct Fp8GemmTraits {
+    using T = unsigned char;  // e4m3 bytes: only the wgmma reads them as numbers
+    using TO = TOut;
+    using TBIAS = TBias;
+    // One k-step is one 128-byte swizzle row: 128 e4m3 values, four k32 wgmmas, one scale block.
+    static constexpr int BM = kBM, BN = kBN, BK = 128, STAGES = kStages;
+    static constexpr bool A_MN = false, B_MN = false;  // fp8 wgmma: both operands K-major
+    static constexpr bool HAS_BIAS = kBias, HAS_C = false, DIRECT = kDirect;
+    static constexpr int ACT = kAct, SCHEDULE = DATA_PARALLEL, SCALE = kScale, PROMOTE = kPromote;
+
+    static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
+    static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
+    static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    static constexpr int CONSUMER_REGS = 232;
+
+    static constexpr u32 A_STAGE = BM * BK, B_STAGE = BN * BK;
+    static constexpr u32 STAGE_BYTES = A_STAGE + B_STAGE;
+
+    static constexpr int PIECE = sizeof(TO) == 4 ? 32 : 64;
+    static constexpr int FULL_PIECES = BN / PIECE, TAIL = BN % PIECE;
+    static constexpr u32 SLAB_BYTES = 64 * 128;
+    static constexpr u32 SLABS_BYTES = CONSUMERS * 2 * SLAB_BYTES;
+
+    // Block scales: how many B scale blocks (128 columns each) a tile's columns can touch. Tiles of a
+    // width that divides 128, or of a multiple of it, start on a block boundary; other widths can start
+    // inside one and end in the next.
+    static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
+    static constexpr int SB_BLOCKS = SB_ALIGNED ? (BN > 128 ? BN / 128 : 1) : BN / 128 + 2;
+
+    static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
+    static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");
+    static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
+    static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
+    static_assert(kPromote >= 0, "promotion interval");
+    static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");
+};

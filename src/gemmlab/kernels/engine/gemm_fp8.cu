@@ -1,0 +1,75 @@
+// engine.gemm_fp8: the engine's GEMM for e4m3 operands with scales, from the same named parts as
+// engine/gemm.cu (kernels/common/):
+//   fp8_traits.cuh      every compile-time choice by name (Fp8GemmTraits), written by gemmlab.planner.Fp8Plan
+//   pipeline.cuh        the shared-memory ring
+//   tile_scheduler.cuh  data-parallel persistent tiles (split-K / stream-K not yet wired for fp8)
+//   mainloop.cuh        the producer's TMA loads (128-byte rows = 128 e4m3 values per k-step)
+//   mainloop_fp8.cuh    the consumers' k32 e4m3 wgmmas and the promotion into fp32 (fp8_promote.cuh)
+//   epilogue_store.cuh  fused epilogue (alpha = scale_a * scale_b per-tensor, bias, activation) and stores
+// out (M x N) = act(alpha * sum_k A[m, k] B[n, k] (x block scales) + bias[n]); A (M, K) and B (N, K) e4m3,
+// both K-major (the fp8 wgmma reads no MN-major operand); any M, N; K a multiple of 16 (TMA rows).
+#include "common/epilogue_store.cuh"
+#include "common/fp8_traits.cuh"
+#include "common/mainloop.cuh"
+#include "common/mainloop_fp8.cuh"
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::THREADS, 1)
+engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmA_short,
+                const __grid_constant__ CUtensorMap tmB, const __grid_constant__ CUtensorMap tmC,
+                const __grid_constant__ CUtensorMap tmC_tail, const int* __restrict__ order, int M, int N, int K,
+                const float* __restrict__ scale_a, long long sa_row, long long sa_col,
+                const float* __restrict__ scale_b, long long sb_row, long long sb_col,
+                const typename Tr::TBIAS* __restrict__ bias, typename Tr::TO* __restrict__ Out, long long ldo,
+                int a_rows) {
+    using T = typename Tr::T;
+    constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
+    extern __shared__ unsigned char smem_raw[];
+    T* sA = reinterpret_cast<T*>(align_1024(smem_raw));
+    T* sB = sA + Tr::STAGES * BM * BK;
+    unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
+    __shared__ Ring<Tr::STAGES> ring;
+
+    const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+    const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
+    const int k_iters = (K + BK - 1) / BK;  // a ragged last k-step reads TMA zero fill: adds nothing
+    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
+    __syncthreads();
+
+    TileScheduler<DATA_PARALLEL> sched(num_tiles, k_iters, ScheduleArgs{1, 0, 0});
+    WorkUnit u;
+    if (wg == 0) {
+        if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+        if (t == 0) {
+            RingCursor cur;
+            while (sched.next(u)) {
+                const int packed = order[u.tile];
+                produce_unit<Tr>(ring, cur, sA, sB, &tmA, &tmA_short, &tmB, (packed >> 16) * BM, (packed & 0xffff) * BN,
+                                 u.k_begin, u.k_end, M, a_rows);
+            }
+        }
+        return;
+    }
+
+    if constexpr (Tr::CONSUMERS > 1) setmaxnreg_inc<Tr::CONSUMER_REGS>();
+    const int consumer = wg - 1;
+    // Per-tensor scales are read on the device (no host sync); block scales are applied at promotion.
+    const float alpha = Tr::SCALE == SCALE_TENSOR ? __ldg(scale_a) * __ldg(scale_b) : 1.0f;
+    const EpilogueArgs<Tr> ep{alpha, 0.0f, nullptr, 0, 0, bias, Out, ldo, M, N};
+    const Fp8Scales scales{scale_a, sa_row, sa_col, scale_b, sb_row, sb_col, M, (N + 127) / 128};
+    unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
+    RingCursor cur;
+    int pieces = 0;
+    float acc[Tr::MI][BN / 2];
+    float part[Tr::MI][BN / 2];
+    while (sched.next(u)) {
+        const int packed = order[u.tile];
+        const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
+        const int row0 = m0 + consumer * Tr::MI * 64;
+        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, scales, row0, n0);
+#pragma unroll
+        for (int mi = 0; mi < Tr::MI; ++mi)
+            store_block<Tr>(acc[mi], row0 + mi * 64, n0, ep, slabs, pieces, &tmC, &tmC_tail, t, consumer);
+    }
+    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();
+}
