@@ -1013,5 +1013,8 @@ def test_gpu_debug_log_names_the_route_and_plan_once_per_key(caplog, gen):
         first = caplog.text
         caplog.clear()
         gemmlab.matmul(a, b)
-    assert "777x1000x512" in first and "h11 BN=" in first and "decode kernel" in first and "decode plan" in first
+    said = {"engine": ("engine kernel Plan(",), "h11": ("h11 BN=",), "decode": ("decode kernel", "decode plan")}
+    for (M, N, K) in ((777, 1000, 512), (7, 2056, 3080)):
+        kernel = gemmlab.plan(M, N, K).kernel  # the route matmul took (the same function decides)
+        assert f"matmul {M}x{N}x{K}" in first and all(s in first for s in said[kernel]), (kernel, first)
     assert "matmul 777x1000x512" not in caplog.text

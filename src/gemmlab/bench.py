@@ -173,13 +173,16 @@ def matmul_inputs(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bfl
     return a, b
 
 
-def _matmul_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> str:
-    """Which kernel ``gemmlab.matmul`` runs for these operands: "decode", "h11" or "sgemm" (fp32)."""
+def _matmul_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
+                 activation: str | None = None) -> str:
+    """Which kernel ``gemmlab.matmul`` runs for these operands: "decode", "h11", "engine" (``engine.route``'s
+    choice) or "sgemm" (fp32)."""
     if a.dtype == torch.float32:
         return "sgemm"
     from . import engine
 
-    return "decode" if engine.use_decode(a, b, out) else "h11"
+    return engine.route(a, b, out, bias=bias, activation=activation, has_c=False,
+                        sm_count=lambda: engine._sm_count(a.device)).kernel
 
 
 def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bfloat16, bias: bool = False,
@@ -232,7 +235,7 @@ def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bflo
         "schema": SCHEMA, "time": now, "git_sha": git_sha(), "gpu": info.name, "sm_count": info.sm_count,
         "driver": info.driver, "torch": info.torch, "suite": suite, "kernel": "gemmlab.matmul",
         "dtype": str(dtype).replace("torch.", ""), "layout": layout, "M": M, "N": N, "K": K,
-        "bias": bias, "activation": activation, "n_sets": n_sets, "path": _matmul_path(a0, b0, out),
+        "bias": bias, "activation": activation, "n_sets": n_sets, "path": _matmul_path(a0, b0, out, biases[0], activation),
         "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz, "power_w": res.clocks.power_w,
         "temp_c": res.clocks.temp_c, "baseline": "torch.mm" + ("/addmm+act" if bias or activation else ""),
         "kernel_sm_clock_mhz": _clock(res, "gemmlab"), "baseline_sm_clock_mhz": _clock(res, "torch"),
