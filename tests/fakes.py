@@ -29,6 +29,16 @@ def act_reference(x, activation):
             "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation](x)
 
 
+def frame_cols(N: int, elem_bytes: int, direct: bool) -> int:
+    """The width of a poisoned frame around an (M, N) output view: rows of that many elements are 16-byte
+    aligned exactly when the plan does not say ``direct`` (direct stores are for rows TMA cannot store),
+    with at least one column of frame beside the output (8 where aligned)."""
+    w = N + (1 if direct else 8)
+    while ((w * elem_bytes) % 16 == 0) == direct:
+        w += 1
+    return w
+
+
 # A fake engine and a fake sgemm step, so the real impl's dispatch runs on CPU tensors ------------------
 
 class FakeEngine:

@@ -9,7 +9,7 @@ from gemmlab import engine2
 from gemmlab import planner
 from gemmlab.bench import rel_error
 
-from fakes import reference
+from fakes import frame_cols, reference
 
 pytestmark = pytest.mark.hopper
 
@@ -36,7 +36,7 @@ def _run_case(p: planner.Plan, *, alpha=1.0, beta=0.0, seed=0):
     b = torch.randn(K, N, device="cuda", generator=g).to(dt) if p.b_mn else w.t()
     # The output sits inside a larger NaN frame: a store past the tile or the tensor shows up as a
     # non-NaN value outside it. Rows of N + 8 elements stay 16-byte aligned (TMA stores), N + 1 do not.
-    frame = torch.full((M + 8, N + (1 if p.direct else 8)), float("nan"), device="cuda", dtype=odt)
+    frame = torch.full((M + 8, frame_cols(N, odt.itemsize, p.direct)), float("nan"), device="cuda", dtype=odt)
     out = frame[:M, :N]
     c = torch.randn(M, N, device="cuda", generator=g).to(odt) if p.has_c else None
     bias = torch.randn(N, device="cuda", generator=g).to(_TYPES[p.bias_dtype]) if p.bias_dtype else None

@@ -15,6 +15,8 @@ import gemmlab
 from gemmlab import engine2, fp8, planner
 from gemmlab.bench import rel_error
 
+from fakes import frame_cols
+
 pytestmark = pytest.mark.hopper
 
 _TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -48,7 +50,7 @@ def _pick(M, N, K, scale, bm, bn, **kw) -> planner.Fp8Plan:
 def _run_framed(p: planner.Fp8Plan, a, q, sa, sb, bias=None):
     """One launch into a poisoned output that sits inside a larger poisoned frame; returns (out, frame)."""
     odt = _TYPES[p.out_dtype]
-    frame = torch.full((p.M + 8, p.N + (1 if p.direct else 8)), float("nan"), device="cuda", dtype=odt)
+    frame = torch.full((p.M + 8, frame_cols(p.N, odt.itemsize, p.direct)), float("nan"), device="cuda", dtype=odt)
     out = frame[:p.M, :p.N]
     engine2.launch_fp8(p, a, q, sa, sb, out, bias=bias)
     torch.cuda.synchronize()
