@@ -55,8 +55,37 @@ def dtype_name(dtype) -> str:
         raise ValueError(f"unsupported dtype {dtype!r}: bf16 or fp16 operands, bf16 / fp16 / fp32 output") from None
 
 
+class _Tiling:
+    """A plan's tile geometry (both kernels' plans): tiles of BM x BN over M x N, k-steps of ``BK``
+    elements, one consumer warpgroup for 64-row tiles, two otherwise, and the producer's warpgroup."""
+
+    @property
+    def tiles_m(self) -> int:
+        return math.ceil(self.M / self.bm)
+
+    @property
+    def tiles_n(self) -> int:
+        return math.ceil(self.N / self.bn)
+
+    @property
+    def tiles(self) -> int:
+        return self.tiles_m * self.tiles_n
+
+    @property
+    def k_iters(self) -> int:
+        return math.ceil(self.K / self.BK)
+
+    @property
+    def consumers(self) -> int:
+        return 1 if self.bm == 64 else 2
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+
 @dataclass(frozen=True)
-class Plan:
+class Plan(_Tiling):
     """One launch of the engine kernel for an M x N x K problem (A M x K, B K x N, out M x N).
 
     Chosen by the planner: ``bm`` x ``bn`` tile, ``schedule``, ``splits`` (split-K CTAs per tile, one
@@ -88,29 +117,7 @@ class Plan:
     kernel: str = KERNEL
 
     # Derived launch facts ------------------------------------------------------------------------
-    @property
-    def tiles_m(self) -> int:
-        return math.ceil(self.M / self.bm)
-
-    @property
-    def tiles_n(self) -> int:
-        return math.ceil(self.N / self.bn)
-
-    @property
-    def tiles(self) -> int:
-        return self.tiles_m * self.tiles_n
-
-    @property
-    def k_iters(self) -> int:
-        return math.ceil(self.K / BK)
-
-    @property
-    def consumers(self) -> int:
-        return 1 if self.bm == 64 else 2
-
-    @property
-    def threads(self) -> int:
-        return 128 * (self.consumers + 1)
+    BK = BK  # k elements per k-step (the _Tiling properties read it)
 
     @property
     def cluster(self) -> int:
@@ -382,7 +389,7 @@ def fp8_predict_s(M: int, N: int, K: int, bm: int, bn: int, stages: int, promote
 
 
 @dataclass(frozen=True)
-class Fp8Plan:
+class Fp8Plan(_Tiling):
     """One launch of the FP8 engine kernel: out (M x N) = act(scale * A (M x K, e4m3) @ B (K x N, e4m3,
     stored as an N x K K-major weight) + bias).
 
@@ -409,29 +416,7 @@ class Fp8Plan:
     schedule: str = "data_parallel"
     kernel: str = FP8_KERNEL
 
-    @property
-    def tiles_m(self) -> int:
-        return math.ceil(self.M / self.bm)
-
-    @property
-    def tiles_n(self) -> int:
-        return math.ceil(self.N / self.bn)
-
-    @property
-    def tiles(self) -> int:
-        return self.tiles_m * self.tiles_n
-
-    @property
-    def k_iters(self) -> int:
-        return math.ceil(self.K / FP8_BK)
-
-    @property
-    def consumers(self) -> int:
-        return 1 if self.bm == 64 else 2
-
-    @property
-    def threads(self) -> int:
-        return 128 * (self.consumers + 1)
+    BK = FP8_BK
 
     @property
     def smem_bytes(self) -> int:
