@@ -144,6 +144,8 @@ BAD = [
     (lambda a, b, o: ((a, b.half(), o), {}), TypeError, "same dtype"),
     (lambda a, b, o: ((a, b, o.long()), {}), TypeError, "offsets must be torch.int32"),
     (lambda a, b, o: ((a, b, o.tolist()), {}), TypeError, "int32 torch.Tensor"),
+    (lambda a, b, o: ((a, b, torch.zeros(10, dtype=torch.int32)[::2]), {}), UnsupportedProblem,
+     "offsets must be contiguous"),
     (lambda a, b, o: ((a, b), {}), UnsupportedProblem, "exactly one of offsets"),
     (lambda a, b, o: ((a, b, o), {"counts": o[:4]}), UnsupportedProblem, "exactly one of offsets"),
     (lambda a, b, o: ((a, b[0], o), {}), UnsupportedProblem, "b must be 3-D"),

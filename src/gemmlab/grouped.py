@@ -25,7 +25,7 @@ Compared with ``torch._grouped_mm(a, b_t, offs, bias=None, out_dtype=None)`` (2-
 ``mat2`` is (G, K, N), i.e. ``b.transpose(-2, -1)``); no bias yet; masked slabs are gemmlab's own.
 
 Checked on the host (before any GPU work; works on fake tensors): dtypes (TypeError), shapes, devices,
-strides, G <= ``MAX_GROUPS`` (UnsupportedProblem). Not checked (that would need a host sync): the values
+strides (offsets / counts contiguous: not copied, so a graph replay reads the tensor the caller updates), G <= ``MAX_GROUPS`` (UnsupportedProblem). Not checked (that would need a host sync): the values
 of offsets / counts. The kernel clamps them: offsets into [0, T], a group ending before it starts is
 empty, counts into [0, C]; so bad values give wrong or missing rows, never a read or write outside
 a, b or out. Non-monotonic offsets make overlapping or empty groups (overlapping groups both write
@@ -238,6 +238,10 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None) -> Group
         raise TypeError(f"{rname} must be an int32 torch.Tensor on a's device, got {type(ranges).__name__}")
     if ranges.dtype != torch.int32:
         raise TypeError(f"{rname} must be torch.int32, got {ranges.dtype}")
+    if ranges.dim() == 1 and ranges.shape[0] > 1 and ranges.stride(0) != 1:
+        # Not copied: a graph replay must read the caller's tensor, which the caller updates in place.
+        raise UnsupportedProblem(f"{rname} must be contiguous (the kernel reads it with unit stride); got stride "
+                                 f"{ranges.stride(0)}: pass {rname}.contiguous() and update that tensor")
     if b.dim() != 3:
         raise UnsupportedProblem(f"b must be 3-D (G, N, K): each expert's (N, K) weight; got shape {tuple(b.shape)}")
     G, N, K = b.shape
@@ -274,8 +278,9 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None) -> Group
     for name, x in (("b", b), (rname, ranges)):
         if x.device != a.device:
             raise UnsupportedProblem(f"{name} is on {x.device}, a on {a.device}")
-    if G * N >= 2**31 or a.numel() // max(K, 1) >= 2**31:
-        raise UnsupportedProblem("grouped_mm's row coordinates must fit in int32")
+    if G * N >= 2**31 or a.numel() // max(K, 1) >= 2**31 - 256:  # the kernel rounds rows up to a tile in int32
+        raise UnsupportedProblem("grouped_mm's row coordinates must fit in int32 (fewer than 2^31 - 256 rows of a "
+                                 "and 2^31 rows of b)")
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
