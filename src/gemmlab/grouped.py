@@ -25,7 +25,8 @@ Compared with ``torch._grouped_mm(a, b_t, offs, bias=None, out_dtype=None)`` (2-
 ``mat2`` is (G, K, N), i.e. ``b.transpose(-2, -1)``); no bias yet; masked slabs are gemmlab's own.
 
 Checked on the host (before any GPU work; works on fake tensors): dtypes (TypeError), shapes, devices,
-strides (offsets / counts contiguous: not copied, so a graph replay reads the tensor the caller updates), G <= ``MAX_GROUPS`` (UnsupportedProblem). Not checked (that would need a host sync): the values
+strides (offsets / counts contiguous: not copied, so a graph replay reads the tensor the caller
+updates), G <= ``MAX_GROUPS`` (UnsupportedProblem). Not checked (that would need a host sync): the values
 of offsets / counts. The kernel clamps them: offsets into [0, T], a group ending before it starts is
 empty, counts into [0, C]; so bad values give wrong or missing rows, never a read or write outside
 a, b or out. Non-monotonic offsets make overlapping or empty groups (overlapping groups both write
