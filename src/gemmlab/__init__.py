@@ -4,6 +4,7 @@
     gemmlab.matmul(a, b, bias=bias, activation="gelu")   # the GEMM to call: any shape, layout, epilogue
     gemmlab.linear(x, w, b)                              # nn.Linear's layout
     gemmlab.scaled_mm(a8, w8.t(), sa, sb)                # FP8 e4m3 with per-tensor or 1x128 / 128x128 scales
+    gemmlab.grouped_mm(x, w, offsets)                    # MoE experts in one launch: x (T, K), w (G, N, K)
     gemmlab.plan(4096, 4096, 4096)                       # what matmul would run: kernel and plan (no GPU needed)
     gemmlab.kernels()                                    # the registered ladder steps
     gemmlab.kernel("h01").run(a, b, c)                   # one step on torch tensors
@@ -26,7 +27,8 @@ _log.configure_from_env()
 _LAZY = {"matmul": ("functional", "matmul"), "linear": ("functional", "linear"), "plan": ("engine", "plan"),
          "kernels": ("registry", "all_kernels"), "kernel": ("registry", "get"),
          "nn": ("nn", None), "patch": ("nn", "patch"), "unpatch": ("nn", "unpatch"), "warmup": ("warm", "warmup"),
-         "FallbackWarning": ("errors", "FallbackWarning"), "scaled_mm": ("fp8", "scaled_mm")}
+         "FallbackWarning": ("errors", "FallbackWarning"), "scaled_mm": ("fp8", "scaled_mm"),
+         "grouped_mm": ("grouped", "grouped_mm")}
 
 
 def __getattr__(name: str):

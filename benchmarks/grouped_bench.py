@@ -1,0 +1,177 @@
+"""Time gemmlab's grouped GEMM (kernels/engine/gemm_grouped.cu) against torch._grouped_mm and a loop of torch.mm.
+
+    PYTHONPATH=src python3 benchmarks/grouped_bench.py --out $OUT/grouped.jsonl [--models mixtral,dsv3]
+        [--tokens 256,4096,16384] [--rounds 15] [--budget-s 400]
+
+MoE expert GEMMs of public models, (experts, N, K) of the up/gate projection (N = 2 x intermediate when
+gate and up are fused) and the down projection:
+
+* Mixtral-8x7B: 8 experts, hidden 4096, intermediate 14336;
+* DeepSeek-V2-Lite: 64 routed experts, hidden 2048, intermediate 1408;
+* DeepSeek-V3: 256 routed experts, hidden 7168, intermediate 2048;
+* Qwen1.5-MoE-A2.7B: 60 experts, hidden 2048, intermediate 1408;
+
+at a number of routed token-rows T (tokens x top-k), split over the experts unevenly: seeded, skewed
+(uniform^2 weights) sizes with some experts empty, as routers produce. Candidates, timed in one
+``gemmlab.timer.time_interleaved`` run (CUDA graphs, interleaved rounds, rotated input sets):
+
+* ``ours``: ``gemmlab.grouped.run`` with the plan ``grouped_mm`` picks (and ``ours_<bm>x<bn>`` for the
+  other tiles with ``--all-tiles``);
+* ``torch_grouped_mm``: ``torch._grouped_mm(a, b.transpose(-2, -1), offs)`` where torch has it (bf16);
+* ``torch_mm_loop``: one ``torch.mm`` per non-empty expert on its rows (the sizes read on the host before
+  timing: this candidate is given what a real loop would have to sync for).
+
+Each candidate is checked against an fp32 reference (per expert ``torch.mm`` in fp32) before it is timed;
+a failing one is recorded with its error and not timed. One JSON line per (shape, candidate): git sha, GPU,
+SM clocks, model, experts, N, K, T, time, TFLOP/s (of the rows really multiplied), ratio to
+torch._grouped_mm (or to the loop where torch has none), the plan and its predicted time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from gemmlab import grouped
+from gemmlab.bench import git_sha, rel_error
+from gemmlab.gpu import gpu_info
+from gemmlab.timer import sets_for, time_interleaved
+
+# name: (experts, hidden, intermediate)
+MODELS = {"mixtral": (8, 4096, 14336), "dsv2lite": (64, 2048, 1408), "dsv3": (256, 7168, 2048),
+          "qwen_moe": (60, 2048, 1408)}
+
+
+def shapes(models, tokens):
+    """(model, proj, G, N, K, T): the fused gate/up projection (N = 2 I, K = H) and down (N = H, K = I)."""
+    for m in models:
+        G, H, I = MODELS[m]
+        for T in tokens:
+            yield m, "gate_up", G, 2 * I, H, T
+            yield m, "down", G, H, I, T
+
+
+def uneven_offsets(G, T, seed, device="cuda"):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(G, generator=g) ** 2
+    w[torch.randperm(G, generator=g)[: G // 8]] = 0  # an eighth of the experts get no tokens
+    sizes = torch.floor(w / w.sum() * T).long()
+    sizes[int(torch.argmax(w))] += T - int(sizes.sum())
+    offs = torch.zeros(G + 1, dtype=torch.int64)
+    offs[1:] = torch.cumsum(sizes, 0)
+    return offs.to(torch.int32).to(device), sizes.tolist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "grouped.jsonl"))
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--tokens", default="256,4096,16384", help="routed token-rows T (tokens x top-k)")
+    ap.add_argument("--all-tiles", action="store_true", help="also time every other tile of the plan space")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--replay-ms", type=float, default=20.0)
+    ap.add_argument("--budget-s", type=float, default=1e9, help="stop between shapes after this long")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    info = gpu_info()
+    sha = git_sha()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    ratios: dict[str, list[float]] = {}
+    todo = list(shapes(args.models.split(","), [int(x) for x in args.tokens.split(",")]))
+    has_torch = hasattr(torch, "_grouped_mm")
+    for n, (model, proj, G, N, K, T) in enumerate(todo):
+        if time.perf_counter() - t_start > args.budget_s:
+            print(f"budget reached after {n} of {len(todo)} shapes", flush=True)
+            break
+        offs, sizes = uneven_offsets(G, T, seed=n)
+        n_sets = max(1, min(sets_for(2 * (T * K + G * N * K + T * N), info.l2_bytes), 4))
+        sets = [dict(a=torch.randn(T, K, device="cuda").to(torch.bfloat16),
+                     b=(torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16),
+                     out=torch.empty(T, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
+        s0 = sets[0]
+        ref = torch.empty(T, N, device="cuda", dtype=torch.float32)
+        starts = [0] + list(torch.tensor(sizes).cumsum(0).tolist())
+        for g in range(G):
+            if sizes[g]:
+                ref[starts[g]:starts[g + 1]] = s0["a"][starts[g]:starts[g + 1]].float() @ s0["b"][g].float().t()
+        plan = grouped.plan_for(s0["a"], s0["b"], offs)
+        plans = {"ours": plan}
+        if args.all_tiles:
+            for c in grouped.candidates("contiguous", G, T, N, K):
+                if (c.bm, c.bn) != (plan.bm, plan.bn):
+                    plans[f"ours_{c.bm}x{c.bn}"] = c
+
+        def ours(pl):
+            def run(i):
+                s = sets[i]
+                return grouped.run(s["a"], s["b"], offs, out=s["out"], plan=pl)
+            return run
+
+        runs = {name: ours(pl) for name, pl in plans.items()}
+        if has_torch:
+            ends = offs[1:].contiguous()
+            runs["torch_grouped_mm"] = lambda i: torch._grouped_mm(sets[i]["a"], sets[i]["b"].transpose(-2, -1), ends)
+
+        def loop(i):
+            s = sets[i]
+            for g in range(G):
+                if sizes[g]:
+                    torch.mm(s["a"][starts[g]:starts[g + 1]], s["b"][g].t(), out=s["out"][starts[g]:starts[g + 1]])
+            return s["out"]
+
+        runs["torch_mm_loop"] = loop
+        errors, cands = {}, {}
+        for name, fn in runs.items():
+            s0["out"].fill_(float("nan"))
+            try:
+                got = fn(0)
+                torch.cuda.synchronize()
+                errors[name] = rel_error(got.double(), ref.double())
+            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+                errors[name] = f"{type(e).__name__}: {e}"[:300]
+            if isinstance(errors[name], float) and errors[name] <= 1e-2:
+                cands[name] = fn
+        res = time_interleaved(cands, n_sets, rounds=args.rounds, replay_ms=args.replay_ms)
+        times = {k: t.median_ms for k, t in res.timings.items()}
+        base_name = "torch_grouped_mm" if "torch_grouped_mm" in times else "torch_mm_loop"
+        flop = 2.0 * T * N * K
+        line = f"[{n + 1}/{len(todo)}] {model} {proj} G={G} N={N} K={K} T={T}"
+        with open(args.out, "a") as f:
+            for name in runs:
+                t, base = times.get(name), times.get(base_name)
+                ratio = base / t if t and base and name != base_name else None
+                if ratio:
+                    ratios.setdefault(name, []).append(ratio)
+                if t:
+                    line += f"  {name} {flop / t / 1e9:6.0f}" + (f" ({ratio:.3f}x)" if ratio else "")
+                rec = {"suite": "grouped", "model": model, "proj": proj, "groups": G, "N": N, "K": K, "T": T,
+                       "empty_groups": sum(1 for s in sizes if s == 0), "max_group_rows": max(sizes),
+                       "candidate": name, "time_ms": t, "tflops": flop / t / 1e9 if t else None,
+                       "baseline": base_name, "baseline_ms": base, "ratio": ratio, "rel_error": errors[name],
+                       "correct": t is not None, "sm_clock_mhz": res.clocks.sm_mhz,
+                       "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
+                       "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__}
+                pl = plans.get(name)
+                if pl is not None:
+                    rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, stages=pl.stages, grid=pl.grid,
+                               predicted_ms=pl.predicted_s * 1e3)
+                f.write(json.dumps(rec) + "\n")
+        print(line + f"  (TFLOP/s; SM {res.clocks.sm_mhz} MHz)", flush=True)
+        sets = s0 = ref = None
+        torch.cuda.empty_cache()
+    for name, rs in sorted(ratios.items()):
+        geo = math.exp(statistics.fmean(math.log(r) for r in rs))
+        print(f"{name:18s} geomean {geo:.3f}x over {len(rs)} shapes (min {min(rs):.3f}, max {max(rs):.3f})")
+    print(f"records: {args.out}")
+
+
+if __name__ == "__main__":
+    main()

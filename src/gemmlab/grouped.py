@@ -1,0 +1,472 @@
+"""Grouped GEMM for mixture-of-experts layers: ``gemmlab.grouped_mm``, its plan, launch, torch custom ops and
+float64 reference.
+
+    out = grouped_mm(a, b, offsets)              # contiguous: a (T, K) sorted by expert, b (G, N, K)
+    out = grouped_mm(a, b, counts=counts)        # masked: a (G, C, K), counts (G,) valid rows per slab
+
+For every group (expert) g: out_g = a_g @ b[g].T, with b[g] the expert's (N, K) weight in nn.Linear's
+layout (K-major). One persistent launch of ``kernels/engine/gemm_grouped.cu`` covers all groups; the
+groups' rows are read on the device (``offsets`` / ``counts`` are int32 CUDA tensors), so the call makes
+no host sync and can be captured in a CUDA graph and replayed with new offsets or counts.
+
+Layouts:
+
+* contiguous: a (T, K); ``offsets`` int32, either (G + 1,) boundaries (group g is rows
+  [offsets[g], offsets[g + 1])) or (G,) ends as ``torch._grouped_mm``'s ``offs`` (group g is rows
+  [offsets[g - 1], offsets[g]), group 0 from row 0). Groups of any size, 0 included. out (T, N).
+* masked (decode under CUDA graphs): a (G, C, K), ``counts`` int32 (G,): rows [0, counts[g]) of slab g
+  are valid. out (G, C, N).
+
+Rows of ``out`` that no group covers (contiguous) or past a slab's count (masked) are not written: they
+keep what ``out`` held (pass ``out=`` to rely on it; a fresh output leaves them uninitialized).
+
+Compared with ``torch._grouped_mm(a, b_t, offs, bias=None, out_dtype=None)`` (2-D x 3-D case): the same
+``offs`` convention is accepted (G ends), but ``b`` here is (G, N, K), the weights as stored (torch's
+``mat2`` is (G, K, N), i.e. ``b.transpose(-2, -1)``); no bias yet; masked slabs are gemmlab's own.
+
+Checked on the host (before any GPU work; works on fake tensors): dtypes (TypeError), shapes, devices,
+strides (offsets / counts contiguous: not copied, so a graph replay reads the tensor the caller
+updates), G <= ``MAX_GROUPS`` (UnsupportedProblem). Not checked (that would need a host sync): the values
+of offsets / counts. The kernel clamps them: offsets into [0, T], a group ending before it starts is
+empty, counts into [0, C]; so bad values give wrong or missing rows, never a read or write outside
+a, b or out. Non-monotonic offsets make overlapping or empty groups (overlapping groups both write
+their rows; which result lands is unspecified).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import plan_cost
+from .devices import DeviceProfile
+from .errors import UnsupportedProblem
+
+SOURCE = "engine/gemm_grouped.cu"
+KERNEL = "engine_gemm_grouped"
+BK = 64
+MAX_GROUPS = 512  # GROUPED_MAX_GROUPS in the kernel: the group table's size in shared memory
+TABLE_BYTES = 4 * (3 * MAX_GROUPS + 1)  # GroupTable<512>: first[513], start[512], rows[512]
+SMEM_LIMIT = 227 * 1024 - 256 - TABLE_BYTES  # dynamic shared memory left beside the table
+MAX_STAGES = 9
+SLAB_BYTES = 64 * 128
+LAYOUTS = ("contiguous", "masked")
+# A small tile set: one or two consumers, 128 or 256 columns (MoE intermediates are 1408 .. 14336 wide).
+TILES = ((64, 128), (64, 256), (128, 128), (128, 256))
+_CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
+_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_DTYPES = {v: k for k, v in _NAMES.items()}
+
+
+def smem_bytes(bm: int, bn: int, stages: int) -> int:
+    """Dynamic shared memory: alignment, the stages, two output slabs per consumer (the group table is static)."""
+    return 1024 + stages * (bm + bn) * BK * 2 + (1 if bm == 64 else 2) * 2 * SLAB_BYTES
+
+
+def stages_for(bm: int, bn: int) -> int:
+    """The deepest ring that fits beside the group table (up to MAX_STAGES)."""
+    return next(q for q in range(MAX_STAGES, 1, -1) if smem_bytes(bm, bn, q) <= SMEM_LIMIT)
+
+
+@dataclass(frozen=True)
+class GroupedPlan:
+    """One launch of the grouped kernel: ``groups`` groups, ``rows`` = T (contiguous) or C (masked),
+    N, K; ``bm`` x ``bn`` tiles, ``stages``, ``grid`` persistent CTAs. ``expected_rows``: the rows per group
+    the plan was priced for (the real ones are on the device); ``predicted_s`` the model's time for them."""
+
+    layout: str
+    groups: int
+    rows: int
+    N: int
+    K: int
+    bm: int
+    bn: int
+    stages: int
+    grid: int
+    dtype: str = "bf16"
+    out_dtype: str = "bf16"
+    expected_rows: float = 0.0
+    predicted_s: float = 0.0
+    kernel: str = KERNEL
+
+    @property
+    def consumers(self) -> int:
+        return 1 if self.bm == 64 else 2
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+    @property
+    def smem_bytes(self) -> int:
+        return smem_bytes(self.bm, self.bn, self.stages)
+
+    @property
+    def tiles_n(self) -> int:
+        return math.ceil(self.N / self.bn)
+
+    def template_args(self) -> tuple[str, ...]:
+        """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>, LAYOUT:
+        K-major operands, no epilogue, DIRECT stores, data-parallel."""
+        return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
+                "false", "false", "false", "false", "0", "true", "0")
+
+    @property
+    def name_expression(self) -> str:
+        return f"{KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}>"
+
+    @property
+    def compiled_name(self) -> str:
+        return f"engine.gemm_grouped[{', '.join(self.template_args())}, {self.layout}]"
+
+    def launch_args(self) -> dict:
+        return {"grid": self.grid, "cluster": None, "block": self.threads, "smem": self.smem_bytes}
+
+    def __repr__(self) -> str:
+        return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
+                f"{self.dtype}->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} tiles, {self.stages} stages, "
+                f"grid {self.grid}; priced for {self.expected_rows:.1f} rows a group: "
+                f"{self.predicted_s * 1e6:.1f} us)")
+
+
+def predict_s(groups: int, rows_per_group: float, N: int, K: int, bm: int, bn: int, stages: int,
+              prof: DeviceProfile, out_bytes: int = 2) -> float:
+    """The plan model's price of a grouped launch whose groups all have ``rows_per_group`` rows: the engine
+    kernel's data-parallel terms (``plan_cost.kstep_s`` per k-step loading whole bm-row boxes,
+    ``plan_cost.tile_epilogue_s`` with DIRECT stores) over the busiest SM's ceil(tiles / SMs) tiles, floored
+    by the HBM time of A, every expert's weight and out. Not fitted to grouped records (none exist yet)."""
+    tiles = groups * math.ceil(rows_per_group / bm) * math.ceil(N / bn) if rows_per_group > 0 else 0
+    if tiles == 0:
+        return prof.launch_s
+    k = math.ceil(K / BK)
+    active = min(tiles, prof.sm_count)
+    rows = groups * rows_per_group
+    unique = 2 * (rows * K + groups * N * K) + out_bytes * rows * N
+    loaded = tiles * k * (bm + bn) * BK * 2
+    share = min(1.0, unique / max(1.0, loaded))
+    ks = plan_cost.kstep_s(bm, bn, bm, stages, active, share, prof, prof.plan_clock_mhz)
+    epi = plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=True)
+    t = math.ceil(tiles / prof.sm_count) * (k * ks + epi)
+    return prof.launch_s + max(t, unique / prof.hbm_read_bytes_per_s)
+
+
+def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
+               expected_rows: float | None = None, profile: DeviceProfile | None = None) -> list[GroupedPlan]:
+    """Every grouped plan for the problem, cheapest first. rows: T (contiguous) or C (masked).
+    expected_rows: rows per group to price (default: T / G contiguous, C masked: the slabs' capacity)."""
+    from .planner import _profile
+
+    prof = _profile(profile, None)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; known: {list(LAYOUTS)}")
+    dt = dtype if dtype in ("bf16", "fp16") else _NAMES.get(dtype)
+    if dt not in ("bf16", "fp16"):
+        raise ValueError(f"grouped_mm takes bf16 or fp16 operands, got {dtype!r}")
+    odt = dt if out_dtype is None else (out_dtype if out_dtype in _CTYPE else _NAMES.get(out_dtype))
+    if odt not in _CTYPE:
+        raise ValueError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype!r}")
+    if not 1 <= groups <= MAX_GROUPS or min(rows, N, K) < 1:
+        raise ValueError(f"need 1 <= groups <= {MAX_GROUPS} and rows, N, K >= 1; got {groups}, {rows}, {N}, {K}")
+    if expected_rows is None:
+        expected_rows = rows / groups if layout == "contiguous" else rows
+    out_bytes = plan_cost.in_bytes(odt)
+    plans = []
+    for bm, bn in TILES:
+        stages = stages_for(bm, bn)
+        # Tiles there can be: contiguous, sum ceil(rows_g / bm) <= ceil(T / bm) + G; masked, G ceil(C / bm).
+        if layout == "contiguous":
+            most = (math.ceil(rows / bm) + groups) * math.ceil(N / bn)
+        else:
+            most = groups * math.ceil(rows / bm) * math.ceil(N / bn)
+        plans.append(GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn, stages=stages,
+                                 grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
+                                 expected_rows=float(expected_rows),
+                                 predicted_s=predict_s(groups, expected_rows, N, K, bm, bn, stages, prof, out_bytes)))
+    plans.sort(key=lambda p: (round(p.predicted_s, 9), -p.bm * p.bn))
+    return plans
+
+
+def plan(layout: str, groups: int, rows: int, N: int, K: int, **kw) -> GroupedPlan:
+    """The cheapest plan of ``candidates`` (same arguments). Pure Python; no GPU needed."""
+    return candidates(layout, groups, rows, N, K, **kw)[0]
+
+
+# Validation --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupedProblem:
+    layout: str
+    groups: int
+    rows: int  # T (contiguous) or C (masked)
+    N: int
+    K: int
+    lead: int  # contiguous: 1 if offsets has G + 1 entries (boundaries), 0 for G ends
+    dtype: torch.dtype
+    out_dtype: torch.dtype
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.rows, self.N) if self.layout == "contiguous" else (self.groups, self.rows, self.N)
+
+
+def _packed(x: torch.Tensor) -> bool:
+    """Unit inner stride and, for 3-D, slabs packed so the tensor is one 2-D matrix of rows."""
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
+        return False
+    return x.dim() == 2 or x.shape[0] <= 1 or x.stride(0) == x.shape[1] * x.stride(1)
+
+
+def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None) -> GroupedProblem:
+    """Check ``grouped_mm``'s arguments (see the module docstring); TypeError for dtypes, UnsupportedProblem
+    (a ValueError) for the rest. Reads no data: runs on fake tensors, never syncs."""
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"{name} must be torch.bfloat16 or torch.float16, got {x.dtype}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if (offsets is None) == (counts is None):
+        raise UnsupportedProblem("pass exactly one of offsets (contiguous layout: a is (T, K)) and counts "
+                                 "(masked layout: a is (G, C, K))")
+    layout = "contiguous" if offsets is not None else "masked"
+    ranges = offsets if offsets is not None else counts
+    rname = "offsets" if offsets is not None else "counts"
+    if not isinstance(ranges, torch.Tensor):
+        raise TypeError(f"{rname} must be an int32 torch.Tensor on a's device, got {type(ranges).__name__}")
+    if ranges.dtype != torch.int32:
+        raise TypeError(f"{rname} must be torch.int32, got {ranges.dtype}")
+    if ranges.dim() == 1 and ranges.shape[0] > 1 and ranges.stride(0) != 1:
+        # Not copied: a graph replay must read the caller's tensor, which the caller updates in place.
+        raise UnsupportedProblem(f"{rname} must be contiguous (the kernel reads it with unit stride); got stride "
+                                 f"{ranges.stride(0)}: pass {rname}.contiguous() and update that tensor")
+    if b.dim() != 3:
+        raise UnsupportedProblem(f"b must be 3-D (G, N, K): each expert's (N, K) weight; got shape {tuple(b.shape)}")
+    G, N, K = b.shape
+    if not 1 <= G <= MAX_GROUPS:
+        raise UnsupportedProblem(f"grouped_mm takes 1 .. {MAX_GROUPS} groups, b has {G}")
+    if layout == "contiguous":
+        if a.dim() != 2:
+            raise UnsupportedProblem(f"with offsets, a must be 2-D (T, K) (tokens sorted by group); got shape "
+                                     f"{tuple(a.shape)} (a 3-D a takes counts: the masked layout)")
+        rows = a.shape[0]
+        if ranges.dim() != 1 or ranges.shape[0] not in (G, G + 1):
+            raise UnsupportedProblem(f"offsets must be 1-D of G + 1 = {G + 1} boundaries or G = {G} ends "
+                                     f"(torch._grouped_mm's offs); got shape {tuple(ranges.shape)}")
+        lead = 1 if ranges.shape[0] == G + 1 else 0
+    else:
+        if a.dim() != 3 or a.shape[0] != G:
+            raise UnsupportedProblem(f"with counts, a must be 3-D (G, C, K) with G = {G} (b's groups); got "
+                                     f"shape {tuple(a.shape)}")
+        rows = a.shape[1]
+        if ranges.dim() != 1 or ranges.shape[0] != G:
+            raise UnsupportedProblem(f"counts must be 1-D of G = {G} entries; got shape {tuple(ranges.shape)}")
+        lead = 0
+    if a.shape[-1] != K:
+        raise UnsupportedProblem(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} (G, N, K)")
+    if K % 8 or K == 0:
+        raise UnsupportedProblem(f"K must be a positive multiple of 8 (TMA reads 16-byte rows), got K = {K}")
+    for name, x in (("a", a), ("b", b)):
+        if not _packed(x):
+            raise UnsupportedProblem(f"{name} must have unit stride along K and packed leading dimensions (one "
+                                     f"matrix of rows); got strides {x.stride()}: pass {name}.contiguous()")
+        if (x.stride(-2) * x.element_size()) % 16:
+            raise UnsupportedProblem(f"{name}'s row stride ({x.stride(-2)} elements) must be a multiple of 16 "
+                                     "bytes (TMA)")
+    for name, x in (("b", b), (rname, ranges)):
+        if x.device != a.device:
+            raise UnsupportedProblem(f"{name} is on {x.device}, a on {a.device}")
+    if G * N >= 2**31 or a.numel() // max(K, 1) >= 2**31 - 256:  # the kernel rounds rows up to a tile in int32
+        raise UnsupportedProblem("grouped_mm's row coordinates must fit in int32 (fewer than 2^31 - 256 rows of a "
+                                 "and 2^31 rows of b)")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if out_dtype is not None and out.dtype != out_dtype:
+            raise TypeError(f"out is {out.dtype} but out_dtype is {out_dtype}")
+        out_dtype = out.dtype
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _NAMES:
+        raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
+    p = GroupedProblem(layout=layout, groups=G, rows=rows, N=N, K=K, lead=lead, dtype=a.dtype, out_dtype=out_dtype)
+    if out is not None:
+        if tuple(out.shape) != p.out_shape:
+            raise UnsupportedProblem(f"out must have shape {p.out_shape}, got {tuple(out.shape)}")
+        if out.device != a.device:
+            raise UnsupportedProblem(f"out is on {out.device}, a on {a.device}")
+        if not _packed(out):
+            raise UnsupportedProblem(f"out must have unit stride along N and packed leading dimensions; got "
+                                     f"strides {out.stride()}")
+    return p
+
+
+# The call ----------------------------------------------------------------------------------------------
+
+def _rows2d(x: torch.Tensor) -> torch.Tensor:
+    """A packed 2-D or 3-D tensor as the 2-D matrix of its rows (a view)."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def compile_plan(p: GroupedPlan):
+    """The compiled instantiation of ``p`` (cached in memory and on disk; works without a GPU)."""
+    from .jit.compiler import compile_kernel
+
+    return compile_kernel(SOURCE, p.name_expression, arch="sm_90a", name=p.compiled_name)
+
+
+def _launch_fn():
+    from .jit.launch import launch
+
+    return launch
+
+
+def _tensor_map(t, box):
+    from .jit.launch import tensor_map_2d
+
+    return tensor_map_2d(t, box)
+
+
+def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tensor, lead: int,
+           out: torch.Tensor) -> None:
+    """Run plan ``p``. a: (T, K) or (G, C, K); b: (G, N, K); ranges: offsets (contiguous; ``lead`` = 1
+    for G + 1 boundaries, 0 for G ends) or counts (masked), int32 on the device; out: (T, N) or (G, C, N)
+    in ``p.out_dtype``. All packed (``validate``), a and b 16-byte aligned. Checks what the plan fixes."""
+    import numpy as np
+
+    G, N, K = b.shape
+    rows = a.shape[0] if a.dim() == 2 else a.shape[1]
+    if (G, rows, N, K) != (p.groups, p.rows, p.N, p.K) or (a.dim() == 2) != (p.layout == "contiguous"):
+        raise UnsupportedProblem(f"plan is for {p.layout} {p.groups} x {p.rows} x {p.N} x {p.K}, the operands "
+                                 f"are a {tuple(a.shape)}, b {tuple(b.shape)}")
+    a2, b2, o2 = _rows2d(a), _rows2d(b), _rows2d(out)
+    compiled = compile_plan(p)
+    map_a = _tensor_map(a2, (p.bm, BK))
+    map_b = _tensor_map(b2, (p.bn, BK))
+    la = p.launch_args()
+    args = (map_a, map_b, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K), o2,
+            np.int64(o2.stride(0)))
+    _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def _runs_here(a: torch.Tensor) -> bool:
+    """Whether the kernel can run on ``a``'s device: a CUDA device (CPU tests replace this)."""
+    return a.is_cuda
+
+
+def plan_for(a, b, offsets=None, counts=None, *, out_dtype=None) -> GroupedPlan:
+    """The plan ``grouped_mm`` runs for these arguments (priced for evenly filled groups)."""
+    p = validate(a, b, offsets, counts, None, out_dtype)
+    profile = None
+    if a.is_cuda:
+        from .engine2 import _profile
+
+        profile = _profile(a.device)
+    return plan(p.layout, p.groups, p.rows, p.N, p.K, dtype=_NAMES[p.dtype], out_dtype=_NAMES[p.out_dtype],
+                profile=profile)
+
+
+def run(a, b, offsets=None, counts=None, out=None, *, out_dtype=None,
+        plan: Optional[GroupedPlan] = None) -> torch.Tensor:
+    """``grouped_mm`` without the custom op, optionally with a chosen ``plan`` (tests, benchmark)."""
+    p = validate(a, b, offsets, counts, out, out_dtype)
+    if not _runs_here(a):
+        raise UnsupportedProblem(f"grouped_mm runs on a CUDA (Hopper) device; the operands are on {a.device}")
+    if out is None:
+        out = torch.empty(p.out_shape, dtype=p.out_dtype, device=a.device)
+    if p.rows == 0 or p.N == 0:
+        return out
+    if a.data_ptr() % 16 or b.data_ptr() % 16:
+        raise UnsupportedProblem("a and b must start 16-byte aligned (TMA)")
+    pl = plan or plan_for(a, b, offsets, counts, out_dtype=p.out_dtype)
+    launch(pl, a, b, offsets if offsets is not None else counts, p.lead, out)
+    return out
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor] = None, *,
+               counts: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
+               out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Grouped GEMM: for each group g, out_g = a_g @ b[g].T (mixture-of-experts experts in one launch).
+
+    a: contiguous layout (T, K) with tokens sorted by group and ``offsets`` int32 (G + 1 boundaries, or G
+    ends as torch._grouped_mm's offs); masked layout (G, C, K) with ``counts`` int32 (G,). b: (G, N, K),
+    each group's nn.Linear weight. bf16 or fp16 (both the same); K a multiple of 8; unit stride along K,
+    packed leading dimensions, 16-byte aligned. out / out_dtype: (T, N) or (G, C, N) in bf16, fp16 or fp32
+    (default a's dtype). Rows outside every group / past a count are not written (keep ``out``'s values;
+    uninitialized in a fresh output). offsets / counts are read on the device: no host sync, CUDA-graph
+    capturable; their values are clamped, not checked (module docstring). torch custom ops
+    ``gemmlab::grouped_mm`` / ``gemmlab::grouped_mm_out`` with fake implementations."""
+    validate(a, b, offsets, counts, out, out_dtype)
+    if out is not None:
+        _grouped_mm_out_op(a, b, offsets, counts, out)
+        return out
+    return _grouped_mm_op(a, b, offsets, counts, out_dtype)
+
+
+@torch.library.custom_op("gemmlab::grouped_mm", mutates_args=())
+def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor],
+                   counts: Optional[torch.Tensor], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return run(a, b, offsets, counts, out_dtype=out_dtype)
+
+
+@_grouped_mm_op.register_fake
+def _grouped_mm_fake(a, b, offsets, counts, out_dtype):
+    p = validate(a, b, offsets, counts, None, out_dtype)
+    return a.new_empty(p.out_shape, dtype=p.out_dtype)
+
+
+@torch.library.custom_op("gemmlab::grouped_mm_out", mutates_args=("out",))
+def _grouped_mm_out_op(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor],
+                       counts: Optional[torch.Tensor], out: torch.Tensor) -> None:
+    run(a, b, offsets, counts, out)
+
+
+@_grouped_mm_out_op.register_fake
+def _grouped_mm_out_fake(a, b, offsets, counts, out):
+    validate(a, b, offsets, counts, out, None)
+
+
+# The reference (pure torch, any device) -----------------------------------------------------------------
+
+def group_rows(layout: str, ranges: torch.Tensor, groups: int, rows: int) -> list[tuple[int, int]]:
+    """(first row, row count) of each group, clamped as the kernel clamps them (reads ``ranges`` on the host)."""
+    r = [int(x) for x in ranges.cpu().tolist()]
+    spans = []
+    for g in range(groups):
+        if layout == "masked":
+            spans.append((g * rows, min(max(r[g], 0), rows)))
+        else:
+            lead = 1 if len(r) == groups + 1 else 0
+            b = r[g] if lead else (r[g - 1] if g else 0)
+            s = min(max(b, 0), rows)
+            e = min(max(r[g + lead], s), rows)
+            spans.append((s, e - s))
+    return spans
+
+
+def reference_grouped_mm(a, b, offsets=None, counts=None, *, fill: float = float("nan"),
+                         dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """What ``grouped_mm`` writes, in ``dtype`` (float64 by default), with ``fill`` in the rows it does not
+    write. Same arguments as ``grouped_mm``; reads offsets / counts on the host; runs on CPU too."""
+    p = validate(a, b, offsets, counts, None, None)
+    a2 = _rows2d(a).to(dtype)
+    ref = torch.full((a2.shape[0], p.N), fill, dtype=dtype, device=a.device)
+    for g, (s, n) in enumerate(group_rows(p.layout, offsets if offsets is not None else counts, p.groups, p.rows)):
+        if n:
+            ref[s:s + n] = a2[s:s + n] @ b[g].to(dtype).t()
+    return ref.reshape(p.out_shape)
+
+
+# What the SASS must show ------------------------------------------------------------------------------
+
+def sass_expect(p: GroupedPlan):
+    """The grouped kernel's SASS: bf16/fp16 wgmma (HGMMA), TMA loads, the group table's warp scan (SHFL.UP),
+    no TMA store (the threads store the group's rows), no mma.sync, no local memory, no GPU-wide fence in a
+    loop; setmaxnreg with two consumers."""
+    from .sass import SassExpect
+
+    contains = [r"^HGMMA", r"^UTMALDG", r"^SHFL\.UP"] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
+    return SassExpect(contains=tuple(contains), absent=(r"^UTMASTG", r"^HMMA"), no_local_memory=True,
+                      loop_absent=(r"^MEMBAR\.ALL\.GPU",))

@@ -1,0 +1,91 @@
+// Grouped GEMM (mixture-of-experts): which group, rows and tile a linear tile index belongs to.
+// One launch covers every group's tiles; the groups' row ranges live in device memory (offsets or counts,
+// written by the router on the GPU), so nothing is read on the host and a CUDA graph can replay the launch
+// with new ranges. At kernel entry one warp turns the ranges into a table in shared memory:
+//   start[g]  first row of group g in A / out (contiguous: its offset; masked: g * capacity)
+//   rows[g]   its rows (clamped so that [start, start + rows) stays inside the tensor)
+//   first[g]  linear index of its first tile: sum over groups h < g of ceil(rows[h] / BM) * tiles_n
+// Then the data-parallel TileScheduler walks tiles 0 .. first[G) as for one GEMM, and `locate` finds a
+// tile's group by binary search over `first` (empty groups own no index, so they are never found).
+// Within a group the tile's m index runs fastest: the CTAs working at the same time share B's column
+// tiles (the expert's weight, the larger operand in MoE layers).
+#pragma once
+
+enum GroupLayout { GROUPS_CONTIGUOUS = 0, GROUPS_MASKED = 1 };
+
+struct GroupTile {
+    int row0;  // the group's first row (A and out)
+    int rows;  // the group's rows
+    int g;     // the group (B's slab)
+    int m, n;  // the tile inside the group: rows m * BM .., columns n * BN ..
+};
+
+template <int MAX_GROUPS>
+struct GroupTable {
+    int first[MAX_GROUPS + 1];
+    int start[MAX_GROUPS];
+    int rows[MAX_GROUPS];
+
+    // Warp 0 (all 32 lanes) only; a __syncthreads() must follow before anyone reads the table.
+    // CONTIGUOUS: `ranges` holds offsets; lead = 1: G + 1 boundaries (group g is [ranges[g], ranges[g + 1]));
+    // lead = 0: G ends (torch._grouped_mm's offs: group g is [ranges[g - 1], ranges[g]), group 0 from 0).
+    // `limit` = total rows of A. Offsets are clamped into [0, limit] and a group ending before it starts
+    // is empty: bad offsets give wrong rows, never an access outside A or out.
+    // MASKED: `ranges` holds counts; group g is rows [g * limit, g * limit + clamp(counts[g], 0, limit)),
+    // limit = the capacity of a slab.
+    template <int LAYOUT, int BM>
+    __device__ __forceinline__ void build(const int* __restrict__ ranges, int lead, int G, int limit, int tiles_n,
+                                          int lane) {
+        int carry = 0;
+        for (int base = 0; base < G; base += 32) {
+            const int g = base + lane;
+            int s = 0, r = 0;
+            if (g < G) {
+                if constexpr (LAYOUT == GROUPS_MASKED) {
+                    s = g * limit;
+                    r = min(max(__ldg(ranges + g), 0), limit);
+                } else {
+                    const int b = lead ? __ldg(ranges + g) : (g > 0 ? __ldg(ranges + g - 1) : 0);
+                    const int e = __ldg(ranges + g + lead);
+                    s = min(max(b, 0), limit);
+                    r = min(max(e, s), limit) - s;
+                }
+            }
+            const int tiles = (r + BM - 1) / BM * tiles_n;
+            int x = tiles;  // inclusive warp scan (shfl.sync.up)
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += y;
+            }
+            if (g < G) {
+                first[g] = carry + x - tiles;
+                start[g] = s;
+                rows[g] = r;
+            }
+            carry += __shfl_sync(0xffffffffu, x, 31);
+        }
+        if (lane == 0) first[G] = carry;
+    }
+
+    __device__ __forceinline__ int total(int G) const { return first[G]; }
+
+    // The group of tile index t (0 <= t < total): the largest g with first[g] <= t.
+    template <int BM>
+    __device__ __forceinline__ GroupTile locate(int t, int G) const {
+        int lo = 0, hi = G - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (first[mid] <= t) lo = mid;
+            else hi = mid - 1;
+        }
+        GroupTile gt;
+        gt.g = lo;
+        gt.row0 = start[lo];
+        gt.rows = rows[lo];
+        const int tiles_m = (gt.rows + BM - 1) / BM, local = t - first[lo];
+        gt.m = local % tiles_m;
+        gt.n = local / tiles_m;
+        return gt;
+    }
+};

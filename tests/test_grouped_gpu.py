@@ -1,0 +1,177 @@
+"""The grouped kernel (kernels/engine/gemm_grouped.cu through gemmlab.grouped_mm) on a Hopper GPU: the
+contiguous layout with uneven groups (empty ones included, 8 to 256 experts, ragged rows, N and K not
+multiples of the tile) and the masked layout, every tile of the plan space, bf16 / fp16 / fp32 output,
+against the float64 reference; outputs poisoned with NaN inside a NaN frame, rows outside the groups or
+past the counts left untouched; the masked layout inside a captured CUDA graph replayed with new counts;
+clamped bad offsets never writing outside; agreement with torch._grouped_mm where torch has it.
+
+Written without a GPU at hand (issue 18, second part): not yet run on one.
+"""
+
+import pytest
+import torch
+
+import gemmlab
+from gemmlab import grouped
+from gemmlab.bench import rel_error
+
+pytestmark = pytest.mark.hopper
+
+_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOL = {"bf16": 8e-3, "fp16": 2e-3, "fp32": 5e-4}  # relative (Frobenius) error vs float64: output rounding
+
+
+def _uneven_offsets(G, T, *, seed, empty=()):
+    """(G + 1,) int32 boundaries on the GPU: T rows cut at random (seeded) points; groups in ``empty`` get 0 rows."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(G, generator=g) ** 2  # skewed, as routers are
+    for e in empty:
+        w[e] = 0
+    sizes = torch.floor(w / w.sum() * T).long()
+    sizes[int(torch.argmax(w))] += T - int(sizes.sum())
+    offs = torch.zeros(G + 1, dtype=torch.int64)
+    offs[1:] = torch.cumsum(sizes, 0)
+    return offs.to(torch.int32).cuda()
+
+
+def _operands(rows_shape, G, N, K, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(*rows_shape, K, device="cuda", generator=g).to(dtype)
+    b = (torch.randn(G, N, K, device="cuda", generator=g) / K ** 0.5).to(dtype)
+    return a, b
+
+
+def _framed(shape, dtype):
+    """A NaN output and what to check around it: 2-D, a view inside a frame one row and eight columns
+    larger; 3-D (out must be packed), the tensor itself."""
+    if len(shape) == 2:
+        frame = torch.full((shape[0] + 1, shape[1] + 8), float("nan"), device="cuda", dtype=dtype)
+        return frame[: shape[0], : shape[1]], frame
+    frame = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+    return frame, frame
+
+
+def _check(out, ref, odt):
+    """Rows the reference computes match it; rows it leaves NaN are still NaN (not written)."""
+    torch.cuda.synchronize()
+    written = ~torch.isnan(ref[..., 0])
+    got = out.double()
+    assert torch.isnan(got[~written]).all(), "rows outside the groups were written"
+    if written.any():
+        assert not torch.isnan(got[written]).any(), "rows of a group were not written"
+        err = rel_error(got[written], ref[written])
+        assert err < TOL[odt], err
+
+
+@pytest.mark.parametrize("G,T,N,K", [(8, 4096, 14336 // 8, 4096), (64, 3000, 1408, 2048), (128, 777, 2048, 1024),
+                                     (256, 2048, 256, 7168), (8, 1, 4096, 512), (16, 100, 200, 136)])
+def test_contiguous_uneven_groups(G, T, N, K):
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=G + T, empty=(0, G // 2))
+    out, frame = _framed((T, N), torch.bfloat16)
+    gemmlab.grouped_mm(a, b, offs, out=out)
+    ref = grouped.reference_grouped_mm(a, b, offs)
+    _check(out, ref, "bf16")
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+
+
+@pytest.mark.parametrize("tile", grouped.TILES)
+@pytest.mark.parametrize("odt", ["bf16", "fp16", "fp32"])
+def test_every_tile_and_output_dtype(tile, odt):
+    G, T, N, K = 12, 1000, 392, 520  # N, K not multiples of the tile; groups straddle tiles
+    dtype = torch.float16 if odt == "fp16" else torch.bfloat16
+    a, b = _operands((T,), G, N, K, dtype=dtype)
+    offs = _uneven_offsets(G, T, seed=7, empty=(3,))
+    p = next(c for c in grouped.candidates("contiguous", G, T, N, K, dtype=grouped._NAMES[dtype], out_dtype=odt)
+             if (c.bm, c.bn) == tile)
+    out, frame = _framed((T, N), _TYPES[odt])
+    grouped.run(a, b, offs, out=out, plan=p)
+    _check(out, grouped.reference_grouped_mm(a, b, offs), odt)
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+
+
+def test_offsets_as_torch_ends_and_uncovered_rows():
+    G, T, N, K = 8, 512, 256, 256
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=3)
+    short = offs.clone()
+    short[-1] = T - 40  # the last 40 rows belong to no group
+    out = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemmlab.grouped_mm(a, b, short[1:], out=out)  # G ends, torch._grouped_mm's offs
+    _check(out, grouped.reference_grouped_mm(a, b, short), "bf16")
+    assert torch.isnan(out[T - 40:]).all()
+
+
+def test_bad_offsets_are_clamped_not_out_of_bounds():
+    G, T, N, K = 4, 300, 128, 128
+    a, b = _operands((T,), G, N, K)
+    frame = torch.full((T + 64, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = frame[:T]
+    bad = torch.tensor([-50, 100, 20, 5000, 4000], dtype=torch.int32, device="cuda")
+    gemmlab.grouped_mm(a, b, bad, out=out)
+    torch.cuda.synchronize()
+    assert torch.isnan(frame[T:]).all()  # nothing past T
+    ref = grouped.reference_grouped_mm(a, b, bad)  # [0, 100), [100, 100), [20, 300), [300, 300)
+    rows = torch.arange(T, device="cuda")
+    only0, only2 = rows < 20, rows >= 100
+    assert rel_error(out[only0].double(), ref[only0]) < TOL["bf16"]
+    assert rel_error(out[only2].double(), ref[only2]) < TOL["bf16"]
+
+
+@pytest.mark.parametrize("G,C,N,K", [(8, 64, 4096, 1024), (64, 16, 1408, 2048), (256, 8, 512, 7168)])
+def test_masked_layout(G, C, N, K):
+    a, b = _operands((G, C), G, N, K)
+    counts = torch.randint(0, C + 1, (G,), generator=torch.Generator().manual_seed(G), dtype=torch.int32)
+    counts[0], counts[-1] = 0, C
+    counts = counts.cuda()
+    out, _ = _framed((G, C, N), torch.bfloat16)
+    gemmlab.grouped_mm(a, b, counts=counts, out=out)
+    _check(out, grouped.reference_grouped_mm(a, b, counts=counts), "bf16")
+
+
+def test_masked_layout_in_a_cuda_graph_with_new_counts():
+    """Decode under CUDA graphs: capture once, change counts (and a) in place between replays."""
+    G, C, N, K = 32, 16, 1024, 512
+    a, b = _operands((G, C), G, N, K)
+    counts = torch.zeros(G, dtype=torch.int32, device="cuda")
+    out = torch.full((G, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemmlab.grouped_mm(a, b, counts=counts, out=out)  # compile and prepare outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemmlab.grouped_mm(a, b, counts=counts, out=out)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(4):
+        counts.copy_(torch.randint(0, C + 1, (G,), generator=gen, dtype=torch.int32))
+        a.copy_(torch.randn(G, C, K, generator=gen).to(a.dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        _check(out, grouped.reference_grouped_mm(a, b, counts=counts), "bf16")
+
+
+def test_contiguous_in_a_cuda_graph_with_new_offsets():
+    G, T, N, K = 16, 1024, 512, 512
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=1)
+    out = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemmlab.grouped_mm(a, b, offs, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemmlab.grouped_mm(a, b, offs, out=out)
+    for seed in (2, 3):
+        offs.copy_(_uneven_offsets(G, T, seed=seed, empty=(seed,)))
+        out.fill_(float("nan"))
+        graph.replay()
+        _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+
+
+def test_torch_compile_and_torch_grouped_mm():
+    G, T, N, K = 8, 512, 256, 512
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=11)
+    ours = torch.compile(lambda a, b, o: gemmlab.grouped_mm(a, b, o), fullgraph=True)(a, b, offs)
+    _check(ours, grouped.reference_grouped_mm(a, b, offs), "bf16")
+    if hasattr(torch, "_grouped_mm"):
+        theirs = torch._grouped_mm(a, b.transpose(-2, -1), offs[1:])
+        assert rel_error(ours.double(), theirs.double()) < 1e-2
