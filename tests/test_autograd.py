@@ -305,6 +305,33 @@ def test_linear_fast_path_under_functorch_grad(on_cpu, monkeypatch):
     assert got.shape == x.shape and rel_error(got, g.double() @ w.double()) <= TOL[BF16]
 
 
+@pytest.mark.parametrize("rows, N, K", [(16, 2048, 2048), (4096, 5632, 2048), (16, 2048, 5632), (16, 5632, 2048)])
+def test_linear_backward_gemms_read_their_operands_in_place(rows, N, K):
+    """The backward GEMMs of a bf16 nn.Linear (dense x, row-major weight, dense dy), as the formula forms
+    them (``_grad_x``, ``_grad_w``), reach the engine as views TMA reads where they lie: no operand copy
+    (``engine._operand_plan``), whichever kernel the router picks for them on an H200. dW = dz^T @ x with
+    K = rows (16 at decode) reads both dz and x MN-major."""
+    from gemmlab import autograd, engine
+
+    x2, w, dz = (torch.empty(*s, dtype=BF16, device="meta") for s in ((rows, K), (N, K), (rows, N)))
+    seen = []
+
+    def gemm(which, dz_, a, b, alpha, out_dtype):
+        seen.append((which, a, b))
+        return torch.empty(a.shape[0], b.shape[1], dtype=out_dtype, device="meta")
+
+    assert autograd._grad_x(dz, x2, w, 1.0, gemm).shape == (rows, K)
+    assert autograd._grad_w(dz, x2, w, 1.0, gemm).shape == (N, K)
+    assert [which for which, _, _ in seen] == ["a", "b"]
+    for which, a, b in seen:
+        assert engine._operand_plan(a, 1)[2] is None and engine._operand_plan(b, 0)[2] is None, which
+        out = torch.empty(a.shape[0], b.shape[1], dtype=BF16, device="meta")
+        assert engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132).kernel in (
+            "decode", "engine", "h11")
+    _, dzt, x_b = seen[1]
+    assert dzt.shape == (N, rows) and engine._operand_mn(dzt, 1) and engine._operand_mn(x_b, 0)
+
+
 def test_compiled_gradients_match_eager(on_cpu):
     """torch.compile traces the backward formula (AOTAutograd); its gradients are eager's, and its
     backward GEMMs are gemmlab's."""
