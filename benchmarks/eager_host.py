@@ -15,8 +15,9 @@ No CUDA graphs anywhere here: graph replay hides the host path, which is what th
   then the backward alone on both sides and its stages (``_backward_stages``: its two GEMMs' kept calls, their
   launches, and the driver calls retried for a missing context in autograd's backward thread).
   With ``--device cpu`` (no GPU needed): gemmlab's side alone, the launches stubbed (tests/fakes.py's fake
-  engine with a no-op launch), for the host path's Python cost (plus CPU allocations of the outputs, which
-  torch's CPU allocator does not cache); torch's CPU side would compute, so it is not timed.
+  engine with a no-op launch), for the host path's Python cost, N = 64 (CPU allocations of the outputs and
+  gradients, which torch's CPU allocator does not cache, stay small) and the minimum of 30 rounds of 100
+  calls (a shared machine's noise only adds); torch's CPU side would compute, so it is not timed.
 
 Every record carries the git sha, GPU, SM clock and both sides' numbers; they are appended as JSON lines
 to ``--out`` (default ``benchmarks/results/eager.jsonl``).
@@ -278,6 +279,7 @@ def _encode_map(driver, t):
 
 
 LINEAR_CASES = (((16, 1, 2048), 2048), ((4, 1024, 2048), 5632))  # (x shape, N): llama-1b-ish decode, prefill
+CPU_N, CPU_ROUNDS = 64, 30  # --device cpu: N for every case; rounds of 100 calls, the minimum kept
 
 
 def _stub_device() -> None:
@@ -311,6 +313,8 @@ def linear_records(device: str, out: str, rounds: int = 7) -> list[dict]:
     recs = []
     for shape, N in LINEAR_CASES:
         K = shape[-1]
+        if cpu:  # the Python path does not depend on N; a small N keeps CPU allocations of (N, K) grads out
+            N = CPU_N
         ref = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
         ours = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
         gemmlab.patch(ours)
@@ -342,15 +346,17 @@ def linear_records(device: str, out: str, rounds: int = 7) -> list[dict]:
             for f in sides.values():  # warm: prepared calls, allocator, cuBLAS
                 for _ in range(3):
                     f()
-            for _ in range(rounds):
+            for _ in range(rounds if not cpu else CPU_ROUNDS):
                 for k, f in sides.items():
-                    times[k].append(_median_us(f, reps=1, inner=50) if cpu else eager_host_us(f, calls=30, rounds=1))
-            host = {k: statistics.median(v) for k, v in times.items()}
+                    times[k].append(_median_us(f, reps=1, inner=100) if cpu else eager_host_us(f, calls=30, rounds=1))
+            # CPU: the minimum (the shared development machine's noise only adds); GPU: the median of rounds
+            host = {k: (min(v) if cpu else statistics.median(v)) for k, v in times.items()}
             rec = dict(_common("linear") if not cpu else {"time": dt.datetime.now(dt.timezone.utc).isoformat(
                 timespec="seconds"), "git_sha": git_sha(), "gpu": None, "suite": "eager", "kind": "linear"},
                 device="cpu-stub" if cpu else "cuda", x_shape=list(shape), N=N, K=K, step=kind,
                 gemmlab_host_us=host["gemmlab"], torch_host_us=host.get("torch"),
-                extra_host_us=None if cpu else host["gemmlab"] - host["torch"], rounds=rounds)
+                extra_host_us=None if cpu else host["gemmlab"] - host["torch"], rounds=rounds if not cpu else CPU_ROUNDS,
+                stat="min" if cpu else "median")
             recs.append(rec)
             append_records(out, [rec])
             print(f"  x {str(shape):<16} N {N:>5} {kind:<30} gemmlab {host['gemmlab']:7.1f} us"
@@ -371,9 +377,10 @@ def linear_records(device: str, out: str, rounds: int = 7) -> list[dict]:
 def _backward_alone_us(m, xs, g, cpu: bool, calls: int = 30, rounds: int = 7) -> float:
     """Host time of ``y.backward(g)`` alone (the forwards run before the clock starts), per call: each round
     builds ``calls`` graphs, gives the GPU a sleep kernel (as ``eager_host_us``), then runs their backwards
-    (x's and the weight's gradients reset before each, inside the clock for both sides); median of rounds."""
+    (x's and the weight's gradients reset before each, inside the clock for both sides); median of rounds
+    (CPU: minimum of CPU_ROUNDS)."""
     times = []
-    for _ in range(rounds):
+    for _ in range(rounds if not cpu else CPU_ROUNDS):
         pairs = [(xs[i % len(xs)], m(xs[i % len(xs)])) for i in range(calls)]
         if not cpu:
             torch.cuda.synchronize()
@@ -385,7 +392,7 @@ def _backward_alone_us(m, xs, g, cpu: bool, calls: int = 30, rounds: int = 7) ->
         times.append((time.perf_counter_ns() - t0) / calls / 1e3)
         if not cpu:
             torch.cuda.synchronize()
-    return statistics.median(times)
+    return min(times) if cpu else statistics.median(times)
 
 
 def _backward_stages(ref, ours, xs, g, cpu: bool) -> dict[str, float]:
@@ -404,15 +411,18 @@ def _backward_stages(ref, ours, xs, g, cpu: bool) -> dict[str, float]:
     for _ in range(3):
         x.grad = w.grad = None
         ours(x).backward(g)
-    retries = L.CONTEXT_RETRIES
+    retries = getattr(L, "CONTEXT_RETRIES", 0)
     out = {"gemmlab backward alone": _backward_alone_us(ours, xs, g, cpu)}
-    out["driver calls retried for a missing context, per backward"] = (L.CONTEXT_RETRIES - retries) / (7 * 30)
+    out["driver calls retried for a missing context, per backward"] = (getattr(L, "CONTEXT_RETRIES", 0) - retries) / (7 * 30)
+    if cpu:  # (GEMMLAB_SRC: code from before the counter has none)
+        out.pop("driver calls retried for a missing context, per backward")
     if not cpu:
         out["torch backward alone"] = _backward_alone_us(ref, xs, g, cpu)
     entry = ops._CALLS.get(functional._linear_key(x, w, None, None))
     x2, dz = x.detach().reshape(-1, K), g.reshape(-1, N)
     stages = {}
-    for (which, _meta), call in entry.call.grads.items():
+    for key, call in entry.call.grads.items():
+        which = key[0]  # "a" (dX) or "b" (dW), then dz's metadata
         args = (dz, w.detach(), None) if which == "a" else (dz.t(), x2, None)
         name = "dX = dz @ w" if which == "a" else "dW = dz^T @ x"
         stages[f"{name}: kept prepared call (torch.empty + launch)"] = lambda c=call, a=args: c(*a, 1.0, 0.0, None, None)
