@@ -467,3 +467,27 @@ def test_gpu_compiled_gradients_match_eager(dtype, gen):
     for e, cpl, ref in zip(eager, compiled, want):
         assert rel_error(e.grad, ref) <= TOL[dtype]
         assert rel_error(cpl.grad, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("w_layout", ["row", "column-major"])
+@pytest.mark.parametrize("x_shape", [(16, 1, 512), (4, 100, 256)], ids=str)
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_linear_fast_path_gradients(x_shape, w_layout, gen):
+    """``_EagerLinear`` on the real kernels: the second call of a shape runs it, and x's, the weight's and
+    the bias's gradients match float64 torch's (at 16 rows dW's inner dimension is 16)."""
+    K = x_shape[-1]
+    w = leaf(rnd(192, K, dtype=BF16, device="cuda", gen=gen) if w_layout == "row"
+             else rnd(K, 192, dtype=BF16, device="cuda", gen=gen).t())
+    bias = leaf(rnd(192, dtype=BF16, device="cuda", gen=gen))
+    for step in range(2):
+        x = leaf(rnd(*x_shape, dtype=BF16, device="cuda", gen=gen))
+        y = gemmlab.linear(x, w, bias, activation="silu")
+        if step:
+            assert type(y.grad_fn).__name__ == "_EagerLinearBackward"
+        g = rnd(*y.shape, dtype=BF16, device="cuda", gen=gen)
+        w.grad = bias.grad = None
+        y.backward(g)
+        want = _linear_grads(x, w, bias, "silu", g)
+        for name, t, ref in (("x", x, want[0]), ("w", w, want[1]), ("bias", bias, want[2])):
+            assert rel_error(t.grad, ref) <= TOL[BF16], name
