@@ -11,10 +11,13 @@ No CUDA graphs anywhere here: graph replay hides the host path, which is what th
   descriptor encoding and address replacement, allocation, custom-op dispatch), each timed alone.
 - ``--linear``: a decoder's pattern (issue 17): ``gemmlab.patch``ed ``nn.Linear`` against ``nn.Linear`` on a
   3-D input, a fresh input tensor every call (new data pointers), the weight a Parameter: host time of a
-  forward under inference_mode, of a forward with grad, and of forward + backward (dx and dW), GPU kept busy.
+  forward under inference_mode, of a forward with grad, and of forward + backward (dx and dW), GPU kept busy;
+  then the backward alone on both sides and its stages (``_backward_stages``: its two GEMMs' kept calls, their
+  launches, and the driver calls retried for a missing context in autograd's backward thread).
   With ``--device cpu`` (no GPU needed): gemmlab's side alone, the launches stubbed (tests/fakes.py's fake
-  engine with a no-op launch), for the host path's Python cost (plus CPU allocations of the outputs, which
-  torch's CPU allocator does not cache); torch's CPU side would compute, so it is not timed.
+  engine with a no-op launch), for the host path's Python cost, N = 64 (CPU allocations of the outputs and
+  gradients, which torch's CPU allocator does not cache, stay small) and the minimum of 30 rounds of 100
+  calls (a shared machine's noise only adds); torch's CPU side would compute, so it is not timed.
 
 Every record carries the git sha, GPU, SM clock and both sides' numbers; they are appended as JSON lines
 to ``--out`` (default ``benchmarks/results/eager.jsonl``).
@@ -276,6 +279,7 @@ def _encode_map(driver, t):
 
 
 LINEAR_CASES = (((16, 1, 2048), 2048), ((4, 1024, 2048), 5632))  # (x shape, N): llama-1b-ish decode, prefill
+CPU_N, CPU_ROUNDS = 64, 30  # --device cpu: N for every case; rounds of 100 calls, the minimum kept
 
 
 def _stub_device() -> None:
@@ -309,6 +313,8 @@ def linear_records(device: str, out: str, rounds: int = 7) -> list[dict]:
     recs = []
     for shape, N in LINEAR_CASES:
         K = shape[-1]
+        if cpu:  # the Python path does not depend on N; a small N keeps CPU allocations of (N, K) grads out
+            N = CPU_N
         ref = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
         ours = torch.nn.Linear(K, N, bias=False, device=device, dtype=torch.bfloat16)
         gemmlab.patch(ours)
@@ -340,15 +346,17 @@ def linear_records(device: str, out: str, rounds: int = 7) -> list[dict]:
             for f in sides.values():  # warm: prepared calls, allocator, cuBLAS
                 for _ in range(3):
                     f()
-            for _ in range(rounds):
+            for _ in range(rounds if not cpu else CPU_ROUNDS):
                 for k, f in sides.items():
-                    times[k].append(_median_us(f, reps=1, inner=50) if cpu else eager_host_us(f, calls=30, rounds=1))
-            host = {k: statistics.median(v) for k, v in times.items()}
+                    times[k].append(_median_us(f, reps=1, inner=100) if cpu else eager_host_us(f, calls=30, rounds=1))
+            # CPU: the minimum (the shared development machine's noise only adds); GPU: the median of rounds
+            host = {k: (min(v) if cpu else statistics.median(v)) for k, v in times.items()}
             rec = dict(_common("linear") if not cpu else {"time": dt.datetime.now(dt.timezone.utc).isoformat(
                 timespec="seconds"), "git_sha": git_sha(), "gpu": None, "suite": "eager", "kind": "linear"},
                 device="cpu-stub" if cpu else "cuda", x_shape=list(shape), N=N, K=K, step=kind,
                 gemmlab_host_us=host["gemmlab"], torch_host_us=host.get("torch"),
-                extra_host_us=None if cpu else host["gemmlab"] - host["torch"], rounds=rounds)
+                extra_host_us=None if cpu else host["gemmlab"] - host["torch"], rounds=rounds if not cpu else CPU_ROUNDS,
+                stat="min" if cpu else "median")
             recs.append(rec)
             append_records(out, [rec])
             print(f"  x {str(shape):<16} N {N:>5} {kind:<30} gemmlab {host['gemmlab']:7.1f} us"
@@ -357,7 +365,78 @@ def linear_records(device: str, out: str, rounds: int = 7) -> list[dict]:
             recs.append(dict(_common("linear_stages"), x_shape=list(shape), N=N, K=K,
                              stages=_linear_stages(ref, ours, pool[0])))
             append_records(out, recs[-1:])
+        stages = _backward_stages(ref, ours, pool_g, g, cpu)
+        recs.append(dict(_common("linear_backward_stages") if not cpu else {
+            "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git_sha(), "gpu": None,
+            "suite": "eager", "kind": "linear_backward_stages"}, device="cpu-stub" if cpu else "cuda",
+            x_shape=list(shape), N=N, K=K, stages=stages))
+        append_records(out, recs[-1:])
     return recs
+
+
+def _backward_alone_us(m, xs, g, cpu: bool, calls: int = 30, rounds: int = 7) -> float:
+    """Host time of ``y.backward(g)`` alone (the forwards run before the clock starts), per call: each round
+    builds ``calls`` graphs, gives the GPU a sleep kernel (as ``eager_host_us``), then runs their backwards
+    (x's and the weight's gradients reset before each, inside the clock for both sides); median of rounds
+    (CPU: minimum of CPU_ROUNDS)."""
+    times = []
+    for _ in range(rounds if not cpu else CPU_ROUNDS):
+        pairs = [(xs[i % len(xs)], m(xs[i % len(xs)])) for i in range(calls)]
+        if not cpu:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(150_000_000)  # eager_host_us's default busy_cycles
+        t0 = time.perf_counter_ns()
+        for x, y in pairs:
+            x.grad = m.weight.grad = None
+            y.backward(g)
+        times.append((time.perf_counter_ns() - t0) / calls / 1e3)
+        if not cpu:
+            torch.cuda.synchronize()
+    return min(times) if cpu else statistics.median(times)
+
+
+def _backward_stages(ref, ours, xs, g, cpu: bool) -> dict[str, float]:
+    """Where a patched nn.Linear's backward spends host time: the backward alone on both sides, then its
+    two GEMMs' kept prepared calls (``ops._Call.grads``) called from the main thread (autograd runs them in
+    its device thread), each launch alone, and how many driver calls found no current context while the
+    backwards ran (``jit.launch.CONTEXT_RETRIES``: a count that grows with the calls would mean the backward
+    thread pays a context switch and a retry every time)."""
+    from gemmlab import functional, ops
+    from gemmlab.jit import launch as L
+    from gemmlab.timer import eager_host_us
+
+    w = ours.weight
+    N, K = w.shape
+    x = xs[0]
+    for _ in range(3):
+        x.grad = w.grad = None
+        ours(x).backward(g)
+    retries = getattr(L, "CONTEXT_RETRIES", 0)
+    out = {"gemmlab backward alone": _backward_alone_us(ours, xs, g, cpu)}
+    out["driver calls retried for a missing context, per backward"] = (getattr(L, "CONTEXT_RETRIES", 0) - retries) / (7 * 30)
+    if cpu:  # (GEMMLAB_SRC: code from before the counter has none)
+        out.pop("driver calls retried for a missing context, per backward")
+    if not cpu:
+        out["torch backward alone"] = _backward_alone_us(ref, xs, g, cpu)
+    entry = ops._CALLS.get(functional._linear_key(x, w, None, None))
+    x2, dz = x.detach().reshape(-1, K), g.reshape(-1, N)
+    stages = {}
+    for key, call in entry.call.grads.items():
+        which = key[0]  # "a" (dX) or "b" (dW), then dz's metadata
+        args = (dz, w.detach(), None) if which == "a" else (dz.t(), x2, None)
+        name = "dX = dz @ w" if which == "a" else "dW = dz^T @ x"
+        stages[f"{name}: kept prepared call (torch.empty + launch)"] = lambda c=call, a=args: c(*a, 1.0, 0.0, None, None)
+        if call.launch is not None and not cpu:
+            o = torch.empty(call.shape, dtype=call.p.out_dtype, device=x.device)
+            stages[f"{name}: launch .run alone"] = (lambda c=call, a=args, o=o: c.launch.run(
+                ops._stream(x.get_device()), a[0], a[1], o, None, None, 1.0, 0.0))
+    for name, fn in stages.items():
+        for _ in range(5):
+            fn()
+        out[name] = eager_host_us(fn, calls=50, rounds=5) if not cpu else _median_us(fn, reps=21, inner=200)
+    for name, v in out.items():
+        print(f"    {name:<62} {v:8.2f}" + ("" if "retried" in name else " us"), flush=True)
+    return out
 
 
 def _linear_stages(ref, ours, x) -> dict[str, float]:

@@ -192,6 +192,146 @@ def test_linear_3d_gradients_match_f_linear(on_cpu):
         assert rel_error(got, ref) <= TOL[BF16]
 
 
+# gemmlab.linear's fast path with gradients: x and the weight straight into autograd._EagerLinear ---------------
+
+X_LAYOUTS = {  # how x (rows 6 = 2 x 3, K 32) is laid out; each flattens to (6, 32) by a view
+    "3-D": lambda: rnd(2, 3, 32),
+    "2-D": lambda: rnd(6, 32),
+    "2-D column-major": lambda: rnd(32, 6).t(),
+    "3-D column-major rows": lambda: rnd(32, 6).t().view(2, 3, 32),  # x2 = x.view(6, 32) has strides (1, 6)
+    "3-D strided rows": lambda: rnd(2, 3, 48)[:, :, :32],
+}
+
+
+def _linear_grads(x, w, bias, activation, g):
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = None if bias is None else bias.detach().double().requires_grad_()
+    ins = [t for t in (x64, w64, b64) if t is not None]
+    return torch.autograd.grad(act_reference(F.linear(x64, w64, b64), activation), ins, g.double())
+
+
+@pytest.mark.parametrize("activation", [None, "relu", "silu"])
+@pytest.mark.parametrize("w_layout", ["row", "column-major"])
+@pytest.mark.parametrize("x_layout", list(X_LAYOUTS))
+def test_linear_fast_path_gradients_in_every_layout(on_cpu, monkeypatch, x_layout, w_layout, activation):
+    """Once a linear key is stored, a call that needs gradients runs ``_EagerLinear`` on x and the weight
+    themselves: its node's inputs are the leaves (no view nodes between), and x's, the weight's and the
+    bias's gradients match torch's, each in its leaf's layout, step after step with fresh x."""
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    w = leaf(rnd(16, 32) if w_layout == "row" else rnd(32, 16).t())
+    bias = leaf(rnd(16))
+    for step in range(3):
+        x = leaf(X_LAYOUTS[x_layout]())
+        y = gemmlab.linear(x, w, bias, activation=activation)
+        g = rnd(*y.shape)
+        if step:  # the first call took the general path and stored the key
+            assert type(y.grad_fn).__name__ == "_EagerLinearBackward"
+            assert [type(f).__name__ for f, _ in y.grad_fn.next_functions[:3]] == ["AccumulateGrad"] * 3
+        w.grad = bias.grad = None
+        y.backward(g)
+        want = _linear_grads(x, w, bias, activation, g)
+        for name, t, ref in (("x", x, want[0]), ("w", w, want[1]), ("bias", bias, want[2])):
+            assert t.grad.dtype == t.dtype and t.grad.shape == t.shape, name
+            assert rel_error(t.grad, ref) <= TOL[BF16], name
+        # Each gradient is written in its input's layout (no copy to accumulate it): dX (rows, K), or
+        # (K, rows) transposed for column-major rows of x; dW (N, K) for a row-major w, else (K, N).
+        dx, dw = on_cpu.engine.calls[-2:]
+        assert dx["out"].shape == ((32, 6) if "column-major" in x_layout else (6, 32))
+        assert dw["out"].shape == ((16, 32) if w_layout == "row" else (32, 16))
+
+
+@pytest.mark.parametrize("needs", ["x", "weight", "bias"])
+def test_linear_fast_path_computes_only_the_gradients_asked_for(on_cpu, monkeypatch, needs):
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    x, w, bias = rnd(2, 3, 32), rnd(16, 32), rnd(16)
+    gemmlab.linear(x, w, bias)  # stores the key
+    x, w, bias = (leaf(t) if name == needs else t for name, t in (("x", x), ("weight", w), ("bias", bias)))
+    y = gemmlab.linear(x, w, bias)
+    assert type(y.grad_fn).__name__ == "_EagerLinearBackward"
+    before = len(on_cpu.engine.calls)
+    y.backward(rnd(2, 3, 16))
+    assert len(on_cpu.engine.calls) - before == {"x": 1, "weight": 1, "bias": 0}[needs]
+    assert [t.grad is not None for t in (x, w, bias)] == [needs == n for n in ("x", "weight", "bias")]
+
+
+def test_linear_fast_path_output_is_not_a_view(on_cpu, monkeypatch):
+    """The Function's result is made in its (..., N) shape, not viewed from (rows, N) inside forward (such
+    a view would refuse in-place changes): ``y += r`` works and the gradients are unchanged by it; with relu,
+    whose backward reads y, changing y in place is caught by autograd as for any saved output."""
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    w = leaf(rnd(16, 32))
+    gemmlab.linear(rnd(2, 3, 32), w)
+    x = leaf(rnd(2, 3, 32))
+    y = gemmlab.linear(x, w)
+    assert y._base is None
+    y += rnd(2, 3, 16)
+    g = rnd(2, 3, 16)
+    y.backward(g)
+    want = _linear_grads(x, w, None, None, g)
+    assert rel_error(x.grad, want[0]) <= TOL[BF16] and rel_error(w.grad, want[1]) <= TOL[BF16]
+    gemmlab.linear(rnd(2, 3, 32), w, activation="relu")
+    y = gemmlab.linear(leaf(rnd(2, 3, 32)), w, activation="relu")
+    assert type(y.grad_fn).__name__ == "_EagerLinearBackward"
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(g)
+
+
+def test_linear_fast_path_shares_the_matmul_paths_backward_gemms(on_cpu, monkeypatch):
+    """``_EagerLinear`` and ``_EagerMatmul`` on the same metadata run the same backward GEMMs: the kept
+    prepared calls of one serve the other (nothing new prepared), with the same gradients."""
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    x, w = leaf(rnd(2, 3, 32)), leaf(rnd(16, 32))
+    g = rnd(2, 3, 16)
+    gemmlab.matmul(x.view(6, 32), w.t()).view(2, 3, 16).backward(g)  # the matmul path: forward, dX, dW
+    via_matmul = x.grad.clone(), w.grad.clone()
+    prepared = len(on_cpu.engine.prepared)
+    gemmlab.linear(rnd(2, 3, 32), w)  # stores the linear key (its prepared call is the matmul's)
+    x.grad = w.grad = None
+    y = gemmlab.linear(x, w)
+    assert type(y.grad_fn).__name__ == "_EagerLinearBackward"
+    y.backward(g)
+    assert len(on_cpu.engine.prepared) == prepared == 3
+    assert torch.equal(x.grad, via_matmul[0]) and torch.equal(w.grad, via_matmul[1])
+
+
+def test_linear_fast_path_under_functorch_grad(on_cpu, monkeypatch):
+    """Under torch.func.grad the linear fast path takes ``_EagerMatmulTransforms`` on the views."""
+    monkeypatch.setattr(ops, "_fast_device", lambda t: True)
+    x, w = rnd(2, 3, 32), rnd(16, 32)
+    gemmlab.linear(x, w)
+    g = rnd(2, 3, 16)
+    got = torch.func.grad(lambda x: (gemmlab.linear(x, w).double() * g.double()).sum())(x)
+    assert got.shape == x.shape and rel_error(got, g.double() @ w.double()) <= TOL[BF16]
+
+
+@pytest.mark.parametrize("rows, N, K", [(16, 2048, 2048), (4096, 5632, 2048), (16, 2048, 5632), (16, 5632, 2048)])
+def test_linear_backward_gemms_read_their_operands_in_place(rows, N, K):
+    """The backward GEMMs of a bf16 nn.Linear (dense x, row-major weight, dense dy), as the formula forms
+    them (``_grad_x``, ``_grad_w``), reach the engine as views TMA reads where they lie: no operand copy
+    (``engine._operand_plan``), whichever kernel the router picks for them on an H200. dW = dz^T @ x with
+    K = rows (16 at decode) reads both dz and x MN-major."""
+    from gemmlab import autograd, engine
+
+    x2, w, dz = (torch.empty(*s, dtype=BF16, device="meta") for s in ((rows, K), (N, K), (rows, N)))
+    seen = []
+
+    def gemm(which, dz_, a, b, alpha, out_dtype):
+        seen.append((which, a, b))
+        return torch.empty(a.shape[0], b.shape[1], dtype=out_dtype, device="meta")
+
+    assert autograd._grad_x(dz, x2, w, 1.0, gemm).shape == (rows, K)
+    assert autograd._grad_w(dz, x2, w, 1.0, gemm).shape == (N, K)
+    assert [which for which, _, _ in seen] == ["a", "b"]
+    for which, a, b in seen:
+        assert engine._operand_plan(a, 1)[2] is None and engine._operand_plan(b, 0)[2] is None, which
+        out = torch.empty(a.shape[0], b.shape[1], dtype=BF16, device="meta")
+        assert engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132).kernel in (
+            "decode", "engine", "h11")
+    _, dzt, x_b = seen[1]
+    assert dzt.shape == (N, rows) and engine._operand_mn(dzt, 1) and engine._operand_mn(x_b, 0)
+
+
 def test_compiled_gradients_match_eager(on_cpu):
     """torch.compile traces the backward formula (AOTAutograd); its gradients are eager's, and its
     backward GEMMs are gemmlab's."""
@@ -327,3 +467,27 @@ def test_gpu_compiled_gradients_match_eager(dtype, gen):
     for e, cpl, ref in zip(eager, compiled, want):
         assert rel_error(e.grad, ref) <= TOL[dtype]
         assert rel_error(cpl.grad, ref) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("w_layout", ["row", "column-major"])
+@pytest.mark.parametrize("x_shape", [(16, 1, 512), (4, 100, 256)], ids=str)
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_gpu_linear_fast_path_gradients(x_shape, w_layout, gen):
+    """``_EagerLinear`` on the real kernels: the second call of a shape runs it, and x's, the weight's and
+    the bias's gradients match float64 torch's (at 16 rows dW's inner dimension is 16)."""
+    K = x_shape[-1]
+    w = leaf(rnd(192, K, dtype=BF16, device="cuda", gen=gen) if w_layout == "row"
+             else rnd(K, 192, dtype=BF16, device="cuda", gen=gen).t())
+    bias = leaf(rnd(192, dtype=BF16, device="cuda", gen=gen))
+    for step in range(2):
+        x = leaf(rnd(*x_shape, dtype=BF16, device="cuda", gen=gen))
+        y = gemmlab.linear(x, w, bias, activation="silu")
+        if step:
+            assert type(y.grad_fn).__name__ == "_EagerLinearBackward"
+        g = rnd(*y.shape, dtype=BF16, device="cuda", gen=gen)
+        w.grad = bias.grad = None
+        y.backward(g)
+        want = _linear_grads(x, w, bias, "silu", g)
+        for name, t, ref in (("x", x, want[0]), ("w", w, want[1]), ("bias", bias, want[2])):
+            assert rel_error(t.grad, ref) <= TOL[BF16], name

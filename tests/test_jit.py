@@ -157,3 +157,31 @@ def test_prepared_descriptors_are_64_byte_aligned_copies(monkeypatch):
         assert launcher.maps[2] is slot.tmap and slot.tmap.getPtr() % 64 == 0
         got = np.ctypeslib.as_array((ctypes.c_uint8 * 128).from_address(slot.tmap.getPtr()))
         assert np.array_equal(got, pattern)
+
+
+def test_context_retries_are_counted_once_per_missing_context(monkeypatch):
+    """A descriptor's address replacement that finds no current context (a thread new to the driver, e.g.
+    autograd's backward thread) makes the context current, retries, and is counted in CONTEXT_RETRIES;
+    a replacement that succeeds, or an unchanged address, is not counted."""
+    import torch
+    from cuda.bindings import driver
+
+    from gemmlab.jit import launch as L
+
+    class FakeLauncher:
+        device_index = 0
+
+        def set_map(self, i, tmap):
+            pass
+
+    monkeypatch.setattr(L, "encode_tensor_map", lambda *a, **kw: driver.CUtensorMap())
+    slot = L.MapSlot(FakeLauncher(), 0, 0x10000, 64, 64, 64, torch.bfloat16, (64, 64))
+    current = {"made": 0}
+    monkeypatch.setattr(L, "current_device", lambda index: current.__setitem__("made", current["made"] + 1))
+    answers = [driver.CUresult.CUDA_ERROR_INVALID_CONTEXT, driver.CUresult.CUDA_SUCCESS]
+    slot._replace = lambda tmap, ptr: (answers.pop(0) if answers else driver.CUresult.CUDA_SUCCESS,)
+    before = L.CONTEXT_RETRIES
+    slot.point_at(0x20000)  # no context: made current, retried
+    slot.point_at(0x20000)  # unchanged address: no driver call
+    slot.point_at(0x30000)  # context current now
+    assert L.CONTEXT_RETRIES - before == 1 and current["made"] == 1 and slot.ptr == 0x30000

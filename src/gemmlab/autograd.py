@@ -78,7 +78,7 @@ def _dz(ctx, dy, a, b, bias, c, y):
     """(dz in the inputs' dtype for the GEMMs, dz in fp32 or None when it is dy itself)."""
     act = ctx.activation
     if act is None:
-        return dy.to(a.dtype), None
+        return (dy if dy.dtype == a.dtype else dy.to(a.dtype)), None
     if act == "relu":
         dz32 = torch.where(y > 0, dy.float(), 0.0)
     else:
@@ -110,6 +110,11 @@ def _column_major(t: torch.Tensor) -> bool:
     return t.stride(0) == 1 and t.stride(1) != 1
 
 
+def _row_major(t: torch.Tensor) -> bool:
+    """``_column_major(t.t())`` without making the view: ``t``'s rows are contiguous (an nn.Linear weight)."""
+    return t.stride(1) == 1 and t.stride(0) != 1
+
+
 def _grad_a(dz, a, b, alpha, gemm):
     """alpha * dz @ b^T, (M, K) in a's dtype, laid out like a."""
     if _column_major(a):
@@ -122,6 +127,22 @@ def _grad_b(dz, a, b, alpha, gemm):
     if _column_major(b):
         return gemm("b", dz, dz.t(), a, alpha, b.dtype).t()
     return gemm("b", dz, a.t(), dz, alpha, b.dtype)
+
+
+def _grad_x(dz, a, w, alpha, gemm):
+    """``_grad_a`` for b = w.t() given w ((N, K), an nn.Linear weight): the same GEMM, without the
+    transposes a row-major a would take (b.t() is w)."""
+    if _column_major(a):
+        return _grad_a(dz, a, w.t(), alpha, gemm)
+    return gemm("a", dz, dz, w, alpha, a.dtype)
+
+
+def _grad_w(dz, a, w, alpha, gemm):
+    """``_grad_b`` for b = w.t(), transposed: the (N, K) gradient of w itself, laid out like w. For a
+    row-major w (b column-major) that is the row-major product dz^T @ a, with no transpose taken."""
+    if _row_major(w):
+        return gemm("b", dz, dz.t(), a, alpha, w.dtype)
+    return _grad_b(dz, a, w.t(), alpha, gemm).t()
 
 
 def _op_gemm(which, dz, x, y, alpha, out_dtype):
@@ -138,15 +159,17 @@ class _KeptGemms:
 
     MAX = 16  # dz layouts per forward key (autograd hands one or two in practice)
 
-    __slots__ = ("kept",)
+    __slots__ = ("kept", "dz", "meta")
 
     def __init__(self, kept: dict):
-        self.kept = kept
+        self.kept, self.dz, self.meta = kept, None, None
 
     def __call__(self, which, dz, x, y, alpha, out_dtype):
         if type(dz) not in ops._PLAIN:
             return ops.gemm(x, y, alpha=alpha, out_dtype=out_dtype)
-        key = (which, dz.shape, dz.stride(), dz.dtype, dz.get_device(), dz.data_ptr() & 15)
+        if dz is not self.dz:  # dA's and dB's GEMMs share dz: its metadata is read once per backward
+            self.dz, self.meta = dz, (dz.shape, dz.stride(), dz.dtype, dz.get_device(), dz.data_ptr() & 15)
+        key = (which, self.meta)
         call = self.kept.get(key)
         if call is None:
             call = ops._prepared(x, y, None, None, alpha, 0.0, None, out_dtype, None)
@@ -207,6 +230,64 @@ class _EagerMatmulTransforms(torch.autograd.Function):
         return (*backward(ctx, dy), None)
 
 
+class _EagerLinear(torch.autograd.Function):
+    """``gemmlab.linear``'s fast path when it needs a gradient: ``_EagerMatmul`` with x (..., K) and the
+    weight (N, K) themselves as the inputs. ``_EagerMatmul`` on ``x.view(rows, K)`` and ``weight.t()``,
+    with the result viewed back to (..., N), puts three view nodes around the Function (x's view,
+    ``weight.t()``, the result's view) that autograd creates in forward and runs in backward; here the
+    views are taken inside (no autograd), the result is made in its final shape (``ops._Call.shaped``), and
+    backward returns x's gradient in x's shape and the weight's as (N, K). The formula's pieces are the
+    op's (``_dz``, ``_grad_x`` / ``_grad_w`` = ``_grad_a`` / ``_grad_b`` for b = w.t()), and its GEMMs are
+    the same products on the same operands, so they share the kept prepared calls (``_KeptGemms``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, activation, call, flat, out_shape):
+        if flat is None:
+            y = call(x, weight.t(), bias, 1.0, 0.0, None, None)
+        else:
+            y = call.shaped(out_shape, x.view(*flat), weight.t(), bias)
+        setup_context(ctx, (x, weight, bias, activation, 1.0, 0.0, None, None), y)
+        ctx.call, ctx.flat = call, flat
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, bias, _, y = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        flat = ctx.flat
+        if flat is None:
+            a = x
+        else:
+            a = x.view(*flat)
+            dy = dy.reshape(flat[0], w.shape[0])  # a view unless autograd handed a dy that cannot be one
+            if y is not None:  # relu's output, (..., N)
+                y = y.view(dy.shape)
+        gemm = _gemms_for(ctx.call)
+        dz, dz32 = _dz(ctx, dy, a, w.t() if ctx.activation not in (None, "relu") else None, bias, None, y)
+        dx = dw = dbias = None
+        if need[0]:
+            dx = _grad_x(dz, a, w, 1.0, gemm)
+            if flat is not None:
+                dx = dx.view(x.shape)  # dense (row- or column-major): splitting its rows is always a view
+        if need[1]:
+            dw = _grad_w(dz, a, w, 1.0, gemm)
+        if need[2]:
+            dbias = (dz32 if dz32 is not None else dy).sum(0, dtype=torch.float32).to(ctx.bias_dtype)
+        return dx, dw, dbias, None, None, None, None
+
+
+def eager_linear(x, weight, bias, activation, call, flat, out_shape):
+    """``gemmlab.linear(x, weight, bias, activation)`` with the op's gradient formula, through
+    ``_EagerLinear``: ``call`` is the prepared call of ``matmul(x2, weight.t(), bias=bias,
+    activation=activation)`` for x's 2-D view x2 = ``x.view(*flat)`` (``flat`` None: x is 2-D itself),
+    ``out_shape`` the result's (..., N). Under functorch transforms: ``eager_matmul`` on the views."""
+    if torch._C._are_functorch_transforms_active():
+        x2 = x if flat is None else x.view(*flat)
+        y = eager_matmul(x2, weight.t(), bias, activation, 1.0, 0.0, None, None, call)
+        return y if flat is None else y.view(*out_shape)
+    return _apply_linear(x, weight, bias, activation, call, flat, out_shape)
+
+
 def eager_matmul(a, b, bias, activation, alpha, beta, c, out_dtype, call=None):
     """``gemmlab.matmul``'s result with the op's gradient formula, through ``_EagerMatmul``. ``call``: the
     prepared call for these arguments (``ops._prepared``), when the caller has it already."""
@@ -221,3 +302,4 @@ def eager_matmul(a, b, bias, activation, alpha, beta, c, out_dtype, call=None):
 # torch._C._FunctionBase: take the C++ one directly (~2 us less per call here), where this torch has it.
 _base_apply = getattr(torch._C._FunctionBase, "__dict__", {}).get("apply")
 _apply = _base_apply.__get__(None, _EagerMatmul) if hasattr(_base_apply, "__get__") else _EagerMatmul.apply
+_apply_linear = _base_apply.__get__(None, _EagerLinear) if hasattr(_base_apply, "__get__") else _EagerLinear.apply

@@ -171,12 +171,12 @@ def _linear_fast(x, weight, bias, activation) -> torch.Tensor | None:
     if entry is None:
         return None
     flat = entry.flat
-    x2 = x if flat is None else x.view(*flat)  # (view(*sizes) parses faster than view(tuple): ~0.5 us each)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or
                                     (bias is not None and bias.requires_grad)):
-        y = _autograd.eager_matmul(x2, weight.t(), bias, activation, 1.0, 0.0, None, None, entry.call)
-    else:
-        y = entry.call(x2, weight.t(), bias, 1.0, 0.0, None, None)
+        # x and the weight themselves into the Function: no view nodes in the graph (autograd._EagerLinear)
+        return _autograd.eager_linear(x, weight, bias, activation, entry.call, flat, entry.out_shape)
+    x2 = x if flat is None else x.view(*flat)  # (view(*sizes) parses faster than view(tuple): ~0.5 us each)
+    y = entry.call(x2, weight.t(), bias, 1.0, 0.0, None, None)
     return y if flat is None else y.view(*entry.out_shape)
 
 

@@ -393,10 +393,27 @@ class _Call:
     def __call__(self, a, b, bias, alpha, beta, c, out):
         """Run for these tensors (the key's metadata) and scalars; returns ``out``, or a new result."""
         if out is None:
-            out = target = torch.empty(self.shape, dtype=self.p.out_dtype, device=self.device)
+            # empty(M, N, ...) parses faster than empty((M, N), ...): 1.1 against 1.7 us on the development
+            # machine (the same as view(*sizes) against view(sizes))
+            out = target = torch.empty(*self.shape, dtype=self.p.out_dtype, device=self.device)
         else:
             _check_out_overlap(out, a, b, bias, c)
             target = torch.empty(self.shape, dtype=self.p.out_dtype, device=self.device) if self.temporary else out
+        self._run(a, b, bias, alpha, beta, c, target)
+        if target is not out:
+            out.copy_(target)
+        return out
+
+    def shaped(self, shape, a, b, bias):
+        """The result of ``gemmlab.linear``'s call (alpha 1, no c, no ``out``) as a new tensor of ``shape``
+        (the (M, N) result with its rows unflattened, (..., N)), written through a 2-D view of it. A caller
+        that returns it from an autograd Function gets a tensor that is not a view: views made inside a
+        Function's forward are outputs that refuse in-place changes."""
+        y = torch.empty(*shape, dtype=self.p.out_dtype, device=self.device)
+        self._run(a, b, bias, 1.0, 0.0, None, y.view(self.shape))
+        return y
+
+    def _run(self, a, b, bias, alpha, beta, c, target) -> None:
         if self.launch is None:
             _compute(self.p, a, b, bias, self.activation, alpha, beta, c, target)
         else:
@@ -408,9 +425,6 @@ class _Call:
                     self.launch.run(_stream(dev), a, b, target, bias, c, float(alpha), float(beta))
             else:
                 self.launch.run(_stream(dev), a, b, target, bias, c, float(alpha), float(beta))
-        if target is not out:
-            out.copy_(target)
-        return out
 
 
 def _stream(dev: int) -> int:

@@ -361,12 +361,24 @@ class Launcher:
         if _invalid_context(err):
             # A thread that has not used this device through the driver yet (torch's runtime calls do not
             # always make its context current): make it current once and retry.
+            _count_context_retry()
             current_device(self.device_index)
             err = self._enqueue(stream)
             if err == self._success:
                 return
         raise LaunchError(f"{self.name}: launch failed (grid={self.grid}, block={self.block}, smem={self.smem}, "
                           f"cluster={self.cluster}): {err}")
+
+
+# How often a driver call found no current context and was retried after making it current (both paths
+# above). Once per thread is expected (autograd's backward thread, say); a count that grows with every
+# call would mean the context does not stay current there (benchmarks/eager_host.py reports it).
+CONTEXT_RETRIES = 0
+
+
+def _count_context_retry() -> None:
+    global CONTEXT_RETRIES
+    CONTEXT_RETRIES += 1
 
 
 def _invalid_context(err) -> bool:
@@ -416,6 +428,7 @@ class MapSlot:
             if err != _success() and _invalid_context(err):
                 # The driver wants a current context here too; a thread that has not used the device
                 # through the driver has none (autograd runs backward in a thread of its own).
+                _count_context_retry()
                 current_device(self._device_index)
                 (err,) = self._replace(self.tmap, ptr)
             if err != _success():
