@@ -39,6 +39,56 @@ def frame_cols(N: int, elem_bytes: int, direct: bool) -> int:
     return w
 
 
+def ptx_param_types(source: str, expr: str) -> list[str]:
+    """The .param types of ``expr``'s entry in PTX compiled from ``kernels/<source>``: "u64", "f32",
+    "b8[128]" (a by-value CUtensorMap) and so on."""
+    import re
+
+    from cuda.bindings import nvrtc
+
+    from gemmlab.jit.compiler import KERNEL_ROOT, collect_sources
+    from gemmlab.jit.toolchain import cuda_include_dir
+
+    def ok(result):  # NVRTC calls return (status, value...); cuda-core's PTX path asks the driver, absent here
+        assert result[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS, result
+        return result[1] if len(result) == 2 else result[1:]
+
+    prog = ok(nvrtc.nvrtcCreateProgram(collect_sources(source)[source].encode(), source.encode(), 0, [], []))
+    ok((nvrtc.nvrtcAddNameExpression(prog, expr.encode())[0], None))
+    opts = [b"-arch=compute_90a", b"-std=c++17"] + [b"-I" + str(d).encode() for d in
+                                                  (KERNEL_ROOT, (KERNEL_ROOT / source).parent, cuda_include_dir())]
+    ok((nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0], None))
+    size = ok(nvrtc.nvrtcGetPTXSize(prog))
+    buf = b" " * size
+    ok((nvrtc.nvrtcGetPTX(prog, buf)[0], None))
+    mangled = ok(nvrtc.nvrtcGetLoweredName(prog, expr.encode())).decode()
+    ptx = buf.decode(errors="replace")
+    entry = ptx[ptx.index(f".entry {mangled}("):]
+    params = entry[:entry.index(")")]
+    return [t + (f"[{n}]" if n else "") for t, n in re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+[\w$]+(?:\[(\d+)\])?", params)]
+
+
+def launch_arg_types(args) -> list[str]:
+    """The PTX parameter type each argument of a captured launch fills, in ``ptx_param_types``' terms with
+    signedness dropped ("u64", "u32", "f32", "b8[128]"): tensor maps by value, tensors as pointers, numpy
+    scalars by their width."""
+    import numpy as np
+
+    def kind(x):
+        if isinstance(x, tuple) and x[0] == "tmap":
+            return "b8[128]"
+        if isinstance(x, torch.Tensor):
+            return "u64"
+        return {np.int32: "u32", np.int64: "u64", np.float32: "f32"}[type(x)]
+
+    return [kind(x) for x in args]
+
+
+def unsigned(types_: list[str]) -> list[str]:
+    """PTX parameter types with signedness and bit-type names dropped: s32 / b32 -> u32, s64 / b64 -> u64."""
+    return [{"s32": "u32", "b32": "u32", "s64": "u64", "b64": "u64"}.get(t, t) for t in types_]
+
+
 # A fake engine and a fake sgemm step, so the real impl's dispatch runs on CPU tensors ------------------
 
 class FakeEngine:

@@ -11,6 +11,8 @@ from gemmlab import autotune, broad_shapes, decode, engine, planner, registry, s
 from gemmlab.errors import UnsupportedProblem
 from gemmlab.jit.compiler import compile_kernel
 
+from fakes import ptx_param_types
+
 
 @pytest.mark.parametrize("shape, plan", [
     ((1024, 1024, 1024), (64, 1)),  # 128 narrow tiles fill the GPU: no split (the reduction costs more)
@@ -181,35 +183,6 @@ def test_short_a_box_holds_the_rows_left(M, a_mn, rows):
 
 # The prepared launches' parameter blocks match the kernels' signatures ---------------------------------
 
-def _ptx_param_types(source: str, expr: str) -> list[str]:
-    """The .param types of ``expr``'s entry in PTX compiled from ``kernels/<source>``: "u64", "f32",
-    "b8[128]" (a by-value CUtensorMap) and so on."""
-    import re
-
-    from cuda.bindings import nvrtc
-
-    from gemmlab.jit.compiler import KERNEL_ROOT, collect_sources
-    from gemmlab.jit.toolchain import cuda_include_dir
-
-    def ok(result):  # NVRTC calls return (status, value...); cuda-core's PTX path asks the driver, absent here
-        assert result[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS, result
-        return result[1] if len(result) == 2 else result[1:]
-
-    prog = ok(nvrtc.nvrtcCreateProgram(collect_sources(source)[source].encode(), source.encode(), 0, [], []))
-    ok((nvrtc.nvrtcAddNameExpression(prog, expr.encode())[0], None))
-    opts = [b"-arch=compute_90a", b"-std=c++17"] + [b"-I" + str(d).encode() for d in
-                                                  (KERNEL_ROOT, (KERNEL_ROOT / source).parent, cuda_include_dir())]
-    ok((nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0], None))
-    size = ok(nvrtc.nvrtcGetPTXSize(prog))
-    buf = b" " * size
-    ok((nvrtc.nvrtcGetPTX(prog, buf)[0], None))
-    mangled = ok(nvrtc.nvrtcGetLoweredName(prog, expr.encode())).decode()
-    ptx = buf.decode(errors="replace")
-    entry = ptx[ptx.index(f".entry {mangled}("):]
-    params = entry[:entry.index(")")]
-    return [t + (f"[{n}]" if n else "") for t, n in re.findall(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\s+[\w$]+(?:\[(\d+)\])?", params)]
-
-
 _KIND_TYPES = {"ptr": {"u64", "b64"}, "i64": {"u64", "s64", "b64"}, "i32": {"u32", "s32", "b32"}, "f32": {"f32"},
                "tmap": {"b8[128]"}}
 
@@ -223,7 +196,7 @@ _KIND_TYPES = {"ptr": {"u64", "b64"}, "i64": {"u64", "s64", "b64"}, "i32": {"u32
 def test_launcher_parameter_kinds_match_the_kernel(source, expr, kinds):
     """Each prepared launch writes its parameters by position and kind; a kernel signature that changes
     without them would pass garbage, so compare with the PTX entry's parameters."""
-    types = _ptx_param_types(source, expr)
+    types = ptx_param_types(source, expr)
     assert len(types) == len(kinds), (types, kinds)
     for i, (t, k) in enumerate(zip(types, kinds)):
         assert t in _KIND_TYPES[k], f"parameter {i}: PTX .{t}, launcher kind {k!r}"

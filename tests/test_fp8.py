@@ -16,6 +16,8 @@ import gemmlab
 from gemmlab import engine2, fp8, planner, sass
 from gemmlab.errors import UnsupportedProblem
 
+from fakes import launch_arg_types, ptx_param_types, unsigned
+
 
 def _check(p: planner.Fp8Plan) -> None:
     ck = engine2.compile_fp8_plan(p)
@@ -277,41 +279,10 @@ def test_quantized_product_is_close_to_the_real_one():
 
 # The launch's arguments against the kernel's parameter list ---------------------------------------------
 
-def _ptx_params(p: planner.Fp8Plan) -> list[str]:
-    """The .entry parameters of the plan's instantiation, from NVRTC's PTX (cuda.bindings' nvrtc: no
-    driver needed): '.b8[128]' for a by-value CUtensorMap, else the PTX type ('.u64', '.u32', '.f32')."""
-    import re
-
-    from cuda.bindings import nvrtc
-
-    from gemmlab.jit.compiler import KERNEL_ROOT, collect_sources
-    from gemmlab.jit.toolchain import cuda_include_dir
-
-    src = planner.FP8_SOURCE
-    _, prog = nvrtc.nvrtcCreateProgram(collect_sources(src)[src].encode(), src.encode(), 0, [], [])
-    nvrtc.nvrtcAddNameExpression(prog, p.name_expression.encode())
-    opts = [b"-arch=compute_90a", b"-std=c++17", f"-I{KERNEL_ROOT}".encode(),
-            f"-I{(KERNEL_ROOT / src).parent}".encode(), f"-I{cuda_include_dir()}".encode()]
-    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, res
-    _, size = nvrtc.nvrtcGetPTXSize(prog)
-    buf = b" " * size
-    nvrtc.nvrtcGetPTX(prog, buf)
-    _, mangled = nvrtc.nvrtcGetLoweredName(prog, p.name_expression.encode())
-    nvrtc.nvrtcDestroyProgram(prog)
-    ptx = buf.decode(errors="replace")
-    head = ptx[ptx.index(f".entry {mangled.decode()}("):]
-    head = head[:head.index(")")]
-    return [f".b8[{m.group(3)}]" if m.group(2) else m.group(1)
-            for m in re.finditer(r"\.param\s+(?:\.align\s+\d+\s+)?(\.\w+)\s+\w+(\[(\d+)\])?", head)]
-
-
 @pytest.mark.parametrize("scale", planner.FP8_SCALES)
 def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
     """engine2.launch_fp8's argument list, captured on CPU tensors, has the kernel's parameters in order
     and size: five tensor maps by value, then pointers (8 bytes), int32, int64 and float32 scalars."""
-    import numpy as np
-
     M, N, K = 300, 1000, 1024
     a, b, sa, sb = _ops(M, N, K, block=scale == "block")
     p = planner.plan_fp8(M, N, K, scale=scale, bias_dtype="bf16")
@@ -325,16 +296,7 @@ def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
     args = captured["args"]
     assert captured["grid"] == p.grid and captured["block"] == p.threads and captured["smem"] == p.smem_bytes
 
-    def kind(x):
-        if isinstance(x, tuple) and x[0] == "tmap":
-            return ".b8[128]"
-        if isinstance(x, torch.Tensor):
-            return ".u64"
-        return {np.int32: ".u32", np.int64: ".u64", np.float32: ".f32"}[type(x)]
-
-    want = [t.replace(".s32", ".u32").replace(".s64", ".u64").replace(".b64", ".u64").replace(".b32", ".u32")
-            for t in _ptx_params(p)]
-    assert [kind(x) for x in args] == want
+    assert launch_arg_types(args) == unsigned(ptx_param_types(planner.FP8_SOURCE, p.name_expression))
     # The operand maps are byte views with 128-byte (one swizzle row) boxes; A's short box for ragged M.
     assert args[0] == ("tmap", torch.uint8, (p.bm, 128)) and args[2] == ("tmap", torch.uint8, (p.bn, 128))
     assert args[1] == ("tmap", torch.uint8, (p.a_rows, 128)) and p.a_rows == 48  # 300 = 2 x 128 + 44 -> 48

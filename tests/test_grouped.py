@@ -17,6 +17,8 @@ import gemmlab
 from gemmlab import engine2, grouped, sass
 from gemmlab.errors import UnsupportedProblem
 
+from fakes import launch_arg_types, ptx_param_types, unsigned
+
 
 def _check(p: grouped.GroupedPlan) -> None:
     ck = grouped.compile_plan(p)
@@ -228,39 +230,10 @@ def test_grouped_mm_traces_as_one_op():
 
 # The launch's arguments against the kernel's parameter list ----------------------------------------------
 
-def _ptx_params(p: grouped.GroupedPlan) -> list[str]:
-    import re
-
-    from cuda.bindings import nvrtc
-
-    from gemmlab.jit.compiler import KERNEL_ROOT, collect_sources
-    from gemmlab.jit.toolchain import cuda_include_dir
-
-    src = grouped.SOURCE
-    _, prog = nvrtc.nvrtcCreateProgram(collect_sources(src)[src].encode(), src.encode(), 0, [], [])
-    nvrtc.nvrtcAddNameExpression(prog, p.name_expression.encode())
-    opts = [b"-arch=compute_90a", b"-std=c++17", f"-I{KERNEL_ROOT}".encode(),
-            f"-I{(KERNEL_ROOT / src).parent}".encode(), f"-I{cuda_include_dir()}".encode()]
-    (res,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, res
-    _, size = nvrtc.nvrtcGetPTXSize(prog)
-    buf = b" " * size
-    nvrtc.nvrtcGetPTX(prog, buf)
-    _, mangled = nvrtc.nvrtcGetLoweredName(prog, p.name_expression.encode())
-    nvrtc.nvrtcDestroyProgram(prog)
-    ptx = buf.decode(errors="replace")
-    head = ptx[ptx.index(f".entry {mangled.decode()}("):]
-    head = head[:head.index(")")]
-    return [f".b8[{m.group(3)}]" if m.group(2) else m.group(1)
-            for m in re.finditer(r"\.param\s+(?:\.align\s+\d+\s+)?(\.\w+)\s+\w+(\[(\d+)\])?", head)]
-
-
 @pytest.mark.parametrize("layout", grouped.LAYOUTS)
 def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout):
     """grouped.launch's arguments, captured on CPU tensors: two tensor maps by value (A over all rows with a
     bm x 64 box, B as (G * N, K) with a bn x 64 box), then the ranges pointer, lead, G, limit, N, K, out, ldo."""
-    import numpy as np
-
     a, b, o = _ops(T=128)
     if layout == "masked":
         a, o = a.reshape(4, 32, 64), torch.tensor([3, 0, 32, 40], dtype=torch.int32)
@@ -274,16 +247,7 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout):
     args = captured["args"]
     assert captured["grid"] == p.grid and captured["block"] == p.threads and captured["smem"] == p.smem_bytes
 
-    def kind(x):
-        if isinstance(x, tuple) and x[0] == "tmap":
-            return ".b8[128]"
-        if isinstance(x, torch.Tensor):
-            return ".u64"
-        return {np.int32: ".u32", np.int64: ".u64", np.float32: ".f32"}[type(x)]
-
-    want = [t.replace(".s32", ".u32").replace(".s64", ".u64").replace(".b64", ".u64").replace(".b32", ".u32")
-            for t in _ptx_params(p)]
-    assert [kind(x) for x in args] == want
+    assert launch_arg_types(args) == unsigned(ptx_param_types(grouped.SOURCE, p.name_expression))
     assert args[0] == ("tmap", (128, 64), (p.bm, 64)) and args[1] == ("tmap", (4 * 48, 64), (p.bn, 64))
     limit = 128 if layout == "contiguous" else 32
     assert [int(x) for x in args[3:8]] == [1 if layout == "contiguous" else 0, 4, limit, 48, 64]

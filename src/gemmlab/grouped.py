@@ -44,6 +44,7 @@ import torch
 from . import plan_cost
 from .devices import DeviceProfile
 from .errors import UnsupportedProblem
+from .planner import Warpgroups
 
 SOURCE = "engine/gemm_grouped.cu"
 KERNEL = "engine_gemm_grouped"
@@ -72,7 +73,7 @@ def stages_for(bm: int, bn: int) -> int:
 
 
 @dataclass(frozen=True)
-class GroupedPlan:
+class GroupedPlan(Warpgroups):
     """One launch of the grouped kernel: ``groups`` groups, ``rows`` = T (contiguous) or C (masked),
     N, K; ``bm`` x ``bn`` tiles, ``stages``, ``grid`` persistent CTAs. ``expected_rows``: the rows per group
     the plan was priced for (the real ones are on the device); ``predicted_s`` the model's time for them."""
@@ -91,14 +92,6 @@ class GroupedPlan:
     expected_rows: float = 0.0
     predicted_s: float = 0.0
     kernel: str = KERNEL
-
-    @property
-    def consumers(self) -> int:
-        return 1 if self.bm == 64 else 2
-
-    @property
-    def threads(self) -> int:
-        return 128 * (self.consumers + 1)
 
     @property
     def smem_bytes(self) -> int:

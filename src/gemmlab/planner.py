@@ -55,9 +55,22 @@ def dtype_name(dtype) -> str:
         raise ValueError(f"unsupported dtype {dtype!r}: bf16 or fp16 operands, bf16 / fp16 / fp32 output") from None
 
 
-class _Tiling:
-    """A plan's tile geometry (both kernels' plans): tiles of BM x BN over M x N, k-steps of ``BK``
-    elements, one consumer warpgroup for 64-row tiles, two otherwise, and the producer's warpgroup."""
+class Warpgroups:
+    """A tile's warpgroups (every engine-part kernel): one consumer for 64-row tiles, two otherwise, and the
+    producer's warpgroup."""
+
+    @property
+    def consumers(self) -> int:
+        return 1 if self.bm == 64 else 2
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
+
+
+class _Tiling(Warpgroups):
+    """A plan's tile geometry (the bf16 and FP8 plans): tiles of BM x BN over M x N, k-steps of ``BK``
+    elements."""
 
     @property
     def tiles_m(self) -> int:
@@ -74,14 +87,6 @@ class _Tiling:
     @property
     def k_iters(self) -> int:
         return math.ceil(self.K / self.BK)
-
-    @property
-    def consumers(self) -> int:
-        return 1 if self.bm == 64 else 2
-
-    @property
-    def threads(self) -> int:
-        return 128 * (self.consumers + 1)
 
 
 @dataclass(frozen=True)
