@@ -115,9 +115,6 @@ class GroupedPlan(Warpgroups):
     def compiled_name(self) -> str:
         return f"engine.gemm_grouped[{', '.join(self.template_args())}, {self.layout}]"
 
-    def launch_args(self) -> dict:
-        return {"grid": self.grid, "cluster": None, "block": self.threads, "smem": self.smem_bytes}
-
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
                 f"{self.dtype}->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} tiles, {self.stages} stages, "

@@ -67,6 +67,10 @@ class Warpgroups:
     def threads(self) -> int:
         return 128 * (self.consumers + 1)
 
+    def launch_args(self) -> dict:
+        """grid (CTAs), cluster (None: no cluster), block, smem: a data-parallel launch's."""
+        return {"grid": self.grid, "cluster": None, "block": self.threads, "smem": self.smem_bytes}
+
 
 class _Tiling(Warpgroups):
     """A plan's tile geometry (the bf16 and FP8 plans): tiles of BM x BN over M x N, k-steps of ``BK``
@@ -447,9 +451,6 @@ class Fp8Plan(_Tiling):
     @property
     def compiled_name(self) -> str:
         return f"engine.gemm_fp8[{', '.join(self.template_args())}]"
-
-    def launch_args(self) -> dict:
-        return {"grid": self.grid, "cluster": None, "block": self.threads, "smem": self.smem_bytes}
 
     def __repr__(self) -> str:
         scale = "per-tensor scales" if self.scale == "tensor" else "1x128 / 128x128 block scales"
