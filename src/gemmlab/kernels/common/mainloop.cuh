@@ -3,6 +3,7 @@
 // width (BN = 16 .. 256) as parameters.
 #pragma once
 #include "pipeline.cuh"
+#include "tile_scheduler.cuh"
 #include "tma.cuh"
 #include "wgmma.cuh"
 
@@ -49,6 +50,26 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
             tma_load_2d(b, tmB, bar, kt * BK, n0);
         }
         cur.template advance<Tr::STAGES>();
+    }
+}
+
+// The producer warpgroup of a persistent kernel: it hands its registers to the consumers (setmaxnreg, PTX
+// ISA: 128 x (40 + 2 x 232) <= 64 K with two consumers; one consumer has 240+ at entry already), then its
+// first thread loads every work unit the scheduler gives this CTA. where(tile) -> int2: the tile's first
+// row of A (x) and of B (y); M and a_rows as produce_unit takes them.
+template <class Tr, class Sched, class Where>
+__device__ __forceinline__ void produce_all(Ring<Tr::STAGES>& ring, Sched& sched, typename Tr::T* sA,
+                                            typename Tr::T* sB, const CUtensorMap* tmA,
+                                            const CUtensorMap* tmA_short, const CUtensorMap* tmB, int M, int a_rows,
+                                            Where where) {
+    if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+    if (threadIdx.x % 128 == 0) {
+        RingCursor cur;
+        WorkUnit u;
+        while (sched.next(u)) {
+            const int2 at = where(u.tile);
+            produce_unit<Tr>(ring, cur, sA, sB, tmA, tmA_short, tmB, at.x, at.y, u.k_begin, u.k_end, M, a_rows);
+        }
     }
 }
 

@@ -50,16 +50,11 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     TileScheduler<DATA_PARALLEL> sched(groups.total(G), k_iters, ScheduleArgs{1, 0, 0});
     WorkUnit u;
     if (wg == 0) {
-        if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
-        if (t == 0) {
-            RingCursor cur;
-            while (sched.next(u)) {
-                const GroupTile gt = groups.template locate<BM>(u.tile, G);
-                // M = INT_MAX: every box is a whole BM rows (the rows past the group are discarded).
-                produce_unit<Tr>(ring, cur, sA, sB, &tmA, &tmA, &tmB, gt.row0 + gt.m * BM, gt.g * N + gt.n * BN,
-                                 u.k_begin, u.k_end, 0x7fffffff, BM);
-            }
-        }
+        // M = INT_MAX: every box is a whole BM rows (the rows past the group are discarded).
+        produce_all<Tr>(ring, sched, sA, sB, &tmA, &tmA, &tmB, 0x7fffffff, BM, [&](int tile) {
+            const GroupTile gt = groups.template locate<BM>(tile, G);
+            return make_int2(gt.row0 + gt.m * BM, gt.g * N + gt.n * BN);
+        });
         return;
     }
 
