@@ -54,6 +54,11 @@ def load_cases(args) -> list[dict]:
     if args.limit and len(cases) > args.limit:  # an even spread over the (sorted) set
         step = len(cases) / args.limit
         cases = [cases[int(i * step)] for i in range(args.limit)]
+    if args.skip_measured:  # PATH@SHA: complete a run the budget cut short
+        path, sha = args.skip_measured.rsplit("@", 1)
+        done = {(r["M"], r["N"], r["K"]) for r in map(json.loads, Path(path).read_text().splitlines())
+                if r.get("candidate") == "engine" and r.get("git_sha", "").startswith(sha)}
+        cases = [c for c in cases if (c["M"], c["N"], c["K"]) not in done]
     if not args.shapes:  # a fixed shuffle: a run the time budget cuts short still samples every class
         random.Random(14).shuffle(cases)
     return cases
@@ -98,6 +103,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--replay-ms", type=float, default=4.0)
     p.add_argument("--budget-s", type=float, default=300.0, help="stop starting shapes after this long")
+    p.add_argument("--skip-measured", default=None, metavar="PATH@SHA",
+                   help="skip shapes with an engine record of that git sha in PATH (finish a cut-short run)")
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     args = p.parse_args()
     t_start = time.perf_counter()
