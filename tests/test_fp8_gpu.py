@@ -132,11 +132,14 @@ def test_block_scales_in_deepgemm_layout():
 
 def test_promotion_keeps_deep_k_near_fp32_accumulation():
     """K = 16384 with positive inputs (the sum only grows, so a short accumulator loses the most).
-    Promoting every 128 of K leaves only the error of 128-deep tensor-core sums (DeepSeek-V3 reports about
-    14 mantissa bits kept: ~1e-4 relative at worst); promoting only at the tile's end lets the FP8
-    accumulator run over all of K. Bounds: promotion never hurts, and every-128 stays under 3e-4 (the
-    bf16 output's own rounding is ~2e-3). The fp32-accumulation error of the same products is computed
-    for the message: the worklog records all of them."""
+    Promoting every 128 of K leaves only the error of 128-deep tensor-core sums; promoting only at the
+    tile's end lets the FP8 accumulator run over all of K. DeepSeek-V3 reports about 14 mantissa bits kept,
+    and the bits dropped are truncated, not rounded: with positive products the error of each of a
+    chunk's four k32 wgmmas has one sign, so a 128-deep chunk keeps up to ~4 x 2^-13 relative error
+    (~5e-4). Measured on the H200 (6417c0c): 5.5e-4 every 128, 5.8e-3 every 512, 0.25 never, fp32
+    accumulation 3e-7. Bounds: every-128 under 1e-3 (the bf16 output's own rounding is ~2e-3) and at
+    least 5x better than every-512, which is better than never. The fp32-accumulation error of the same
+    products is computed for the message."""
     M, N, K = 256, 512, 16384
     a, q, sa, sb = _operands(M, N, K, "tensor", seed=5, positive=True)
     ref = fp8.reference_scaled_mm(a, q.t(), sa, sb)
@@ -152,8 +155,8 @@ def test_promotion_keeps_deep_k_near_fp32_accumulation():
         torch.backends.cuda.matmul.allow_tf32 = prev
     msg = (f"relative error by promotion interval (k-steps of 128; 0 = none) {err}, "
            f"fp32 accumulation {rel_error(f32, ref):.2e}")
-    assert err[1] < 3e-4, msg
-    assert err[1] <= err[0] and err[4] <= err[0] * 1.01, msg
+    assert err[1] < 1e-3, msg
+    assert err[1] * 5 < err[4] < err[0], msg
 
 
 def test_block_scaled_deep_k():

@@ -3,6 +3,10 @@
 // promotion point (every PROMOTE k-steps, and the unit's last) the consumer waits for its wgmmas, frees
 // the slots and adds `part` (block mode: scaled by this k-block's scales) into `acc`. Between promotion
 // points one wgmma group stays in flight as in the bf16 loop (wgmma.wait_group 1).
+// Block scales are loaded one k-step ahead of their promotion (right after the previous promotion): a
+// scale read from L2 takes about as long as a k-step's wgmmas (~600 cycles against ~300-500), so a load
+// issued in the same k-step stalls the promotion, and with it the warpgroup (measured: block scales at
+// 0.59x of per-tensor throughput when each k-step loaded its own). Two k-steps ahead spills 64 x 224.
 #pragma once
 #include "fp8_promote.cuh"
 #include "pipeline.cuh"
@@ -22,6 +26,8 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
         for (int i = 0; i < BN / 2; ++i) acc[mi][i] = 0.0f;
     int prev = -1;  // the slot of the group still in flight (between promotion points)
     int since = 0;  // k-steps in `part` since the last promotion
+    BlockScaleRegs<Tr> sc;  // block mode: the scales of k-step kt, loaded during k-step kt - 1
+    if constexpr (Tr::SCALE == SCALE_BLOCK) sc.load(scales, row0, n0, k_begin, t);
     for (int kt = k_begin; kt < k_end; ++kt) {
         ring.wait_full(cur);
         const unsigned char* a = sA + cur.stage * BM * BK + consumer * Tr::MI * 64 * BK;
@@ -37,8 +43,6 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
         wgmma_commit();
         ++since;
         if (kt + 1 == k_end || (Tr::PROMOTE > 0 && since == Tr::PROMOTE)) {
-            BlockScaleRegs<Tr> s;
-            if constexpr (Tr::SCALE == SCALE_BLOCK) s.load(scales, row0, n0, kt, t);  // under the wgmmas
             wgmma_wait<0>();
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
@@ -50,10 +54,14 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi) {
                 if constexpr (Tr::SCALE == SCALE_BLOCK) {
-                    promote_scaled<Tr>(acc[mi], part[mi], s.top[mi], s.bot[mi], s.col, n0);
+                    promote_scaled<Tr>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col, n0);
                 } else {
                     promote(acc[mi], part[mi]);
                 }
+            }
+            // PROMOTE == 1 in block mode: the next promotion is k-step kt + 1's
+            if constexpr (Tr::SCALE == SCALE_BLOCK) {
+                if (kt + 1 < k_end) sc.load(scales, row0, n0, kt + 1, t);
             }
             since = 0;
         } else {
