@@ -53,8 +53,12 @@ def _representative():
                                 (128, 112, "stream_k", {"activation": "gelu_tanh"}),
                                 (64, 48, "data_parallel", {"out_dtype": "fp32"}),
                                 (256, 112, "data_parallel", {"out_dtype": "fp32", "has_c": True, "activation": "gelu",
-                                                             "bias_dtype": "bf16", "direct": True})):
-        p = next(c for c in planner.candidates(4096, 4096, 8192, **kw) if (c.bm, c.bn, c.schedule) == (bm, bn, sched))
+                                                             "bias_dtype": "bf16", "direct": True}),
+                                (128, 192, "pingpong", {}), (64, 256, "pingpong", {"a_mn": True, "b_mn": True}),
+                                (128, 96, "pingpong", {"out_dtype": "fp32", "has_c": True, "activation": "gelu",
+                                                        "bias_dtype": "bf16", "direct": True})):
+        p = next(c for c in planner.candidates(4096, 4096, 8192, schedules=planner.SCHEDULES, **kw)
+                 if (c.bm, c.bn, c.schedule) == (bm, bn, sched))
         seen.setdefault(p.name_expression, p)
     return list(seen.values())
 
@@ -79,7 +83,7 @@ def _every_choice():
         kw = dict(out_dtype="fp32", has_c=True, bias_dtype="bf16", activation="gelu", direct=True) if heavy else {}
         want = {(bm, bn, s) for bm, bn in planner.TILES for s in planner.SCHEDULES}
         for shape in ((4096, 4096, 8192), (8192, 8192, 8192), (64, 8192, 8192), (300, 3000, 6000)):
-            for c in planner.candidates(*shape, **kw):
+            for c in planner.candidates(*shape, schedules=planner.SCHEDULES, **kw):
                 key = (c.bm, c.bn, c.schedule)
                 if key in want:
                     want.discard(key)

@@ -18,7 +18,8 @@ _TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 def _pick(M, N, K, bm, bn, schedule, **kw) -> planner.Plan:
     """The candidate of that tile and schedule (the best-scored one if several), or skip."""
-    for c in planner.candidates(M, N, K, profile=engine2._profile(torch.device("cuda")), **kw):
+    for c in planner.candidates(M, N, K, profile=engine2._profile(torch.device("cuda")), schedules=planner.SCHEDULES,
+                                **kw):
         if (c.bm, c.bn, c.schedule) == (bm, bn, schedule):
             return c
     pytest.skip(f"no {bm}x{bn} {schedule} plan for {M}x{N}x{K}")
@@ -66,6 +67,13 @@ CASES = [
     ((500, 2048, 3000), 128, 192, "split_k", {"b_mn": True, "bias_dtype": "bf16", "has_c": True}),
     ((1000, 2000, 1000), 128, 160, "stream_k", {"dtype": "fp16", "out_dtype": "fp16", "activation": "relu"}),
     ((64, 2000, 1000), 64, 64, "data_parallel", {"dtype": "fp16", "a_mn": True}),
+    # ping-pong consumers: whole tiles in turn (more tiles than SMs), ragged edges, both operand majors
+    ((1000, 3000, 1000), 128, 128, "pingpong", {}),
+    ((1100, 3001, 777), 128, 192, "pingpong", {}),  # tail piece, ragged K, short A box
+    ((300, 4000, 1000), 64, 96, "pingpong", {"dtype": "fp16", "out_dtype": "fp16", "activation": "relu"}),
+    ((777, 3001, 1000), 64, 144, "pingpong", {"direct": True, "out_dtype": "fp32", "has_c": True}),
+    ((1500, 2000, 1000), 128, 128, "pingpong", {"a_mn": True, "b_mn": True, "bias_dtype": "bf16"}),
+    ((1000, 3000, 2000), 128, 96, "pingpong", {"out_dtype": "fp32", "bias_dtype": "fp32", "activation": "gelu"}),
 ]
 
 
@@ -84,7 +92,8 @@ def test_plan_matches_float64_reference(shape, bm, bn, schedule, kw):
 
 @pytest.mark.parametrize("shape, bm, bn, schedule", [
     ((1500, 3000, 2000), 128, 256, "stream_k"), ((128, 4096, 4096), 64, 112, "stream_k"),
-    ((16, 4096, 4096), 64, 128, "split_k"), ((2000, 704, 1500), 256, 176, "data_parallel")])
+    ((16, 4096, 4096), 64, 128, "split_k"), ((2000, 704, 1500), 256, 176, "data_parallel"),
+    ((1000, 3000, 1000), 128, 128, "pingpong")])
 def test_every_schedule_is_bitwise_deterministic(shape, bm, bn, schedule):
     p = _pick(*shape, bm, bn, schedule)
     first, _, _ = _run_case(p, seed=3)

@@ -144,7 +144,7 @@ def sass_expect(p: planner.Plan):
     if p.consumers > 1:
         contains += [r"^USETMAXREG"]
     return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True,
-                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule == "data_parallel" else ())
+                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule in ("data_parallel", "pingpong") else ())
 
 
 def hgmma_shapes(compiled) -> set[str]:

@@ -31,7 +31,10 @@ SLAB_BYTES = 64 * 128  # one output piece: 64 rows x 128 bytes
 MAX_CLUSTER = 8  # split-K CTAs of a tile form one cluster; 8 is the portable limit
 MIN_SPLIT_K_STEPS = 4  # each split runs at least this many k-steps (h11's rule)
 MIN_SK_STEPS = 4  # each stream-K CTA runs at least this many k-steps (CUTLASS skips stream-K below a few)
-SCHEDULES = ("data_parallel", "split_k", "stream_k")
+SCHEDULES = ("data_parallel", "split_k", "stream_k", "pingpong")  # template index = position
+# What the planner offers unless asked for more: ping-pong is measured beside the others (engine_broad's
+# "best pingpong") before the model may pick it.
+OFFERED_SCHEDULES = ("data_parallel", "split_k", "stream_k")
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -56,12 +59,12 @@ def dtype_name(dtype) -> str:
 
 
 class Warpgroups:
-    """A tile's warpgroups (every engine-part kernel): one consumer for 64-row tiles, two otherwise, and the
-    producer's warpgroup."""
+    """A tile's warpgroups (every engine-part kernel): one consumer for 64-row tiles, two otherwise (and
+    with ping-pong consumers, which take whole tiles in turn), and the producer's warpgroup."""
 
     @property
     def consumers(self) -> int:
-        return 1 if self.bm == 64 else 2
+        return 1 if self.bm == 64 and getattr(self, "schedule", None) != "pingpong" else 2
 
     @property
     def threads(self) -> int:
@@ -171,7 +174,7 @@ class Plan(_Tiling):
                 "smem": self.smem_bytes, "splits": self.splits, "sk_tiles": self.sk_tiles, "sk_ctas": self.sk_ctas}
 
     def __repr__(self) -> str:
-        sched = {"data_parallel": "data-parallel",
+        sched = {"data_parallel": "data-parallel", "pingpong": "data-parallel, ping-pong consumers",
                  "split_k": f"split-K x{self.splits} (clusters of {self.splits})",
                  "stream_k": f"stream-K ({self.tiles - self.sk_tiles} tiles data-parallel, {self.sk_tiles} "
                              f"streamed over {self.sk_ctas} CTAs)"}[self.schedule]
@@ -185,7 +188,8 @@ class Plan(_Tiling):
 def smem_bytes(bm: int, bn: int, stages: int, schedule: str, dtype: str = "bf16") -> int:
     """Dynamic shared memory: 1 KB to align the stages to the swizzle atoms, the stages, and two 8 KB
     output slabs per consumer (not split-K: it stores from its reduction)."""
-    slabs = 0 if schedule == "split_k" else (1 if bm == 64 else 2) * 2 * SLAB_BYTES
+    consumers = 1 if bm == 64 and schedule != "pingpong" else 2
+    slabs = 0 if schedule == "split_k" else consumers * 2 * SLAB_BYTES
     return 1024 + stages * (bm + bn) * BK * plan_cost.in_bytes(dtype) + slabs
 
 
@@ -212,13 +216,16 @@ def register_problem(bm: int, bn: int, schedule: str, heavy: bool) -> str | None
     plainest and the heaviest epilogue (fp32 out, beta * C, bias, gelu, DIRECT); tests/test_plan.py
     compiles the accepted ones and checks for spills. 256-row tiles: data-parallel up to 256 x 192,
     split-K 256 x 160, stream-K (the partial's adds live beside the accumulators) 256 x 144, and with
-    a heavy epilogue 256 x 112 (stream-K 256 x 96); 64- and 128-row tiles fit every width."""
-    acc = (2 if bm == 256 else 1) * bn // 2
+    a heavy epilogue 256 x 112 (stream-K 256 x 96); 64- and 128-row tiles fit every width. Ping-pong
+    consumers hold whole tiles: a 128-row one has a 256-row tile's accumulators per thread (heavy: up to
+    128 x 96, as stream-K's; 128 x 112 spills 12 bytes)."""
+    two_blocks = bm == 256 or (bm == 128 and schedule == "pingpong")  # m64 blocks per consumer: 2
+    acc = (2 if two_blocks else 1) * bn // 2
     if heavy:
-        limit = 96 if schedule == "stream_k" else 112
+        limit = 96 if schedule in ("stream_k", "pingpong") else 112
     else:
-        limit = {"data_parallel": 192, "split_k": 160, "stream_k": 144}[schedule]
-    if bm != 256 or acc <= limit:
+        limit = {"data_parallel": 192, "split_k": 160, "stream_k": 144, "pingpong": 192}[schedule]
+    if not two_blocks or acc <= limit:
         return None
     return f"{acc} accumulators per thread spill with this schedule and epilogue (limit {limit})"
 
@@ -228,6 +235,8 @@ def tile_problem(bm: int, bn: int, schedule: str, *, dtype: str = "bf16", b_mn: 
     """Why the kernel cannot be instantiated with this tile and schedule, or None."""
     if (bm, bn) not in TILES:
         return f"{bm}x{bn} is not in the tile space"
+    if schedule == "pingpong" and bm > 128:
+        return "ping-pong consumers hold whole tiles of 64 or 128 rows"
     if b_mn and bn % 64:
         return "MN-major B is loaded in 64-column boxes: BN must be a multiple of 64"
     if not stages_for(bm, bn, schedule, dtype):
@@ -235,12 +244,14 @@ def tile_problem(bm: int, bn: int, schedule: str, *, dtype: str = "bf16", b_mn: 
     return register_problem(bm, bn, schedule, heavy)
 
 
-def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile):
+def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, offered=OFFERED_SCHEDULES):
     """(schedule, splits, sk_tiles, sk_ctas, grid) worth scoring for one tile."""
     G = prof.sm_count
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
     k = math.ceil(K / BK)
     yield "data_parallel", 1, 0, 0, min(G, tiles)
+    if "pingpong" in offered and bm <= 128 and tiles > G:  # a CTA with one tile has nothing to overlap
+        yield "pingpong", 1, 0, 0, G
     for s in range(2, MAX_CLUSTER + 1):
         per = math.ceil(k / s)
         # Every split at least MIN_SPLIT_K_STEPS long, none empty, and the GPU holds such a cluster.
@@ -258,9 +269,10 @@ def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile):
 
 def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: DeviceProfile | None = None,
                device=None, bias_dtype=None, has_c: bool = False, activation: str | None = None,
-               a_mn: bool = False, b_mn: bool = False, direct: bool | None = None) -> list[Plan]:
+               a_mn: bool = False, b_mn: bool = False, direct: bool | None = None,
+               schedules=None) -> list[Plan]:
     """Every plan the engine kernel can run for the problem, fastest first by the model. Arguments as
-    for ``plan``."""
+    for ``plan``; schedules: those to consider (default ``OFFERED_SCHEDULES``; ``SCHEDULES`` for all)."""
     prof = _profile(profile, device)
     dt = dtype_name(dtype)
     if dt == "fp32":
@@ -273,24 +285,26 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
         raise ValueError(f"M, N, K must be >= 1, got {M}, {N}, {K}")
     if direct is None:  # a contiguous output: rows of N elements are 16-byte aligned or not
         direct = (N * plan_cost.in_bytes(odt)) % 16 != 0
-    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof))
+    offered = OFFERED_SCHEDULES if schedules is None else tuple(schedules)
+    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
             _CACHE.clear()
-        hit = _CACHE[key] = (prof, _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof))
+        hit = _CACHE[key] = (prof, _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof,
+                                                      offered))
     return list(hit[1])
 
 
 _CACHE: dict = {}
 
 
-def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof) -> tuple[Plan, ...]:
+def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof, offered) -> tuple[Plan, ...]:
     heavy = heavy_epilogue(odt, bdt, has_c, activation, direct)
     out_bytes = plan_cost.in_bytes(odt)
     plans = []
     for bm, bn in TILES:
-        for sched, splits, sk_tiles, sk_ctas, grid in _schedules(M, N, K, bm, bn, prof):
+        for sched, splits, sk_tiles, sk_ctas, grid in _schedules(M, N, K, bm, bn, prof, offered):
             if tile_problem(bm, bn, sched, dtype=dt, b_mn=b_mn, heavy=heavy):
                 continue
             stages = stages_for(bm, bn, sched, dt)

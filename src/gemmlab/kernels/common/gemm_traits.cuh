@@ -9,7 +9,7 @@ template <typename TIn, typename TOut, typename TBias,  // operand, output and b
           bool kAmn, bool kBmn,                         // operand stored MN-major (else K-major)
           bool kBias, bool kC, int kAct,                // epilogue: + bias[n], + beta * C, activation
           bool kDirect,                                 // output rows not 16-byte aligned: threads store
-          int kSchedule>                                // Schedule: data-parallel, split-K, stream-K
+          int kSchedule>                                // Schedule: data-parallel, split-K, stream-K, ping-pong
 struct GemmTraits {
     using T = TIn;
     using TO = TOut;
@@ -20,9 +20,15 @@ struct GemmTraits {
     static constexpr int ACT = kAct, SCHEDULE = kSchedule;
 
     // 64-row tiles: one consumer warpgroup. 128: two, 64 rows each. 256: two, 128 rows each, every k16
-    // step issuing two m64 wgmmas against the same B slab.
-    static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
-    static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
+    // step issuing two m64 wgmmas against the same B slab. PINGPONG (64 or 128 rows): two consumers, each
+    // with whole tiles of its own, in turn (one's epilogue runs under the other's k-loop).
+    static constexpr bool PING_PONG = kSchedule == PINGPONG;
+    static constexpr int CONSUMERS = BM == 64 && !PING_PONG ? 1 : 2;
+    static constexpr int MI = PING_PONG ? BM / 64 : BM / (64 * CONSUMERS);  // m64 blocks per consumer
+    // Arrivals that free a ring slot: every consumer reads every slot, except in ping-pong (its owner).
+    static constexpr int SLOT_READERS = PING_PONG ? 1 : CONSUMERS;
+    // The first of a consumer's m64 blocks in its tile.
+    __device__ static constexpr int first_block(int consumer) { return PING_PONG ? 0 : consumer * MI; }
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     static constexpr int CONSUMER_REGS = 232;  // two consumers: setmaxnreg, 128 x (40 + 2 x 232) <= 64 K
 
@@ -40,6 +46,7 @@ struct GemmTraits {
     static constexpr int LDP = BN + 8;
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
+    static_assert(!PING_PONG || BM <= 128, "ping-pong consumers hold whole tiles: 64 or 128 rows");
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");
     static_assert(!B_MN || BN % 64 == 0, "MN-major B is loaded in 64-column boxes");
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");

@@ -87,7 +87,7 @@ __device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor&
     for (int kt = k_begin; kt < k_end; ++kt) {
         ring.wait_full(cur);
         // This consumer's rows: blocks consumer * MI .. of 64 rows (one 64 x 64 box each if MN-major).
-        const T* a = sA + cur.stage * BM * BK + consumer * Tr::MI * 64 * BK;
+        const T* a = sA + cur.stage * BM * BK + Tr::first_block(consumer) * 64 * BK;
         const T* b = sB + cur.stage * BN * BK;
         wgmma_fence();
 #pragma unroll

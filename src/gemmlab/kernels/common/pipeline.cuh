@@ -19,6 +19,13 @@ struct RingCursor {
             phase ^= 1;
         }
     }
+    // Step over n slots (another walker's k-steps): every wrap flips the phase.
+    template <int STAGES>
+    __device__ __forceinline__ void skip(int n) {
+        const int s = stage + n;
+        phase ^= (s / STAGES) & 1;
+        stage = s % STAGES;
+    }
 };
 
 template <int STAGES>
@@ -50,4 +57,24 @@ struct Ring {
 
     // Consumer: this warpgroup no longer reads the slot (its wgmmas on it completed: wgmma.wait_group).
     __device__ __forceinline__ void release(int stage) { mbar_arrive_notoken(&empty[stage]); }
+};
+
+// Ping-pong consumers take turns at the ring: a consumer starts a unit's k-loop only after the other
+// consumer finished the k-loop of the unit before. Besides ordering the tensor-core work (one's epilogue
+// runs under the other's wgmmas), this keeps the parity waits sound: a consumer that skipped the other's
+// k-steps waits on slots whose previous phase is then complete, never on one two phases behind (whose
+// parity would read as done). One barrier per consumer, one arrival (by the other's thread 0) per turn.
+struct Turns {
+    u64 bar[2];
+    __device__ __forceinline__ void init() {
+        mbar_init(&bar[0], 1);
+        mbar_init(&bar[1], 1);
+    }
+    // Consumer c: wait for its turn (parity: this consumer's count of turns waited, mod 2).
+    __device__ __forceinline__ void wait(int c, u32& parity) {
+        mbar_wait_parity(&bar[c], parity);
+        parity ^= 1;
+    }
+    // Consumer c's thread 0, after the k-loop: the other consumer's turn.
+    __device__ __forceinline__ void pass(int c) { mbar_arrive_notoken(&bar[c ^ 1]); }
 };

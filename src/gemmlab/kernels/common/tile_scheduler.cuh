@@ -2,7 +2,7 @@
 // The producer warp and the consumer warpgroups each walk their own copy of the scheduler through the
 // same sequence, so they agree on every unit without talking to each other.
 //
-//  * DATA_PARALLEL: CTA b takes whole tiles b, b + grid, b + 2 grid, ...
+//  * DATA_PARALLEL (and PINGPONG): CTA b takes whole tiles b, b + grid, b + 2 grid, ...
 //  * SPLIT_K: one unit per CTA; the `splits` CTAs of a tile form one thread-block cluster (CTA u is
 //    tile u / splits, k-range u % splits of ceil(k_iters / splits) k-steps) and reduce through DSMEM.
 //  * STREAM_K (hybrid): the first dp_tiles = tiles - sk_tiles tiles go data-parallel (whole waves, the
@@ -17,7 +17,8 @@
 //    most one partial and the owner, whose k = 0 part is the last unit of its range, rarely waits.
 #pragma once
 
-enum Schedule { DATA_PARALLEL = 0, SPLIT_K = 1, STREAM_K = 2 };
+// PINGPONG: data-parallel tiles, whole tiles handed to the two consumer warpgroups in turn (gemm.cu).
+enum Schedule { DATA_PARALLEL = 0, SPLIT_K = 1, STREAM_K = 2, PINGPONG = 3 };
 enum UnitKind { UNIT_WHOLE = 0, UNIT_CONTRIBUTOR = 1, UNIT_OWNER = 2, UNIT_SPLIT = 3 };
 
 struct WorkUnit {

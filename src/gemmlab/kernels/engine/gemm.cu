@@ -8,7 +8,8 @@
 // h11's logic (any M, N, K via TMA bounds and short A boxes; K- or MN-major operands; alpha / beta * C /
 // bias / activation in fp32; bf16 / fp16 / fp32 output; fp16 or bf16 inputs) over a wider tile space:
 // 64, 128 or 256 rows (one or two consumer warpgroups, one or two m64 wgmmas each per k16) by 16 .. 256
-// columns. One CTA per SM (persistent), a producer warpgroup of which one thread issues the loads.
+// columns, or ping-pong: two consumers with whole 64- or 128-row tiles each, in turn. One CTA per SM
+// (persistent), a producer warpgroup of which one thread issues the loads.
 #include "common/gemm_traits.cuh"
 #include "common/mainloop.cuh"
 #include "common/reduction.cuh"
@@ -28,11 +29,15 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     T* sB = sA + Tr::STAGES * BM * BK;
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
     __shared__ Ring<Tr::STAGES> ring;
+    __shared__ Turns turns;  // PINGPONG only
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
     const int k_iters = (K + BK - 1) / BK;
-    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
+    if (threadIdx.x == 0) {
+        if constexpr (Tr::PING_PONG) turns.init();
+        ring.init(Tr::SLOT_READERS);
+    }
     __syncthreads();
 
     const ScheduleArgs sargs{splits, sk_tiles, sk_ctas};
@@ -64,10 +69,23 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     RingCursor cur;
     int pieces = 0;
     float acc[Tr::MI][BN / 2];
+    int unit = 0;        // PINGPONG: this CTA's units go to consumer 0, 1, 0, 1, ...
+    u32 turn_parity = 0;
     while (sched.next(u)) {
+        if constexpr (Tr::PING_PONG) {
+            if ((unit & 1) != consumer) {  // the other consumer's tile: step over its k-steps in the ring
+                ++unit;
+                cur.template skip<Tr::STAGES>(u.k_end - u.k_begin);
+                continue;
+            }
+            if (unit++ > 0) turns.wait(consumer, turn_parity);
+        }
         const int packed = order[u.tile];
         const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
         consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
+        if constexpr (Tr::PING_PONG) {
+            if (t == 0) turns.pass(consumer);
+        }
 
         if constexpr (Tr::SCHEDULE == SPLIT_K) {
             // Both consumers' wgmmas are done with the stages before either overwrites them (bar 3).
@@ -90,8 +108,8 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             }
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi)
-                store_block<Tr>(acc[mi], m0 + (consumer * Tr::MI + mi) * 64, n0, ep, slabs, pieces, &tmC, &tmC_tail,
-                                t, consumer);
+                store_block<Tr>(acc[mi], m0 + (Tr::first_block(consumer) + mi) * 64, n0, ep, slabs, pieces, &tmC,
+                                &tmC_tail, t, consumer);
         }
     }
     if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();  // the slabs stay valid until the stores read them
