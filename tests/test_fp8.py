@@ -7,6 +7,7 @@ The default run compiles a representative set (11 instantiations); ``-m slow`` c
 FP8 planner may pick, per scale mode, with the plainest and the heaviest epilogue (~110 compiles).
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -31,9 +32,9 @@ def _check(p: planner.Fp8Plan) -> None:
 
 
 def _representative():
-    """~11 instantiations: the model's picks for a square (both scale modes: 128 x 208, whose tiles straddle
-    B's scale blocks), a big square, a few-row and a one-row problem; DIRECT; the heaviest epilogue; no
-    promotion; and forced tiles at the space's edges (256 x 96, 64 x 224 block, 64 x 240)."""
+    """~12 instantiations: the model's picks for a square (both scale modes), a big square, a few-row and a one-row problem; DIRECT; the heaviest epilogue; no
+    promotion; and forced tiles at the space's edges (256 x 96, 64 x 224 block, 64 x 240) and 128 x 208
+    block, whose tiles straddle B's scale blocks."""
     seen = {}
     for shape, kw in (((4096, 4096, 4096), {}), ((4096, 4096, 4096), {"scale": "block"}),
                       ((8192, 8192, 8192), {}), ((128, 4096, 4096), {}), ((1, 4096, 4096), {"scale": "block"}),
@@ -42,8 +43,11 @@ def _representative():
                       ((2048, 4096, 16384), {"promote": 0})):  # no promotion until the tile's end
         p = planner.plan_fp8(*shape, **kw)
         seen.setdefault(p.name_expression, p)
-    for bm, bn, scale in ((256, 96, "block"), (64, 224, "block"), (64, 240, "tensor")):
-        p = next(c for c in planner.fp8_candidates(4096, 4096, 4096, scale=scale) if (c.bm, c.bn) == (bm, bn))
+    for bm, bn, scale in ((256, 96, "block"), (64, 224, "block"), (64, 240, "tensor"), (128, 208, "block")):
+        # Block scales on straddling tiles are not offered (slow promotion) but the kernel runs them when
+        # forced: the per-tensor plan of the tile with block scales.
+        p = next(c for c in planner.fp8_candidates(4096, 4096, 4096) if (c.bm, c.bn) == (bm, bn))
+        p = dataclasses.replace(p, scale=scale)
         seen.setdefault(p.name_expression, p)
     return list(seen.values())
 
@@ -77,12 +81,12 @@ def test_every_fp8_choice_compiles_clean(p):
 
 
 def test_every_fp8_tile_is_offered():
-    """Every tile of FP8_TILES is a candidate with per-tensor scales; block scales drop only the two
-    straddling widths that spill."""
+    """Every tile of FP8_TILES is a candidate with per-tensor scales; block scales only the widths whose
+    tiles never straddle B's 128-column scale blocks."""
     tensor = {(p.bm, p.bn) for p in planner.fp8_candidates(4096, 4096, 4096)}
     block = {(p.bm, p.bn) for p in planner.fp8_candidates(4096, 4096, 4096, scale="block")}
     assert tensor == set(planner.FP8_TILES)
-    assert tensor - block == {(128, 224), (64, 240)}
+    assert block == {(bm, bn) for bm, bn in tensor if 128 % bn == 0 or bn % 128 == 0} and block
 
 
 # Plans -----------------------------------------------------------------------------------------------
@@ -116,6 +120,7 @@ def test_fp8_plan_rejects_what_the_kernel_cannot_run():
         planner.plan_fp8(0, 128, 128)
     assert planner.fp8_tile_problem(256, 128) and planner.fp8_tile_problem(128, 256)  # spill: not offered
     assert planner.fp8_tile_problem(128, 224, "block") and not planner.fp8_tile_problem(128, 224, "tensor")
+    assert planner.fp8_tile_problem(128, 208, "block") and planner.fp8_tile_problem(128, 128, "block") is None
     assert planner.fp8_tile_problem(128, 128) is None
 
 

@@ -3,10 +3,9 @@ Hopper GPU: per-tensor and 1x128 / 128x128 block scales against a float64 refere
 inputs on random shapes (ragged M, N; K not a multiple of 128 for per-tensor), every tile height and
 straddling widths, outputs poisoned with NaN inside a NaN frame, NaN inputs and scales propagating, the
 promotion's precision at K = 16384, bias / activation / fp32 output, torch.compile, and agreement with
-torch._scaled_mm.
-
-Written without a GPU at hand (issue 18): not yet run on one.
+torch._scaled_mm. Run on the H200 at 6417c0c and 8bae228 (all passed at the second).
 """
+import dataclasses
 
 import pytest
 import torch
@@ -40,10 +39,13 @@ def _operands(M, N, K, scale, *, seed=0, positive=False):
 
 
 def _pick(M, N, K, scale, bm, bn, **kw) -> planner.Fp8Plan:
+    """The candidate of that tile; block scales on a straddling tile (not offered: slow, but the kernel
+    runs them) as the per-tensor plan with block scales."""
     prof = engine2._profile(torch.device("cuda"))
-    for c in planner.fp8_candidates(M, N, K, scale=scale, profile=prof, **kw):
-        if (c.bm, c.bn) == (bm, bn):
-            return c
+    for s in (scale, "tensor"):
+        for c in planner.fp8_candidates(M, N, K, scale=s, profile=prof, **kw):
+            if (c.bm, c.bn) == (bm, bn):
+                return dataclasses.replace(c, scale=scale)
     pytest.skip(f"no {bm}x{bn} FP8 plan for {M}x{N}x{K} ({scale})")
 
 
