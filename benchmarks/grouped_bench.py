@@ -15,8 +15,10 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
 (uniform^2 weights) sizes with some experts empty, as routers produce. Candidates, timed in one
 ``gemmlab.timer.time_interleaved`` run (CUDA graphs, interleaved rounds, rotated input sets):
 
-* ``ours``: ``gemmlab.grouped.run`` with the plan ``grouped_mm`` picks (and ``ours_<bm>x<bn>`` for the
-  other tiles with ``--all-tiles``);
+* ``ours``: ``gemmlab.grouped.run`` with the plan ``grouped_mm`` picks (and, with ``--all-tiles``,
+  ``ours_<bm>x<bn>`` for every other tile ``grouped.candidates`` prices, so the planner's pick can be checked
+  against measurement, and ``ours_no_panel`` where the picked plan's panels split the tallest group:
+  the same plan walking each group plain m-fastest);
 * ``torch_grouped_mm``: ``torch._grouped_mm(a, b.transpose(-2, -1), offs)`` where torch has it (bf16);
 * ``torch_mm_loop``: one ``torch.mm`` per non-empty expert on its rows (the sizes read on the host before
   timing: this candidate is given what a real loop would have to sync for).
@@ -24,7 +26,14 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
 Each candidate is checked against an fp32 reference (per expert ``torch.mm`` in fp32) before it is timed;
 a failing one is recorded with its error and not timed. One JSON line per (shape, candidate): git sha, GPU,
 SM clocks, model, experts, N, K, T, time, TFLOP/s (of the rows really multiplied), ratio to
-torch._grouped_mm (or to the loop where torch has none), the plan and its predicted time.
+torch._grouped_mm (or to the loop where torch has none), the plan (tile, stages, group-table size, panel,
+DIRECT or TMA stores) and its predicted time, and the shape's roofline: max(HBM bytes (A, the non-empty
+experts' weights, out) at ``--peak-tbs``, FLOP at ``--peak-tflops``), with ``best_ratio`` = the baseline's
+time over it, the most any kernel could beat the baseline by on this GPU's data sheet.
+
+    # the H200 check of the large-T fix (~90 s): the losing shapes, every tile, and a 256-expert one
+    PYTHONPATH=src python3 benchmarks/grouped_bench.py --all-tiles --rounds 9 --budget-s 75 \
+        --shapes mixtral:4096,mixtral:16384,qwen_moe:16384,dsv2lite:16384,dsv3:4096 --out $OUT/grouped_tiles.jsonl
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ import os
 import statistics
 import time
 from pathlib import Path
+
+import dataclasses
 
 import torch
 
@@ -69,12 +80,33 @@ def uneven_offsets(G, T, seed, device="cuda"):
     return offs.to(torch.int32).to(device), sizes.tolist()
 
 
+DEFAULT_TOKENS = (256, 4096, 16384)
+
+
+def shape_seed(model, proj, T, n):
+    """The group sizes' seed: the shape's position in the default list (every model x DEFAULT_TOKENS), so
+    a run of a subset (--shapes) routes the same rows as the full run; else its position in this run."""
+    full = [(m, p, t) for m, p, _, _, _, t in shapes(MODELS, DEFAULT_TOKENS)]
+    return full.index((model, proj, T)) if (model, proj, T) in full else n
+
+
+def grouped_profile(a):
+    """The device profile grouped.plan_for prices with (the GPU's own)."""
+    from gemmlab.engine2 import _profile
+
+    return _profile(a.device)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "grouped.jsonl"))
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--tokens", default="256,4096,16384", help="routed token-rows T (tokens x top-k)")
+    ap.add_argument("--shapes", default=None,
+                    help="model:T pairs (e.g. mixtral:16384,dsv3:4096) instead of --models x --tokens")
     ap.add_argument("--all-tiles", action="store_true", help="also time every other tile of the plan space")
+    ap.add_argument("--peak-tbs", type=float, default=4.8, help="HBM peak for the roofline (H200: 4.8 TB/s)")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989 TFLOP/s)")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--replay-ms", type=float, default=20.0)
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop between shapes after this long")
@@ -85,13 +117,16 @@ def main() -> None:
     sha = git_sha()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     ratios: dict[str, list[float]] = {}
-    todo = list(shapes(args.models.split(","), [int(x) for x in args.tokens.split(",")]))
+    if args.shapes:
+        todo = [sh for pair in args.shapes.split(",") for sh in shapes([pair.split(":")[0]], [int(pair.split(":")[1])])]
+    else:
+        todo = list(shapes(args.models.split(","), [int(x) for x in args.tokens.split(",")]))
     has_torch = hasattr(torch, "_grouped_mm")
     for n, (model, proj, G, N, K, T) in enumerate(todo):
         if time.perf_counter() - t_start > args.budget_s:
             print(f"budget reached after {n} of {len(todo)} shapes", flush=True)
             break
-        offs, sizes = uneven_offsets(G, T, seed=n)
+        offs, sizes = uneven_offsets(G, T, seed=shape_seed(model, proj, T, n))
         n_sets = max(1, min(sets_for(2 * (T * K + G * N * K + T * N), info.l2_bytes), 4))
         sets = [dict(a=torch.randn(T, K, device="cuda").to(torch.bfloat16),
                      b=(torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16),
@@ -105,9 +140,11 @@ def main() -> None:
         plan = grouped.plan_for(s0["a"], s0["b"], offs)
         plans = {"ours": plan}
         if args.all_tiles:
-            for c in grouped.candidates("contiguous", G, T, N, K):
+            for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(s0["a"])):
                 if (c.bm, c.bn) != (plan.bm, plan.bn):
                     plans[f"ours_{c.bm}x{c.bn}"] = c
+            if max(sizes) > plan.panel * plan.bm:  # the tallest group is walked in panels
+                plans["ours_no_panel"] = dataclasses.replace(plan, panel=1 << 30)
 
         def ours(pl):
             def run(i):
@@ -143,6 +180,8 @@ def main() -> None:
         times = {k: t.median_ms for k, t in res.timings.items()}
         base_name = "torch_grouped_mm" if "torch_grouped_mm" in times else "torch_mm_loop"
         flop = 2.0 * T * N * K
+        hbm = 2.0 * (T * K + sum(1 for x in sizes if x) * N * K + T * N)
+        roof_ms = max(hbm / (args.peak_tbs * 1e12), flop / (args.peak_tflops * 1e12)) * 1e3
         line = f"[{n + 1}/{len(todo)}] {model} {proj} G={G} N={N} K={K} T={T}"
         with open(args.out, "a") as f:
             for name in runs:
@@ -156,15 +195,17 @@ def main() -> None:
                        "empty_groups": sum(1 for s in sizes if s == 0), "max_group_rows": max(sizes),
                        "candidate": name, "time_ms": t, "tflops": flop / t / 1e9 if t else None,
                        "baseline": base_name, "baseline_ms": base, "ratio": ratio, "rel_error": errors[name],
-                       "correct": t is not None, "sm_clock_mhz": res.clocks.sm_mhz,
+                       "correct": t is not None, "roofline_ms": roof_ms,
+                       "best_ratio": base / roof_ms if base else None, "sm_clock_mhz": res.clocks.sm_mhz,
                        "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
                        "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__}
                 pl = plans.get(name)
                 if pl is not None:
-                    rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, stages=pl.stages, grid=pl.grid,
-                               predicted_ms=pl.predicted_s * 1e3)
+                    rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, stages=pl.stages, grid=pl.grid, table=pl.table,
+                               panel=min(pl.panel, 1 << 30), direct=pl.direct, predicted_ms=pl.predicted_s * 1e3)
                 f.write(json.dumps(rec) + "\n")
-        print(line + f"  (TFLOP/s; SM {res.clocks.sm_mhz} MHz)", flush=True)
+        print(line + f"  (TFLOP/s; SM {res.clocks.sm_mhz} MHz; roofline {flop / roof_ms / 1e9:.0f}, at most "
+              f"{times[base_name] / roof_ms if base_name in times else float('nan'):.2f}x {base_name})", flush=True)
         sets = s0 = ref = None
         torch.cuda.empty_cache()
     for name, rs in sorted(ratios.items()):

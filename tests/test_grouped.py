@@ -1,11 +1,14 @@
 """Grouped GEMM (``gemmlab.grouped_mm``) without a GPU: the grouped kernel's instantiations compile for sm_90a
 without spills or local memory and their SASS has the plan's HGMMA, TMA loads, the group table's warp scan
-and no TMA store; the launch's argument list against the kernel's PTX parameters; argument errors; the
-custom ops' fake implementations; the float64 reference for both layouts (with the kernel's clamping of
-bad offsets / counts); the call path with the launch replaced by the reference; and a Python mirror of
-the kernel's tile walk (group_scheduler.cuh) covering every stored element exactly once.
+and TMA stores (none with DIRECT stores); the launch's argument list against the kernel's PTX parameters;
+the plan model (stages as the dense engine's, one group priced as the dense model prices it, the dense
+planner's tile for large groups); argument errors; the custom ops' fake implementations; the float64
+reference for both layouts (with the kernel's clamping of bad offsets / counts); the call path with the
+launch replaced by the reference; and a Python mirror of the kernel's tile walk (group_scheduler.cuh, with
+panels) covering every stored element exactly once, TMA-stored blocks inside their group.
 
-The default run compiles 10 instantiations; ``-m slow`` compiles every tile x layout x dtype x out dtype (48).
+The default run compiles 16 instantiations; ``-m slow`` compiles every tile x layout x dtype x out dtype x
+group-table size (120).
 """
 
 import math
@@ -14,7 +17,7 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab import engine2, grouped, sass
+from gemmlab import engine2, grouped, plan_cost, planner, sass
 from gemmlab.errors import UnsupportedProblem
 
 from fakes import launch_arg_types, ptx_param_types, unsigned
@@ -28,26 +31,30 @@ def _check(p: grouped.GroupedPlan) -> None:
     suffix = ".BF16" if p.dtype == "bf16" else ""
     assert engine2.hgmma_shapes(ck) == {f"64x{p.bn}x16.F32{suffix}"}, p
     assert not ck.resources.spills and ck.resources.stack_frame == 0, (p, ck.resources)
-    assert ck.resources.static_shared >= grouped.TABLE_BYTES  # the group table is static shared memory
+    assert ck.resources.static_shared >= grouped.table_bytes(p.table)  # the group table is static shared memory
     assert p.smem_bytes + ck.resources.static_shared <= 227 * 1024, p
     for needle in ("serialized", "C7510", "C7519"):  # ptxas's warnings that wgmma was serialized
         assert needle not in ck.log, f"{p}:\n{ck.log}"
 
 
-def _forced(layout, bm, bn, dtype="bf16", out_dtype="bf16"):
-    return next(c for c in grouped.candidates(layout, 8, 4096, 4096, 4096, dtype=dtype, out_dtype=out_dtype)
+def _forced(layout, bm, bn, dtype="bf16", out_dtype="bf16", groups=8, N=4096):
+    return next(c for c in grouped.candidates(layout, groups, 4096, N, 4096, dtype=dtype, out_dtype=out_dtype)
                 if (c.bm, c.bn) == (bm, bn))
 
 
 def _representative():
     ps = [_forced(layout, bm, bn) for layout in grouped.LAYOUTS for bm, bn in grouped.TILES]
     ps += [_forced("contiguous", 128, 256, "fp16", "fp32"), _forced("masked", 64, 128, "fp16", "fp16")]
+    # The 512-group table (one stage fewer) and DIRECT stores (out's rows not 16-byte aligned: N = 4100).
+    ps += [_forced("contiguous", 128, 256, groups=256), _forced("masked", 256, 128, groups=256),
+           _forced("contiguous", 128, 256, N=4100), _forced("masked", 64, 256, "fp16", "fp16", N=4100)]
+    assert [p.table for p in ps[-4:]] == [512, 512, 128, 128] and [p.direct for p in ps[-4:]] == [0, 0, 1, 1]
     return ps
 
 
 def _every():
-    return [_forced(layout, bm, bn, dt, odt) for layout in grouped.LAYOUTS for bm, bn in grouped.TILES
-            for dt in ("bf16", "fp16") for odt in ("bf16", "fp16", "fp32")]
+    return [_forced(layout, bm, bn, dt, odt, groups) for layout in grouped.LAYOUTS for bm, bn in grouped.TILES
+            for dt in ("bf16", "fp16") for odt in ("bf16", "fp16", "fp32") for groups in (8, 256)]
 
 
 @pytest.mark.parametrize("p", _representative(), ids=lambda p: p.compiled_name)
@@ -63,11 +70,13 @@ def test_every_grouped_instantiation_compiles_clean(p):
 
 def test_plans_fit_and_are_priced():
     for layout in grouped.LAYOUTS:
-        ps = grouped.candidates(layout, 64, 8192, 1408, 2048)
-        assert {(p.bm, p.bn) for p in ps} == set(grouped.TILES)
-        assert all(p.smem_bytes <= grouped.SMEM_LIMIT and p.stages >= 3 for p in ps)
-        assert ps == sorted(ps, key=lambda p: (round(p.predicted_s, 9), -p.bm * p.bn))
-        assert all(0 < p.grid <= 132 for p in ps)
+        for groups in (64, 256):
+            ps = grouped.candidates(layout, groups, 8192, 1408, 2048)
+            assert {(p.bm, p.bn) for p in ps} == set(grouped.TILES)
+            assert all(p.table == (128 if groups <= 128 else 512) for p in ps)
+            assert all(p.smem_bytes <= grouped.smem_limit(p.table) and p.stages >= 3 for p in ps)
+            assert [p.predicted_s for p in ps] == sorted(p.predicted_s for p in ps)
+            assert all(0 < p.grid <= 132 and not p.direct for p in ps)
     # Few rows a group (decode): one short tile each; more rows priced as more time.
     few = grouped.plan("contiguous", 256, 256, 2048, 7168)
     many = grouped.plan("contiguous", 256, 65536, 2048, 7168)
@@ -78,11 +87,71 @@ def test_plans_fit_and_are_priced():
         grouped.plan("contiguous", grouped.MAX_GROUPS + 1, 64, 64, 64)
 
 
+def test_stages_match_the_dense_engine_with_the_small_table():
+    """The 128-group table leaves the dense engine's depth at every tile; the 512-group one costs a stage
+    at 128 x 128, 128 x 256 and 256 x 128."""
+    for bm, bn in grouped.TILES:
+        dense = planner.stages_for(bm, bn, "data_parallel")
+        assert grouped.stages_for(bm, bn, 128) == dense
+        assert grouped.stages_for(bm, bn, 512) == dense - (0 if bm == 64 else 1)
+        for table in grouped.TABLES:
+            q = grouped.stages_for(bm, bn, table)
+            assert grouped.smem_bytes(bm, bn, q) <= grouped.smem_limit(table) < grouped.smem_bytes(bm, bn, q + 1)
+
+
+@pytest.mark.parametrize("M,N,K,bm,bn", [(2048, 28672, 4096, 128, 256), (512, 4096, 14336, 128, 128),
+                                         (1024, 2816, 2048, 64, 256), (4096, 4096, 4096, 256, 128)])
+def test_one_group_is_priced_as_the_dense_data_parallel_plan(M, N, K, bm, bn):
+    """The grouped model calls plan_cost's fitted pieces: for one group of M rows (a multiple of bm, so no
+    ragged tile) it is the dense model's data-parallel price at the same stages."""
+    from gemmlab.devices import H200
+
+    q = grouped.stages_for(bm, bn, 128)
+    want = plan_cost.predict_s(M, N, K, bm=bm, bn=bn, schedule="data_parallel", stages=q, prof=H200)
+    assert grouped.predict_s(1, M, N, K, bm, bn, q, H200) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("G,T,N,K", [(8, 16384, 28672, 4096), (8, 16384, 4096, 14336)])
+def test_large_groups_pick_the_dense_planners_tile(G, T, N, K):
+    """Mixtral at T = 16384 (2048 rows an expert): the dense planner runs each expert's GEMM with 128 x 256
+    data-parallel tiles at 4 stages; the grouped plan picks the same (it picked 128 x 128 before: the
+    DIRECT store's price and one stage fewer made the wide tile look slow)."""
+    d = planner.plan(T // G, N, K)
+    g = grouped.plan("contiguous", G, T, N, K)
+    assert (d.schedule, d.bm, d.bn, d.stages) == ("data_parallel", 128, 256, 4)
+    assert (g.bm, g.bn, g.stages, g.table, g.direct) == (128, 256, 4, 128, False)
+
+
+def test_hbm_bound_ties_pick_the_shortest_busy_tile():
+    """At the HBM floor (a few rows an expert) the tie goes to the tile that multiplies the fewest padded
+    rows: 64 rows, as the first H200 run measured best there."""
+    for G, T, N, K in ((64, 256, 2816, 2048), (256, 4096, 7168, 2048), (8, 256, 28672, 4096)):
+        assert grouped.plan("contiguous", G, T, N, K).bm == 64
+
+
+def test_direct_stores_only_where_out_cannot_take_a_tma_map():
+    assert not grouped.plan("contiguous", 8, 4096, 4096, 4096).direct
+    assert grouped.plan("contiguous", 8, 4096, 4100, 4096).direct  # 8200-byte rows
+    assert not grouped.plan("contiguous", 8, 4096, 4100, 4096, out_dtype="fp32").direct  # 16400-byte rows
+    assert grouped.plan("contiguous", 8, 4096, 4098, 4096, out_dtype="fp32").direct
+
+
+def test_panels_hold_a_groups_rows_in_l2():
+    from gemmlab.devices import H200
+
+    # Mixtral gate/up (K = 4096): 1 MB of A per 128-row tile, 25 of them in half the L2; a 2048-row expert
+    # (16 m-tiles) runs plain m-fastest, a 6488-row one in three panels of 17.
+    assert grouped.panel_tiles(128, 256, 4096, H200) == 25
+    # Mixtral down (K = 14336): a column tile of B is 7 MB; panels pay B again per panel, so only groups
+    # taller than S b / budget = 37 m-tiles (4736 rows) get them.
+    assert grouped.panel_tiles(128, 256, 14336, H200) == 37
+
+
 # The kernel's tile walk, mirrored in Python -----------------------------------------------------------
 
-def _walk(layout, ranges, G, limit, N, bm, bn, grid):
-    """group_scheduler.cuh's GroupTable.build + locate and the data-parallel scheduler, in Python: every
-    CTA's (group, row0, rows, m, n) units, plus the A rows each tile's box covers."""
+def _walk(layout, ranges, G, limit, N, bm, bn, grid, panel=1 << 30):
+    """group_scheduler.cuh's GroupTable.build + locate (panels of ``panel`` m-tiles) and the data-parallel
+    scheduler, in Python: every CTA's (group, row0, rows, m, n) units."""
     tiles_n = math.ceil(N / bn)
     spans = grouped.group_rows(layout, torch.tensor(ranges, dtype=torch.int32), G, limit)
     first, acc = [], 0
@@ -103,23 +172,33 @@ def _walk(layout, ranges, G, limit, N, bm, bn, grid):
             s, r = spans[lo]
             tm = math.ceil(r / bm)
             local = t - first[lo]
-            units.append((lo, s, r, local % tm, local // tm))
+            panels = -(-tm // panel)
+            pm = -(-tm // panels)  # the kernel's panels of even height
+            p, i = divmod(local, pm * tiles_n)
+            h = min(pm, tm - p * pm)
+            units.append((lo, s, r, p * pm + i % h, i // h))
     return spans, units
 
 
+@pytest.mark.parametrize("panel", [1 << 30, 1, 2, 3])
 @pytest.mark.parametrize("layout,ranges,limit", [
     ("contiguous", [0, 5, 5, 200, 200, 201, 330], 330),        # G + 1 boundaries, empty groups
     ("contiguous", [5, 5, 200, 200, 201, 330], 330),           # G ends (torch._grouped_mm's offs)
     ("contiguous", [0, 400, -3, 100, 90, 330, 331], 330),      # bad offsets: clamped, never outside
+    ("contiguous", [0, 1100, 1100, 1700, 2000, 2000, 2000], 2000),  # tall groups: 9 and 5 m-tiles
     ("masked", [0, 64, 3, 200, -1, 128], 128),                 # counts past capacity / negative: clamped
 ])
-def test_tile_walk_covers_each_stored_element_once(layout, ranges, limit):
+def test_tile_walk_covers_each_stored_element_once(layout, ranges, limit, panel):
     G = 6
     N, bm, bn = 300, 128, 128
-    spans, units = _walk(layout, ranges, G, limit, N, bm, bn, grid=7)
+    spans, units = _walk(layout, ranges, G, limit, N, bm, bn, grid=7, panel=panel)
+    assert len(set(units)) == len(units)
     written = {}
     for g, s, r, m, n in units:
         assert 0 <= m * bm < r and 0 <= n * bn < N  # no tile lies wholly outside its group
+        for b in range(0, bm, 64):  # the kernel TMA-stores a 64-row block only inside the group
+            if m * bm + b + 64 <= r:
+                assert s + m * bm + b + 64 <= s + r <= (limit if layout == "contiguous" else (g + 1) * limit)
         for row in range(m * bm, min(r, (m + 1) * bm)):
             for col in (n * bn, min(N, (n + 1) * bn) - 1):
                 written[(s + row, col)] = written.get((s + row, col), 0) + 1
@@ -230,14 +309,20 @@ def test_grouped_mm_traces_as_one_op():
 
 # The launch's arguments against the kernel's parameter list ----------------------------------------------
 
+@pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("layout", grouped.LAYOUTS)
-def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout):
-    """grouped.launch's arguments, captured on CPU tensors: two tensor maps by value (A over all rows with a
-    bm x 64 box, B as (G * N, K) with a bn x 64 box), then the ranges pointer, lead, G, limit, N, K, out, ldo."""
+def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direct):
+    """grouped.launch's arguments, captured on CPU tensors: three tensor maps by value (A over all rows with a
+    bm x 64 box, B as (G * N, K) with a bn x 64 box, out with a 64-row x 128-byte box, or A's map again with
+    DIRECT stores), then the ranges pointer, lead, G, limit, N, K, panel, out, ldo."""
+    import dataclasses
+
     a, b, o = _ops(T=128)
     if layout == "masked":
         a, o = a.reshape(4, 32, 64), torch.tensor([3, 0, 32, 40], dtype=torch.int32)
     p = grouped.plan_for(a, b, *((o, None) if layout == "contiguous" else (None, o)))
+    assert not p.direct
+    p = dataclasses.replace(p, direct=direct, panel=3)
     captured = {}
     monkeypatch.setattr(grouped, "compile_plan", lambda p: "compiled")
     monkeypatch.setattr(grouped, "_tensor_map", lambda t, box: ("tmap", tuple(t.shape), tuple(box)))
@@ -249,9 +334,19 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout):
 
     assert launch_arg_types(args) == unsigned(ptx_param_types(grouped.SOURCE, p.name_expression))
     assert args[0] == ("tmap", (128, 64), (p.bm, 64)) and args[1] == ("tmap", (4 * 48, 64), (p.bn, 64))
+    assert args[2] == (args[0] if direct else ("tmap", (128, 48), (64, 64)))
     limit = 128 if layout == "contiguous" else 32
-    assert [int(x) for x in args[3:8]] == [1 if layout == "contiguous" else 0, 4, limit, 48, 64]
-    assert args[8].shape == (128, 48) and int(args[9]) == 48
+    assert [int(x) for x in args[4:10]] == [1 if layout == "contiguous" else 0, 4, limit, 48, 64, 3]
+    assert args[10].shape == (128, 48) and int(args[11]) == 48
+
+
+def test_a_plan_that_tma_stores_refuses_an_unaligned_out(monkeypatch):
+    a, b, o = _ops(T=128)
+    p = grouped.plan_for(a, b, o)
+    monkeypatch.setattr(grouped, "compile_plan", lambda p: "compiled")
+    odd = torch.empty(128 * 48 + 1, dtype=torch.bfloat16)[1:].view(128, 48)  # starts 2 bytes off
+    with pytest.raises(UnsupportedProblem, match="direct=True"):
+        grouped.launch(p, a, b, o, 1, odd)
 
 
 # The reference and the call path on CPU ------------------------------------------------------------------
@@ -318,3 +413,9 @@ def test_call_path_on_cpu(fake_launch):
     out3 = torch.full((4, 25, 48), 7.0, dtype=torch.bfloat16)
     gemmlab.grouped_mm(a.reshape(4, 25, 64), b, counts=counts, out=out3)
     assert fake_launch[-1].layout == "masked" and (out3[0, 3:] == 7).all() and (out3[1] == 7).all()
+    assert not any(p.direct for p in fake_launch)
+    # An out= view that starts off 16 bytes gets no TMA map: run switches the plan to DIRECT stores.
+    odd = torch.empty(100 * 48 + 1, dtype=torch.bfloat16)[1:].view(100, 48)
+    gemmlab.grouped_mm(a, b, o, out=odd)
+    assert fake_launch[-1].direct and torch.allclose(odd.double(), grouped.reference_grouped_mm(a, b, o),
+                                                     rtol=2e-2, atol=2e-2)

@@ -1,12 +1,18 @@
 """The grouped kernel (kernels/engine/gemm_grouped.cu through gemmlab.grouped_mm) on a Hopper GPU: the
 contiguous layout with uneven groups (empty ones included, 8 to 256 experts, ragged rows, N and K not
-multiples of the tile) and the masked layout, every tile of the plan space, bf16 / fp16 / fp32 output,
-against the float64 reference; outputs poisoned with NaN inside a NaN frame, rows outside the groups or
-past the counts left untouched; the masked layout inside a captured CUDA graph replayed with new counts;
-clamped bad offsets never writing outside; agreement with torch._grouped_mm where torch has it.
+multiples of the tile) and the masked layout, every tile of the plan space with both group-table sizes,
+bf16 / fp16 / fp32 output, TMA-stored blocks beside DIRECT ones and all-DIRECT plans (unaligned rows or
+start of out), panels of m-tiles in tall groups, against the float64 reference; outputs poisoned with
+NaN inside a NaN frame, rows outside the groups or past the counts left untouched; the masked layout
+inside a captured CUDA graph replayed with new counts; clamped bad offsets never writing outside;
+agreement with torch._grouped_mm where torch has it.
 
-Written without a GPU at hand (issue 18, second part): not yet run on one.
+First run on an H200 at 6417c0c (DIRECT stores only); the TMA stores, the 128-group table, 256 x 128 and
+panels were written without a GPU at hand and are not yet run on one.
 """
+
+import dataclasses
+
 
 import pytest
 import torch
@@ -75,18 +81,59 @@ def test_contiguous_uneven_groups(G, T, N, K):
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
+def _tile_plan(G, T, N, K, tile, dtype, odt, layout="contiguous"):
+    return next(c for c in grouped.candidates(layout, G, T, N, K, dtype=grouped._NAMES[dtype], out_dtype=odt)
+                if (c.bm, c.bn) == tile)
+
+
+@pytest.mark.parametrize("G", [12, 200])  # the 128- and the 512-group table
 @pytest.mark.parametrize("tile", grouped.TILES)
 @pytest.mark.parametrize("odt", ["bf16", "fp16", "fp32"])
-def test_every_tile_and_output_dtype(tile, odt):
-    G, T, N, K = 12, 1000, 392, 520  # N, K not multiples of the tile; groups straddle tiles
+def test_every_tile_and_output_dtype(tile, odt, G):
+    T, N, K = 1000, 392, 520  # N, K not multiples of the tile; groups straddle tiles
     dtype = torch.float16 if odt == "fp16" else torch.bfloat16
     a, b = _operands((T,), G, N, K, dtype=dtype)
     offs = _uneven_offsets(G, T, seed=7, empty=(3,))
-    p = next(c for c in grouped.candidates("contiguous", G, T, N, K, dtype=grouped._NAMES[dtype], out_dtype=odt)
-             if (c.bm, c.bn) == tile)
+    p = _tile_plan(G, T, N, K, tile, dtype, odt)
+    assert p.table == (128 if G <= 128 else 512) and not p.direct  # TMA stores beside the ragged blocks'
     out, frame = _framed((T, N), _TYPES[odt])
     grouped.run(a, b, offs, out=out, plan=p)
     _check(out, grouped.reference_grouped_mm(a, b, offs), odt)
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+
+
+@pytest.mark.parametrize("tile", grouped.TILES)
+def test_direct_stores_for_unaligned_out(tile):
+    """All-DIRECT plans: rows of 396 bf16 (792 bytes, no TMA map), and an out= view starting 2 bytes off."""
+    G, T, N, K = 12, 1000, 396, 520
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=9, empty=(5,))
+    p = _tile_plan(G, T, N, K, tile, torch.bfloat16, "bf16")
+    assert p.direct
+    out, frame = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=p)
+    _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+    N = 392  # aligned rows, but the view starts one element into its buffer
+    a, b = _operands((T,), G, N, K, seed=1)
+    buf = torch.full((T * N + 2,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    odd = buf[1:T * N + 1].view(T, N)
+    grouped.run(a, b, offs, out=odd, plan=_tile_plan(G, T, N, K, tile, torch.bfloat16, "bf16"))
+    _check(odd, grouped.reference_grouped_mm(a, b, offs), "bf16")
+    assert torch.isnan(buf[0]) and torch.isnan(buf[-1])
+
+
+@pytest.mark.parametrize("panel", [1, 2, 3, 7])
+@pytest.mark.parametrize("tile", [(64, 128), (128, 256), (256, 128)])
+def test_panels_in_tall_groups(tile, panel):
+    """Groups of up to ~40 m-tiles walked in panels (forced small): every row stored once, right."""
+    G, T, N, K = 5, 6000, 1000, 256
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=13, empty=(1,))
+    p = dataclasses.replace(_tile_plan(G, T, N, K, tile, torch.bfloat16, "bf16"), panel=panel)
+    out, frame = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=p)
+    _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
@@ -118,7 +165,8 @@ def test_bad_offsets_are_clamped_not_out_of_bounds():
     assert rel_error(out[only2].double(), ref[only2]) < TOL["bf16"]
 
 
-@pytest.mark.parametrize("G,C,N,K", [(8, 64, 4096, 1024), (64, 16, 1408, 2048), (256, 8, 512, 7168)])
+@pytest.mark.parametrize("G,C,N,K", [(8, 64, 4096, 1024), (64, 16, 1408, 2048), (256, 8, 512, 7168),
+                                     (6, 300, 1000, 512)])
 def test_masked_layout(G, C, N, K):
     a, b = _operands((G, C), G, N, K)
     counts = torch.randint(0, C + 1, (G,), generator=torch.Generator().manual_seed(G), dtype=torch.int32)
@@ -126,6 +174,17 @@ def test_masked_layout(G, C, N, K):
     counts = counts.cuda()
     out, _ = _framed((G, C, N), torch.bfloat16)
     gemmlab.grouped_mm(a, b, counts=counts, out=out)
+    _check(out, grouped.reference_grouped_mm(a, b, counts=counts), "bf16")
+
+
+@pytest.mark.parametrize("tile", grouped.TILES)
+def test_masked_every_tile(tile):
+    """Slabs of 300 rows: TMA-stored blocks must stop at each slab's count, not at its capacity."""
+    G, C, N, K = 6, 300, 520, 256
+    a, b = _operands((G, C), G, N, K)
+    counts = torch.tensor([300, 0, 299, 64, 1, 200], dtype=torch.int32, device="cuda")
+    out, _ = _framed((G, C, N), torch.bfloat16)
+    grouped.run(a, b, counts=counts, out=out, plan=_tile_plan(G, C, N, K, tile, torch.bfloat16, "bf16", "masked"))
     _check(out, grouped.reference_grouped_mm(a, b, counts=counts), "bf16")
 
 

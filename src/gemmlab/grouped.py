@@ -35,6 +35,7 @@ their rows; which result lands is unspecified).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -49,17 +50,38 @@ from .planner import Warpgroups
 SOURCE = "engine/gemm_grouped.cu"
 KERNEL = "engine_gemm_grouped"
 BK = 64
-MAX_GROUPS = 512  # GROUPED_MAX_GROUPS in the kernel: the group table's size in shared memory
-TABLE_BYTES = 4 * (3 * MAX_GROUPS + 1)  # GroupTable<512>: first[513], start[512], rows[512]
-SMEM_LIMIT = 227 * 1024 - 256 - TABLE_BYTES  # dynamic shared memory left beside the table
+MAX_GROUPS = 512  # the largest group table's capacity: GroupTable<512> in shared memory
+TABLES = (128, 512)  # the kernel's group-table capacities (MAX_G); the smallest that holds G is used
 MAX_STAGES = 9
 SLAB_BYTES = 64 * 128
 LAYOUTS = ("contiguous", "masked")
-# A small tile set: one or two consumers, 128 or 256 columns (MoE intermediates are 1408 .. 14336 wide).
-TILES = ((64, 128), (64, 256), (128, 128), (128, 256))
+# The tile space: one or two consumers, 128 or 256 columns (MoE intermediates are 1408 .. 14336 wide), and
+# 256 x 128 (two consumers of 128 rows each: the dense planner's pick for some large-group problems).
+TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DTYPES = {v: k for k, v in _NAMES.items()}
+
+
+def table_groups(groups: int) -> int:
+    """The group table's capacity for ``groups`` groups: the smallest of ``TABLES`` that holds them."""
+    return next(c for c in TABLES if groups <= c)
+
+
+def table_bytes(table: int) -> int:
+    """GroupTable<table> in static shared memory: first[table + 1], start[table], rows[table] ints."""
+    return 4 * (3 * table + 1)
+
+
+TABLE_BYTES = table_bytes(MAX_GROUPS)
+
+
+def smem_limit(table: int) -> int:
+    """Dynamic shared memory left beside the ring's barriers (256 B) and a group table of ``table`` groups."""
+    return 227 * 1024 - 256 - table_bytes(table)
+
+
+SMEM_LIMIT = smem_limit(MAX_GROUPS)  # the limit with the largest table (every plan fits it at its stages)
 
 
 def smem_bytes(bm: int, bn: int, stages: int) -> int:
@@ -67,16 +89,34 @@ def smem_bytes(bm: int, bn: int, stages: int) -> int:
     return 1024 + stages * (bm + bn) * BK * 2 + (1 if bm == 64 else 2) * 2 * SLAB_BYTES
 
 
-def stages_for(bm: int, bn: int) -> int:
-    """The deepest ring that fits beside the group table (up to MAX_STAGES)."""
-    return next(q for q in range(MAX_STAGES, 1, -1) if smem_bytes(bm, bn, q) <= SMEM_LIMIT)
+def stages_for(bm: int, bn: int, table: int = MAX_GROUPS) -> int:
+    """The deepest ring that fits beside a group table of ``table`` groups (up to MAX_STAGES). With the
+    128-group table 128 x 128 gets 6 stages and 128 x 256 gets 4, as in the dense engine; with 512, 5 and 3."""
+    return next(q for q in range(MAX_STAGES, 1, -1) if smem_bytes(bm, bn, q) <= smem_limit(table))
+
+
+def panel_tiles(bm: int, bn: int, K: int, prof: DeviceProfile, in_bytes: int = 2) -> int:
+    """m-tiles per panel of the in-group tile order (group_scheduler.cuh). A group of tm m-tiles, tn
+    column tiles, run m-fastest, holds tm A tiles (a = bm K bytes each) in L2 while a wave of S = SMs
+    tiles covers S / tm column tiles (b = bn K bytes each). If its A rows do not fit in L2 (budget: half
+    of it) every wave streams them from HBM again: ~tm a x tm tn / S bytes; in panels of P m-tiles
+    (P a <= budget) A is read once and B once per panel: ~tn b x tm / P. Panels win when tm a P > S b,
+    i.e. tm > S b / budget. So P = the most m-tiles whose A fits the budget, but at least S b / budget:
+    a group of at most P m-tiles runs plain m-fastest. (The kernel evens the panels out: ceil(tm / P)
+    panels of equal height.)"""
+    budget = prof.l2_bytes / 2
+    a, b = bm * K * in_bytes, bn * K * in_bytes
+    return max(1, int(budget // a), math.ceil(prof.sm_count * b / budget))
 
 
 @dataclass(frozen=True)
 class GroupedPlan(Warpgroups):
     """One launch of the grouped kernel: ``groups`` groups, ``rows`` = T (contiguous) or C (masked),
-    N, K; ``bm`` x ``bn`` tiles, ``stages``, ``grid`` persistent CTAs. ``expected_rows``: the rows per group
-    the plan was priced for (the real ones are on the device); ``predicted_s`` the model's time for them."""
+    N, K; ``bm`` x ``bn`` tiles, ``stages``, ``grid`` persistent CTAs; ``table`` the group table's
+    capacity (``table_groups``); ``panel`` m-tiles per panel of the in-group order (``panel_tiles``);
+    ``direct``: every block stored by the threads (out's rows not 16-byte aligned; else the blocks
+    inside a group are TMA-stored). ``expected_rows``: the rows per group the plan was priced for (the
+    real ones are on the device); ``predicted_s`` the model's time for them."""
 
     layout: str
     groups: int
@@ -89,6 +129,9 @@ class GroupedPlan(Warpgroups):
     grid: int
     dtype: str = "bf16"
     out_dtype: str = "bf16"
+    table: int = MAX_GROUPS
+    panel: int = 1 << 30
+    direct: bool = False
     expected_rows: float = 0.0
     predicted_s: float = 0.0
     kernel: str = KERNEL
@@ -102,45 +145,73 @@ class GroupedPlan(Warpgroups):
         return math.ceil(self.N / self.bn)
 
     def template_args(self) -> tuple[str, ...]:
-        """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>, LAYOUT:
-        K-major operands, no epilogue, DIRECT stores, data-parallel."""
+        """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>:
+        K-major operands, no epilogue terms, data-parallel; DIRECT only where out has no TMA map."""
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
-                "false", "false", "false", "false", "0", "true", "0")
+                "false", "false", "false", "false", "0", "true" if self.direct else "false", "0")
 
     @property
     def name_expression(self) -> str:
-        return f"{KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}>"
+        return (f"{KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}, "
+                f"{self.table}>")
 
     @property
     def compiled_name(self) -> str:
-        return f"engine.gemm_grouped[{', '.join(self.template_args())}, {self.layout}]"
+        return f"engine.gemm_grouped[{', '.join(self.template_args())}, {self.layout}, {self.table}]"
 
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
                 f"{self.dtype}->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} tiles, {self.stages} stages, "
-                f"grid {self.grid}; priced for {self.expected_rows:.1f} rows a group: "
+                f"grid {self.grid}, table {self.table}, panel {min(self.panel, 9999)}"
+                f"{', direct stores' if self.direct else ''}; priced for {self.expected_rows:.1f} rows a group: "
                 f"{self.predicted_s * 1e6:.1f} us)")
 
 
+def tiles_m_per_group(rows_per_group: float, bm: int, uneven: bool) -> float:
+    """m-tiles of a group of ``rows_per_group`` rows; ``uneven`` (contiguous: the router's sizes vary
+    about the mean): each group's last tile is on average half empty, so at least rows / bm + 1/2."""
+    if rows_per_group <= 0:
+        return 0.0
+    even = math.ceil(rows_per_group / bm)
+    return max(even, rows_per_group / bm + 0.5) if uneven else float(even)
+
+
 def predict_s(groups: int, rows_per_group: float, N: int, K: int, bm: int, bn: int, stages: int,
-              prof: DeviceProfile, out_bytes: int = 2) -> float:
-    """The plan model's price of a grouped launch whose groups all have ``rows_per_group`` rows: the engine
-    kernel's data-parallel terms (``plan_cost.kstep_s`` per k-step loading whole bm-row boxes,
-    ``plan_cost.tile_epilogue_s`` with DIRECT stores) over the busiest SM's ceil(tiles / SMs) tiles, floored
-    by the HBM time of A, every expert's weight and out. Not fitted to grouped records (none exist yet)."""
-    tiles = groups * math.ceil(rows_per_group / bm) * math.ceil(N / bn) if rows_per_group > 0 else 0
+              prof: DeviceProfile, out_bytes: int = 2, *, uneven: bool = False, direct: bool = False) -> float:
+    """The plan model's price of a grouped launch whose groups have ``rows_per_group`` rows on average:
+    the dense engine's data-parallel terms of ``plan_cost`` (``kstep_s`` per k-step loading whole bm-row
+    boxes, ``tile_epilogue_s``), with the dense model's waves (full waves at all SMs' k-step, the partial
+    last wave at its own), floored by the HBM time of A, every expert's weight and out. The epilogue is
+    the TMA-stored one except for the 64-row block at each group's end (``tile_epilogue_s(direct=True)``
+    for that share of the blocks; all of them with ``direct``). ``uneven``: see ``tiles_m_per_group``.
+    Not fitted to grouped records; for one group of M rows (M a multiple of bm) it is
+    ``plan_cost.predict_s``'s data-parallel price at the grouped kernel's stages."""
+    return _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct)[0]
+
+
+def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct) -> tuple[float, float]:
+    """(predict_s, the SMs' busy time without the HBM floor: what breaks a tie at the floor)."""
+    tm = tiles_m_per_group(rows_per_group, bm, uneven)
+    tiles = math.ceil(groups * tm * math.ceil(N / bn))
     if tiles == 0:
-        return prof.launch_s
+        return prof.launch_s, 0.0
     k = math.ceil(K / BK)
-    active = min(tiles, prof.sm_count)
     rows = groups * rows_per_group
     unique = 2 * (rows * K + groups * N * K) + out_bytes * rows * N
     loaded = tiles * k * (bm + bn) * BK * 2
     share = min(1.0, unique / max(1.0, loaded))
-    ks = plan_cost.kstep_s(bm, bn, bm, stages, active, share, prof, prof.plan_clock_mhz)
-    epi = plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=True)
-    t = math.ceil(tiles / prof.sm_count) * (k * ks + epi)
-    return prof.launch_s + max(t, unique / prof.hbm_read_bytes_per_s)
+
+    def ks(active: int) -> float:
+        return plan_cost.kstep_s(bm, bn, bm, stages, active, share, prof, prof.plan_clock_mhz)
+
+    # Blocks stored by the threads: the one crossing each group's end (none if the groups end on a block).
+    ragged = uneven or rows_per_group % 64 != 0
+    f = 1.0 if direct else (min(1.0, 64.0 / (tm * bm)) if ragged else 0.0)
+    epi = ((1.0 - f) * plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=False)
+           + f * plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=True))
+    full, rem = divmod(tiles, prof.sm_count)
+    t = full * (k * ks(prof.sm_count) + epi) + (k * ks(rem) + epi if rem else 0.0)
+    return prof.launch_s + max(t, unique / prof.hbm_read_bytes_per_s), t
 
 
 def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
@@ -163,20 +234,24 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     if expected_rows is None:
         expected_rows = rows / groups if layout == "contiguous" else rows
     out_bytes = plan_cost.in_bytes(odt)
+    direct = (N * out_bytes) % 16 != 0  # out's rows not 16-byte aligned: no TMA map over out
+    table = table_groups(groups)
     plans = []
     for bm, bn in TILES:
-        stages = stages_for(bm, bn)
+        stages = stages_for(bm, bn, table)
         # Tiles there can be: contiguous, sum ceil(rows_g / bm) <= ceil(T / bm) + G; masked, G ceil(C / bm).
         if layout == "contiguous":
             most = (math.ceil(rows / bm) + groups) * math.ceil(N / bn)
         else:
             most = groups * math.ceil(rows / bm) * math.ceil(N / bn)
-        plans.append(GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn, stages=stages,
-                                 grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
-                                 expected_rows=float(expected_rows),
-                                 predicted_s=predict_s(groups, expected_rows, N, K, bm, bn, stages, prof, out_bytes)))
-    plans.sort(key=lambda p: (round(p.predicted_s, 9), -p.bm * p.bn))
-    return plans
+        t, busy = _price(groups, expected_rows, N, K, bm, bn, stages, prof, out_bytes, layout == "contiguous", direct)
+        plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn, stages=stages,
+                                 grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt, table=table,
+                                 panel=panel_tiles(bm, bn, K, prof), direct=direct,
+                                 expected_rows=float(expected_rows), predicted_s=t)))
+    # Ties (at the HBM floor): the tile that keeps the SMs busy the shortest (fewest rows multiplied in vain).
+    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), round(bp[0], 9), -bp[1].bm * bp[1].bn))
+    return [p for _, p in plans]
 
 
 def plan(layout: str, groups: int, rows: int, N: int, K: int, **kw) -> GroupedPlan:
@@ -332,13 +407,23 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
         raise UnsupportedProblem(f"plan is for {p.layout} {p.groups} x {p.rows} x {p.N} x {p.K}, the operands "
                                  f"are a {tuple(a.shape)}, b {tuple(b.shape)}")
     a2, b2, o2 = _rows2d(a), _rows2d(b), _rows2d(out)
+    if not p.direct and not tma_storable(out):
+        raise UnsupportedProblem("this plan TMA-stores out, whose rows or start are not 16-byte aligned: use "
+                                 "a plan with direct=True (plan_for picks one)")
     compiled = compile_plan(p)
     map_a = _tensor_map(a2, (p.bm, BK))
     map_b = _tensor_map(b2, (p.bn, BK))
+    # out's map: 64-row x one-128-byte-swizzle-row pieces, as the dense engine's (A's map where unused).
+    map_c = map_a if p.direct else _tensor_map(o2, (64, 128 // o2.element_size()))
     la = p.launch_args()
-    args = (map_a, map_b, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K), o2,
-            np.int64(o2.stride(0)))
+    args = (map_a, map_b, map_c, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K),
+            np.int32(min(p.panel, 2**31 - 1)), o2, np.int64(o2.stride(0)))
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def tma_storable(out: torch.Tensor) -> bool:
+    """Whether a TMA map can cover ``out`` (packed): 16-byte aligned start and rows."""
+    return out.data_ptr() % 16 == 0 and (out.stride(-2) * out.element_size()) % 16 == 0
 
 
 def _runs_here(a: torch.Tensor) -> bool:
@@ -371,6 +456,8 @@ def run(a, b, offsets=None, counts=None, out=None, *, out_dtype=None,
     if a.data_ptr() % 16 or b.data_ptr() % 16:
         raise UnsupportedProblem("a and b must start 16-byte aligned (TMA)")
     pl = plan or plan_for(a, b, offsets, counts, out_dtype=p.out_dtype)
+    if not pl.direct and not tma_storable(out):  # an out= view at an odd start: store every row directly
+        pl = dataclasses.replace(pl, direct=True)
     launch(pl, a, b, offsets if offsets is not None else counts, p.lead, out)
     return out
 
@@ -453,10 +540,12 @@ def reference_grouped_mm(a, b, offsets=None, counts=None, *, fill: float = float
 
 def sass_expect(p: GroupedPlan):
     """The grouped kernel's SASS: bf16/fp16 wgmma (HGMMA), TMA loads, the group table's warp scan (SHFL.UP),
-    no TMA store (the threads store the group's rows), no mma.sync, no local memory, no GPU-wide fence in a
-    loop; setmaxnreg with two consumers."""
+    TMA stores (UTMASTG) for the blocks inside a group unless the plan is ``direct`` (then none), no
+    mma.sync, no local memory, no GPU-wide fence in a loop; setmaxnreg with two consumers."""
     from .sass import SassExpect
 
     contains = [r"^HGMMA", r"^UTMALDG", r"^SHFL\.UP"] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
-    return SassExpect(contains=tuple(contains), absent=(r"^UTMASTG", r"^HMMA"), no_local_memory=True,
+    contains += [] if p.direct else [r"^UTMASTG"]
+    absent = (r"^HMMA",) + ((r"^UTMASTG",) if p.direct else ())
+    return SassExpect(contains=tuple(contains), absent=absent, no_local_memory=True,
                       loop_absent=(r"^MEMBAR\.ALL\.GPU",))

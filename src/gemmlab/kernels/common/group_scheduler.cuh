@@ -7,8 +7,12 @@
 //   first[g]  linear index of its first tile: sum over groups h < g of ceil(rows[h] / BM) * tiles_n
 // Then the data-parallel TileScheduler walks tiles 0 .. first[G) as for one GEMM, and `locate` finds a
 // tile's group by binary search over `first` (empty groups own no index, so they are never found).
-// Within a group the tile's m index runs fastest: the CTAs working at the same time share B's column
-// tiles (the expert's weight, the larger operand in MoE layers).
+// Within a group the m index runs fastest, in panels of `panel` m-tiles: panel 0's m-tiles for column
+// tile 0, 1, ..., then panel 1's. The CTAs working at the same time share B's column tiles (the
+// expert's weight, the larger operand in MoE layers), and a panel's rows of A (a few MB) stay in L2
+// while its column tiles go by; without panels a group too tall for L2 would stream all its A rows
+// from HBM again for every wave. A group of at most `panel` m-tiles is one panel (plain m-fastest); a
+// taller one gets ceil(tiles_m / panel) panels of equal height (the host picks `panel`).
 #pragma once
 
 enum GroupLayout { GROUPS_CONTIGUOUS = 0, GROUPS_MASKED = 1 };
@@ -70,9 +74,10 @@ struct GroupTable {
 
     __device__ __forceinline__ int total(int G) const { return first[G]; }
 
-    // The group of tile index t (0 <= t < total): the largest g with first[g] <= t.
+    // The group of tile index t (0 <= t < total): the largest g with first[g] <= t; its tile (m, n)
+    // in panels of `panel` >= 1 m-tiles (see the top of this file).
     template <int BM>
-    __device__ __forceinline__ GroupTile locate(int t, int G) const {
+    __device__ __forceinline__ GroupTile locate(int t, int G, int tiles_n, int panel) const {
         int lo = 0, hi = G - 1;
         while (lo < hi) {
             const int mid = (lo + hi + 1) / 2;
@@ -84,8 +89,13 @@ struct GroupTable {
         gt.row0 = start[lo];
         gt.rows = rows[lo];
         const int tiles_m = (gt.rows + BM - 1) / BM, local = t - first[lo];
-        gt.m = local % tiles_m;
-        gt.n = local / tiles_m;
+        // ceil(tiles_m / panel) panels of even height pm <= panel; (panels - 1) pm < tiles_m, so the
+        // last one is not empty.
+        const int panels = (tiles_m - 1) / panel + 1, pm = (tiles_m - 1) / panels + 1;  // tiles_m >= 1
+        const int p = local / (pm * tiles_n), in = local - p * pm * tiles_n;
+        const int h = min(pm, tiles_m - p * pm);  // this panel's m-tiles (the last may be shorter)
+        gt.m = p * pm + in % h;
+        gt.n = in / h;
         return gt;
     }
 };

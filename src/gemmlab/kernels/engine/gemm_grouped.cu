@@ -1,11 +1,12 @@
 // engine.gemm_grouped: grouped GEMM for mixture-of-experts layers, from the engine's named parts
 // (kernels/common/): for each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, B[g] (N x K)
 // K-major (nn.Linear's weight layout), in one persistent launch.
-//   gemm_traits.cuh      the compile-time choices (GemmTraits: DIRECT, data-parallel, K-major operands)
-//   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable)
+//   gemm_traits.cuh      the compile-time choices (GemmTraits: K-major operands, data-parallel)
+//   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable) and
+//                        the tile order inside a group (m fastest, in panels of `panel` m-tiles)
 //   tile_scheduler.cuh   data-parallel persistent tiles over all groups' tiles
 //   mainloop.cuh         the producer's TMA loads and the consumers' wgmmas, unchanged
-//   epilogue_store.cuh   DIRECT stores, bounds-checked against the group's rows and N
+//   epilogue_store.cuh   TMA stores of the 64-row blocks inside the group, DIRECT rows for the rest
 // Layouts (LAYOUT): GROUPS_CONTIGUOUS: A (total, K), tokens sorted by group, rows from offsets; out
 // (total, N). GROUPS_MASKED: A (G, capacity, K) seen as (G * capacity, K), counts say how many rows of
 // each slab are valid; out (G, capacity, N), rows past a count untouched.
@@ -13,25 +14,35 @@
 // BM rows that run into the next group's rows (or TMA zero fill past the tensor): each output row
 // depends on its own A row only, and the epilogue stores only the group's rows. Likewise a tile at
 // the right edge loads B rows of the next group's weight into columns >= N, which are never stored.
-// The store cannot be a TMA store (a tile's box would cross into the next group's rows): the threads
-// store each row (store_piece_rows), with row and column bounds.
+// Stores: a consumer's 64-row block that lies wholly inside its group goes out as the dense engine's
+// TMA store (one map over all of out; the map clips columns >= N). The block that crosses the group's
+// last row cannot (its box would write the next group's rows): the threads store its rows
+// (store_piece_rows, bounded by the group's rows and N). With Tr::DIRECT (out's rows not 16-byte
+// aligned: no TMA map over out) every block is stored that way.
+// MAX_G: the group table's capacity (128 or 512); the smaller table leaves room for one more stage at
+// 128 x 128 and 128 x 256 (gemmlab.grouped.table_groups).
 #include "common/gemm_traits.cuh"
 #include "common/group_scheduler.cuh"
 #include "common/mainloop.cuh"
 #include "common/epilogue_store.cuh"
 
-constexpr int GROUPED_MAX_GROUPS = 512;  // the table's shared memory: 6 KB (planner: grouped.SMEM_TABLE)
+// The same traits with every store DIRECT: the block that crosses its group's last row.
+template <class Tr>
+struct DirectStores : Tr {
+    static constexpr bool DIRECT = true;
+};
 
-template <class Tr, int LAYOUT>
+template <class Tr, int LAYOUT, int MAX_G>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                    const int* __restrict__ ranges, int lead, int G, int limit, int N, int K,
-                    typename Tr::TO* __restrict__ Out, long long ldo) {
+                    const __grid_constant__ CUtensorMap tmC, const int* __restrict__ ranges, int lead, int G,
+                    int limit, int N, int K, int panel, typename Tr::TO* __restrict__ Out, long long ldo) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
-    static_assert(Tr::DIRECT && Tr::SCHEDULE == DATA_PARALLEL && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C,
-                  "grouped: K-major operands, data-parallel, direct stores");
-    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(GroupTable<GROUPED_MAX_GROUPS>)
+    static_assert(Tr::SCHEDULE == DATA_PARALLEL && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C && !Tr::HAS_BIAS &&
+                      Tr::TAIL == 0,
+                  "grouped: K-major operands, data-parallel, no epilogue terms, whole store pieces");
+    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(GroupTable<MAX_G>)
                       <= 227 * 1024 - 256,
                   "shared memory (with the group table)");
     extern __shared__ unsigned char smem_raw[];
@@ -39,7 +50,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     T* sB = sA + Tr::STAGES * BM * BK;
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
     __shared__ Ring<Tr::STAGES> ring;
-    __shared__ GroupTable<GROUPED_MAX_GROUPS> groups;
+    __shared__ GroupTable<MAX_G> groups;
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, k_iters = (K + BK - 1) / BK;
@@ -52,7 +63,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     if (wg == 0) {
         // M = INT_MAX: every box is a whole BM rows (the rows past the group are discarded).
         produce_all<Tr>(ring, sched, sA, sB, &tmA, &tmA, &tmB, 0x7fffffff, BM, [&](int tile) {
-            const GroupTile gt = groups.template locate<BM>(tile, G);
+            const GroupTile gt = groups.template locate<BM>(tile, G, tiles_n, panel);
             return make_int2(gt.row0 + gt.m * BM, gt.g * N + gt.n * BN);
         });
         return;
@@ -65,13 +76,25 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     int pieces = 0;
     float acc[Tr::MI][BN / 2];
     while (sched.next(u)) {
-        const GroupTile gt = groups.template locate<BM>(u.tile, G);
+        const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
         consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
-        // The group's rows as the epilogue's M: rows >= gt.rows of the tile are not stored.
-        const EpilogueArgs<Tr> ep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out + (long long)gt.row0 * ldo, ldo, gt.rows, N};
+        // DIRECT: the group's rows as the epilogue's M (rows >= gt.rows are not stored), out offset to
+        // the group's first row. TMA: rows of out itself (the map's), the block lies inside the group.
+        const EpilogueArgs<DirectStores<Tr>> dep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out + (long long)gt.row0 * ldo,
+                                                 ldo, gt.rows, N};
+        const EpilogueArgs<Tr> tep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out, ldo, limit, N};
 #pragma unroll
-        for (int mi = 0; mi < Tr::MI; ++mi)
-            store_block<Tr>(acc[mi], gt.m * BM + (consumer * Tr::MI + mi) * 64, gt.n * BN, ep, slabs, pieces, nullptr,
-                            nullptr, t, consumer);
+        for (int mi = 0; mi < Tr::MI; ++mi) {
+            const int r = gt.m * BM + (consumer * Tr::MI + mi) * 64;  // the block's first row in the group
+            if (Tr::DIRECT || r + 64 > gt.rows) {
+                // The slab this piece writes may still be read by a TMA store two pieces back.
+                if (!Tr::DIRECT && t == 0) tma_store_wait_read<0>();
+                store_block<DirectStores<Tr>>(acc[mi], r, gt.n * BN, dep, slabs, pieces, nullptr, nullptr, t,
+                                              consumer);
+            } else {
+                store_block<Tr>(acc[mi], gt.row0 + r, gt.n * BN, tep, slabs, pieces, &tmC, &tmC, t, consumer);
+            }
+        }
     }
+    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();  // the slabs stay valid until the stores read them
 }
