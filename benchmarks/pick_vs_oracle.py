@@ -105,7 +105,8 @@ def route(case: Case, prof, measured_only: bool = False) -> Choice:
     engine kernel's plan: the planner's pick, or with ``measured_only`` its best-priced measured plan."""
     s = case.shape
     if measured_only:
-        rec = min(case.plans.values(), key=lambda r: price(s, r, prof))
+        rec = min(case.plans.values(), key=lambda r: planner.rank_key(
+            price(s, r, prof), s[0], r["schedule"], r["splits"], r["bm"], r["bn"], r["stages"]))
         new_s, new = price(s, rec, prof), rec
     else:
         new = planner.candidates(*s, profile=prof)[0]

@@ -94,7 +94,19 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     R = prof.l2_latency_s + hbm_share * (prof.hbm_latency_s - prof.l2_latency_s) + t_bytes
     S = max(2, stages)
     t_lat = max(R / (S - 1), (R + t_mma) / S)
-    return max(t_mma, t_bytes, t_smem, t_lat)
+    return max(t_mma, t_bytes, t_smem, t_lat, stream_s(rows, bn, stages, active_sms, hbm_share, prof, dtype))
+
+
+def stream_s(rows: float, bn: int, stages: int, active_sms: int, hbm_share: float, prof: DeviceProfile,
+             dtype: str = "bf16") -> float:
+    """One k-step's share of an HBM stream: the ``active_sms`` SMs each keep ``stages`` stages of (rows +
+    bn) x 64 bytes in flight, and a round of them takes ``hbm_stream_latency_s`` plus its transfer at
+    ``hbm_stream_bytes_per_s`` (Little's law): 1 / rate = 1 / peak + latency / bytes in flight. Only the
+    share of the loads HBM supplies counts. Where a weight streams once (M <= ~128, wide N) this binds, and a
+    deeper ring (more bytes in flight) or more active SMs stream faster."""
+    stage = (rows + bn) * BK * in_bytes(dtype)
+    return hbm_share * (stage * max(1, active_sms) / prof.hbm_stream_bytes_per_s
+                        + prof.hbm_stream_latency_s / max(1, stages))
 
 
 def tile_epilogue_s(bm: int, bn: int, out_bytes: int, prof: DeviceProfile, direct: bool = False) -> float:
