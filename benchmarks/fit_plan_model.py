@@ -1,7 +1,7 @@
 """Check gemmlab.plan_cost against the committed records, or fit it to the broad set (CPU only).
 
     PYTHONPATH=src python3 benchmarks/fit_plan_model.py [--set launch_s=2e-6 ...]
-    PYTHONPATH=src python3 benchmarks/fit_plan_model.py --broad [--fit] [--sha ac16df0070a2]
+    PYTHONPATH=src python3 benchmarks/fit_plan_model.py --broad [--fit [--only NAME ...]] [--sha SHA ...]
     PYTHONPATH=src python3 benchmarks/fit_plan_model.py --route [--decode] [--set h11_factor=1.04]
 
 ``--route``: ``engine.route``'s choice on the records of both broad runs (ac16df0, f55b3b5), per run and
@@ -11,14 +11,14 @@ decode kernel, h11, the engine kernel's measured plan the model ranks first), fo
 ("always": wherever use_decode allows it) and now ("priced"). ``--decode`` first fits the decode kernel's
 price (``decode.cost_s``'s four ``DeviceProfile.decode_*`` constants) on the fit half and prints it.
 
-``--broad``: the engine kernel's own records (``engine_broad.jsonl``: per shape the model's plan and a few
-others, and ``engine`` = h11 or the decode kernel), split by shape into a fit half (even positions of the
+``--broad``: the engine kernel's own records (``engine_broad.jsonl``, by default the two newest runs,
+``BROAD_SHAS``: per shape the model's plan and a few others, h11 and the decode kernel), split by shape into a fit half (even positions of the
 sorted distinct shapes) and a held-out half (odd). Prints, per half, mean |log measured / predicted| over
 every new-kernel record, and how far the model's pick among each shape's measured plans runs behind the
-best of them (geomean, worst); then h11's records priced as engine-kernel plans (``h11_cost``) and the
-router's choice (``gemmlab.engine.route``'s rule: h11 where its priced time x ``h11_factor`` is below the
-new kernel's pick) against the best measured. ``--fit``: coordinate descent over the profile constants
-of ``FIT_NAMES`` on the fit half (loss = mean |log| + 2 log(pick geomean) + 0.5 log(pick worst)),
+best of them (geomean, worst; the pick as the planner ranks them, ``planner.rank_key``); then h11's
+records priced as engine-kernel plans (``h11_cost``), ``h11_factor`` fitted to them, and the router's
+choice against the best measured candidate (``pick_vs_oracle.report``). ``--fit``: coordinate descent over
+the profile constants of ``FIT_NAMES`` (or ``--only`` some of them) on the fit half (loss = mean |log| + 2 log(pick geomean) + 0.5 log(pick worst)),
 printing the fitted values to copy into ``gemmlab.devices``.
 
 Without ``--broad``: h11's older records, as below.
@@ -198,39 +198,6 @@ def broad_main(args) -> None:
     print(f"h11_factor (fit half) = {factor:.3f}; the router with it (benchmarks/pick_vs_oracle.py):")
     pick_vs_oracle.report(pick_vs_oracle.load(tuple(args.sha)), dataclasses.replace(prof, h11_factor=factor),
                           worst=3)
-
-
-def route_eval(recs, train, held, prof) -> None:
-    """The router's pick (h11 or the new kernel's measured plan the model ranks first) against the best
-    measured (either kernel), per half, as ratios to torch.mm."""
-    from gemmlab import engine
-
-    by = defaultdict(dict)
-    for r in recs:
-        by[(r["M"], r["N"], r["K"])][r["candidate"]] = r
-    for name, half in (("fit", train), ("held-out", held)):
-        routed, best, old, loss = [], [], [], []
-        for s in half:
-            c = by[s]
-            new = [r for k, r in c.items() if k != "engine"]
-            pick = min(new, key=lambda r: plan_cost.predict_s(
-                *s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"], splits=r["splits"],
-                sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof, direct=(s[1] * 2) % 16 != 0))
-            if engine.decode_shape(*s):
-                chosen = c["engine"]
-            else:
-                pn = plan_cost.predict_s(*s, bm=pick["bm"], bn=pick["bn"], schedule=pick["schedule"],
-                                         stages=pick["stages"], splits=pick["splits"], sk_tiles=pick["sk_tiles"],
-                                         sk_ctas=pick["sk_ctas"], prof=prof, direct=(s[1] * 2) % 16 != 0)
-                chosen = c["engine"] if engine.h11_cost(*s, prof=prof) * prof.h11_factor < pn else pick
-            routed.append(chosen["ratio"])
-            old.append(c["engine"]["ratio"])
-            best.append(max(r["ratio"] for r in c.values()))
-            loss.append(best[-1] / chosen["ratio"])
-        gm = lambda xs: math.exp(statistics.fmean(map(math.log, xs)))  # noqa: E731
-        print(f"{name:9s} routed {gm(routed):.3f} (>= 1.0: {sum(x >= 1 for x in routed) / len(routed):.0%}, min "
-              f"{min(routed):.3f}), today's engine {gm(old):.3f}, best measured {gm(best):.3f}; routed behind best: "
-              f"geomean {gm(loss):.3f}, worst {max(loss):.3f} ({len(half)} shapes)")
 
 
 # The router on the records of both broad runs (``--route``, ``--decode``) ---------------------------------

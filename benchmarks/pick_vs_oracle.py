@@ -174,7 +174,8 @@ def report(cases: dict, prof, worst: int = 6, changed: bool = False) -> dict:
         print("shapes whose route differs from the recorded one:")
         for s in sorted(cases):
             ch, ran = ev[s]["choice"], cases[s].ran
-            if ch.kernel != ran.get("kernel") or (ch.kernel == "engine" and plan_key(ch.plan) != plan_key(cases[s].plans["model"])):
+            same_plan = ch.kernel != "engine" or plan_key(ch.plan) == plan_key(cases[s].plans["model"])
+            if ch.kernel != ran.get("kernel") or not same_plan:
                 got = f"{ev[s]['route']:.3f}" if ev[s]["route"] else "unmeasured"
                 print(f"    {s[0]}x{s[1]}x{s[2]}: {describe(ch)} {got} (as run {ran['ratio']:.3f})")
     return ev
