@@ -1,7 +1,7 @@
 """Check gemmlab.plan_cost against the committed records, or fit it to the broad set (CPU only).
 
     PYTHONPATH=src python3 benchmarks/fit_plan_model.py [--set launch_s=2e-6 ...]
-    PYTHONPATH=src python3 benchmarks/fit_plan_model.py --broad [--fit] [--sha ac16df0070a2]
+    PYTHONPATH=src python3 benchmarks/fit_plan_model.py --broad [--fit [--only NAME ...]] [--sha SHA ...]
     PYTHONPATH=src python3 benchmarks/fit_plan_model.py --route [--decode] [--set h11_factor=1.04]
 
 ``--route``: ``engine.route``'s choice on the records of both broad runs (ac16df0, f55b3b5), per run and
@@ -11,14 +11,14 @@ decode kernel, h11, the engine kernel's measured plan the model ranks first), fo
 ("always": wherever use_decode allows it) and now ("priced"). ``--decode`` first fits the decode kernel's
 price (``decode.cost_s``'s four ``DeviceProfile.decode_*`` constants) on the fit half and prints it.
 
-``--broad``: the engine kernel's own records (``engine_broad.jsonl``: per shape the model's plan and a few
-others, and ``engine`` = h11 or the decode kernel), split by shape into a fit half (even positions of the
+``--broad``: the engine kernel's own records (``engine_broad.jsonl``, by default the two newest runs,
+``BROAD_SHAS``: per shape the model's plan and a few others, h11 and the decode kernel), split by shape into a fit half (even positions of the
 sorted distinct shapes) and a held-out half (odd). Prints, per half, mean |log measured / predicted| over
 every new-kernel record, and how far the model's pick among each shape's measured plans runs behind the
-best of them (geomean, worst); then h11's records priced as engine-kernel plans (``h11_cost``) and the
-router's choice (``gemmlab.engine.route``'s rule: h11 where its priced time x ``h11_factor`` is below the
-new kernel's pick) against the best measured. ``--fit``: coordinate descent over the profile constants
-of ``FIT_NAMES`` on the fit half (loss = mean |log| + 2 log(pick geomean) + 0.5 log(pick worst)),
+best of them (geomean, worst; the pick as the planner ranks them, ``planner.rank_key``); then h11's
+records priced as engine-kernel plans (``h11_cost``), ``h11_factor`` fitted to them, and the router's
+choice against the best measured candidate (``pick_vs_oracle.report``). ``--fit``: coordinate descent over
+the profile constants of ``FIT_NAMES`` (or ``--only`` some of them) on the fit half (loss = mean |log| + 2 log(pick geomean) + 0.5 log(pick worst)),
 printing the fitted values to copy into ``gemmlab.devices``.
 
 Without ``--broad``: h11's older records, as below.
@@ -43,7 +43,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from gemmlab import plan_cost
+import pick_vs_oracle
+from gemmlab import plan_cost, planner
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -95,14 +96,20 @@ def engine_records():
 FIT_NAMES = ("launch_s", "tile_fixed_s", "store_bytes_per_s", "direct_store_bytes_per_s", "engine_l2_bytes_per_s",
              "sm_l2_bytes_per_s", "l2_latency_s", "hbm_latency_s", "cluster_sync_s", "dsmem_bytes_per_s",
              "partial_bytes_per_s", "smem_bytes_per_clk", "engine_mma_efficiency", "one_consumer_efficiency",
-             "hbm_read_bytes_per_s", "stream_k_fixed_s", "split_k_kstep_factor", "stream_k_kstep_factor")
-BROAD_SHA = "ac16df0070a2"
+             "hbm_read_bytes_per_s", "stream_k_fixed_s", "split_k_kstep_factor", "stream_k_kstep_factor",
+             "hbm_stream_bytes_per_s", "hbm_stream_latency_s")
+# The two newest broad runs: together all 297 shapes, timed with the same bf16 engine code (240cc15: 180
+# shapes, 6417c0c: the other 117). ac16df0 (the first full run, the fit before) is older code.
+BROAD_SHAS = ("240cc1560ab0", "6417c0cb0f7a")
+BROAD_SHA = BROAD_SHAS
 
 
-def broad_records(sha: str) -> tuple[list[dict], set]:
-    """The broad set's records of one run with a time, and the fit half's shapes."""
+def broad_records(sha: str | tuple = BROAD_SHAS) -> tuple[list[dict], set]:
+    """The broad set's records with a time of one run (a sha) or several (a tuple of shas), and the fit
+    half's shapes (even positions of the sorted distinct shapes)."""
+    shas = (sha,) if isinstance(sha, str) else tuple(sha)
     recs = [r for r in map(json.loads, open(RESULTS / "engine_broad.jsonl"))
-            if r.get("git_sha") == sha and r.get("time_ms")]
+            if r.get("git_sha") in shas and r.get("time_ms")]
     shapes = sorted({(r["M"], r["N"], r["K"]) for r in recs})
     return recs, {s for i, s in enumerate(shapes) if i % 2 == 0}
 
@@ -112,17 +119,21 @@ def _clock(r: dict) -> float:
 
 
 def broad_eval(recs: list[dict], half: set, prof) -> dict:
-    """Mean |log measured / predicted| and the pick's loss (geomean, worst) over the shapes in ``half``."""
+    """Mean |log measured / predicted| (each record priced at its kernel's clock) and the pick's loss
+    (geomean, worst) over the shapes in ``half``: the plan the planner would rank first among a shape's
+    measured plans (priced at the planning clock, ties broken as ``planner.rank_key``) against the best."""
     logs, by = [], defaultdict(list)
     for r in recs:
         s = (r["M"], r["N"], r["K"])
         if s not in half or r.get("bm") is None:
             continue
-        t = plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
-                                splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
-                                clock_mhz=_clock(r), direct=(r["N"] * 2) % 16 != 0)
+        kw = dict(bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"], splits=r["splits"],
+                  sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof, direct=(r["N"] * 2) % 16 != 0)
+        t = plan_cost.predict_s(*s, clock_mhz=_clock(r), **kw)
         logs.append(abs(math.log(r["time_ms"] * 1e-3 / t)))
-        by[s].append((t, r["time_ms"]))
+        key = planner.rank_key(plan_cost.predict_s(*s, **kw), s[0], r["schedule"], r["splits"], r["bm"], r["bn"],
+                               r["stages"])
+        by[s].append((key, r["time_ms"]))
     loss = [min(v)[1] / min(m for _, m in v) for v in by.values()]
     return {"abs_log": statistics.fmean(logs), "pick_gm": math.exp(statistics.fmean(map(math.log, loss))),
             "pick_worst": max(loss), "records": len(logs), "shapes": len(loss)}
@@ -133,11 +144,11 @@ def _objective(recs, half, prof) -> float:
     return e["abs_log"] + 2 * math.log(e["pick_gm"]) + 0.5 * math.log(e["pick_worst"])
 
 
-def fit(recs, half, prof, rounds: int = 6):
-    """Coordinate descent: each constant in turn scaled by the factor that lowers the loss most."""
+def fit(recs, half, prof, rounds: int = 6, names=FIT_NAMES):
+    """Coordinate descent: each constant of ``names`` in turn scaled by the factor that lowers the loss most."""
     best = _objective(recs, half, prof)
     for _ in range(rounds):
-        for name in FIT_NAMES:
+        for name in names:
             for f in (0.5, 0.7, 0.85, 0.93, 1.07, 1.18, 1.4, 2.0):
                 v = getattr(prof, name) * f
                 if (name.endswith("efficiency") and v > 1) or (name.endswith("factor") and v < 1):
@@ -158,8 +169,8 @@ def h11_rows(recs: list[dict], prof):
     from gemmlab import engine
 
     for r in recs:
-        if r["candidate"] != "engine" or r.get("kernel", "decode" if engine.decode_shape(r["M"], r["N"], r["K"])
-                                                   else "h11") != "h11":
+        ran = r.get("kernel", "decode" if engine.decode_shape(r["M"], r["N"], r["K"]) else "h11")
+        if not (r["candidate"] == "h11" or (r["candidate"] == "engine" and ran == "h11")):
             continue
         s = (r["M"], r["N"], r["K"])
         yield s, r["time_ms"] * 1e-3, engine.h11_cost(*s, prof=prof, clock_mhz=_clock(r))
@@ -172,8 +183,9 @@ def broad_main(args) -> None:
     for name, half in (("fit", train), ("held-out", held)):
         print(f"{name:9s} (profile as given) {broad_eval(recs, half, prof)}")
     if args.fit:
-        prof = fit(recs, train, prof)
-        for name in FIT_NAMES:
+        names = args.only or FIT_NAMES
+        prof = fit(recs, train, prof, names=names)
+        for name in names:
             print(f"  {name} = {getattr(prof, name):.4g}")
         for name, half in (("fit", train), ("held-out", held)):
             print(f"{name:9s} (fitted) {broad_eval(recs, half, prof)}")
@@ -183,41 +195,9 @@ def broad_main(args) -> None:
         print(f"{name:9s} h11 measured / priced: geomean {statistics.geometric_mean(xs):.3f} "
               f"mean |log| {statistics.fmean(abs(math.log(x)) for x in xs):.3f} ({len(xs)} shapes)")
     factor = statistics.geometric_mean([m / p for s, m, p in rows if s in train])
-    print(f"h11_factor (fit half) = {factor:.3f}")
-    route_eval(recs, train, held, dataclasses.replace(prof, h11_factor=factor))
-
-
-def route_eval(recs, train, held, prof) -> None:
-    """The router's pick (h11 or the new kernel's measured plan the model ranks first) against the best
-    measured (either kernel), per half, as ratios to torch.mm."""
-    from gemmlab import engine
-
-    by = defaultdict(dict)
-    for r in recs:
-        by[(r["M"], r["N"], r["K"])][r["candidate"]] = r
-    for name, half in (("fit", train), ("held-out", held)):
-        routed, best, old, loss = [], [], [], []
-        for s in half:
-            c = by[s]
-            new = [r for k, r in c.items() if k != "engine"]
-            pick = min(new, key=lambda r: plan_cost.predict_s(
-                *s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"], splits=r["splits"],
-                sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof, direct=(s[1] * 2) % 16 != 0))
-            if engine.decode_shape(*s):
-                chosen = c["engine"]
-            else:
-                pn = plan_cost.predict_s(*s, bm=pick["bm"], bn=pick["bn"], schedule=pick["schedule"],
-                                         stages=pick["stages"], splits=pick["splits"], sk_tiles=pick["sk_tiles"],
-                                         sk_ctas=pick["sk_ctas"], prof=prof, direct=(s[1] * 2) % 16 != 0)
-                chosen = c["engine"] if engine.h11_cost(*s, prof=prof) * prof.h11_factor < pn else pick
-            routed.append(chosen["ratio"])
-            old.append(c["engine"]["ratio"])
-            best.append(max(r["ratio"] for r in c.values()))
-            loss.append(best[-1] / chosen["ratio"])
-        gm = lambda xs: math.exp(statistics.fmean(map(math.log, xs)))  # noqa: E731
-        print(f"{name:9s} routed {gm(routed):.3f} (>= 1.0: {sum(x >= 1 for x in routed) / len(routed):.0%}, min "
-              f"{min(routed):.3f}), today's engine {gm(old):.3f}, best measured {gm(best):.3f}; routed behind best: "
-              f"geomean {gm(loss):.3f}, worst {max(loss):.3f} ({len(half)} shapes)")
+    print(f"h11_factor (fit half) = {factor:.3f}; the router with it (benchmarks/pick_vs_oracle.py):")
+    pick_vs_oracle.report(pick_vs_oracle.load(tuple(args.sha)), dataclasses.replace(prof, h11_factor=factor),
+                          worst=3)
 
 
 # The router on the records of both broad runs (``--route``, ``--decode``) ---------------------------------
@@ -371,7 +351,8 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], help="NAME=VALUE overrides of DeviceProfile constants")
     p.add_argument("--broad", action="store_true", help="the broad set's records (engine_broad.jsonl)")
     p.add_argument("--fit", action="store_true", help="with --broad: fit the constants on the fit half")
-    p.add_argument("--sha", default=BROAD_SHA, help="with --broad: the run's git_sha")
+    p.add_argument("--sha", nargs="+", default=list(BROAD_SHAS), help="with --broad: the runs' git_shas")
+    p.add_argument("--only", nargs="+", choices=FIT_NAMES, help="with --fit: fit only these constants")
     p.add_argument("--route", action="store_true", help="the router's choice on both broad runs' records, by half")
     p.add_argument("--decode", action="store_true", help="with --route: fit the decode kernel's price first")
     args = p.parse_args()

@@ -1,6 +1,7 @@
 """The plan model (gemmlab.plan, gemmlab.plan_cost), the broad shape set, and the engine kernel's tile
 scheduler walked on the host; no GPU needed (the kernel's compile and SASS checks are test_engine2.py)."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -130,17 +131,45 @@ def _fit_script():
 
 
 def test_model_picks_well_on_the_broad_set_it_was_fitted_to_and_on_the_held_out_half():
-    """The fit script's checks on the engine kernel's own H200 records (sha ac16df0), asserted: fitted on
-    the even half of the sorted shapes, the model's pick among each shape's measured plans runs within 3%
-    of the best (geomean) and 15% at worst, on both halves; measured / predicted within 0.15 mean |log|."""
+    """The fit script's checks on the engine kernel's own H200 records (the two newest broad runs, 240cc15
+    and 6417c0c: all 297 shapes), asserted: fitted on the even half of the sorted shapes, the model's pick
+    among each shape's measured plans (ties broken as the planner breaks them) runs within 2% of the best
+    (geomean) and 25% at worst on both halves (fit half: 1.011 / 1.216, held out: 1.007 / 1.105);
+    measured / predicted within 0.12 mean |log|. The first full run (ac16df0, older code) stays within 1%
+    / 18%."""
     fit = _fit_script()
-    recs, train = fit.broad_records(fit.BROAD_SHA)
+    recs, train = fit.broad_records(fit.BROAD_SHAS)
     held = {(r["M"], r["N"], r["K"]) for r in recs} - train
     assert len(train) >= 140 and len(held) >= 140
     for half in (train, held):
         e = fit.broad_eval(recs, half, devices.H200)
-        assert e["records"] >= 500 and e["abs_log"] <= 0.15
-        assert e["pick_gm"] <= 1.03 and e["pick_worst"] <= 1.15, e
+        assert e["records"] >= 500 and e["abs_log"] <= 0.12
+        assert e["pick_gm"] <= 1.02 and e["pick_worst"] <= 1.25, e
+    recs, train = fit.broad_records("ac16df0070a2")
+    for half in (train, {(r["M"], r["N"], r["K"]) for r in recs} - train):
+        e = fit.broad_eval(recs, half, devices.H200)
+        assert e["abs_log"] <= 0.12 and e["pick_gm"] <= 1.01 and e["pick_worst"] <= 1.18, e
+
+
+@pytest.mark.parametrize("M, N, K", [(8, 28672, 4096), (8, 152064, 3584), (4, 27648, 5120), (8, 32000, 4096)])
+def test_a_weight_streamed_from_hbm_prefers_the_deeper_ring(M, N, K):
+    """Where every plan streams the weight once from HBM (M <= 32, wide N), the bytes a ring keeps in flight
+    set the rate: 64 x 256 with 5 stages ran 3-7% faster than 128 x 256 with 4 on every such broad-set
+    shape (the old model tied them at its HBM floor and picked the larger tile). ``plan_cost.stream_s``
+    prices the deeper ring faster; with the fitted constants both plans still reach the HBM floor on these
+    shapes, and the planner's tie-break (``rank_key``: more bytes in flight first) picks the deeper one."""
+    prof = devices.H200
+    kw = dict(bn=256, schedule="data_parallel")
+    assert planner.stages_for(64, 256, "data_parallel") == 5 and planner.stages_for(128, 256, "data_parallel") == 4
+    for q, strict in ((prof, False), (dataclasses.replace(prof, hbm_read_bytes_per_s=1e15), True)):
+        deep = plan_cost.predict_s(M, N, K, bm=64, stages=5, prof=q, **kw)
+        shallow = plan_cost.predict_s(M, N, K, bm=128, stages=4, prof=q, **kw)
+        assert deep < shallow if strict else deep <= shallow
+    p = planner.plan(M, N, K)
+    assert p.bm == 64 and p.stages * (p.a_rows + p.bn) >= 5 * (8 + 256)
+    # More stages of the same tile: a faster stream, never slower.
+    t = [plan_cost.stream_s(8, 256, s, 112, 1.0, prof) for s in (2, 4, 8)]
+    assert t[0] > t[1] > t[2] > (8 + 256) * 64 * 2 * 112 / prof.hbm_stream_bytes_per_s
 
 
 def test_model_prices_h11_records_within_its_fitted_factor():

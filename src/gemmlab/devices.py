@@ -107,12 +107,14 @@ class DeviceProfile:
     # h11 (``engine.route``); H200 values, what each was fitted to is in ``plan_cost.DEVICE_CONSTANTS_FIT``
     # (the engine kernel's broad-set records, ``benchmarks/results/engine_broad.jsonl``).
     plan_clock_mhz: float = 1755.0  # the clock planned for: median of those records' sustained clocks
-    hbm_read_bytes_per_s: float = 3.64e12  # a weight streamed once (decode kernel, h11 at M = 1..16)
+    hbm_read_bytes_per_s: float = 3.895e12  # the floor: a weight streamed once at the best rate the engine reached
     smem_bytes_per_clk: float = 201.0  # wgmma operand reads + TMA writes one SM's shared memory serves
     engine_l2_bytes_per_s: float = 11.6e12  # L2 -> SMEM over all SMs as the h11 plans draw it (ladder fit: 10)
     sm_l2_bytes_per_s: float = 112e9  # what one SM's TMA draws from L2 when few SMs share it
     l2_latency_s: float = 1.22e-6  # a TMA load's round trip when it hits L2 ...
     hbm_latency_s: float = 1.72e-6  # ... and when it streams from HBM (the stages in flight hide it)
+    hbm_stream_bytes_per_s: float = 7.0e12  # an HBM stream's transfer rate past its round trip (plan_cost.stream_s)
+    hbm_stream_latency_s: float = 0.744e-6  # an HBM stream's round trip under load: bytes in flight / latency
     launch_s: float = 1.0e-6  # launch, barrier setup, first loads, last stores: once per launch
     tile_fixed_s: float = 0.96e-6  # per tile: the last wgmma group's drain and the next tile's restart
     store_bytes_per_s: float = 39.5e9  # one SM converting and storing its output tile
@@ -122,7 +124,7 @@ class DeviceProfile:
     direct_store_bytes_per_s: float = 7.9e9  # one SM storing its tile row by row (output rows not 16-byte aligned)
     stream_k_fixed_s: float = 1.04e-6  # stream-K: once per launch (flags, the owners' waits on contributors)
     engine_mma_efficiency: float = 0.94  # mma_efficiency as the engine kernel's plans keep it (fitted)
-    h11_factor: float = 1.085  # h11's measured / modelled time (its plan priced as the engine kernel's)
+    h11_factor: float = 1.073  # h11's measured / modelled time (its plan priced as the engine kernel's)
     split_k_kstep_factor: float = 1.225  # a split-K CTA's k-step against a data-parallel one's (fitted)
     stream_k_kstep_factor: float = 1.35  # a streamed k-step against a data-parallel one's (fitted)
     one_consumer_efficiency: float = 0.68  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps

@@ -16,6 +16,10 @@ floored by the HBM time of the operands. One 64-deep k-step of a BM x BN tile co
   * a load's round trip over the stages in flight: ``l2_latency_s`` when the loads hit L2 ..
     ``hbm_latency_s`` when they stream from HBM (by the share of loaded bytes HBM must supply), plus the
     transfer; a slot is refilled only after the k-step reading it finished.
+  * the k-step's share of an HBM stream (``stream_s``): the active SMs' stages in flight against a round
+    trip of ``hbm_stream_latency_s`` plus the transfer at ``hbm_stream_bytes_per_s`` (Little's law), by
+    the share of loaded bytes HBM supplies: a partial wave (fewer SMs, fewer bytes in flight) streams
+    slower, and a deeper ring faster.
 
 Per tile the consumers then drain their last wgmma group, run the epilogue and store:
 ``tile_fixed_s`` + the tile's output bytes at ``store_bytes_per_s``. The schedules differ in what
@@ -63,6 +67,23 @@ the best measured (before: 9.4% / 7.8%, worst 2.42x / 2.39x).
   stream-K: partial_bytes_per_s 24.4 GB/s, stream_k_fixed_s 1.04 us per launch, stream_k_kstep_factor
   1.35 (the best stream-K plan beat the best data-parallel one on 21 of 296 shapes). The two factors
   are fitted, not derived: what in the kernel makes those k-steps slower is not decomposed yet.
+Refit (this text's last paragraph; ``benchmarks/fit_plan_model.py --broad --fit --only hbm_read_bytes_per_s
+hbm_stream_bytes_per_s hbm_stream_latency_s``, ``benchmarks/pick_vs_oracle.py``) on the two newest broad
+runs, which time all 297 shapes with the same code (240cc1560ab0: 180 shapes, 6417c0cb0f7a: 117; 1186
+engine-kernel records), same split (fit: 149 shapes / 596 records, held out: 148 / 590). The term
+``stream_s`` is new; only the HBM constants were refitted (a fit of every constant moved 12 of them and
+made the held-out worst pick 1.24x from 1.11x: not kept): hbm_read_bytes_per_s 3.64 -> 3.895 TB/s (the
+floor), hbm_stream_bytes_per_s 7.0 TB/s, hbm_stream_latency_s 0.744 us. With these the stream term binds
+in partial waves of weight streams (32x43008x5376's 128x256 plan, 1.27 waves, is priced above its
+64x256 one, 7% (measured: 19%)); in full waves both stay at the floor and ``planner.rank_key``'s
+tie-break (more bytes in flight first) picks 64 x 256 / 5 stages over 128 x 256 / 4, 3-7% faster on
+every such shape. The pick's loss among measured plans is now scored with the planner's tie-break at the planning clock (before, ties
+went to the faster measured record): fit half mean |log| 0.101 -> 0.095, pick behind best 1.014 -> 1.011
+(worst 1.216 both); held out 0.100 -> 0.091, 1.006 -> 1.007 (worst 1.105 both). The router on the same
+records (the engine kernel limited to its measured plans; its measured ratio to torch.mm): fit half
+1.071 -> 1.082 (oracle 1.100), held out 1.039 -> 1.046 (oracle 1.059); decode class 1.029 -> 1.062
+(oracle 1.072). ``h11_factor`` refitted to 1.073 (fit half's h11 records, now 145 of them; held out
+1.084).
 h11 is priced as the engine kernel's 128-row plan with h11's ring depth and its overlapped epilogue
 (``engine.h11_cost``), times ``h11_factor`` = 1.085 (the geomean of measured / priced over the fit half's
 128 h11 records; held-out half: 1.103, mean |log| 0.109 / 0.119). The older h11 records this model was
@@ -94,7 +115,19 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     R = prof.l2_latency_s + hbm_share * (prof.hbm_latency_s - prof.l2_latency_s) + t_bytes
     S = max(2, stages)
     t_lat = max(R / (S - 1), (R + t_mma) / S)
-    return max(t_mma, t_bytes, t_smem, t_lat)
+    return max(t_mma, t_bytes, t_smem, t_lat, stream_s(rows, bn, stages, active_sms, hbm_share, prof, dtype))
+
+
+def stream_s(rows: float, bn: int, stages: int, active_sms: int, hbm_share: float, prof: DeviceProfile,
+             dtype: str = "bf16") -> float:
+    """One k-step's share of an HBM stream: the ``active_sms`` SMs each keep ``stages`` stages of (rows +
+    bn) x 64 bytes in flight, and a round of them takes ``hbm_stream_latency_s`` plus its transfer at
+    ``hbm_stream_bytes_per_s`` (Little's law): 1 / rate = 1 / peak + latency / bytes in flight. Only the
+    share of the loads HBM supplies counts. Where a weight streams once (M <= ~128, wide N) this binds, and a
+    deeper ring (more bytes in flight) or more active SMs stream faster."""
+    stage = (rows + bn) * BK * in_bytes(dtype)
+    return hbm_share * (stage * max(1, active_sms) / prof.hbm_stream_bytes_per_s
+                        + prof.hbm_stream_latency_s / max(1, stages))
 
 
 def tile_epilogue_s(bm: int, bn: int, out_bytes: int, prof: DeviceProfile, direct: bool = False) -> float:

@@ -1,0 +1,213 @@
+"""The plan model's and the router's picks against the best measured candidate, on the broad set (CPU only).
+
+    PYTHONPATH=src python3 benchmarks/pick_vs_oracle.py [--set NAME=VALUE ...] [--worst 6] [--changed]
+
+Records: the two newest broad runs, which together time all 297 shapes with the same bf16 code
+(``SHAS``: 240cc15, 180 shapes; 6417c0c, the other 117). Per shape they hold a few engine-kernel plans
+(``model``: the pick then, ``best split_k`` / ``best stream_k`` / ``best data_parallel`` / ``best bm=..``),
+``engine`` (what the router ran), ``h11`` and ``decode`` where timed beside. Every number is a measured
+ratio to torch.mm (torch time / ours, > 1: we win), split into the fit half (even positions of the sorted
+shapes, as ``fit_plan_model.py``) and the held-out half (odd). Printed per half and per class (decode,
+mid, prefill, square, unaligned):
+
+  * ``as run``: the router's choice as recorded (the ``engine`` candidate);
+  * ``oracle``: the best measured candidate of any kernel;
+  * ``route``: ``engine.route``'s rule with the profile given (``--set`` overrides constants): the decode
+    kernel where ``decode.cost_s`` is at most the engine kernel's best plan's price, else h11 where
+    ``h11_factor`` x ``h11_cost`` is below that plan's price, else that plan. The plan is the planner's
+    pick among all its candidates; only a plan that was measured can be scored, so the route is scored on
+    the shapes where its choice has a record, and the shapes where it has none are listed (they need a GPU);
+  * ``route*``: the same rule with the engine kernel limited to its measured plans (the one the model
+    ranks first): scorable on every shape, the view ``fit_plan_model.py`` fits to.
+
+``--worst`` lists, per class, the shapes where ``route*`` loses most against the oracle; ``--changed``
+lists every shape whose route differs from the recorded one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from gemmlab import decode, engine, plan_cost, planner
+from gemmlab.devices import H200
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAS = ("240cc1560ab0", "6417c0cb0f7a")
+CLASSES = ("decode", "mid", "prefill", "square", "unaligned")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One shape's records: ``plans`` the engine kernel's (candidate -> record), ``h11`` / ``decode`` the
+    other kernels' (None where not timed), ``ran`` the router's recorded choice, ``cls`` its class."""
+
+    shape: tuple
+    cls: str
+    plans: dict
+    h11: dict | None
+    decode: dict | None
+    ran: dict
+
+
+def load(shas=SHAS) -> dict[tuple, Case]:
+    """{(M, N, K): Case} over the runs ``shas`` (a shape timed by several: the newest run's records)."""
+    by = defaultdict(dict)
+    order = {sha: i for i, sha in enumerate(shas)}
+    for r in map(json.loads, open(RESULTS / "engine_broad.jsonl")):
+        if r.get("git_sha") in order and r.get("time_ms"):
+            by[(r["M"], r["N"], r["K"])].setdefault(r["git_sha"], {})[r["candidate"]] = r
+    cases = {}
+    for s, runs in by.items():
+        c = runs[max(runs, key=order.get)]
+        ran = c["engine"]
+        h11 = c.get("h11") or (ran if ran.get("kernel") == "h11" else None)
+        dec = c.get("decode") or (ran if ran.get("kernel") == "decode" else None)
+        plans = {k: r for k, r in c.items() if k != "engine" and r.get("bm") is not None}
+        cases[s] = Case(s, c["model"]["cls"], plans, h11, dec, ran)
+    return cases
+
+
+def halves(shapes) -> tuple[set, set]:
+    """The fit half (even positions of the sorted shapes) and the held-out half."""
+    ordered = sorted(shapes)
+    fit = {s for i, s in enumerate(ordered) if i % 2 == 0}
+    return fit, set(ordered) - fit
+
+
+def plan_key(p) -> tuple:
+    """What identifies an engine-kernel plan (a ``planner.Plan`` or a record)."""
+    get = (lambda k: getattr(p, k)) if isinstance(p, planner.Plan) else p.get
+    return tuple(get(k) for k in ("bm", "bn", "schedule", "splits", "sk_tiles", "sk_ctas", "stages"))
+
+
+def price(s, r, prof) -> float:
+    """A record's plan priced by ``plan_cost`` at the planning clock."""
+    return plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
+                               splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
+                               direct=(s[1] * 2) % 16 != 0)
+
+
+@dataclasses.dataclass
+class Choice:
+    kernel: str  # "engine", "h11" or "decode"
+    record: dict | None  # its measured record, None where that was never timed
+    plan: object = None  # the engine kernel's plan (a planner.Plan or a record)
+
+
+def route(case: Case, prof, measured_only: bool = False) -> Choice:
+    """``engine.route``'s rule for a contiguous bf16 call of this shape with ``prof`` (no tuned plans). The
+    engine kernel's plan: the planner's pick, or with ``measured_only`` its best-priced measured plan."""
+    s = case.shape
+    if measured_only:
+        rec = min(case.plans.values(), key=lambda r: planner.rank_key(
+            price(s, r, prof), s[0], r["schedule"], r["splits"], r["bm"], r["bn"], r["stages"]))
+        new_s, new = price(s, rec, prof), rec
+    else:
+        new = planner.candidates(*s, profile=prof)[0]
+        new_s = new.predicted_s
+        rec = {plan_key(r): r for r in case.plans.values()}.get(plan_key(new))
+    if engine.decode_shape(*s) and decode.cost_s(*s, prof.sm_count, prof) <= new_s:
+        return Choice("decode", case.decode)
+    h11_s = prof.h11_factor * engine.h11_cost(*s, prof=prof, direct=(s[1] * 2) % 16 != 0)
+    if new_s < h11_s:
+        return Choice("engine", rec, new)
+    return Choice("h11", case.h11)
+
+
+def oracle(case: Case) -> float:
+    return max(r["ratio"] for r in (*case.plans.values(), case.h11, case.decode, case.ran) if r)
+
+
+def gm(xs) -> float:
+    return math.exp(statistics.fmean(map(math.log, xs))) if xs else float("nan")
+
+
+def summary(xs) -> str:
+    if not xs:
+        return "-"
+    return f"{gm(xs):.3f} {sum(x >= 1 for x in xs) / len(xs):4.0%} min {min(xs):.3f}"
+
+
+def evaluate(cases: dict, prof) -> dict:
+    """Per shape: as run, oracle, route (None where unmeasured) and route* ratios."""
+    out = {}
+    for s, c in cases.items():
+        full, lim = route(c, prof), route(c, prof, measured_only=True)
+        out[s] = {"ran": c.ran["ratio"], "oracle": oracle(c), "route": full.record and full.record["ratio"],
+                  "route*": lim.record["ratio"] if lim.record else None, "choice": full, "choice*": lim}
+    return out
+
+
+def report(cases: dict, prof, worst: int = 6, changed: bool = False) -> dict:
+    ev = evaluate(cases, prof)
+    fit, held = halves(cases)
+    for name, half in (("fit", fit), ("held-out", held), ("all", fit | held)):
+        rows = [ev[s] for s in half]
+        scored = [e for e in rows if e["route"] is not None]
+        print(f"{name:8s} ({len(half)} shapes) as run {summary([e['ran'] for e in rows])} | oracle "
+              f"{summary([e['oracle'] for e in rows])} | route* {summary([e['route*'] for e in rows if e['route*']])}"
+              f" | route {summary([e['route'] for e in scored])} on {len(scored)} measured, its oracle "
+              f"{gm([e['oracle'] for e in scored]):.3f}, as run there {gm([e['ran'] for e in scored]):.3f}")
+    print("per class (all shapes): as run / route* / oracle geomean; route* behind the oracle (geomean, worst)")
+    for cls in CLASSES:
+        ss = [s for s in cases if cases[s].cls == cls]
+        loss = [ev[s]["route*"] / ev[s]["oracle"] for s in ss]
+        print(f"  {cls:9s} {len(ss):3d} shapes: {gm([ev[s]['ran'] for s in ss]):.3f} / "
+              f"{gm([ev[s]['route*'] for s in ss]):.3f} / {gm([ev[s]['oracle'] for s in ss]):.3f}; "
+              f"behind {gm(loss):.3f}, worst {min(loss):.3f}")
+        for s in sorted(ss, key=lambda s: ev[s]["route*"] / ev[s]["oracle"])[:worst]:
+            c, ch = cases[s], ev[s]["choice*"]
+            best = max((r for r in (*c.plans.values(), c.h11, c.decode) if r), key=lambda r: r["ratio"])
+            print(f"    {s[0]}x{s[1]}x{s[2]}: route* {describe(ch)} {ev[s]['route*']:.3f}, best {name_of(c, best)} "
+                  f"{best['ratio']:.3f}, as run {c.ran['ratio']:.3f}")
+    unmeasured = [s for s in sorted(cases) if ev[s]["route"] is None]
+    print(f"route's choice never measured on {len(unmeasured)} shapes:")
+    for s in unmeasured:
+        print(f"    {s[0]}x{s[1]}x{s[2]} ({cases[s].cls}): {describe(ev[s]['choice'])}")
+    if changed:
+        print("shapes whose route differs from the recorded one:")
+        for s in sorted(cases):
+            ch, ran = ev[s]["choice"], cases[s].ran
+            same_plan = ch.kernel != "engine" or plan_key(ch.plan) == plan_key(cases[s].plans["model"])
+            if ch.kernel != ran.get("kernel") or not same_plan:
+                got = f"{ev[s]['route']:.3f}" if ev[s]["route"] else "unmeasured"
+                print(f"    {s[0]}x{s[1]}x{s[2]}: {describe(ch)} {got} (as run {ran['ratio']:.3f})")
+    return ev
+
+
+def describe(ch: Choice) -> str:
+    if ch.kernel != "engine":
+        return ch.kernel
+    p = ch.plan
+    get = (lambda k: getattr(p, k)) if isinstance(p, planner.Plan) else p.get
+    sched = {"data_parallel": "DP", "split_k": f"SK x{get('splits')}",
+             "stream_k": f"stream-K {get('sk_tiles')}/{get('sk_ctas')}"}[get("schedule")]
+    return f"{get('bm')}x{get('bn')} {sched} {get('stages')}st"
+
+
+def name_of(case: Case, r: dict) -> str:
+    if r is case.h11:
+        return "h11"
+    if r is case.decode:
+        return "decode"
+    return describe(Choice("engine", r, r))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--set", nargs="*", default=[], help="NAME=VALUE overrides of DeviceProfile constants")
+    p.add_argument("--worst", type=int, default=6, help="shapes listed per class")
+    p.add_argument("--changed", action="store_true", help="list the shapes whose route changed")
+    args = p.parse_args()
+    prof = dataclasses.replace(H200, **{k: float(v) for k, v in (s.split("=") for s in args.set)})
+    report(load(), prof, args.worst, args.changed)
+
+
+if __name__ == "__main__":
+    main()
