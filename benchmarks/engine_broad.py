@@ -67,7 +67,7 @@ def load_cases(args) -> list[dict]:
 def candidate_plans(M: int, N: int, K: int, profile) -> dict[str, planner.Plan]:
     """name -> plan: the model's pick, the best of each other schedule, the best of another tile height."""
     cands = planner.candidates(M, N, K, profile=profile, schedules=planner.SCHEDULES)
-    best = planner.candidates(M, N, K, profile=profile)[0]  # what the planner offers today
+    best = planner.candidates(M, N, K, profile=profile)[0]  # what the planner offers
     out = {"model": best}
     for sched in planner.SCHEDULES:
         if sched != best.schedule:

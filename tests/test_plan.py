@@ -48,11 +48,14 @@ def test_every_candidate_is_a_launch_the_kernel_accepts(shape):
     prof = devices.H200
     for p in planner.candidates(M, N, K):
         assert (p.bm, p.bn) in planner.TILES and p.stages >= 2
-        assert p.smem_bytes <= planner.SMEM_LIMIT and p.threads == (256 if p.bm == 64 else 384)
+        assert p.smem_bytes <= planner.SMEM_LIMIT
+        assert p.threads == (256 if p.bm == 64 and p.schedule != "pingpong" else 384)
         assert planner.register_problem(p.bm, p.bn, p.schedule, False) is None
         k = p.k_iters
         if p.schedule == "data_parallel":
             assert p.grid == min(prof.sm_count, p.tiles) and p.cluster == 1
+        elif p.schedule == "pingpong":  # whole tiles in turn: more tiles than CTAs, 64 or 128 rows
+            assert p.grid == prof.sm_count < p.tiles and p.cluster == 1 and p.bm <= 128
         elif p.schedule == "split_k":
             per = math.ceil(k / p.splits)
             assert p.grid == p.tiles * p.splits and p.cluster == p.splits <= planner.MAX_CLUSTER

@@ -43,5 +43,6 @@ int main(int argc, char** argv) {
     if (sched == DATA_PARALLEL) walk<DATA_PARALLEL>(tiles, k_iters, a);
     if (sched == SPLIT_K) walk<SPLIT_K>(tiles, k_iters, a);
     if (sched == STREAM_K) walk<STREAM_K>(tiles, k_iters, a);
+    if (sched == PINGPONG) walk<PINGPONG>(tiles, k_iters, a);  // the units of data-parallel; consumers alternate
     return 0;
 }
