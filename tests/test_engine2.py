@@ -56,7 +56,7 @@ def _representative():
                                                              "bias_dtype": "bf16", "direct": True}),
                                 (128, 192, "pingpong", {}), (64, 256, "pingpong", {"a_mn": True, "b_mn": True}),
                                 (128, 96, "pingpong", {"out_dtype": "fp32", "has_c": True, "activation": "gelu",
-                                                        "bias_dtype": "bf16", "direct": True})):
+                                                        "bias_dtype": "bf16"})):
         p = next(c for c in planner.candidates(4096, 4096, 8192, schedules=planner.SCHEDULES, **kw)
                  if (c.bm, c.bn, c.schedule) == (bm, bn, sched))
         seen.setdefault(p.name_expression, p)
