@@ -37,8 +37,8 @@ def _check(p: grouped.GroupedPlan) -> None:
         assert needle not in ck.log, f"{p}:\n{ck.log}"
 
 
-def _forced(layout, bm, bn, dtype="bf16", out_dtype="bf16", groups=8, N=4096):
-    return next(c for c in grouped.candidates(layout, groups, 4096, N, 4096, dtype=dtype, out_dtype=out_dtype)
+def _forced(layout, bm, bn, dtype="bf16", out_dtype="bf16", groups=8, N=4096, rows=4096):
+    return next(c for c in grouped.candidates(layout, groups, rows, N, 4096, dtype=dtype, out_dtype=out_dtype)
                 if (c.bm, c.bn) == (bm, bn))
 
 
@@ -46,7 +46,7 @@ def _representative():
     ps = [_forced(layout, bm, bn) for layout in grouped.LAYOUTS for bm, bn in grouped.TILES]
     ps += [_forced("contiguous", 128, 256, "fp16", "fp32"), _forced("masked", 64, 128, "fp16", "fp16")]
     # The 512-group table (one stage fewer) and DIRECT stores (out's rows not 16-byte aligned: N = 4100).
-    ps += [_forced("contiguous", 128, 256, groups=256), _forced("masked", 256, 128, groups=256),
+    ps += [_forced("contiguous", 128, 256, groups=256, rows=65536), _forced("masked", 256, 128, groups=256),
            _forced("contiguous", 128, 256, N=4100), _forced("masked", 64, 256, "fp16", "fp16", N=4100)]
     assert [p.table for p in ps[-4:]] == [512, 512, 128, 128] and [p.direct for p in ps[-4:]] == [0, 0, 1, 1]
     return ps
@@ -68,6 +68,10 @@ def test_every_grouped_instantiation_compiles_clean(p):
     _check(p)
 
 
+def _share(p):
+    return grouped.crossing_share(p.expected_rows, p.bm, p.layout == "contiguous")
+
+
 def test_plans_fit_and_are_priced():
     for layout in grouped.LAYOUTS:
         for groups in (64, 256):
@@ -76,7 +80,9 @@ def test_plans_fit_and_are_priced():
             assert all(p.table == (128 if groups <= 128 else 512) for p in ps)
             assert all(p.smem_bytes <= grouped.smem_limit(p.table) and p.stages >= 3 for p in ps)
             assert [p.predicted_s for p in ps] == sorted(p.predicted_s for p in ps)
-            assert all(0 < p.grid <= 132 and not p.direct for p in ps)
+            assert all(0 < p.grid <= 132 for p in ps)
+            # DIRECT stores only where most blocks cross a group's end (out's rows are aligned here)
+            assert all(p.direct == (_share(p) >= grouped.ALL_DIRECT_SHARE) for p in ps)
     # Few rows a group (decode): one short tile each; more rows priced as more time.
     few = grouped.plan("contiguous", 256, 256, 2048, 7168)
     many = grouped.plan("contiguous", 256, 65536, 2048, 7168)
@@ -322,8 +328,7 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direc
     if layout == "masked":
         a, o = a.reshape(4, 32, 64), torch.tensor([3, 0, 32, 40], dtype=torch.int32)
     p = grouped.plan_for(a, b, *((o, None) if layout == "contiguous" else (None, o)))
-    assert not p.direct
-    p = dataclasses.replace(p, direct=direct, panel=3)
+    p = dataclasses.replace(p, direct=direct, panel=3)  # (groups this small get direct=True from the planner)
     captured = {}
     monkeypatch.setattr(grouped, "compile_plan", lambda p: "compiled")
     monkeypatch.setattr(grouped, "_tensor_map", lambda t, box: ("tmap", tuple(t.shape), tuple(box)))
@@ -342,8 +347,10 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direc
 
 
 def test_a_plan_that_tma_stores_refuses_an_unaligned_out(monkeypatch):
+    import dataclasses
+
     a, b, o = _ops(T=128)
-    p = grouped.plan_for(a, b, o)
+    p = dataclasses.replace(grouped.plan_for(a, b, o), direct=False)  # a plan that TMA-stores
     monkeypatch.setattr(grouped, "compile_plan", lambda p: "compiled")
     odd = torch.empty(128 * 48 + 1, dtype=torch.bfloat16)[1:].view(128, 48)  # starts 2 bytes off
     with pytest.raises(UnsupportedProblem, match="direct=True"):
@@ -414,9 +421,22 @@ def test_call_path_on_cpu(fake_launch):
     out3 = torch.full((4, 25, 48), 7.0, dtype=torch.bfloat16)
     gemmlab.grouped_mm(a.reshape(4, 25, 64), b, counts=counts, out=out3)
     assert fake_launch[-1].layout == "masked" and (out3[0, 3:] == 7).all() and (out3[1] == 7).all()
-    assert not any(p.direct for p in fake_launch)
+    assert all(p.direct == (_share(p) >= grouped.ALL_DIRECT_SHARE) for p in fake_launch)
     # An out= view that starts off 16 bytes gets no TMA map: run switches the plan to DIRECT stores.
     odd = torch.empty(100 * 48 + 1, dtype=torch.bfloat16)[1:].view(100, 48)
     gemmlab.grouped_mm(a, b, o, out=odd)
     assert fake_launch[-1].direct and torch.allclose(odd.double(), grouped.reference_grouped_mm(a, b, o),
                                                      rtol=2e-2, atol=2e-2)
+
+
+def test_small_groups_store_every_block_directly():
+    """Where most 64-row blocks cross a group's end (groups of ~64 rows or fewer), the plan stores every
+    block with the threads; tall groups keep the TMA stores (grouped.ALL_DIRECT_SHARE)."""
+    assert grouped.crossing_share(2048, 128, True) < 0.05
+    assert grouped.crossing_share(64, 64, True) == pytest.approx(64 / 96)
+    assert grouped.crossing_share(128, 128, False) == 0.0  # every group ends on a block
+    small = grouped.plan("contiguous", 256, 16384, 7168, 2048)  # DeepSeek-V3 down, 64 rows an expert
+    tall = grouped.plan("contiguous", 8, 16384, 28672, 4096)  # Mixtral gate/up, 2048 rows an expert
+    assert small.direct and not tall.direct
+    share = grouped.crossing_share(small.expected_rows, small.bm, True)
+    assert share >= grouped.ALL_DIRECT_SHARE

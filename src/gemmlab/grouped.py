@@ -114,8 +114,9 @@ class GroupedPlan(Warpgroups):
     """One launch of the grouped kernel: ``groups`` groups, ``rows`` = T (contiguous) or C (masked),
     N, K; ``bm`` x ``bn`` tiles, ``stages``, ``grid`` persistent CTAs; ``table`` the group table's
     capacity (``table_groups``); ``panel`` m-tiles per panel of the in-group order (``panel_tiles``);
-    ``direct``: every block stored by the threads (out's rows not 16-byte aligned; else the blocks
-    inside a group are TMA-stored). ``expected_rows``: the rows per group the plan was priced for (the
+    ``direct``: every block stored by the threads (out's rows not 16-byte aligned, or at least
+    ``ALL_DIRECT_SHARE`` of the blocks cross a group's end; else the blocks inside a group are
+    TMA-stored). ``expected_rows``: the rows per group the plan was priced for (the
     real ones are on the device); ``predicted_s`` the model's time for them."""
 
     layout: str
@@ -176,6 +177,25 @@ def tiles_m_per_group(rows_per_group: float, bm: int, uneven: bool) -> float:
     return max(even, rows_per_group / bm + 0.5) if uneven else float(even)
 
 
+def crossing_share(rows_per_group: float, bm: int, uneven: bool) -> float:
+    """The share of a plan's 64-row blocks that cross a group's end (the last block of each group's m-tiles;
+    none when every group ends on a block)."""
+    tm = tiles_m_per_group(rows_per_group, bm, uneven)
+    if tm == 0 or not (uneven or rows_per_group % 64 != 0):
+        return 0.0
+    return min(1.0, 64.0 / (tm * bm))
+
+
+# Where at least this share of the blocks crosses a group's end, every block is stored by the threads: a
+# crossing block waits for the earlier TMA stores to leave the shared slabs first, and with groups of ~64
+# rows that is most blocks. Measured (H200): DeepSeek-V3's down projection at T = 16384 (256 experts, 64
+# rows each on average) ran 64 x 256 in 1.99 ms storing every block directly (6417c0c) and 2.61 ms with
+# the mixed stores (d107e97); at 16-68 rows a group (DeepSeek-V2-Lite, Qwen1.5-MoE at T = 4096, T = 256)
+# the two were within the runs' noise. The price stays the mixed one: `tile_epilogue_s(direct=True)` is
+# fitted to the dense kernel's unaligned rows (scalar stores), not to these 16-byte row stores.
+ALL_DIRECT_SHARE = 0.5
+
+
 def predict_s(groups: int, rows_per_group: float, N: int, K: int, bm: int, bn: int, stages: int,
               prof: DeviceProfile, out_bytes: int = 2, *, uneven: bool = False, direct: bool = False) -> float:
     """The plan model's price of a grouped launch whose groups have ``rows_per_group`` rows on average:
@@ -205,8 +225,7 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
         return plan_cost.kstep_s(bm, bn, bm, stages, active, share, prof, prof.plan_clock_mhz)
 
     # Blocks stored by the threads: the one crossing each group's end (none if the groups end on a block).
-    ragged = uneven or rows_per_group % 64 != 0
-    f = 1.0 if direct else (min(1.0, 64.0 / (tm * bm)) if ragged else 0.0)
+    f = 1.0 if direct else crossing_share(rows_per_group, bm, uneven)
     epi = ((1.0 - f) * plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=False)
            + f * plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=True))
     full, rem = divmod(tiles, prof.sm_count)
@@ -244,10 +263,12 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
             most = (math.ceil(rows / bm) + groups) * math.ceil(N / bn)
         else:
             most = groups * math.ceil(rows / bm) * math.ceil(N / bn)
-        t, busy = _price(groups, expected_rows, N, K, bm, bn, stages, prof, out_bytes, layout == "contiguous", direct)
+        uneven = layout == "contiguous"
+        t, busy = _price(groups, expected_rows, N, K, bm, bn, stages, prof, out_bytes, uneven, direct)
+        all_direct = direct or crossing_share(expected_rows, bm, uneven) >= ALL_DIRECT_SHARE
         plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn, stages=stages,
                                  grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt, table=table,
-                                 panel=panel_tiles(bm, bn, K, prof), direct=direct,
+                                 panel=panel_tiles(bm, bn, K, prof), direct=all_direct,
                                  expected_rows=float(expected_rows), predicted_s=t)))
     # Ties (at the HBM floor): the tile that keeps the SMs busy the shortest (fewest rows multiplied in vain).
     plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), round(bp[0], 9), -bp[1].bm * bp[1].bn))
