@@ -3,7 +3,8 @@
     PYTHONPATH=src python3 benchmarks/pick_vs_oracle.py [--set NAME=VALUE ...] [--worst 6] [--changed]
 
 Records: the two newest broad runs, which together time all 297 shapes with the same bf16 code
-(``SHAS``: 240cc15, 180 shapes; 6417c0c, the other 117). Per shape they hold a few engine-kernel plans
+(``SHAS``: 240cc15, 180 shapes; 6417c0c, the other 117; dc8faff and d107e97, 290 and 249 shapes with
+ping-pong plans beside; plans pooled over the runs). Per shape they hold a few engine-kernel plans
 (``model``: the pick then, ``best split_k`` / ``best stream_k`` / ``best data_parallel`` / ``best bm=..``),
 ``engine`` (what the router ran), ``h11`` and ``decode`` where timed beside. Every number is a measured
 ratio to torch.mm (torch time / ours, > 1: we win), split into the fit half (even positions of the sorted
@@ -38,7 +39,7 @@ from gemmlab import decode, engine, plan_cost, planner
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SHAS = ("240cc1560ab0", "6417c0cb0f7a")
+SHAS = ("240cc1560ab0", "6417c0cb0f7a", "dc8faff37bbc", "d107e9759599")
 CLASSES = ("decode", "mid", "prefill", "square", "unaligned")
 
 
@@ -56,7 +57,9 @@ class Case:
 
 
 def load(shas=SHAS) -> dict[tuple, Case]:
-    """{(M, N, K): Case} over the runs ``shas`` (a shape timed by several: the newest run's records)."""
+    """{(M, N, K): Case} over the runs ``shas``. A shape timed by several runs: the router's choice, h11 and
+    the decode kernel from the newest; the engine kernel's plans pooled over all of them (each plan's
+    newest record; ratios are to torch.mm in the same run, so they pool across the runs' clocks)."""
     by = defaultdict(dict)
     order = {sha: i for i, sha in enumerate(shas)}
     for r in map(json.loads, open(RESULTS / "engine_broad.jsonl")):
@@ -64,12 +67,19 @@ def load(shas=SHAS) -> dict[tuple, Case]:
             by[(r["M"], r["N"], r["K"])].setdefault(r["git_sha"], {})[r["candidate"]] = r
     cases = {}
     for s, runs in by.items():
-        c = runs[max(runs, key=order.get)]
+        newest = sorted(runs, key=order.get)
+        c = runs[newest[-1]]
         ran = c["engine"]
         h11 = c.get("h11") or (ran if ran.get("kernel") == "h11" else None)
         dec = c.get("decode") or (ran if ran.get("kernel") == "decode" else None)
-        plans = {k: r for k, r in c.items() if k != "engine" and r.get("bm") is not None}
-        cases[s] = Case(s, c["model"]["cls"], plans, h11, dec, ran)
+        pooled = {}
+        for sha in newest:  # older first: a newer record of the same plan replaces it
+            for k, r in runs[sha].items():
+                if k != "engine" and r.get("bm") is not None:
+                    pooled[plan_key(r)] = (f"{k}@{sha[:7]}", r)
+        plans = dict(pooled.values())
+        cls = next(r["cls"] for r in c.values() if r.get("cls"))
+        cases[s] = Case(s, cls, plans, h11, dec, ran)
     return cases
 
 
@@ -186,7 +196,7 @@ def describe(ch: Choice) -> str:
         return ch.kernel
     p = ch.plan
     get = (lambda k: getattr(p, k)) if isinstance(p, planner.Plan) else p.get
-    sched = {"data_parallel": "DP", "split_k": f"SK x{get('splits')}",
+    sched = {"data_parallel": "DP", "split_k": f"SK x{get('splits')}", "pingpong": "PP",
              "stream_k": f"stream-K {get('sk_tiles')}/{get('sk_ctas')}"}[get("schedule")]
     return f"{get('bm')}x{get('bn')} {sched} {get('stages')}st"
 
