@@ -3,10 +3,11 @@
 // promotion point (every PROMOTE k-steps, and the unit's last) the consumer waits for its wgmmas, frees
 // the slots and adds `part` (block mode: scaled by this k-block's scales) into `acc`. Between promotion
 // points one wgmma group stays in flight as in the bf16 loop (wgmma.wait_group 1).
-// Block scales are loaded one k-step ahead of their promotion (right after the previous promotion): a
-// scale read from L2 takes about as long as a k-step's wgmmas (~600 cycles against ~300-500), so a load
-// issued in the same k-step stalls the promotion, and with it the warpgroup (measured: block scales at
-// 0.59x of per-tensor throughput when each k-step loaded its own). Two k-steps ahead spills 64 x 224.
+// Block scales are loaded two k-steps ahead of their promotion: a scale read from L2 takes longer than a
+// k-step (~600+ cycles against ~300-500), and ptxas places the first use of the scales (the row x column
+// scale products) among the k-step's wgmma issues, so a scale not yet loaded stalls the warpgroup before
+// its last wgmma. Measured on the H200 at 4096^3: loaded in their own k-step 0.59x of per-tensor
+// throughput, one k-step ahead 0.57-0.63x (128 x 128 and 128 x 208 alike).
 #pragma once
 #include "fp8_promote.cuh"
 #include "pipeline.cuh"
@@ -26,8 +27,11 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
         for (int i = 0; i < BN / 2; ++i) acc[mi][i] = 0.0f;
     int prev = -1;  // the slot of the group still in flight (between promotion points)
     int since = 0;  // k-steps in `part` since the last promotion
-    BlockScaleRegs<Tr> sc;  // block mode: the scales of k-step kt, loaded during k-step kt - 1
-    if constexpr (Tr::SCALE == SCALE_BLOCK) sc.load(scales, row0, n0, k_begin, t);
+    BlockScaleRegs<Tr> sc, sc_next;  // block mode: the scales of k-steps kt and kt + 1
+    if constexpr (Tr::SCALE == SCALE_BLOCK) {
+        sc.load(scales, row0, n0, k_begin, t);
+        if (k_begin + 1 < k_end) sc_next.load(scales, row0, n0, k_begin + 1, t);
+    }
     for (int kt = k_begin; kt < k_end; ++kt) {
         ring.wait_full(cur);
         const unsigned char* a = sA + cur.stage * BM * BK + consumer * Tr::MI * 64 * BK;
@@ -61,7 +65,8 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
             }
             // PROMOTE == 1 in block mode: the next promotion is k-step kt + 1's
             if constexpr (Tr::SCALE == SCALE_BLOCK) {
-                if (kt + 1 < k_end) sc.load(scales, row0, n0, kt + 1, t);
+                sc = sc_next;
+                if (kt + 2 < k_end) sc_next.load(scales, row0, n0, kt + 2, t);
             }
             since = 0;
         } else {
