@@ -1,7 +1,7 @@
 """Time gemmlab's FP8 GEMM (kernels/engine/gemm_fp8.cu) against cuBLAS FP8 and a bf16 reference, interleaved.
 
     PYTHONPATH=src python3 benchmarks/fp8_bench.py --out $OUT/fp8.jsonl [--shapes "4096,4096,4096;..."]
-        [--promote 1,2,4] [--rounds 15] [--budget-s 400]
+        [--promote 1,2,4] [--tiles 128x128,128x192] [--rounds 15] [--budget-s 400]
 
 Per shape (default: squares 4096 / 8192 / 16384 and LLM prefill projections at M = 2048 and 8192, issue
 18's bar set), candidates timed in one ``gemmlab.timer.time_interleaved`` run:
@@ -10,6 +10,8 @@ Per shape (default: squares 4096 / 8192 / 16384 and LLM prefill projections at M
   other ``--promote`` interval);
 * ``cublas_tensor``: ``torch._scaled_mm`` on the same operands and scales (cuBLAS FP8, per-tensor);
 * ``ours_block``: 1 x 128 / 128 x 128 block scales;
+* ``ours_tensor_<BM>x<BN>`` / ``ours_block_<BM>x<BN>``: each ``--tiles`` tile in both modes (where the
+  plan space has it), to tell the scales' cost from the tile's;
 * ``torch_block_ref``: what a user without a block-scaled kernel runs: dequantize both operands to bf16
   (scales applied in fp32) and ``torch.mm``; and ``torch_mm_bf16``: the ``torch.mm`` alone on operands
   dequantized once (a floor for that reference).
@@ -63,6 +65,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "fp8.jsonl"))
     ap.add_argument("--shapes", default=None, help='"M,N,K;M,N,K" (default: squares and prefill shapes)')
     ap.add_argument("--promote", default="1", help="per-tensor promotion intervals to time (k-steps of 128)")
+    ap.add_argument("--tiles", default="", help='also time these tiles in both scale modes, e.g. "128x128,128x192"')
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--replay-ms", type=float, default=20.0)
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop between shapes after this long")
@@ -100,6 +103,13 @@ def main() -> None:
         plans = {f"ours_tensor{'' if p == promotes[0] else f'_p{p}'}":
                  planner.plan_fp8(M, N, K, scale="tensor", promote=p, profile=prof) for p in promotes}
         plans["ours_block"] = planner.plan_fp8(M, N, K, scale="block", profile=prof)
+        for tile in filter(None, args.tiles.split(",")):  # --tiles: the same tile in both modes, side by side
+            bm, bn = (int(v) for v in tile.split("x"))
+            for mode in ("tensor", "block"):
+                same = [p for p in planner.fp8_candidates(M, N, K, scale=mode, profile=prof)
+                        if (p.bm, p.bn) == (bm, bn)]
+                if same:
+                    plans[f"ours_{mode}_{bm}x{bn}"] = same[0]
 
         def ours(name, pl):
             key = "t" if pl.scale == "tensor" else "b"
