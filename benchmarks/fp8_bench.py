@@ -1,7 +1,7 @@
 """Time gemmlab's FP8 GEMM (kernels/engine/gemm_fp8.cu) against cuBLAS FP8 and a bf16 reference, interleaved.
 
     PYTHONPATH=src python3 benchmarks/fp8_bench.py --out $OUT/fp8.jsonl [--shapes "4096,4096,4096;..."]
-        [--promote 1,2,4] [--tiles 128x128,128x192] [--overlaps stagger] [--rounds 15] [--budget-s 400]
+        [--promote 1,2,4] [--tiles 128x128,128x192] [--rounds 15] [--budget-s 400]
 
 Per shape (default: squares 4096 / 8192 / 16384 and LLM prefill projections at M = 2048 and 8192, issue
 18's bar set), candidates timed in one ``gemmlab.timer.time_interleaved`` run:
@@ -11,8 +11,7 @@ Per shape (default: squares 4096 / 8192 / 16384 and LLM prefill projections at M
 * ``cublas_tensor``: ``torch._scaled_mm`` on the same operands and scales (cuBLAS FP8, per-tensor);
 * ``ours_block``: 1 x 128 / 128 x 128 block scales;
 * ``ours_tensor_<BM>x<BN>`` / ``ours_block_<BM>x<BN>``: each ``--tiles`` tile in both modes (where the
-  plan space has it), to tell the scales' cost from the tile's; ``<name>_<overlap>``: each of those plans
-  again with each ``--overlaps`` way of overlapping promotions (``planner.FP8_OVERLAPS``);
+  plan space has it), to tell the scales' cost from the tile's;
 * ``torch_block_ref``: what a user without a block-scaled kernel runs: dequantize both operands to bf16
   (scales applied in fp32) and ``torch.mm``; and ``torch_mm_bf16``: the ``torch.mm`` alone on operands
   dequantized once (a floor for that reference).
@@ -27,7 +26,6 @@ candidates, ``torch_block_ref`` for block ones) and the ratio, the plan and its 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -68,8 +66,6 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help='"M,N,K;M,N,K" (default: squares and prefill shapes)')
     ap.add_argument("--promote", default="1", help="per-tensor promotion intervals to time (k-steps of 128)")
     ap.add_argument("--tiles", default="", help='also time these tiles in both scale modes, e.g. "128x128,128x192"')
-    ap.add_argument("--overlaps", default="", help='also time every plan above with these promotion overlaps '
-                    '(planner.FP8_OVERLAPS other than the plan\'s), e.g. "stagger"')
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--replay-ms", type=float, default=20.0)
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop between shapes after this long")
@@ -114,10 +110,6 @@ def main() -> None:
                         if (p.bm, p.bn) == (bm, bn)]
                 if same:
                     plans[f"ours_{mode}_{bm}x{bn}"] = same[0]
-        for ov in filter(None, args.overlaps.split(",")):  # --overlaps: each plan again, overlapped this way
-            for name, pl in list(plans.items()):
-                if ov != pl.overlap and not planner.fp8_overlap_problem(pl.bm, pl.bn, pl.promote, ov):
-                    plans[f"{name}_{ov}"] = dataclasses.replace(pl, overlap=ov)
 
         def ours(name, pl):
             key = "t" if pl.scale == "tensor" else "b"
@@ -173,7 +165,6 @@ def main() -> None:
                     ratios.setdefault("block_vs_ours_tensor", []).append(rec["vs_ours_tensor"])
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, stages=pl.stages, grid=pl.grid, scale=pl.scale,
-                               overlap=pl.overlap,
                                promote=pl.promote, predicted_ms=pl.predicted_s * 1e3)
                 f.write(json.dumps(rec) + "\n")
         print(line + f"  (TFLOP/s; SM {res.clocks.sm_mhz} MHz)", flush=True)

@@ -49,10 +49,6 @@ def _representative():
         p = next(c for c in planner.fp8_candidates(4096, 4096, 4096) if (c.bm, c.bn) == (bm, bn))
         p = dataclasses.replace(p, scale=scale)
         seen.setdefault(p.name_expression, p)
-    for bm, bn, scale in ((128, 128, "block"), (128, 208, "tensor"), (256, 64, "block")):  # staggered consumers
-        p = next(c for c in planner.fp8_candidates(4096, 4096, 4096, scale=scale) if (c.bm, c.bn) == (bm, bn))
-        p = dataclasses.replace(p, overlap="stagger")
-        seen.setdefault(p.name_expression, p)
     return list(seen.values())
 
 
@@ -67,7 +63,6 @@ def test_representative_set_covers_the_space():
     assert any(p.direct for p in ps) and any(p.out_dtype == "fp32" and p.bias_dtype for p in ps)
     assert {p.promote for p in ps} >= {0, 1}
     assert any(p.scale == "block" and 128 % p.bn and p.bn % 128 for p in ps)  # straddling tiles
-    assert {p.overlap for p in ps} == set(planner.FP8_OVERLAPS)
 
 
 def _every_choice():
@@ -127,25 +122,6 @@ def test_fp8_plan_rejects_what_the_kernel_cannot_run():
     assert planner.fp8_tile_problem(128, 224, "block") and not planner.fp8_tile_problem(128, 224, "tensor")
     assert planner.fp8_tile_problem(128, 208, "block") and planner.fp8_tile_problem(128, 128, "block") is None
     assert planner.fp8_tile_problem(128, 128) is None
-
-
-def test_fp8_overlap_modes():
-    """Staggering needs two consumer warpgroups; unknown modes are named; the mode is a template argument
-    and shows in the repr; launch_fp8 refuses a plan that cannot overlap that way (before any GPU work)."""
-    assert planner.fp8_overlap_problem(128, 128, 1, "stagger") is None
-    assert planner.fp8_overlap_problem(256, 64, 1, "none") is None
-    assert "two consumer" in planner.fp8_overlap_problem(64, 128, 1, "stagger")
-    assert "unknown overlap" in planner.fp8_overlap_problem(128, 128, 1, "double")
-    p = planner.plan_fp8(4096, 4096, 4096, scale="block")
-    ps = dataclasses.replace(p, overlap="stagger")
-    assert p.template_args()[-1] == str(planner.FP8_OVERLAPS.index(p.overlap))
-    assert ps.template_args()[-1] == "1" and ps.name_expression != p.name_expression
-    assert "stagger overlap" in repr(ps) and "overlap" not in repr(dataclasses.replace(p, overlap="none"))
-    bad = dataclasses.replace(planner.plan_fp8(64, 64, 128), bm=64, overlap="stagger")
-    a = torch.zeros(64, 128, dtype=torch.float8_e4m3fn)
-    with pytest.raises(UnsupportedProblem, match="two consumer"):
-        engine2.launch_fp8(bad, a, torch.zeros(64, 128, dtype=torch.float8_e4m3fn), torch.ones(1), torch.ones(1),
-                           torch.empty(64, 64, dtype=torch.bfloat16))
 
 
 def test_fp8_model_prefers_full_waves_and_big_tiles_on_big_problems():

@@ -374,9 +374,6 @@ FP8_KERNEL = "engine_gemm_fp8"
 FP8_BK = 128
 FP8_SCALES = ("tensor", "block")  # Fp8ScaleMode: one fp32 scalar per operand, or 1x128 (A) / 128x128 (B)
 FP8_BLOCK = 128  # block scales: K (and B's N) per scale
-# How a consumer overlaps its promotions with tensor-core work (fp8_traits.cuh, Fp8Overlap): in the
-# order of the enum. "stagger" needs two consumers.
-FP8_OVERLAPS = ("none", "stagger")
 FP8_PROMOTE = 1  # default k-steps per promotion: every 128 of K, as DeepGEMM does
 
 # Widths whose two accumulator sets (wgmma's and the promoted fp32) compile without spills, with the
@@ -455,7 +452,6 @@ class Fp8Plan(_Tiling):
     dtype: str = "e4m3"
     schedule: str = "data_parallel"
     kernel: str = FP8_KERNEL
-    overlap: str = "none"
 
     BK = FP8_BK
 
@@ -470,11 +466,11 @@ class Fp8Plan(_Tiling):
         return min(self.bm, math.ceil(left / 8) * 8)
 
     def template_args(self) -> tuple[str, ...]:
-        """Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE, PROMOTE, BIAS, ACT, DIRECT, OVERLAP>."""
+        """Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE, PROMOTE, BIAS, ACT, DIRECT>."""
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (_CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm), str(self.bn),
                 str(self.stages), str(FP8_SCALES.index(self.scale)), str(self.promote), b(self.bias_dtype),
-                str(ACTIVATIONS[self.activation]), b(self.direct), str(FP8_OVERLAPS.index(self.overlap)))
+                str(ACTIVATIONS[self.activation]), b(self.direct))
 
     @property
     def name_expression(self) -> str:
@@ -487,20 +483,10 @@ class Fp8Plan(_Tiling):
     def __repr__(self) -> str:
         scale = "per-tensor scales" if self.scale == "tensor" else "1x128 / 128x128 block scales"
         promo = f"promoted every {self.promote * FP8_BK} of K" if self.promote else "promoted once per tile"
-        extra = [x for x in (self.direct and "direct stores", self.bias_dtype and "bias", self.activation,
-                             self.overlap != "none" and f"{self.overlap} overlap") if x]
+        extra = [x for x in (self.direct and "direct stores", self.bias_dtype and "bias", self.activation) if x]
         return (f"Fp8Plan({self.M}x{self.N}x{self.K} e4m3->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} "
                 f"tiles ({self.tiles}), {scale}, {promo}, data-parallel, {self.stages} stages, grid {self.grid}"
                 + (f", {', '.join(extra)}" if extra else "") + f"; predicted {self.predicted_s * 1e6:.1f} us)")
-
-
-def fp8_overlap_problem(bm: int, bn: int, promote: int, overlap: str) -> str | None:
-    """Why the FP8 kernel cannot overlap its promotions this way on this tile, or None."""
-    if overlap not in FP8_OVERLAPS:
-        return f"unknown overlap {overlap!r}; known: {list(FP8_OVERLAPS)}"
-    if overlap == "stagger" and bm == 64:
-        return "staggering needs two consumer warpgroups (bm >= 128)"
-    return None
 
 
 def fp8_tile_problem(bm: int, bn: int, scale: str = "tensor") -> str | None:

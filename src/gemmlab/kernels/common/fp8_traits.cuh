@@ -12,24 +12,12 @@
 // 128-deep partial sum when it is promoted into the fp32 accumulators.
 enum Fp8ScaleMode { SCALE_TENSOR = 0, SCALE_BLOCK = 1 };
 
-// How a consumer keeps the tensor core busy while it promotes (mainloop_fp8.cuh). A promotion needs the
-// k-step's wgmmas complete (wgmma.wait_group), and both consumers of a tile wake on the same full
-// barrier, so without help they promote at the same time and the tensor core idles meanwhile.
-//  * OVERLAP_NONE: as is (wait, promote, next k-step).
-//  * OVERLAP_STAGGER: consumer 1 issues a k-step's wgmmas only after consumer 0 issued its own, so its
-//    wgmmas queue behind consumer 0's and each consumer promotes while the other's wgmmas run.
-// (Tried and dropped: two sets of partial registers, k-step kt + 1 issued before kt's partial is promoted
-// under wgmma.wait_group 1. ptxas cannot tell the sets apart across the pending group: it injects
-// wait_group 0 and serializes every wgmma (C7517, C7514).)
-enum Fp8Overlap { OVERLAP_NONE = 0, OVERLAP_STAGGER = 1 };
-
 template <typename TOut, typename TBias,  // output and bias element types
           int kBM, int kBN, int kStages,  // tile (rows x columns) and ring depth
           int kScale,                     // Fp8ScaleMode
           int kPromote,                   // k-steps (of 128) per promotion; 0: once, at the end of the tile
           bool kBias, int kAct,           // epilogue: + bias[n], activation
-          bool kDirect,                   // output rows not 16-byte aligned: threads store
-          int kOverlap = OVERLAP_NONE>    // Fp8Overlap
+          bool kDirect>                   // output rows not 16-byte aligned: threads store
 struct Fp8GemmTraits {
     using T = unsigned char;  // e4m3 bytes: only the wgmma reads them as numbers
     using TO = TOut;
@@ -39,7 +27,6 @@ struct Fp8GemmTraits {
     static constexpr bool A_MN = false, B_MN = false;  // fp8 wgmma: both operands K-major
     static constexpr bool HAS_BIAS = kBias, HAS_C = false, DIRECT = kDirect;
     static constexpr int ACT = kAct, SCHEDULE = DATA_PARALLEL, SCALE = kScale, PROMOTE = kPromote;
-    static constexpr int OVERLAP = kOverlap;
 
     static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
     static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
@@ -65,6 +52,5 @@ struct Fp8GemmTraits {
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
     static_assert(kPromote >= 0, "promotion interval");
-    static_assert(kOverlap != OVERLAP_STAGGER || CONSUMERS == 2, "staggering needs two consumers");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");
 };

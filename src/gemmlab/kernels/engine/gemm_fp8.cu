@@ -29,17 +29,11 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     T* sB = sA + Tr::STAGES * BM * BK;
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
     __shared__ Ring<Tr::STAGES> ring;
-    __shared__ u64 issued[Tr::STAGES];  // OVERLAP_STAGGER: consumer 0 issued the slot's wgmmas
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
     const int k_iters = (K + BK - 1) / BK;  // a ragged last k-step reads TMA zero fill: adds nothing
-    if (threadIdx.x == 0) {
-        if constexpr (Tr::OVERLAP == OVERLAP_STAGGER) {
-            for (int s = 0; s < Tr::STAGES; ++s) mbar_init(&issued[s], 1);
-        }
-        ring.init(Tr::CONSUMERS);  // its fence.mbarrier_init covers the inits above
-    }
+    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
 
     TileScheduler<DATA_PARALLEL> sched(num_tiles, k_iters, ScheduleArgs{1, 0, 0});
@@ -72,7 +66,7 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
         const int packed = order[u.tile];
         const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
         const int row0 = m0 + consumer * Tr::MI * 64;
-        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, scales, row0, n0, issued);
+        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, scales, row0, n0);
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi)
             store_block<Tr>(acc[mi], row0 + mi * 64, n0, ep, slabs, pieces, &tmC, &tmC_tail, t, consumer);
