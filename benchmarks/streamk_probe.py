@@ -52,6 +52,9 @@ def probe_plans(M: int, N: int, K: int, prof) -> dict[str, planner.Plan]:
 
 
 def test_plans() -> list[planner.Plan]:
+    import sys
+
+    sys.path.insert(0, str(sys_path.parent / "tests"))  # the test module's helpers (fakes)
     spec = importlib.util.spec_from_file_location("t", sys_path.parent / "tests" / "test_engine2_gpu.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
