@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -29,9 +30,8 @@ from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
 
 sys_path = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("engine_broad", sys_path / "engine_broad.py")
-engine_broad = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(engine_broad)
+sys.path.insert(0, str(sys_path))  # engine_broad by its module name: its pool pickles engine_broad._compile
+import engine_broad  # noqa: E402
 
 SHAPES = "512,1024,4096;512,1024,8192;1536,1024,4096;256,512,2048;256,2560,9728;1024,768,3072;640,2048,2048;64,4096,3584"
 
@@ -52,8 +52,6 @@ def probe_plans(M: int, N: int, K: int, prof) -> dict[str, planner.Plan]:
 
 
 def test_plans() -> list[planner.Plan]:
-    import sys
-
     sys.path.insert(0, str(sys_path.parent / "tests"))  # the test module's helpers (fakes)
     spec = importlib.util.spec_from_file_location("t", sys_path.parent / "tests" / "test_engine2_gpu.py")
     mod = importlib.util.module_from_spec(spec)
