@@ -60,6 +60,12 @@ def _representative():
         p = next(c for c in planner.candidates(4096, 4096, 8192, schedules=planner.SCHEDULES, **kw)
                  if (c.bm, c.bn, c.schedule) == (bm, bn, sched))
         seen.setdefault(p.name_expression, p)
+    # Global split-K (not offered, runnable): needs few tiles to split (4096^2 has none).
+    for (shape, bm, bn, kw) in (((512, 1024, 4096), 128, 128, {}), ((700, 1920, 3000), 256, 112, {}),
+                                ((100, 1000, 4096), 64, 80, {"out_dtype": "fp32", "has_c": True, "direct": True})):
+        p = next(c for c in planner.candidates(*shape, schedules=planner.SCHEDULES, **kw)
+                 if (c.bm, c.bn, c.schedule) == (bm, bn, "split_k_global"))
+        seen.setdefault(p.name_expression, p)
     return list(seen.values())
 
 

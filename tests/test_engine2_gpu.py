@@ -22,7 +22,7 @@ def _pick(M, N, K, bm, bn, schedule, **kw) -> planner.Plan:
     the planner does not offer it (direct stores, rows of K not 32-byte aligned: slower, but the kernel
     runs them) is the data-parallel plan of the tile with ping-pong consumers."""
     prof = engine2._profile(torch.device("cuda"))
-    cands = planner.candidates(M, N, K, profile=prof, **kw)
+    cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES, **kw)
     for c in cands:
         if (c.bm, c.bn, c.schedule) == (bm, bn, schedule):
             return c
@@ -83,6 +83,16 @@ CASES = [
     ((777, 3001, 1000), 64, 144, "pingpong", {"direct": True, "out_dtype": "fp32", "has_c": True}),
     ((1500, 2000, 1000), 128, 128, "pingpong", {"a_mn": True, "b_mn": True, "bias_dtype": "bf16"}),
     ((1000, 3000, 2000), 128, 96, "pingpong", {"out_dtype": "fp32", "bias_dtype": "fp32", "activation": "gelu"}),
+    # global split-K: aligned k-ranges, every rank of a tile sums and stores a slice of its columns
+    ((512, 1024, 4096), 128, 128, "split_k_global", {}),
+    ((300, 1000, 8192), 128, 96, "split_k_global", {}),  # ragged M and N, blocks past M skipped
+    ((100, 1000, 4096), 64, 80, "split_k_global", {}),  # one consumer, tail piece width
+    ((700, 1920, 3000), 256, 112, "split_k_global", {}),  # two m64 blocks per consumer, uneven k-ranges
+    ((1000, 3000, 4000), 128, 144, "split_k_global", {}),  # a data-parallel wave, then the split tail
+    ((1000, 3001, 3000), 128, 144, "split_k_global", {"direct": True, "out_dtype": "fp32", "has_c": True}),
+    ((1000, 2000, 3000), 128, 96, "split_k_global", {"dtype": "fp16", "out_dtype": "fp16", "activation": "relu",
+                                                      "bias_dtype": "fp16"}),
+    ((512, 1024, 4096), 128, 128, "split_k_global", {"a_mn": True, "b_mn": True}),
 ]
 
 
@@ -102,7 +112,8 @@ def test_plan_matches_float64_reference(shape, bm, bn, schedule, kw):
 @pytest.mark.parametrize("shape, bm, bn, schedule", [
     ((1500, 3000, 2000), 128, 256, "stream_k"), ((128, 4096, 4096), 64, 112, "stream_k"),
     ((16, 4096, 4096), 64, 128, "split_k"), ((2000, 704, 1500), 256, 176, "data_parallel"),
-    ((1000, 3000, 1000), 128, 128, "pingpong")])
+    ((1000, 3000, 1000), 128, 128, "pingpong"), ((512, 1024, 4096), 128, 128, "split_k_global"),
+    ((700, 1920, 3000), 256, 112, "split_k_global")])
 def test_every_schedule_is_bitwise_deterministic(shape, bm, bn, schedule):
     p = _pick(*shape, bm, bn, schedule)
     first, _, _ = _run_case(p, seed=3)
@@ -112,8 +123,10 @@ def test_every_schedule_is_bitwise_deterministic(shape, bm, bn, schedule):
         assert torch.equal(again.view(torch.int16), first.view(torch.int16)), p
 
 
-def test_stream_k_leaves_its_flags_cleared():
-    p = _pick(1500, 3000, 2000, 128, 256, "stream_k")
+@pytest.mark.parametrize("shape, bm, bn, schedule", [((1500, 3000, 2000), 128, 256, "stream_k"),
+                                                     ((512, 1024, 4096), 128, 128, "split_k_global")])
+def test_streamed_schedules_leave_their_flags_cleared(shape, bm, bn, schedule):
+    p = _pick(*shape, bm, bn, schedule)
     for _ in range(2):
         out, _, ref = _run_case(p, seed=5)
         assert rel_error(out, ref) <= 1e-2
@@ -133,17 +146,17 @@ def test_model_plan_runs_through_gemm():
 
 @pytest.mark.gpu
 @pytest.mark.hopper
-def test_graphs_of_two_stream_k_plans_replay_after_the_workspace_grew():
+def test_graphs_of_streamed_plans_replay_after_the_workspace_grew():
     """A graph captured with a small stream-K plan keeps working after a bigger plan grew the workspace on
     the same stream (the broad benchmark's illegal address, sha cf5b7d1), replayed in either order."""
     import torch
 
     from gemmlab import engine2, planner
 
-    cases = [(256, 512, 2048), (1024, 5120, 12288)]
+    cases = [(256, 512, 2048, "stream_k"), (1024, 5120, 12288, "stream_k"), (512, 1024, 4096, "split_k_global")]
     graphs, outs, wants = [], [], []
-    for M, N, K in cases:
-        p = next(c for c in planner.candidates(M, N, K) if c.schedule == "stream_k")
+    for M, N, K, sched in cases:
+        p = next(c for c in planner.candidates(M, N, K, schedules=planner.SCHEDULES) if c.schedule == sched)
         a = torch.randn(M, K, device="cuda").bfloat16()
         b = torch.randn(N, K, device="cuda").bfloat16().t()
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -158,7 +171,7 @@ def test_graphs_of_two_stream_k_plans_replay_after_the_workspace_grew():
         graphs.append(g)
         outs.append(out)
         wants.append(a.double() @ b.double())
-    for order in ((1, 0), (0, 1)):
+    for order in ((1, 0, 2), (2, 0, 1)):
         for i in order:
             outs[i].fill_(float("nan"))
             graphs[i].replay()

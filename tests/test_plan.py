@@ -225,18 +225,18 @@ def test_scheduler_covers_every_k_step_once_and_owners_find_their_contributors(w
     """The shape's plans (the 30 best and every stream-K one), walked by the kernel's own scheduler code
     compiled for the host."""
     cands = planner.candidates(*shape)
-    for p in cands[:30] + [c for c in cands[30:] if c.schedule == "stream_k"]:
+    for p in cands[:30] + [c for c in cands[30:] if c.schedule in planner.STREAMED]:
         sched = planner.SCHEDULES.index(p.schedule)
         out = subprocess.run([str(walker), str(sched), str(p.tiles), str(p.k_iters), str(p.grid), str(p.splits),
                               str(p.sk_tiles), str(p.sk_ctas)], check=True, capture_output=True, text=True).stdout
-        seen = defaultdict(list)  # tile -> [(k_begin, k_end, kind, cta)]
+        seen = defaultdict(list)  # tile -> [(k_begin, k_end, kind, cta, split)]
         owners = {}
         for line in out.splitlines():
             f = line.split()
             if f[0] == "unit":
-                cta, tile, kb, ke, kind = map(int, f[1:6])
+                cta, tile, kb, ke, kind, split = map(int, f[1:7])
                 assert 0 <= tile < p.tiles and 0 <= kb < ke <= p.k_iters
-                seen[tile].append((kb, ke, kind, cta))
+                seen[tile].append((kb, ke, kind, cta, split))
             else:
                 owners[int(f[2])] = (int(f[1]), [int(x) for x in f[3:]])
         assert sorted(seen) == list(range(p.tiles)), p
@@ -248,5 +248,9 @@ def test_scheduler_covers_every_k_step_once_and_owners_find_their_contributors(w
                 assert owners[tile] == (units[0][3], [u[3] for u in units[1:]])
             elif p.schedule == "split_k":
                 assert len(units) == math.ceil(p.k_iters / math.ceil(p.k_iters / p.splits))
+            elif p.schedule == "split_k_global" and tile >= p.tiles - p.sk_tiles:
+                # aligned ranges: `splits` units of CTAs first .. first + splits - 1, ranks 0, 1, ... in k order
+                first = (tile - (p.tiles - p.sk_tiles)) * p.splits
+                assert [(u[2], u[3], u[4]) for u in units] == [(3, first + r, r) for r in range(p.splits)], (p, tile)
             else:
                 assert len(units) == 1 and units[0][2] == 0

@@ -122,11 +122,18 @@ class DeviceProfile:
     dsmem_bytes_per_s: float = 8.7e9  # one SM reading its cluster's split-K partials (SM-to-SM network)
     cluster_sync_s: float = 3.2e-6  # split-K: two cluster barriers and the partial's round through smem
     direct_store_bytes_per_s: float = 7.9e9  # one SM storing its tile row by row (output rows not 16-byte aligned)
-    stream_k_fixed_s: float = 1.04e-6  # stream-K: once per launch (flags, the owners' waits on contributors)
+    # stream-K: once per launch. Fitted when every captured launch carried a flags fill kernel; with the fill
+    # gone the same plans ran 1.0-1.5 us faster (H200, 3278dd1). Kept until a broad run re-times the set: set
+    # to 0 against the older records, the pick's worst loss on the fit half went 1.22x -> 1.92x.
+    stream_k_fixed_s: float = 1.04e-6
     engine_mma_efficiency: float = 0.94  # mma_efficiency as the engine kernel's plans keep it (fitted)
     h11_factor: float = 1.073  # h11's measured / modelled time (its plan priced as the engine kernel's)
     split_k_kstep_factor: float = 1.225  # a split-K CTA's k-step against a data-parallel one's (fitted)
     stream_k_kstep_factor: float = 1.35  # a streamed k-step against a data-parallel one's (fitted)
+    # Global split-K (planner schedule "split_k_global"): unfitted first values (see plan_cost.predict_s).
+    gsk_kstep_factor: float = 1.0  # its k-step against a data-parallel one's
+    gsk_partial_bytes_per_s: float = 100e9  # one SM writing (and reading) its share of fp32 partials (L2)
+    gsk_fixed_s: float = 1.0e-6  # the flags' round trip and the slower ranks' wait
     one_consumer_efficiency: float = 0.68  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit

@@ -793,7 +793,7 @@ class Engine2Launch:
                                        swizzle_bytes=0) if tail else None)
             if not tail:
                 L.set_map(_E2_C_TAIL, self.map_c.tmap)
-        self.stream_k = p.schedule == "stream_k"
+        self.stream_k = p.schedule in planner.STREAMED
         if self.stream_k:  # grown now, before any graph capture of a later call could need it to grow
             stream_k_workspace(p, dev, raw_stream(dev))
 
@@ -826,22 +826,47 @@ class Engine2Launch:
 
 _WORKSPACES: dict = {}
 _RETIRED: list = []  # replaced buffers, kept alive: CUDA graphs captured earlier still hold their addresses
+# Flags buffers allocated during a graph capture ((device, stream) keys): their memory holds what the graph
+# pool held until something zeroes it. Eager launches zero them once; a capture zeroes them once per capture
+# sequence (its first stream-K launch), not per launch: the kernel leaves its flags at 0.
+_DIRTY_FLAGS: set = set()
+_ZEROED_IN: set = set()  # (key, capture id)
+
+
+def _capture_id(stream: int) -> int | None:
+    """The id of the capture sequence ``stream`` (a raw handle) is in, or None (not capturing, or the
+    driver could not say)."""
+    try:
+        from cuda.bindings import driver
+
+        res = driver.cuStreamGetCaptureInfo(driver.CUstream(stream))
+        if res[0] != driver.CUresult.CUDA_SUCCESS or \
+                res[1] != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            return None
+        return int(res[2])
+    except Exception:  # noqa: BLE001 - no answer: the caller zeroes as if each launch were a new capture
+        return None
 
 
 def stream_k_workspace(p: planner.Plan, device_index: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stream-K partial slots (fp32) and flags (int32, zero between launches: each owner clears the
-    flags it consumed) for ``p`` on ``stream`` (a raw handle) of GPU ``device_index``. Kept per (device,
-    stream) and grown as needed; launches on one stream run one after the other, so they can share it.
+    """The partial slots (fp32) and flags (int32, zero between launches: the kernel leaves every flag it
+    uses at 0) of a stream-K or global split-K plan ``p`` on ``stream`` (a raw handle) of GPU
+    ``device_index``. Kept per (device, stream) and grown as needed; launches on one stream run one after
+    the other, so they can share it.
 
     Graphs: a buffer that grows is retired, never freed (a graph captured with it still writes there: on
-    the H200 a freed workspace under an earlier graph was an illegal address at its replay), and a graph
-    zeroes the flags it uses (only the graph whose capture allocated them would, and a graph captured
-    later may be replayed first). ``Engine2Launch`` grows it when it is prepared, so a capture of a call
-    prepared before it allocates nothing."""
+    the H200 a freed workspace under an earlier graph was an illegal address at its replay). Flags
+    allocated during a capture start as whatever the graph pool held: that capture's graph zeroes them
+    (torch.zeros), every later capture zeroes them once (its first launch: a graph captured later may be
+    replayed first) and the next eager launch zeroes them once. Flags allocated outside any capture are
+    never zeroed again (before, each captured launch zeroed them: a fill kernel per launch in every graph).
+    ``Engine2Launch`` grows the buffers when it is prepared, so a capture of a call prepared on the same
+    stream allocates nothing."""
     key = (device_index, stream)
     ws, flags = _WORKSPACES.get(key, (None, None))
     need = max(1, p.workspace_floats)
     device = torch.device("cuda", device_index)
+    capturing = torch.cuda.is_current_stream_capturing()
     if ws is None or ws.numel() < need:
         if ws is not None:
             _RETIRED.append(ws)
@@ -850,8 +875,22 @@ def stream_k_workspace(p: planner.Plan, device_index: int, stream: int) -> tuple
         if flags is not None:
             _RETIRED.append(flags)
         flags = torch.zeros(2 * max(256, p.sk_ctas), dtype=torch.int32, device=device)
-    elif torch.cuda.is_current_stream_capturing():
-        flags.zero_()
+        _DIRTY_FLAGS.discard(key)
+        if capturing:
+            _DIRTY_FLAGS.add(key)
+            cid = _capture_id(stream)
+            if cid is not None:
+                _ZEROED_IN.add((key, cid))
+    elif key in _DIRTY_FLAGS:
+        if not capturing:
+            flags.zero_()
+            _DIRTY_FLAGS.discard(key)
+        else:
+            cid = _capture_id(stream)
+            if cid is None or (key, cid) not in _ZEROED_IN:
+                flags.zero_()
+                if cid is not None:
+                    _ZEROED_IN.add((key, cid))
     _WORKSPACES[key] = (ws, flags)
     return ws, flags
 

@@ -103,7 +103,7 @@ def launch(p: planner.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     map_c = map_a if p.direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C maps
     map_c_tail = tensor_map_2d(out, (64, tail), swizzle_bytes=0) if tail and not p.direct else map_c
     order = _order(p.tiles_m, p.tiles_n, a.device)
-    ws, flags = workspace(p, a.device) if p.schedule == "stream_k" else (out, out)
+    ws, flags = workspace(p, a.device) if p.schedule in planner.STREAMED else (out, out)
     cin = c if c is not None else out
     la = p.launch_args()
     args = (map_a, map_a_short, map_b, map_c, map_c_tail, order, np.int32(M), np.int32(N), np.int32(K),
@@ -139,7 +139,7 @@ def sass_expect(p: planner.Plan):
         absent += [r"^UTMASTG"]
     else:
         contains += [r"^UTMASTG"] + ([r"^STSM"] if p.out_dtype != "fp32" else [])
-    if p.schedule == "stream_k":
+    if p.schedule in planner.STREAMED:
         contains += [r"^RED"]
     if p.consumers > 1:
         contains += [r"^USETMAXREG"]

@@ -33,6 +33,8 @@ the busiest SM runs:
   * stream-K (hybrid): the data-parallel waves, then ceil(streamed k-steps / CTAs) k-steps, the owned
     tiles' epilogues, one fp32 partial written and the contributors' partials read at
     ``partial_bytes_per_s``, and a pipeline restart per extra unit.
+  * global split-K (stream-K's hybrid with tile-aligned ranges, s CTAs per streamed tile): the
+    data-parallel waves, then ceil(k / s) k-steps, and the tile's reduction shared by its s CTAs.
 
 Split-K and streamed k-steps carry fitted factors (``split_k_kstep_factor``, ``stream_k_kstep_factor``);
 a DIRECT output (rows not 16-byte aligned) is stored at ``direct_store_bytes_per_s``. What each constant
@@ -207,6 +209,16 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
         units = math.ceil(per / k) + 1  # a range cuts at most two tiles
         t = (dp_waves * (k * ks(G) + epi) + per * ks(max(sk_ctas, 1)) * prof.stream_k_kstep_factor + owned * epi
              + partial * (1 + reads) + (units - 1) * prof.tile_fixed_s + prof.stream_k_fixed_s)
+    elif schedule == "split_k_global":
+        # The data-parallel waves, then one aligned k-range of ceil(k / s) k-steps on each of the sk_ctas
+        # CTAs, the drain, the exchange ((s - 1) / s of the tile's fp32 partial written and as much read,
+        # at ``gsk_partial_bytes_per_s``), the flag round trip and 1 / s of the tile stored.
+        s = max(1, splits)
+        dp_waves = (tiles - sk_tiles) // G
+        tile_bytes = min(bm, math.ceil(M / 64) * 64) * bn
+        exchange = 2 * (s - 1) / s * tile_bytes * 4 / prof.gsk_partial_bytes_per_s
+        t = (dp_waves * (k * ks(G) + epi) + math.ceil(k / s) * ks(max(sk_ctas, 1)) * prof.gsk_kstep_factor
+             + prof.tile_fixed_s + exchange + tile_bytes * out_bytes / s / prof.store_bytes_per_s + prof.gsk_fixed_s)
     else:
         raise ValueError(f"unknown schedule {schedule!r}")
     hbm = unique / prof.hbm_read_bytes_per_s

@@ -31,11 +31,17 @@ SLAB_BYTES = 64 * 128  # one output piece: 64 rows x 128 bytes
 MAX_CLUSTER = 8  # split-K CTAs of a tile form one cluster; 8 is the portable limit
 MIN_SPLIT_K_STEPS = 4  # each split runs at least this many k-steps (h11's rule)
 MIN_SK_STEPS = 4  # each stream-K CTA runs at least this many k-steps (CUTLASS skips stream-K below a few)
-SCHEDULES = ("data_parallel", "split_k", "stream_k", "pingpong")  # template index = position
+SCHEDULES = ("data_parallel", "split_k", "stream_k", "pingpong", "split_k_global")  # template index = position
+STREAMED = ("stream_k", "split_k_global")  # schedules with a global workspace (partial slots and flags)
+MAX_GLOBAL_SPLITS = 4  # global split-K: ranks per tile (its reduction keeps 4 items x 4 ranks of loads in registers)
 # What the planner offers unless asked for fewer. Ping-pong was measured beside the others first (H200,
 # dc8faff, 290 broad shapes): offered, the model picks it on 53 shapes, and on the 51 where both picks
 # were timed the geomean ratio to torch.mm goes 1.070 -> 1.088 (43 faster).
-OFFERED_SCHEDULES = SCHEDULES
+# Global split-K is not offered: measured on the H200 (sha 3278dd1, 20 shapes of few tiles and deep K, the
+# prefill suite's M = 512 rows and a mid-shape sample), its best plan ran slower than the best stream-K or
+# data-parallel plan on every one (512x1024x4096 128x128 x4: 14.4 us against 9.9 predicted; stream-K's
+# 64x128 plan 12.6 us). It stays runnable (schedules=SCHEDULES) and GPU-tested; see docs/worklog.md.
+OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -102,8 +108,9 @@ class Plan(_Tiling):
     """One launch of the engine kernel for an M x N x K problem (A M x K, B K x N, out M x N).
 
     Chosen by the planner: ``bm`` x ``bn`` tile, ``schedule``, ``splits`` (split-K CTAs per tile, one
-    cluster), ``sk_tiles`` / ``sk_ctas`` (stream-K: the last sk_tiles tiles' k-steps spread over CTAs
-    0 .. sk_ctas - 1), ``stages`` (ring depth: as many as fit), ``grid`` (CTAs). Fixed by the problem:
+    cluster; global split-K: CTAs per streamed tile, no cluster), ``sk_tiles`` / ``sk_ctas`` (stream-K and
+    global split-K: the last sk_tiles tiles' k-steps spread over CTAs 0 .. sk_ctas - 1; global split-K has
+    sk_ctas = splits x sk_tiles, so each of those CTAs runs one k-range of one tile), ``stages`` (ring depth: as many as fit), ``grid`` (CTAs). Fixed by the problem:
     dtypes, MN-major operands, epilogue (bias dtype or None, beta * C, activation), ``direct`` (output rows
     not 16-byte aligned: threads store). ``predicted_s``: the cycle model's time."""
 
@@ -149,8 +156,9 @@ class Plan(_Tiling):
 
     @property
     def workspace_floats(self) -> int:
-        """Stream-K: one bm x bn fp32 partial slot per stream-K CTA (flags: 2 ints per slot)."""
-        return self.sk_ctas * self.bm * self.bn if self.schedule == "stream_k" else 0
+        """Stream-K and global split-K: one bm x bn fp32 partial slot per streamed CTA (flags: 2 ints per
+        slot)."""
+        return self.sk_ctas * self.bm * self.bn if self.schedule in STREAMED else 0
 
     def template_args(self) -> tuple[str, ...]:
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>."""
@@ -178,7 +186,9 @@ class Plan(_Tiling):
         sched = {"data_parallel": "data-parallel", "pingpong": "data-parallel, ping-pong consumers",
                  "split_k": f"split-K x{self.splits} (clusters of {self.splits})",
                  "stream_k": f"stream-K ({self.tiles - self.sk_tiles} tiles data-parallel, {self.sk_tiles} "
-                             f"streamed over {self.sk_ctas} CTAs)"}[self.schedule]
+                             f"streamed over {self.sk_ctas} CTAs)",
+                 "split_k_global": f"global split-K x{self.splits} ({self.tiles - self.sk_tiles} tiles "
+                                   f"data-parallel, {self.sk_tiles} split over {self.sk_ctas} CTAs)"}[self.schedule]
         extra = [x for x in (self.a_mn and "A MN-major", self.b_mn and "B MN-major", self.direct and "direct stores",
                              self.bias_dtype and "bias", self.has_c and "beta*C", self.activation) if x]
         return (f"Plan({self.M}x{self.N}x{self.K} {self.dtype}->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} "
@@ -223,9 +233,11 @@ def register_problem(bm: int, bn: int, schedule: str, heavy: bool) -> str | None
     two_blocks = bm == 256 or (bm == 128 and schedule == "pingpong")  # m64 blocks per consumer: 2
     acc = (2 if two_blocks else 1) * bn // 2
     if heavy:
-        limit = 96 if schedule in ("stream_k", "pingpong") else 112
+        # global split-K: its reduction holds 16 float4 loads beside the accumulators; 256 x 80 spills
+        limit = {"stream_k": 96, "pingpong": 96, "split_k_global": 0}.get(schedule, 112)
     else:
-        limit = {"data_parallel": 192, "split_k": 160, "stream_k": 144, "pingpong": 192}[schedule]
+        limit = {"data_parallel": 192, "split_k": 160, "stream_k": 144, "pingpong": 192,
+                 "split_k_global": 112}[schedule]  # global split-K: 256 x 128 spills 56 bytes
     if not two_blocks or acc <= limit:
         return None
     return f"{acc} accumulators per thread spill with this schedule and epilogue (limit {limit})"
@@ -266,6 +278,13 @@ def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, of
         for ctas in sorted({most} | {sk_tiles * s for s in (2, 3, 4) if sk_tiles * s < most}):
             if ctas > sk_tiles:  # else every CTA would run whole tiles: that is data-parallel
                 yield "stream_k", 1, sk_tiles, ctas, G if tiles > sk_tiles else ctas
+    # Global split-K: the same streamed tiles, each cut into `s` aligned k-ranges (one CTA each, no
+    # cluster), reduced by all s CTAs together.
+    if "split_k_global" in offered:
+        for sk_tiles in sorted({rem, rem + G if full else 0} - {0}):
+            for s in range(2, MAX_GLOBAL_SPLITS + 1):
+                if s * sk_tiles <= G and k // s >= MIN_SPLIT_K_STEPS:
+                    yield "split_k_global", s, sk_tiles, s * sk_tiles, G if tiles > sk_tiles else s * sk_tiles
 
 
 def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: DeviceProfile | None = None,

@@ -44,5 +44,6 @@ int main(int argc, char** argv) {
     if (sched == SPLIT_K) walk<SPLIT_K>(tiles, k_iters, a);
     if (sched == STREAM_K) walk<STREAM_K>(tiles, k_iters, a);
     if (sched == PINGPONG) walk<PINGPONG>(tiles, k_iters, a);  // the units of data-parallel; consumers alternate
+    if (sched == SPLIT_K_GLOBAL) walk<SPLIT_K_GLOBAL>(tiles, k_iters, a);
     return 0;
 }

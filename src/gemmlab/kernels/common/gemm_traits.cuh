@@ -9,7 +9,8 @@ template <typename TIn, typename TOut, typename TBias,  // operand, output and b
           bool kAmn, bool kBmn,                         // operand stored MN-major (else K-major)
           bool kBias, bool kC, int kAct,                // epilogue: + bias[n], + beta * C, activation
           bool kDirect,                                 // output rows not 16-byte aligned: threads store
-          int kSchedule>                                // Schedule: data-parallel, split-K, stream-K, ping-pong
+          int kSchedule>                                // Schedule: data-parallel, split-K, stream-K, ping-pong,
+                                                        // global split-K
 struct GemmTraits {
     using T = TIn;
     using TO = TOut;

@@ -6,6 +6,14 @@
 //    threads, waits for each contributor's flag in CTA order and adds the partial into its registers.
 //    The owner clears the flag after use, so the workspace is ready for the next launch (and for graph
 //    replays) without a memset.
+//  * Global split-K (SPLIT_K_GLOBAL): the `splits` CTAs of a tile share its reduction. Each writes its
+//    partial to its workspace slot (fragment order, as stream-K) and raises its flag by splits - 1 (one
+//    per reader); the tile's columns are cut into `splits` slices of 8-column fragment groups, and rank
+//    r sums slice r of every rank's partial in rank order (fixed per element: deterministic) and stores
+//    it; each reader takes 1 off each flag it read, so the flags are 0 again at the launch's end (no
+//    memset). Every CTA writes one partial, reads 1 / splits of the tile from each rank and stores
+//    1 / splits of it, all in parallel, where the stream-K owner reads every contributor's partial and
+//    stores the whole tile alone.
 //  * Split-K (thread-block cluster, h11's): every CTA leaves its partial in its own shared memory, and
 //    after a cluster barrier CTA r adds rows r * BM / splits .. of all partials through distributed
 //    shared memory, in rank order from its own, and stores them.
@@ -27,6 +35,11 @@ __device__ __forceinline__ int flag_acquire(const int* flag) {
 }
 __device__ __forceinline__ void flag_clear(int* flag) {
     asm volatile("st.relaxed.gpu.global.s32 [%0], 0;" ::"l"(flag) : "memory");
+}
+// A reader's mark: the slot is read within this launch and written again only by a later launch (kernel
+// boundary), so no ordering is needed, only the count.
+__device__ __forceinline__ void flag_take(int* flag) {
+    asm volatile("red.relaxed.gpu.global.add.s32 [%0], -1;" ::"l"(flag) : "memory");
 }
 
 // Float4 q of thread t in block `blk` (64 x BN floats) of workspace slot `slot`.
@@ -156,5 +169,97 @@ __device__ __forceinline__ void split_reduce_store(u32 part, int rank, int split
 #pragma unroll
         for (int h = 0; h < 4; ++h) v[h] = ep.apply(v[h], r, cc + h);
         store_out4(ep.Out + (long long)r * ep.ldo + cc, v, ep.N - cc);
+    }
+}
+
+// Two adjacent outputs (r, c) and (r, c + 1) of a fragment, the epilogue applied: one 4-byte (16-bit
+// output) or 8-byte (fp32) store where both are inside the tensor and the address is aligned, else one
+// store per element inside it.
+template <class Tr>
+__device__ __forceinline__ void store_pair(const EpilogueArgs<Tr>& ep, int r, int c, float x0, float x1) {
+    using TO = typename Tr::TO;
+    if (r >= ep.M || c >= ep.N) return;
+    const float v0 = ep.apply(x0, r, c), v1 = ep.apply(x1, r, c + 1);
+    TO* dst = ep.Out + (long long)r * ep.ldo + c;
+    if (c + 1 < ep.N && reinterpret_cast<size_t>(dst) % (2 * sizeof(TO)) == 0) {
+        if constexpr (sizeof(TO) == 4) {
+            *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+        } else {
+            *reinterpret_cast<u32*>(dst) = pack2(v0, v1, (TO*)nullptr);
+        }
+        return;
+    }
+    dst[0] = from_float<TO>(v0);
+    if (c + 1 < ep.N) dst[1] = from_float<TO>(v1);
+}
+
+// Global split-K (see the top of this file): this CTA is rank `rank` of the `splits` (<= 4) CTAs
+// first .. first + splits - 1 (workspace slots by CTA) that ran the tile at (m0, n0). Each writes its
+// whole partial (fragment order, coalesced); after the flags, rank r sums slice r (fragment groups q of 8
+// columns, q in [r Q / splits, (r + 1) Q / splits), Q = BN / 8, every row) over all ranks in rank order
+// and stores it. The summing threads read 16-byte items in fragment order (consecutive threads,
+// consecutive items), so they need not hold the fragment: all consumer threads share the work, with
+// 4 items x splits loads in flight each. ct = consumer thread (0 .. CONSUMERS x 128 - 1).
+template <class Tr>
+__device__ __forceinline__ void gsk_reduce_store(const float (&acc)[Tr::MI][Tr::BN / 2], float* ws, int* flags,
+                                                 int rank, int splits, int first, int consumer, int t, int m0,
+                                                 int n0, const EpilogueArgs<Tr>& ep) {
+    constexpr int Q = Tr::BN / 8, MAXS = 4, U = 4, CT = Tr::CONSUMERS * 128;
+    const int me = first + rank, ct = consumer * 128 + t;
+#pragma unroll
+    for (int mi = 0; mi < Tr::MI; ++mi) {
+        const int blk = Tr::first_block(consumer) + mi;
+        if (m0 + blk * 64 >= ep.M) continue;  // rows past M: no rank reads them
+        float4* p = sk_partial<Tr>(ws, me, blk, t);
+#pragma unroll
+        for (int q = 0; q < Q; ++q)
+            __stcg(p + q * 128, make_float4(acc[mi][4 * q], acc[mi][4 * q + 1], acc[mi][4 * q + 2], acc[mi][4 * q + 3]));
+    }
+    // Every consumer thread's writes happen-before ct 0's release (bar.sync), and the others' releases
+    // before the loads below (ct 0's acquires, then bar.sync). Each reader takes 1 off each flag it read.
+    named_barrier_sync(3, CT);
+    if (ct == 0) {
+        flag_release_add(&flags[2 * me], splits - 1);
+        for (int o = 1; o < splits; ++o) {
+            int* flag = &flags[2 * (first + (rank + o) % splits)];
+            while (flag_acquire(flag) <= 0) __nanosleep(32);
+            flag_take(flag);
+        }
+    }
+    named_barrier_sync(3, CT);
+    const int q0 = rank * Q / splits, nq = (rank + 1) * Q / splits - q0;
+    const int rows_left = ep.M - m0, blocks = min(Tr::BM / 64, (rows_left + 63) / 64);
+    const int items = blocks * nq * 128;  // (block, q, fragment thread) of slice r, below M
+    for (int i0 = ct; i0 < items; i0 += U * CT) {
+        float4 v[U][MAXS];  // every load of U items issued before the first add
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * CT;
+            if (i >= items) break;
+            const int blk = i / (nq * 128), q = q0 + (i / 128) % nq, tf = i % 128;
+#pragma unroll
+            for (int j = 0; j < MAXS; ++j) {
+                if (j < splits) v[u][j] = __ldcg(sk_partial<Tr>(ws, first + j, blk, tf) + q * 128);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * CT;
+            if (i >= items) break;
+            const int blk = i / (nq * 128), q = q0 + (i / 128) % nq, tf = i % 128;
+            float4 sum = v[u][0];  // ranks 0, 1, ... in order: one order per element, deterministic
+#pragma unroll
+            for (int j = 1; j < MAXS; ++j) {
+                if (j < splits) {
+                    sum.x += v[u][j].x;
+                    sum.y += v[u][j].y;
+                    sum.z += v[u][j].z;
+                    sum.w += v[u][j].w;
+                }
+            }
+            const int r = m0 + blk * 64 + frag_row(tf), c = n0 + 8 * q + frag_col(tf);
+            store_pair<Tr>(ep, r, c, sum.x, sum.y);
+            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);
+        }
     }
 }

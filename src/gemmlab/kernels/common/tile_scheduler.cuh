@@ -15,10 +15,14 @@
 //    so every run adds the same numbers in the same order: bitwise deterministic. A contributor's
 //    partial is always the first unit of its range (later units start at k = 0), so a CTA writes at
 //    most one partial and the owner, whose k = 0 part is the last unit of its range, rarely waits.
+//  * SPLIT_K_GLOBAL: stream-K's hybrid with sk_ctas = splits x sk_tiles, so the ranges are aligned to
+//    the tiles: CTA b < sk_ctas runs k-steps [r k / splits, (r + 1) k / splits) (r = b % splits) of
+//    streamed tile b / splits: one unit, no CTA straddles two tiles. Its `splits` CTAs reduce the tile together
+//    through the global workspace (reduction.cuh, gsk_reduce_store): no cluster, so no co-residency limit.
 #pragma once
 
 // PINGPONG: data-parallel tiles, whole tiles handed to the two consumer warpgroups in turn (gemm.cu).
-enum Schedule { DATA_PARALLEL = 0, SPLIT_K = 1, STREAM_K = 2, PINGPONG = 3 };
+enum Schedule { DATA_PARALLEL = 0, SPLIT_K = 1, STREAM_K = 2, PINGPONG = 3, SPLIT_K_GLOBAL = 4 };
 enum UnitKind { UNIT_WHOLE = 0, UNIT_CONTRIBUTOR = 1, UNIT_OWNER = 2, UNIT_SPLIT = 3 };
 
 struct WorkUnit {
@@ -31,13 +35,14 @@ struct WorkUnit {
 
 // Launch-time facts of the schedule (kernel arguments; the plan computes them on the host).
 struct ScheduleArgs {
-    int splits;   // SPLIT_K: CTAs per tile (== cluster size)
-    int sk_tiles; // STREAM_K: tiles whose k-steps are streamed
-    int sk_ctas;  // STREAM_K: CTAs that share them (<= grid)
+    int splits;   // SPLIT_K: CTAs per tile (== cluster size); SPLIT_K_GLOBAL: CTAs per streamed tile
+    int sk_tiles; // STREAM_K, SPLIT_K_GLOBAL: tiles whose k-steps are streamed
+    int sk_ctas;  // STREAM_K, SPLIT_K_GLOBAL: CTAs that share them (<= grid; SPLIT_K_GLOBAL: splits x sk_tiles)
 };
 
 template <int SCHED>
 struct TileScheduler {
+    static constexpr bool STREAMED = SCHED == STREAM_K || SCHED == SPLIT_K_GLOBAL;
     int num_tiles, k_iters;
     ScheduleArgs args;
     int next_dp;           // next data-parallel tile of this CTA
@@ -45,7 +50,7 @@ struct TileScheduler {
 
     __device__ __forceinline__ TileScheduler(int tiles, int k_iters_, ScheduleArgs a)
         : num_tiles(tiles), k_iters(k_iters_), args(a), next_dp(blockIdx.x), sk_it(0), sk_end(0) {
-        if constexpr (SCHED == STREAM_K) {
+        if constexpr (STREAMED) {
             if ((int)blockIdx.x < a.sk_ctas) {
                 sk_it = sk_begin(blockIdx.x);
                 sk_end = sk_begin(blockIdx.x + 1);
@@ -58,7 +63,7 @@ struct TileScheduler {
         return (long long)j * args.sk_tiles * k_iters / args.sk_ctas;
     }
 
-    __device__ __forceinline__ int dp_tiles() const { return num_tiles - (SCHED == STREAM_K ? args.sk_tiles : 0); }
+    __device__ __forceinline__ int dp_tiles() const { return num_tiles - (STREAMED ? args.sk_tiles : 0); }
 
     // STREAM_K: one past the last streamed k-step of `tile`. The owner adds the partials of CTAs
     // b + 1, b + 2, ... while sk_begin(j) < streamed_end(tile): exactly the CTAs whose first unit lies in it.
@@ -80,7 +85,7 @@ struct TileScheduler {
             next_dp = -1;  // exactly one unit per CTA
             return u.tile < num_tiles;
         } else {
-            if constexpr (SCHED == STREAM_K) {
+            if constexpr (STREAMED) {
                 if (sk_it < sk_end) {
                     const int s = (int)(sk_it / k_iters);  // streamed tile index
                     u.tile = dp_tiles() + s;
@@ -88,6 +93,10 @@ struct TileScheduler {
                     u.k_end = (int)min((long long)k_iters, u.k_begin + (sk_end - sk_it));
                     u.split = 0;
                     u.kind = u.k_begin > 0 ? UNIT_CONTRIBUTOR : (u.k_end < k_iters ? UNIT_OWNER : UNIT_WHOLE);
+                    if constexpr (SCHED == SPLIT_K_GLOBAL) {  // aligned ranges: one unit, rank b % splits
+                        u.kind = UNIT_SPLIT;
+                        u.split = (int)blockIdx.x % args.splits;
+                    }
                     sk_it += u.k_end - u.k_begin;
                     return true;
                 }

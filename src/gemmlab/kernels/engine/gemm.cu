@@ -1,10 +1,10 @@
 // engine.gemm: the GEMM of gemmlab's engine, composed of named parts (kernels/common/):
 //   gemm_traits.cuh     every compile-time choice by name (GemmTraits), written by gemmlab.planner.Plan
 //   pipeline.cuh        the shared-memory ring (full / empty mbarriers, cursors)
-//   tile_scheduler.cuh  data-parallel, split-K (clusters) and hybrid stream-K units
+//   tile_scheduler.cuh  data-parallel, split-K (clusters), hybrid stream-K and global split-K units
 //   mainloop.cuh        the producer's TMA loads and the consumers' wgmmas of one unit
 //   epilogue_store.cuh  fused epilogue and stores (TMA pieces, an unswizzled tail, DIRECT rows)
-//   reduction.cuh       stream-K partials through a global workspace, split-K through DSMEM
+//   reduction.cuh       stream-K and global split-K partials through a global workspace, split-K through DSMEM
 // h11's logic (any M, N, K via TMA bounds and short A boxes; K- or MN-major operands; alpha / beta * C /
 // bias / activation in fp32; bf16 / fp16 / fp32 output; fp16 or bf16 inputs) over a wider tile space:
 // 64, 128 or 256 rows (one or two consumer warpgroups, one or two m64 wgmmas each per k16) by 16 .. 256
@@ -96,6 +96,13 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             split_reduce_store<Tr>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128);
             cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory
         } else {
+            if constexpr (Tr::SCHEDULE == SPLIT_K_GLOBAL) {
+                if (u.kind == UNIT_SPLIT) {  // the tile's ranks reduce and store it together
+                    gsk_reduce_store<Tr>(acc, workspace, flags, u.split, sargs.splits, blockIdx.x - u.split, consumer,
+                                         t, m0, n0, ep);
+                    continue;
+                }
+            }
             if constexpr (Tr::SCHEDULE == STREAM_K) {
                 if (u.kind == UNIT_CONTRIBUTOR) {
                     sk_store_partial<Tr>(acc, workspace, flags, blockIdx.x, consumer, t, m0, M);
