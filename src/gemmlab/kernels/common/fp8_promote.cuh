@@ -23,66 +23,17 @@ struct Fp8Scales {
 template <class Tr>
 struct BlockScaleRegs {
     float top[Tr::MI], bot[Tr::MI], col[Tr::SB_BLOCKS];
-};
 
-// "cp.async" (PTX ISA, non-bulk): 4 bytes from global into shared memory, in commit groups.
-__device__ __forceinline__ void cp_async4(float* smem, const float* g) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(smem)), "l"(g) : "memory");
-}
-// "ld.shared": the slots are reached through a pointer the compiler can no longer tell is shared.
-__device__ __forceinline__ float ld_shared_f32(const float* p) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_u32(p)) : "memory");
-    return v;
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// Block scales on their way to the promotion, through shared memory. A scale loaded into a register
-// stalls the warpgroup at the next wgmma.fence however early it was issued (measured: 128 x 128 block at
-// ~750 TFLOP/s with the loads two k-steps ahead, ~1130 with the same promotion on constant scales, against
-// ~1150-1250 per-tensor): so each thread copies its scales with cp.async into its own slots (no register
-// written in flight), two k-steps ahead, and reads them back (ld.shared) right before its promotion.
-// Slots: [buffer 0/1][value][thread], consecutive threads in consecutive words; buffer kb % 2.
-template <class Tr>
-struct BlockScaleSmem {
-    float* slots;  // this consumer's 2 x SCALE_VALUES x 128 floats
-    int t;
-
-    __device__ __forceinline__ float* at(int buf, int v) const { return slots + (buf * Tr::SCALE_VALUES + v) * 128 + t; }
-
-    // Start the copies of k-block kb's scales (one commit group, also when kb is past the unit's end:
-    // the group count stays one per k-step).
-    __device__ __forceinline__ void fetch(const Fp8Scales& s, int row0, int n0, int kb, bool any) const {
-        if (any) {
-            const int buf = kb & 1;
-#pragma unroll
-            for (int mi = 0; mi < Tr::MI; ++mi) {
-                const int r = row0 + mi * 64 + frag_row(t);
-                cp_async4(at(buf, 2 * mi), s.a + min(r, s.M - 1) * s.a_row + kb * s.a_col);
-                cp_async4(at(buf, 2 * mi + 1), s.a + min(r + 8, s.M - 1) * s.a_row + kb * s.a_col);
-            }
-#pragma unroll
-            for (int c = 0; c < Tr::SB_BLOCKS; ++c)
-                cp_async4(at(buf, 2 * Tr::MI + c), s.b + min(n0 / 128 + c, s.n_blocks - 1) * s.b_row + kb * s.b_col);
-        }
-        cp_async_commit();
-    }
-
-    // k-block kb's scales, once its copies landed (the only younger group is kb + 1's).
-    __device__ __forceinline__ void read(int kb, BlockScaleRegs<Tr>& r) const {
-        cp_async_wait<1>();
-        const int buf = kb & 1;
+    __device__ __forceinline__ void load(const Fp8Scales& s, int row0, int n0, int kb, int t) {
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
-            r.top[mi] = ld_shared_f32(at(buf, 2 * mi));
-            r.bot[mi] = ld_shared_f32(at(buf, 2 * mi + 1));
+            const int r = row0 + mi * 64 + frag_row(t);
+            top[mi] = __ldg(s.a + min(r, s.M - 1) * s.a_row + kb * s.a_col);
+            bot[mi] = __ldg(s.a + min(r + 8, s.M - 1) * s.a_row + kb * s.a_col);
         }
 #pragma unroll
-        for (int c = 0; c < Tr::SB_BLOCKS; ++c) r.col[c] = ld_shared_f32(at(buf, 2 * Tr::MI + c));
+        for (int c = 0; c < Tr::SB_BLOCKS; ++c)
+            col[c] = __ldg(s.b + min(n0 / 128 + c, s.n_blocks - 1) * s.b_row + kb * s.b_col);
     }
 };
 

@@ -58,8 +58,6 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     const EpilogueArgs<Tr> ep{alpha, 0.0f, nullptr, 0, 0, bias, Out, ldo, M, N};
     const Fp8Scales scales{scale_a, sa_row, sa_col, scale_b, sb_row, sb_col, M, (N + 127) / 128};
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
-    // Block mode: this consumer's scale slots, after every consumer's slabs.
-    const BlockScaleSmem<Tr> ssc{reinterpret_cast<float*>(sC + Tr::SLABS_BYTES) + consumer * 2 * Tr::SCALE_VALUES * 128, t};
     RingCursor cur;
     int pieces = 0;
     float acc[Tr::MI][BN / 2];
@@ -68,7 +66,7 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
         const int packed = order[u.tile];
         const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
         const int row0 = m0 + consumer * Tr::MI * 64;
-        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, scales, row0, n0, ssc);
+        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, scales, row0, n0);
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi)
             store_block<Tr>(acc[mi], row0 + mi * 64, n0, ep, slabs, pieces, &tmC, &tmC_tail, t, consumer);
