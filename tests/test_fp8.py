@@ -95,8 +95,11 @@ def test_fp8_plan_fields_and_repr():
     p = planner.plan_fp8(4096, 4096, 4096, scale="block")
     assert p.dtype == "e4m3" and p.kernel == "engine_gemm_fp8" and p.schedule == "data_parallel"
     assert p.k_iters == 32 and p.promote == 1 and p.grid == min(132, p.tiles)
-    assert p.smem_bytes <= planner.SMEM_LIMIT and p.smem_bytes == planner.fp8_smem_bytes(p.bm, p.bn, p.stages)
-    assert planner.fp8_smem_bytes(p.bm, p.bn, p.stages + 1) > planner.SMEM_LIMIT or p.stages == planner.MAX_STAGES
+    assert p.smem_bytes <= planner.SMEM_LIMIT and p.smem_bytes == planner.fp8_smem_bytes(p.bm, p.bn, p.stages, "block")
+    assert planner.fp8_smem_bytes(p.bm, p.bn, p.stages + 1, "block") > planner.SMEM_LIMIT or p.stages == planner.MAX_STAGES
+    # each stage's scale slot: 128 row scales + 1 B block, rounded up to 16 bytes; none per-tensor
+    assert planner.fp8_scale_slot_bytes(128, 128, "block") == 528 and planner.fp8_scale_slot_bytes(128, 128) == 0
+    assert planner.fp8_scale_slot_bytes(128, 192, "block") == (128 + 3 + 1) * 4  # straddling: 3 blocks
     assert p.name_expression.startswith("engine_gemm_fp8<Fp8GemmTraits<__nv_bfloat16, float, ")
     assert p.template_args()[5:7] == ("1", "1")  # SCALE_BLOCK, promote every k-step
     r = repr(p)

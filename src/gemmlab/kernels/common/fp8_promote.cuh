@@ -18,22 +18,50 @@ struct Fp8Scales {
     int M, n_blocks;  // rows of A, ceil(N / 128)
 };
 
-// The scales one thread needs for k-block kb: its two fragment rows (frag_row, + 8) of each m64 block
-// (rows past M read row M - 1: their outputs are never stored) and the tile's B blocks.
+// Block scales ride the ring. A consumer must not have a global load in flight at its next wgmma fence:
+// the fence waits for it (measured on the H200: 128 x 128 block at ~750 TFLOP/s with the scales loaded
+// into registers two k-steps ahead, ~480 with the consumers' own cp.async into shared memory, ~1130 with
+// the same promotion on constant scales). So a producer warp (the producer warpgroup's second) copies
+// each k-step's scales into that stage's slot with cp.async, and the stage's full barrier also waits for
+// its 32 lanes' copies (cp.async.mbarrier.arrive.noinc); the consumers read the slot with ld.shared.
+// Slot: the tile's BM row scales (rows past M: row M - 1, never stored), then its SB_BLOCKS B scales.
+
+// "cp.async" (PTX ISA, non-bulk): 4 bytes from global into shared memory.
+__device__ __forceinline__ void cp_async4(float* smem, const float* g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(smem)), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// "ld.shared" (the slot is reached through a pointer the compiler cannot tell is shared).
+__device__ __forceinline__ float ld_shared_f32(const float* p) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_u32(p)) : "memory");
+    return v;
+}
+
+// Scale warp, lane `lane`: start the copies of k-block kb's scales of the tile at (m0, n0) into `slot`.
+template <class Tr>
+__device__ __forceinline__ void fetch_block_scales(float* slot, const Fp8Scales& s, int m0, int n0, int kb, int lane) {
+#pragma unroll 1  // the producer warpgroup runs on 40 registers (setmaxnreg)
+    for (int r = lane; r < Tr::BM; r += 32) cp_async4(slot + r, s.a + min(m0 + r, s.M - 1) * s.a_row + kb * s.a_col);
+    if (lane < Tr::SB_BLOCKS)
+        cp_async4(slot + Tr::BM + lane, s.b + min(n0 / 128 + lane, s.n_blocks - 1) * s.b_row + kb * s.b_col);
+}
+
+// The scales one consumer thread needs for one k-block: its two fragment rows (frag_row, + 8) of each of
+// its m64 blocks (`first_row`: its first row in the tile) and the tile's B blocks, from the stage's slot.
 template <class Tr>
 struct BlockScaleRegs {
     float top[Tr::MI], bot[Tr::MI], col[Tr::SB_BLOCKS];
 
-    __device__ __forceinline__ void load(const Fp8Scales& s, int row0, int n0, int kb, int t) {
+    __device__ __forceinline__ void read(const float* slot, int first_row, int t) {
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
-            const int r = row0 + mi * 64 + frag_row(t);
-            top[mi] = __ldg(s.a + min(r, s.M - 1) * s.a_row + kb * s.a_col);
-            bot[mi] = __ldg(s.a + min(r + 8, s.M - 1) * s.a_row + kb * s.a_col);
+            top[mi] = ld_shared_f32(slot + first_row + mi * 64 + frag_row(t));
+            bot[mi] = ld_shared_f32(slot + first_row + mi * 64 + frag_row(t) + 8);
         }
 #pragma unroll
-        for (int c = 0; c < Tr::SB_BLOCKS; ++c)
-            col[c] = __ldg(s.b + min(n0 / 128 + c, s.n_blocks - 1) * s.b_row + kb * s.b_col);
+        for (int c = 0; c < Tr::SB_BLOCKS; ++c) col[c] = ld_shared_f32(slot + Tr::BM + c);
     }
 };
 

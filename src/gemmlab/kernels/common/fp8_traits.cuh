@@ -46,11 +46,16 @@ struct Fp8GemmTraits {
     // inside one and end in the next.
     static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
     static constexpr int SB_BLOCKS = SB_ALIGNED ? (BN > 128 ? BN / 128 : 1) : BN / 128 + 2;
+    // Block scales travel with the ring (fp8_promote.cuh): per stage a slot of the tile's BM row scales
+    // and SB_BLOCKS column-block scales of that k-step, filled by a producer warp.
+    static constexpr int SCALE_SLOT = (BM + SB_BLOCKS + 3) / 4 * 4;  // floats
+    static constexpr u32 SCALE_BYTES = kScale == SCALE_BLOCK ? STAGES * SCALE_SLOT * 4 : 0;
+    static constexpr u32 FULL_ARRIVALS = kScale == SCALE_BLOCK ? 1 + 32 : 1;  // TMA thread + scale warp
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
     static_assert(kPromote >= 0, "promotion interval");
-    static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");
+    static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES + SCALE_BYTES <= 227 * 1024 - 256, "shared memory");
 };

@@ -54,24 +54,27 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
                                                  const unsigned char* sB, int consumer, int t,
                                                  float (&acc)[Tr::MI][Tr::BN / 2],
                                                  float (&part)[Tr::MI][Tr::BN / 2], int k_begin, int k_end,
-                                                 const Fp8Scales& scales, int row0, int n0) {
+                                                 const float* s_scales, int n0) {
 #pragma unroll
     for (int mi = 0; mi < Tr::MI; ++mi)
 #pragma unroll
         for (int i = 0; i < Tr::BN / 2; ++i) acc[mi][i] = 0.0f;
     if constexpr (Tr::SCALE == SCALE_BLOCK) {
-        // Two sets of scale registers, used by alternate k-steps (the loop unrolled by two keeps them
-        // apart by name): a set is refilled right after its promotion, two k-steps before its next use.
-        // A single set copied from a look-ahead set (sc = sc_next) made ptxas read the look-ahead's
-        // registers, whose loads had just been issued, among the next k-step's wgmma issues: each k-step
-        // waited out an L2 load (SASS at c6c4bc7; 0.56x of per-tensor throughput).
-        BlockScaleRegs<Tr> sc0, sc1;
-        sc0.load(scales, row0, n0, k_begin, t);
-        if (k_begin + 1 < k_end) sc1.load(scales, row0, n0, k_begin + 1, t);
-        for (int kt = k_begin; kt < k_end; kt += 2) {
-            block_kstep_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, kt, k_end, sc0, scales, row0, n0);
-            if (kt + 1 == k_end) break;
-            block_kstep_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, kt + 1, k_end, sc1, scales, row0, n0);
+        // Every k-step: read the stage's scales (before the wgmmas: the fence then covers the reads of
+        // every warp, so the slot can be freed after the wait), wgmmas, wait, free the slot,
+        // acc += part x scales.
+        for (int kt = k_begin; kt < k_end; ++kt) {
+            ring.wait_full(cur);
+            BlockScaleRegs<Tr> sc;
+            sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, consumer * Tr::MI * 64, t);
+            issue_kstep_fp8<Tr>(sA, sB, cur.stage, consumer, part, true);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
+            if (t == 0) ring.release(cur.stage);
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi) promote_scaled<Tr>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col, n0);
+            cur.template advance<Tr::STAGES>();
         }
         return;
     }
