@@ -35,7 +35,7 @@ import torch
 
 from gemmlab import engine, engine2
 from gemmlab import planner
-from gemmlab.bench import git_sha, rel_error
+from gemmlab.bench import check_candidates, git_sha
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
 
@@ -135,17 +135,8 @@ def main() -> None:
         if route.decode_s is not None and route.kernel != "decode":  # priced out: the decode kernel beside
             runs["decode"] = lambda i: engine.gemm(*sets[i], plan="decode")
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2])}
-        errors = {}
-        for name, fn in runs.items():
-            sets[0][2].fill_(float("nan"))
-            try:
-                fn(0)
-                torch.cuda.synchronize()
-                errors[name] = rel_error(sets[0][2], ref.double())
-            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-                errors[name] = f"{type(e).__name__}: {e}"[:300]
-            if isinstance(errors[name], float) and errors[name] <= 1e-2:
-                cands[name] = fn
+        passing, errors = check_candidates(runs, sets[0][2], ref)
+        cands.update(passing)
         res = time_interleaved(cands, n_sets, rounds=args.rounds, replay_ms=args.replay_ms)
         base = res.timings["torch"].median_ms
         times = {k: t.median_ms for k, t in res.timings.items() if k != "torch"}

@@ -11,7 +11,8 @@ Per shape (default: squares 4096 / 8192 / 16384 and LLM prefill projections at M
 * ``cublas_tensor``: ``torch._scaled_mm`` on the same operands and scales (cuBLAS FP8, per-tensor);
 * ``ours_block``: 1 x 128 / 128 x 128 block scales;
 * ``ours_tensor_<BM>x<BN>`` / ``ours_block_<BM>x<BN>``: each ``--tiles`` tile in both modes (where the
-  plan space has it), to tell the scales' cost from the tile's;
+  plan space has it; block scales also forced onto widths the planner does not offer them on), to tell
+  the scales' cost from the tile's;
 * ``torch_block_ref``: what a user without a block-scaled kernel runs: dequantize both operands to bf16
   (scales applied in fp32) and ``torch.mm``; and ``torch_mm_bf16``: the ``torch.mm`` alone on operands
   dequantized once (a floor for that reference).
@@ -26,6 +27,7 @@ candidates, ``torch_block_ref`` for block ones) and the ratio, the plan and its 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -105,11 +107,16 @@ def main() -> None:
         plans["ours_block"] = planner.plan_fp8(M, N, K, scale="block", profile=prof)
         for tile in filter(None, args.tiles.split(",")):  # --tiles: the same tile in both modes, side by side
             bm, bn = (int(v) for v in tile.split("x"))
-            for mode in ("tensor", "block"):
-                same = [p for p in planner.fp8_candidates(M, N, K, scale=mode, profile=prof)
-                        if (p.bm, p.bn) == (bm, bn)]
-                if same:
-                    plans[f"ours_{mode}_{bm}x{bn}"] = same[0]
+            tensor = [p for p in planner.fp8_candidates(M, N, K, profile=prof) if (p.bm, p.bn) == (bm, bn)]
+            if not tensor:
+                continue
+            plans[f"ours_tensor_{bm}x{bn}"] = tensor[0]
+            # Block scales: also tiles the planner does not offer them on (straddling widths), forced.
+            block = [p for p in planner.fp8_candidates(M, N, K, scale="block", profile=prof) if (p.bm, p.bn) == (bm, bn)]
+            stages = planner.fp8_stages_for(bm, bn)
+            if block or stages:
+                plans[f"ours_block_{bm}x{bn}"] = block[0] if block else dataclasses.replace(
+                    tensor[0], scale="block", stages=stages)
 
         def ours(name, pl):
             key = "t" if pl.scale == "tensor" else "b"

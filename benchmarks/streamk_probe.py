@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from gemmlab import engine2, planner
-from gemmlab.bench import git_sha, rel_error
+from gemmlab.bench import check_candidates, git_sha
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
 
@@ -100,17 +100,8 @@ def main() -> None:
             runs["best stream_k + fill"] = zero_then_launch
             plans["best stream_k + fill"] = sk
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2])}
-        errors = {}
-        for name, fn in runs.items():
-            sets[0][2].fill_(float("nan"))
-            try:
-                fn(0)
-                torch.cuda.synchronize()
-                errors[name] = rel_error(sets[0][2], ref.double())
-            except Exception as e:  # noqa: BLE001 - recorded, the run goes on
-                errors[name] = f"{type(e).__name__}: {e}"[:300]
-            if isinstance(errors[name], float) and errors[name] <= 1e-2:
-                cands[name] = fn
+        passing, errors = check_candidates(runs, sets[0][2], ref)
+        cands.update(passing)
         res = time_interleaved(cands, n_sets, rounds=args.rounds, replay_ms=args.replay_ms)
         base = res.timings["torch"].median_ms
         print(f"{M}x{N}x{K}: torch {base * 1e3:.1f} us", flush=True)

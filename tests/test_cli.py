@@ -475,3 +475,31 @@ def test_bench_as_json_keeps_stdout_for_the_json(capsys, tmp_path, fake_gpu):
     recs = json.loads(out)  # the per-record lines went to stderr
     assert [r["kernel"] for r in recs] == ["sgemm.k01_naive", "sgemm.k02_coalesced"]
     assert "k01_naive [BLOCK=32] 256x256x256:" in err
+
+
+def test_check_candidates_keeps_only_correct_ones(monkeypatch):
+    """bench.check_candidates: each candidate runs into a NaN-poisoned output; a right answer passes, a
+    wrong one, one that leaves an element unwritten, and one that raises are recorded and left out."""
+    from gemmlab import bench
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    ref = torch.randn(8, 8, dtype=torch.float64)
+    out = torch.empty(8, 8)
+
+    def right(i):
+        out.copy_(ref)
+
+    def wrong(i):
+        out.copy_(ref * 1.1)
+
+    def partial(i):
+        out[:7].copy_(ref[:7])
+
+    def broken(i):
+        raise RuntimeError("no kernel")
+
+    passing, errors = bench.check_candidates(
+        {"right": right, "wrong": wrong, "partial": partial, "broken": broken}, out, ref)
+    assert list(passing) == ["right"] and errors["right"] < 1e-6
+    assert 0.05 < errors["wrong"] < 0.2 and errors["partial"] == float("inf")
+    assert errors["broken"].startswith("RuntimeError: no kernel")

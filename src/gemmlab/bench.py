@@ -51,6 +51,24 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan"))
 
 
+def check_candidates(runs: dict, out: torch.Tensor, ref: torch.Tensor, *, tol: float = 1e-2):
+    """Run each candidate ``fn(0)`` once into ``out`` (its output on input set 0), poisoned first, and
+    compare with ``ref``. Returns (passing, errors): the candidates within ``tol`` (relative error), to
+    be timed, and each candidate's error, or its exception's text (recorded; the run goes on)."""
+    passing, errors = {}, {}
+    for name, fn in runs.items():
+        poison_(out)
+        try:
+            fn(0)
+            torch.cuda.synchronize()
+            errors[name] = rel_error(out, ref.double())
+        except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+            errors[name] = f"{type(e).__name__}: {e}"[:300]
+        if isinstance(errors[name], float) and errors[name] <= tol:
+            passing[name] = fn
+    return passing, errors
+
+
 def flops(M: int, N: int, K: int) -> float:
     return 2.0 * M * N * K
 
