@@ -207,10 +207,10 @@ def launch_fp8(p: planner.Fp8Plan, a: torch.Tensor, w: torch.Tensor, scale_a: to
 def sass_expect_fp8(p: planner.Fp8Plan):
     """What the SASS of an FP8 plan must show: FP8 wgmma (QGMMA; its shape: ``qgmma_shapes``), TMA
     loads, no bf16 wgmma or mma.sync, no local memory; TMA stores (stmatrix for 16-bit output) unless
-    DIRECT; setmaxnreg with two consumers."""
+    DIRECT; setmaxnreg with two consumers. Block scales: copied into the ring's slots by cp.async (LDGSTS)."""
     from .sass import SassExpect
 
-    contains = [r"^QGMMA", r"^UTMALDG"]
+    contains = [r"^QGMMA", r"^UTMALDG"] + ([r"^LDGSTS"] if p.scale == "block" else [])
     absent = [r"^HGMMA", r"^HMMA"]
     if p.direct:
         absent += [r"^UTMASTG"]
