@@ -498,16 +498,16 @@ def main(argv=None) -> int:
         recs += breakdown_records()
         print("== breakdown (M=2048, N=4096, K=4096)", flush=True)
         recs += breakdown_records(2048, 4096, 4096)
-    if not args.no_calls:
+    append_records(args.out, recs)
+    if not args.no_calls:  # appended section by section: a run cut short keeps what it measured
         for name in args.dtypes.split(","):
             dtype = getattr(torch, name)
             print(f"== per call, {name}", flush=True)
             shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else None
-            recs += per_call_records(dtype, args.reps, shapes)
+            append_records(args.out, per_call_records(dtype, args.reps, shapes))
             if not shapes:
                 print(f"== stack, {name}", flush=True)
-                recs += stack_records(dtype, args.reps)
-    append_records(args.out, recs)
+                append_records(args.out, stack_records(dtype, args.reps))
     return 0
 
 

@@ -29,26 +29,6 @@ __device__ __forceinline__ void issue_kstep_fp8(const unsigned char* sA, const u
     wgmma_commit();
 }
 
-// Block scales, one k-step: wgmmas, wait, free the slot, acc += part x this k-block's scales (`sc`),
-// then refill `sc` with the scales of k-step kt + 2, this set's next use.
-template <class Tr>
-__device__ __forceinline__ void block_kstep_fp8(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
-                                                const unsigned char* sB, int consumer, int t,
-                                                float (&acc)[Tr::MI][Tr::BN / 2], float (&part)[Tr::MI][Tr::BN / 2],
-                                                int kt, int k_end, BlockScaleRegs<Tr>& sc, const Fp8Scales& scales,
-                                                int row0, int n0) {
-    ring.wait_full(cur);
-    issue_kstep_fp8<Tr>(sA, sB, cur.stage, consumer, part, true);
-    wgmma_wait<0>();
-#pragma unroll
-    for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
-    if (t == 0) ring.release(cur.stage);
-#pragma unroll
-    for (int mi = 0; mi < Tr::MI; ++mi) promote_scaled<Tr>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col, n0);
-    if (kt + 2 < k_end) sc.load(scales, row0, n0, kt + 2, t);
-    cur.template advance<Tr::STAGES>();
-}
-
 template <class Tr>
 __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
                                                  const unsigned char* sB, int consumer, int t,
@@ -60,21 +40,31 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
 #pragma unroll
         for (int i = 0; i < Tr::BN / 2; ++i) acc[mi][i] = 0.0f;
     if constexpr (Tr::SCALE == SCALE_BLOCK) {
-        // Every k-step: read the stage's scales (before the wgmmas: the fence then covers the reads of
-        // every warp, so the slot can be freed after the wait), wgmmas, wait, free the slot,
-        // acc += part x scales.
+        // Every k-step: wgmmas, wait, free the slot, acc += part x that k-step's scales. The scales are
+        // read from the slot one k-step ahead, while the k-step before runs on the tensor cores, so no
+        // shared-memory load is in flight at a wgmma fence (a load read just before the fence cost ~10%:
+        // worklog). Every warp reads a slot before its wgmmas on that slot, and the slot is freed only
+        // once those wgmmas completed, so no warp can still be reading it.
+        const int first_row = consumer * Tr::MI * 64;
+        ring.wait_full(cur);
+        BlockScaleRegs<Tr> sc;
+        sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, t);
         for (int kt = k_begin; kt < k_end; ++kt) {
-            ring.wait_full(cur);
-            BlockScaleRegs<Tr> sc;
-            sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, consumer * Tr::MI * 64, t);
-            issue_kstep_fp8<Tr>(sA, sB, cur.stage, consumer, part, true);
+            const int stage = cur.stage;
+            issue_kstep_fp8<Tr>(sA, sB, stage, consumer, part, true);
+            cur.template advance<Tr::STAGES>();
+            BlockScaleRegs<Tr> next = sc;
+            if (kt + 1 < k_end) {
+                ring.wait_full(cur);
+                next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, t);
+            }
             wgmma_wait<0>();
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
-            if (t == 0) ring.release(cur.stage);
+            if (t == 0) ring.release(stage);
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi) promote_scaled<Tr>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col, n0);
-            cur.template advance<Tr::STAGES>();
+            sc = next;
         }
         return;
     }
