@@ -5,26 +5,25 @@
 // (restarted with scale-d = 0 after each promotion), and `acc`, plain fp32 FADDs of the promoted parts.
 #pragma once
 #include "fp8_traits.cuh"
+#include "mbarrier.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
-// Where the scales live. Per-tensor: a[0] and b[0]. Block: A's scale of row m, k-block kb at
-// a[m * a_row + kb * a_col] (torch's (M, K / 128) row-major: a_row = K / 128, a_col = 1; DeepGEMM's
-// MN-major (K / 128, M) also works), B's of column block nb at b[nb * b_row + kb * b_col].
-struct Fp8Scales {
-    const float* a;
-    long long a_row, a_col;
-    const float* b;
+// Block scales ride the ring: per stage a slot of the tile's BM row scales of A for that k-step, then its
+// SB_BLOCKS column-block scales of B. A consumer must not load from global memory in its k-loop (a load
+// in flight stalls the warpgroup at its next wgmma fence), so the producer warpgroup's second warp fills
+// the slots and the stage's full barrier waits for them; the consumers read the slot with ld.shared.
+// Measured on the H200, 128 x 128 block tiles (worklog): A's 128 row scales copied with per-thread
+// cp.async cost ~25% of the kernel's throughput (contiguous addresses as much as strided ones); one TMA
+// load of the same 512 bytes is what DeepGEMM does. So A's scales come by TMA, from a (K / 128, M) fp32
+// view (MN-major: a k-block's scales of consecutive rows are adjacent, 16-byte aligned rows; the host
+// re-lays other layouts out once per call), rows past M zero-filled. B's (at most three per k-step) come
+// by cp.async, one per lane, each lane's arrival deferred until its copy landed.
+struct Fp8ScalesB {
+    const float* b;  // B's scale of column block nb, k-block kb: b[nb * b_row + kb * b_col]
     long long b_row, b_col;
-    int M, n_blocks;  // rows of A, ceil(N / 128)
+    int n_blocks;  // ceil(N / 128)
 };
-
-// Block scales ride the ring. A consumer must not have a global load in flight at its next wgmma fence:
-// the fence waits for it (measured on the H200: 128 x 128 block at ~750 TFLOP/s with the scales loaded
-// into registers two k-steps ahead, ~480 with the consumers' own cp.async into shared memory, ~1130 with
-// the same promotion on constant scales). So a producer warp (the producer warpgroup's second) copies
-// each k-step's scales into that stage's slot with cp.async, and the stage's full barrier also waits for
-// its 32 lanes' copies (cp.async.mbarrier.arrive.noinc); the consumers read the slot with ld.shared.
-// Slot: the tile's BM row scales (rows past M: row M - 1, never stored), then its SB_BLOCKS B scales.
 
 // "cp.async" (PTX ISA, non-bulk): 4 bytes from global into shared memory.
 __device__ __forceinline__ void cp_async4(float* smem, const float* g) {
@@ -39,13 +38,17 @@ __device__ __forceinline__ float ld_shared_f32(const float* p) {
     return v;
 }
 
-// Scale warp, lane `lane`: start the copies of k-block kb's scales of the tile at (m0, n0) into `slot`.
+// Scale warp, lane `lane` < SB_BLOCKS, once the slot is free: k-block kb's scales of the tile at (m0, n0)
+// into `slot`, completing on `full` (whose count has one arrival per such lane plus lane 0's expect_tx).
 template <class Tr>
-__device__ __forceinline__ void fetch_block_scales(float* slot, const Fp8Scales& s, int m0, int n0, int kb, int lane) {
-#pragma unroll 1  // the producer warpgroup runs on 40 registers (setmaxnreg)
-    for (int r = lane; r < Tr::BM; r += 32) cp_async4(slot + r, s.a + min(m0 + r, s.M - 1) * s.a_row + kb * s.a_col);
-    if (lane < Tr::SB_BLOCKS)
-        cp_async4(slot + Tr::BM + lane, s.b + min(n0 / 128 + lane, s.n_blocks - 1) * s.b_row + kb * s.b_col);
+__device__ __forceinline__ void fetch_block_scales(float* slot, u64* full, const CUtensorMap* tmSA,
+                                                   const Fp8ScalesB& s, int m0, int n0, int kb, int lane) {
+    if (lane == 0) {
+        mbar_expect_tx(full, Tr::BM * 4);
+        tma_load_2d(slot, tmSA, full, m0, kb);
+    }
+    cp_async4(slot + Tr::BM + lane, s.b + min(n0 / 128 + lane, s.n_blocks - 1) * s.b_row + kb * s.b_col);
+    mbar_arrive_after_cp_async(full);
 }
 
 // The scales one consumer thread needs for one k-block: its two fragment rows (frag_row, + 8) of each of

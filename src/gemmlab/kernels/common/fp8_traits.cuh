@@ -47,10 +47,13 @@ struct Fp8GemmTraits {
     static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
     static constexpr int SB_BLOCKS = SB_ALIGNED ? (BN > 128 ? BN / 128 : 1) : BN / 128 + 2;
     // Block scales travel with the ring (fp8_promote.cuh): per stage a slot of the tile's BM row scales
-    // and SB_BLOCKS column-block scales of that k-step, filled by a producer warp.
+    // and SB_BLOCKS column-block scales of that k-step, filled by a producer warp (16-byte aligned slots:
+    // the row scales arrive by TMA).
     static constexpr int SCALE_SLOT = (BM + SB_BLOCKS + 3) / 4 * 4;  // floats
     static constexpr u32 SCALE_BYTES = kScale == SCALE_BLOCK ? STAGES * SCALE_SLOT * 4 : 0;
-    static constexpr u32 FULL_ARRIVALS = kScale == SCALE_BLOCK ? 1 + 32 : 1;  // TMA thread + scale warp
+    // The TMA thread's expect_tx; with block scales also the scale warp's lane 0 (expect_tx of A's row
+    // scales) and its SB_BLOCKS lanes' cp.async arrivals.
+    static constexpr u32 FULL_ARRIVALS = kScale == SCALE_BLOCK ? 2 + SB_BLOCKS : 1;
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");

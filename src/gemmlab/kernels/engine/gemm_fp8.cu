@@ -17,8 +17,8 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmA_short,
                 const __grid_constant__ CUtensorMap tmB, const __grid_constant__ CUtensorMap tmC,
-                const __grid_constant__ CUtensorMap tmC_tail, const int* __restrict__ order, int M, int N, int K,
-                const float* __restrict__ scale_a, long long sa_row, long long sa_col,
+                const __grid_constant__ CUtensorMap tmC_tail, const __grid_constant__ CUtensorMap tmSA,
+                const int* __restrict__ order, int M, int N, int K, const float* __restrict__ scale_a,
                 const float* __restrict__ scale_b, long long sb_row, long long sb_col,
                 const typename Tr::TBIAS* __restrict__ bias, typename Tr::TO* __restrict__ Out, long long ldo,
                 int a_rows) {
@@ -35,7 +35,7 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     const int k_iters = (K + BK - 1) / BK;  // a ragged last k-step reads TMA zero fill: adds nothing
     // Block scales: one slot per stage after the output slabs, filled by the producer's second warp.
     float* s_scales = reinterpret_cast<float*>(sC + Tr::SLABS_BYTES);
-    const Fp8Scales scales{scale_a, sa_row, sa_col, scale_b, sb_row, sb_col, M, (N + 127) / 128};
+    const Fp8ScalesB scales{scale_b, sb_row, sb_col, (N + 127) / 128};
     if (threadIdx.x == 0) ring.init(Tr::CONSUMERS, Tr::FULL_ARRIVALS);
     __syncthreads();
 
@@ -52,15 +52,14 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
             }
         }
         if constexpr (Tr::SCALE == SCALE_BLOCK) {
-            if (t / 32 == 1) {  // the scale warp: the same units, each k-step's scales into its stage's slot
-                RingCursor cur;
+            if (t / 32 == 1 && t % 32 < Tr::SB_BLOCKS) {  // the scale warp: the same units, each k-step's
+                RingCursor cur;                              // scales into its stage's slot
                 while (sched.next(u)) {
                     const int packed = order[u.tile];
                     for (int kt = u.k_begin; kt < u.k_end; ++kt) {
                         mbar_wait_parity(&ring.empty[cur.stage], cur.phase ^ 1);
-                        fetch_block_scales<Tr>(s_scales + cur.stage * Tr::SCALE_SLOT, scales, (packed >> 16) * BM,
-                                               (packed & 0xffff) * BN, kt, t % 32);
-                        mbar_arrive_after_cp_async(&ring.full[cur.stage]);
+                        fetch_block_scales<Tr>(s_scales + cur.stage * Tr::SCALE_SLOT, &ring.full[cur.stage], &tmSA,
+                                               scales, (packed >> 16) * BM, (packed & 0xffff) * BN, kt, t % 32);
                         cur.template advance<Tr::STAGES>();
                     }
                 }
