@@ -97,9 +97,9 @@ def test_fp8_plan_fields_and_repr():
     assert p.k_iters == 32 and p.promote == 1 and p.grid == min(132, p.tiles)
     assert p.smem_bytes <= planner.SMEM_LIMIT and p.smem_bytes == planner.fp8_smem_bytes(p.bm, p.bn, p.stages, "block")
     assert planner.fp8_smem_bytes(p.bm, p.bn, p.stages + 1, "block") > planner.SMEM_LIMIT or p.stages == planner.MAX_STAGES
-    # each stage's scale slot: 128 row scales + 1 B block, rounded up to 16 bytes; none per-tensor
-    assert planner.fp8_scale_slot_bytes(128, 128, "block") == 528 and planner.fp8_scale_slot_bytes(128, 128) == 0
-    assert planner.fp8_scale_slot_bytes(128, 192, "block") == (128 + 3 + 1) * 4  # straddling: 3 blocks
+    # Slots of whole 128 bytes (the row scales' TMA destination): 128 + 1 and 128 + 3 floats -> 160.
+    assert planner.fp8_scale_slot_bytes(128, 128, "block") == 640 and planner.fp8_scale_slot_bytes(128, 128) == 0
+    assert planner.fp8_scale_slot_bytes(128, 192, "block") == 160 * 4 and planner.fp8_scale_slot_bytes(64, 128, "block") == 96 * 4
     assert p.name_expression.startswith("engine_gemm_fp8<Fp8GemmTraits<__nv_bfloat16, float, ")
     assert p.template_args()[5:7] == ("1", "1")  # SCALE_BLOCK, promote every k-step
     r = repr(p)

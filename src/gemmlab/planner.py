@@ -406,11 +406,12 @@ FP8_TILES: tuple[tuple[int, int], ...] = (tuple((64, n) for n in range(16, 241, 
 
 def fp8_scale_slot_bytes(bm: int, bn: int, scale: str = "tensor") -> int:
     """Block scales' slot per stage (Fp8GemmTraits::SCALE_SLOT floats): the tile's bm row scales and the
-    B blocks its columns touch, rounded up to 16 bytes; none with per-tensor scales."""
+    B blocks its columns touch, rounded up to 128 bytes (the TMA's destination alignment); none with
+    per-tensor scales."""
     if scale != "block":
         return 0
     sb_blocks = (bn // 128 if bn > 128 else 1) if (128 % bn == 0 or bn % 128 == 0) else bn // 128 + 2
-    return (bm + sb_blocks + 3) // 4 * 16
+    return (bm + sb_blocks + 31) // 32 * 128
 
 
 def fp8_smem_bytes(bm: int, bn: int, stages: int, scale: str = "tensor") -> int:

@@ -47,9 +47,9 @@ struct Fp8GemmTraits {
     static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
     static constexpr int SB_BLOCKS = SB_ALIGNED ? (BN > 128 ? BN / 128 : 1) : BN / 128 + 2;
     // Block scales travel with the ring (fp8_promote.cuh): per stage a slot of the tile's BM row scales
-    // and SB_BLOCKS column-block scales of that k-step, filled by a producer warp (16-byte aligned slots:
-    // the row scales arrive by TMA).
-    static constexpr int SCALE_SLOT = (BM + SB_BLOCKS + 3) / 4 * 4;  // floats
+    // and SB_BLOCKS column-block scales of that k-step, filled by a producer warp. The row scales arrive by
+    // TMA, whose shared-memory destination must be 128-byte aligned: slots of whole 32 floats.
+    static constexpr int SCALE_SLOT = (BM + SB_BLOCKS + 31) / 32 * 32;  // floats
     static constexpr u32 SCALE_BYTES = kScale == SCALE_BLOCK ? STAGES * SCALE_SLOT * 4 : 0;
     // The TMA thread's expect_tx; with block scales also the scale warp's lane 0 (expect_tx of A's row
     // scales) and its SB_BLOCKS lanes' cp.async arrivals.
