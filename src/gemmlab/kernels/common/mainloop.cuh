@@ -21,11 +21,18 @@ __device__ __forceinline__ u64 desc_sw128_mn(const void* smem) {
 // boxes as hold rows. Zero-filled bytes cost the TMA what read ones do (h11, worklog "Short A boxes").
 // The slot's other rows keep stale data: each output row depends on its own A row only, so they make
 // output rows past M, which nothing stores and no reduction reads into a stored row.
-template <class Tr>
+// `extra`: more loads into each stage, on the same barrier (FP8 block scales): extra.bytes more
+// transaction bytes, extra(bar, stage, kt) issues them.
+struct NoExtraLoads {
+    static constexpr u32 bytes = 0;
+    __device__ __forceinline__ void operator()(u64*, int, int) const {}
+};
+
+template <class Tr, class Extra = NoExtraLoads>
 __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, typename Tr::T* sA,
                                              typename Tr::T* sB, const CUtensorMap* tmA,
                                              const CUtensorMap* tmA_short, const CUtensorMap* tmB, int m0, int n0,
-                                             int k_begin, int k_end, int M, int a_rows) {
+                                             int k_begin, int k_end, int M, int a_rows, Extra extra = {}) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     const int left = M - m0;
@@ -35,7 +42,7 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
                                  : u32(whole ? BM : a_rows) * BK * sizeof(T);
     for (int kt = k_begin; kt < k_end; ++kt) {
         // Every box's full bytes arrive, also where it hangs over the tensor's edge (zero fill).
-        u64* bar = ring.acquire(cur, a_bytes + Tr::B_STAGE);
+        u64* bar = ring.acquire(cur, a_bytes + Tr::B_STAGE + Extra::bytes);
         T* a = sA + cur.stage * BM * BK;
         T* b = sB + cur.stage * BN * BK;
         if constexpr (Tr::A_MN) {  // A stored (K, M): 64 x 64 boxes at (m, k)
@@ -49,6 +56,7 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
         } else {
             tma_load_2d(b, tmB, bar, kt * BK, n0);
         }
+        extra(bar, cur.stage, kt);
         cur.template advance<Tr::STAGES>();
     }
 }

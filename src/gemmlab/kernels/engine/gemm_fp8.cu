@@ -18,8 +18,8 @@ __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmA_short,
                 const __grid_constant__ CUtensorMap tmB, const __grid_constant__ CUtensorMap tmC,
                 const __grid_constant__ CUtensorMap tmC_tail, const __grid_constant__ CUtensorMap tmSA,
-                const int* __restrict__ order, int M, int N, int K, const float* __restrict__ scale_a,
-                const float* __restrict__ scale_b, long long sb_row, long long sb_col,
+                const __grid_constant__ CUtensorMap tmSB, const int* __restrict__ order, int M, int N, int K,
+                const float* __restrict__ scale_a, const float* __restrict__ scale_b,
                 const typename Tr::TBIAS* __restrict__ bias, typename Tr::TO* __restrict__ Out, long long ldo,
                 int a_rows) {
     using T = typename Tr::T;
@@ -33,10 +33,9 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
     const int k_iters = (K + BK - 1) / BK;  // a ragged last k-step reads TMA zero fill: adds nothing
-    // Block scales: one slot per stage after the output slabs, filled by the producer's second warp.
+    // Block scales: one slot per stage after the output slabs, loaded with the stage's operands.
     float* s_scales = reinterpret_cast<float*>(sC + Tr::SLABS_BYTES);
-    const Fp8ScalesB scales{scale_b, sb_row, sb_col, (N + 127) / 128};
-    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS, Tr::FULL_ARRIVALS);
+    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
 
     TileScheduler<DATA_PARALLEL> sched(num_tiles, k_iters, ScheduleArgs{1, 0, 0});
@@ -47,23 +46,12 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
             RingCursor cur;
             while (sched.next(u)) {
                 const int packed = order[u.tile];
-                produce_unit<Tr>(ring, cur, sA, sB, &tmA, &tmA_short, &tmB, (packed >> 16) * BM, (packed & 0xffff) * BN,
-                                 u.k_begin, u.k_end, M, a_rows);
-            }
-        }
-        if constexpr (Tr::SCALE == SCALE_BLOCK) {
-            if (t / 32 == 1 && t % 32 < Tr::SB_BLOCKS) {  // the scale warp: the same units, each k-step's
-                RingCursor cur;                              // scales into its stage's slot
-                while (sched.next(u)) {
-                    const int packed = order[u.tile];
-                    for (int kt = u.k_begin; kt < u.k_end; ++kt) {
-                        mbar_wait_parity(&ring.empty[cur.stage], cur.phase ^ 1);
-                        fetch_block_scales<Tr>(s_scales + cur.stage * Tr::SCALE_SLOT, &ring.full[cur.stage], &tmSA,
-                                               scales, (packed >> 16) * BM, (packed & 0xffff) * BN, kt, t % 32);
-                        cur.template advance<Tr::STAGES>();
-                    }
-                }
-                cp_async_wait_all();
+                const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
+                if constexpr (Tr::SCALE == SCALE_BLOCK)  // the k-step's scales ride with its operands
+                    produce_unit<Tr>(ring, cur, sA, sB, &tmA, &tmA_short, &tmB, m0, n0, u.k_begin, u.k_end, M, a_rows,
+                                     BlockScaleLoads<Tr>{s_scales, &tmSA, &tmSB, m0, n0 / 128});
+                else
+                    produce_unit<Tr>(ring, cur, sA, sB, &tmA, &tmA_short, &tmB, m0, n0, u.k_begin, u.k_end, M, a_rows);
             }
         }
         return;
