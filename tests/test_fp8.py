@@ -308,8 +308,8 @@ def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
     # The operand maps are byte views with 128-byte (one swizzle row) boxes; A's short box for ragged M.
     assert args[0] == ("tmap", torch.uint8, (p.bm, 128)) and args[2] == ("tmap", torch.uint8, (p.bn, 128))
     assert args[1] == ("tmap", torch.uint8, (p.a_rows, 128)) and p.a_rows == 48  # 300 = 2 x 128 + 44 -> 48
-    if scale == "block":  # the scales: a (1, bm) and a (1, 4) fp32 box of their MN-major views
-        assert args[5] == ("tmap", torch.float32, (1, p.bm)) and args[6] == ("tmap", torch.float32, (1, 4))
+    if scale == "block":  # the scales: a (1, bm) and a (1, 8) fp32 box of their MN-major views
+        assert args[5] == ("tmap", torch.float32, (1, p.bm)) and args[6] == ("tmap", torch.float32, (1, 8))
 
 
 def test_block_scale_registers_cover_every_tile():

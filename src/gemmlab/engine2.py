@@ -194,7 +194,7 @@ def launch_fp8(p: planner.Fp8Plan, a: torch.Tensor, w: torch.Tensor, scale_a: to
     order = _order(p.tiles_m, p.tiles_n, a.device)
     if p.scale == "block":  # per k-step one TMA box of each scale tensor's (K / 128, rows) view
         map_sa = tensor_map_2d(block_scales_mn_major(scale_a), (1, p.bm), swizzle_bytes=0)
-        map_sb = tensor_map_2d(block_scales_mn_major(scale_b), (1, 4), swizzle_bytes=0)
+        map_sb = tensor_map_2d(block_scales_mn_major(scale_b), (1, 8), swizzle_bytes=0)
     else:
         map_sa = map_sb = map_a
     la = p.launch_args()

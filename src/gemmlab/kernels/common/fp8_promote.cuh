@@ -9,7 +9,9 @@
 #include "wgmma.cuh"
 
 // Block scales ride the ring: per stage a slot of the tile's BM row scales of A for that k-step, then (at
-// a 128-byte boundary) four column-block scales of B from the tile's first block. A consumer must not load
+// a 128-byte boundary) eight column-block scales of B from the tile's first block rounded down to a
+// multiple of 4 (a TMA box's innermost coordinate must fall on 16 bytes: the H200 raised an illegal
+// instruction for a box of 4 at the tile's own block), which cover the tile's SB_BLOCKS <= 4 blocks. A consumer must not load
 // from global memory in its k-loop (a load in flight stalls the warpgroup at its next wgmma fence), so the
 // producer thread loads the slots with two more TMA boxes per k-step on the stage's full barrier, as
 // DeepGEMM does; the consumers read the slot with ld.shared. Both scale tensors are read through
@@ -18,7 +20,7 @@
 // same scales copied by a producer warp's per-thread cp.async cost ~25% (A's 128) and ~10% (B's 1-3).
 template <class Tr>
 struct BlockScaleLoads {
-    static constexpr u32 bytes = (Tr::BM + 4) * 4;
+    static constexpr u32 bytes = (Tr::BM + 8) * 4;
     float* slots;  // stage s: slots + s * Tr::SCALE_SLOT
     const CUtensorMap* tmSA;
     const CUtensorMap* tmSB;
@@ -26,7 +28,7 @@ struct BlockScaleLoads {
     __device__ __forceinline__ void operator()(u64* bar, int stage, int kt) const {
         float* slot = slots + stage * Tr::SCALE_SLOT;
         tma_load_2d(slot, tmSA, bar, m0, kt);
-        tma_load_2d(slot + Tr::BM, tmSB, bar, nb0, kt);
+        tma_load_2d(slot + Tr::BM, tmSB, bar, nb0 & ~3, kt);
     }
 };
 
@@ -43,14 +45,15 @@ template <class Tr>
 struct BlockScaleRegs {
     float top[Tr::MI], bot[Tr::MI], col[Tr::SB_BLOCKS];
 
-    __device__ __forceinline__ void read(const float* slot, int first_row, int t) {
+    // `nb`: the tile's first column block (its scales sit at BM + nb % 4 in the slot).
+    __device__ __forceinline__ void read(const float* slot, int first_row, int nb, int t) {
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
             top[mi] = ld_shared_f32(slot + first_row + mi * 64 + frag_row(t));
             bot[mi] = ld_shared_f32(slot + first_row + mi * 64 + frag_row(t) + 8);
         }
 #pragma unroll
-        for (int c = 0; c < Tr::SB_BLOCKS; ++c) col[c] = ld_shared_f32(slot + Tr::BM + c);
+        for (int c = 0; c < Tr::SB_BLOCKS; ++c) col[c] = ld_shared_f32(slot + Tr::BM + nb % 4 + c);
     }
 };
 

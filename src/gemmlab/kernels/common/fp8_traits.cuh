@@ -47,7 +47,7 @@ struct Fp8GemmTraits {
     static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
     static constexpr int SB_BLOCKS = SB_ALIGNED ? (BN > 128 ? BN / 128 : 1) : BN / 128 + 2;
     // Block scales travel with the ring (fp8_promote.cuh): per stage a slot of the tile's BM row scales
-    // and (from float BM on) a box of 4 column-block scales of that k-step, loaded by TMA, whose
+    // and (from float BM on) a box of 8 column-block scales of that k-step, loaded by TMA, whose
     // shared-memory destination must be 128-byte aligned: slots of whole 32 floats.
     static constexpr int SCALE_SLOT = BM + 32;  // floats
     static constexpr u32 SCALE_BYTES = kScale == SCALE_BLOCK ? STAGES * SCALE_SLOT * 4 : 0;
@@ -57,6 +57,6 @@ struct Fp8GemmTraits {
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
     static_assert(kPromote >= 0, "promotion interval");
-    static_assert(SB_BLOCKS <= 4, "a tile's column-block scales fit the slot's box of 4");
+    static_assert(SB_BLOCKS <= 4, "a tile's column-block scales fit the slot's box of 8 (from a multiple of 4)");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES + SCALE_BYTES <= 227 * 1024 - 256, "shared memory");
 };

@@ -48,7 +48,7 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
         const int first_row = consumer * Tr::MI * 64;
         ring.wait_full(cur);
         BlockScaleRegs<Tr> sc;
-        sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, t);
+        sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, n0 / 128, t);
         for (int kt = k_begin; kt < k_end; ++kt) {
             const int stage = cur.stage;
             issue_kstep_fp8<Tr>(sA, sB, stage, consumer, part, true);
@@ -56,7 +56,7 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
             BlockScaleRegs<Tr> next = sc;
             if (kt + 1 < k_end) {
                 ring.wait_full(cur);
-                next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, t);
+                next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, n0 / 128, t);
             }
             wgmma_wait<0>();
 #pragma unroll
