@@ -481,6 +481,7 @@ def main(argv=None) -> int:
     ap.add_argument("--linear", action="store_true", help="patched nn.Linear vs nn.Linear, a decoder's pattern")
     ap.add_argument("--device", default="cuda", help="cpu: --linear's gemmlab side with the launches stubbed")
     ap.add_argument("--no-calls", action="store_true", help="skip the per-call and stack measurements")
+    ap.add_argument("--stack-only", action="store_true", help="of the per-call and stack measurements, the stack only")
     ap.add_argument("--dtypes", default="bfloat16,float16")
     ap.add_argument("--reps", type=int, default=5,
                     help="interleaved turns per shape (host: the best turn; wall and ratio: the median turn; "
@@ -504,9 +505,10 @@ def main(argv=None) -> int:
     if not args.no_calls:  # appended section by section: a run cut short keeps what it measured
         for name in args.dtypes.split(","):
             dtype = getattr(torch, name)
-            print(f"== per call, {name}", flush=True)
             shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else None
-            append_records(args.out, per_call_records(dtype, args.reps, shapes))
+            if not args.stack_only:
+                print(f"== per call, {name}", flush=True)
+                append_records(args.out, per_call_records(dtype, args.reps, shapes))
             if not shapes:
                 print(f"== stack, {name}", flush=True)
                 append_records(args.out, stack_records(dtype, args.reps))
