@@ -107,7 +107,7 @@ def stack_records(dtype, reps: int) -> list[dict]:
 
     recs = []
     for M in (1, 16):
-        r = bench.bench_eager_stack(M, dtype=dtype, reps=reps)
+        r = bench.bench_eager_stack(M, dtype=dtype, reps=max(reps, 9))
         recs.append(r)
         print(f"stack {dtype} M={M}: {r['wall_us']:.1f} us/call (torch {r['baseline_wall_us']:.1f}) "
               f"x{r['ratio']:.3f}; host {r['host_us']:.1f} (torch {r['baseline_host_us']:.1f})", flush=True)
@@ -481,8 +481,11 @@ def main(argv=None) -> int:
     ap.add_argument("--linear", action="store_true", help="patched nn.Linear vs nn.Linear, a decoder's pattern")
     ap.add_argument("--device", default="cuda", help="cpu: --linear's gemmlab side with the launches stubbed")
     ap.add_argument("--no-calls", action="store_true", help="skip the per-call and stack measurements")
+    ap.add_argument("--stack-only", action="store_true", help="of the per-call and stack measurements, the stack only")
     ap.add_argument("--dtypes", default="bfloat16,float16")
-    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per shape (the best is kept)")
+    ap.add_argument("--reps", type=int, default=5,
+                    help="interleaved turns per shape (host: the best turn; wall and ratio: the median turn; "
+                         "the stack takes at least 9)")
     ap.add_argument("--shapes", default=None, help="M,N,K;M,N,K: per-call records of these shapes instead of "
                     "the eager suite's (no stack)")
     args = ap.parse_args(argv)
@@ -502,9 +505,10 @@ def main(argv=None) -> int:
     if not args.no_calls:  # appended section by section: a run cut short keeps what it measured
         for name in args.dtypes.split(","):
             dtype = getattr(torch, name)
-            print(f"== per call, {name}", flush=True)
             shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else None
-            append_records(args.out, per_call_records(dtype, args.reps, shapes))
+            if not args.stack_only:
+                print(f"== per call, {name}", flush=True)
+                append_records(args.out, per_call_records(dtype, args.reps, shapes))
             if not shapes:
                 print(f"== stack, {name}", flush=True)
                 append_records(args.out, stack_records(dtype, args.reps))

@@ -40,3 +40,32 @@ def test_clock_sampling_gives_up_waiting():
     got = sample_during(ev, delay_s=0.0, poll_s=0.0, timeout_s=0.01,
                         sampler=lambda: ClockSample(None, None, None, None))
     assert got.sm_mhz is None and ev.polled > 1
+
+
+def test_eager_turns_ratio_is_the_median_of_paired_turns(monkeypatch):
+    """bench._interleaved_eager: host times are the best turn, wall times the median turn, and the ratio
+    the median of each turn's own torch-over-ours ratio. Fake timers: turn i runs ours at 10 + i us and
+    torch at 10.5 + i us (a clock that drifts between turns), host 20 + i / 22 + i; one outlier turn."""
+    import gemmlab.bench as bench
+
+    turn = {"n": 0}
+    walls = [(10.0, 10.5), (11.0, 11.55), (12.0, 12.6), (30.0, 12.0), (14.0, 14.7)]
+
+    def wall(fn, calls):
+        o, t = walls[turn["n"] // 2]
+        turn["n"] += 1
+        return o if fn is ours else t
+
+    def host(fn, calls):
+        return 20.0 + turn["n"] // 2 if fn is ours else 22.0 + turn["n"] // 2
+
+    ours, theirs = (lambda: None), (lambda: None)
+    monkeypatch.setattr(bench, "eager_wall_us", wall)
+    monkeypatch.setattr(bench, "eager_host_us", host)
+    out = bench._interleaved_eager(ours, theirs, reps=5, calls=10)
+    ratios = sorted(t / o for o, t in walls)
+    assert abs(out["ratio"] - ratios[2]) < 1e-12 and abs(out["ratio"] - 1.05) < 1e-9
+    assert out["ratio_min"] == ratios[0] < 0.5  # the outlier turn shows in ratio_min only
+    assert out["wall_us"] == 12.0 and out["baseline_wall_us"] == 12.0  # median turns
+    assert out["host_us"] == 20.0 and out["baseline_host_us"] == 22.0 and out["host_excess_us"] == -2.0
+    assert out["reps"] == 5

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Callable
@@ -281,7 +282,10 @@ def _eager_common(kind: str) -> dict:
 
 
 def _interleaved_eager(ours: Callable[[], object], theirs: Callable[[], object], reps: int, calls: int) -> dict:
-    """Host and wall time per call of both, measured in turns (ours, theirs, ...), the best of ``reps``."""
+    """Host and wall time per call of both, measured in turns (ours, theirs; ``reps`` turns). Host times:
+    the best turn (host time only grows with noise). Wall: the median turn, and ``ratio`` the median of
+    the turns' own ratios (each turn times both within milliseconds, so clock and load drift cancel in
+    its ratio; a ratio of two separately chosen best turns did not: 0.69-0.99 between runs of one stack)."""
     for _ in range(3):  # warm: compiles, descriptors, cuBLAS handles
         ours(), theirs()
     t = {"host": [], "baseline_host": [], "wall": [], "baseline_wall": []}
@@ -289,13 +293,15 @@ def _interleaved_eager(ours: Callable[[], object], theirs: Callable[[], object],
         for key, fn in (("", ours), ("baseline_", theirs)):
             t[key + "host"].append(eager_host_us(fn, calls=calls))
             t[key + "wall"].append(eager_wall_us(fn, calls=calls))
-    out = {f"{k}_us": min(v) for k, v in t.items()}
-    out["ratio"] = out["baseline_wall_us"] / out["wall_us"]
+    out = {f"{k}_us": (min(v) if k.endswith("host") else statistics.median(v)) for k, v in t.items()}
+    out["ratio"] = statistics.median(b / o for o, b in zip(t["wall"], t["baseline_wall"]))
+    out["ratio_min"] = min(b / o for o, b in zip(t["wall"], t["baseline_wall"]))
     out["host_excess_us"] = out["host_us"] - out["baseline_host_us"]
+    out["reps"] = reps
     return out
 
 
-def bench_eager(M: int, N: int, K: int, *, dtype=torch.bfloat16, reps: int = 2, extra: dict | None = None) -> dict:
+def bench_eager(M: int, N: int, K: int, *, dtype=torch.bfloat16, reps: int = 5, extra: dict | None = None) -> dict:
     """``gemmlab.matmul(x, w.t())`` against ``torch.mm(x, w.t())`` on the same inputs, eager: the host time
     of one call (GPU kept busy) and the wall time of back-to-back calls (GPU idle). One record; ``ratio``
     is torch's wall time over ours (> 1: faster as a caller sees it)."""
@@ -309,7 +315,7 @@ def bench_eager(M: int, N: int, K: int, *, dtype=torch.bfloat16, reps: int = 2, 
                 baseline="torch.mm", rel_error=err, correct=err <= 1e-2, **times, **(extra or {}))
 
 
-def bench_eager_stack(M: int, *, dtype=torch.bfloat16, reps: int = 2) -> dict:
+def bench_eager_stack(M: int, *, dtype=torch.bfloat16, reps: int = 9) -> dict:
     """One eager forward's GEMMs (``matmul_suites.LLAMA2_7B_LAYER`` repeated to ``STACK_CALLS`` calls) at
     batch ``M``: ``gemmlab.linear`` against ``F.linear``, per call of the stack. One record."""
     import torch.nn.functional as F
