@@ -77,6 +77,9 @@ def main() -> None:
         old = load(args.file, args.before)
         common = [s for s in now if s in old and "engine" in now[s] and "engine" in old[s]]
         print(f"engine then ({args.before}) and now ({args.sha}) over the {len(common)} shapes both timed:")
+        if not common:
+            print("  none (is the earlier sha's prefix right? records carry the sha they were run at)")
+            return
         print(line("then", [old[s]["engine"]["ratio"] for s in common]))
         print(line("now", [now[s]["engine"]["ratio"] for s in common]))
         print(line("oracle then (all candidates)", [max(r["ratio"] for r in old[s].values()) for s in common]))
