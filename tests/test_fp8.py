@@ -313,20 +313,27 @@ def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
 
 
 def test_block_scale_registers_cover_every_tile():
-    """fp8_traits.cuh's SB_BLOCKS (B scales a thread holds per k-block) is enough for every tile of every
-    width the planner offers with block scales: a tile at column n0 touches B blocks n0 // 128 ..
-    (n0 + BN - 1) // 128; and the compare-select in fp8_promote.cuh (block c where off + 8j >= 128 c, off =
-    n0 % 128, or j // 16 for aligned widths) names the block (n0 + 8j) // 128 - n0 // 128."""
-    for bm, bn in {(p.bm, p.bn) for p in planner.fp8_candidates(4096, 4096, 4096, scale="block")}:
+    """fp8_traits.cuh's SB_BLOCKS (B scales a thread holds per k-block, (128 - gcd(BN, 128) + BN + 127)
+    / 128) is enough for every tile of every FP8 width: a tile at column n0 touches B blocks n0 // 128 ..
+    (n0 + BN - 1) // 128; and fp8_promote.cuh's pick of block c for fragment column group j names block
+    (n0 + 8j) // 128 - n0 // 128: (off + 8j) // 128 with off = n0 % 128 known at compile time for widths
+    that divide 128 or are multiples of it (off = 0) and for 192-wide tiles (off 0 or 64, two copies),
+    by compares (block c where off + 8j >= 128 c) for the rest."""
+    import math
+
+    for bn in sorted({bn for _, bn in planner.FP8_TILES}):
+        step = math.gcd(bn, 128)
+        sb_blocks = (128 - step + bn + 127) // 128
+        assert sb_blocks <= 4  # the slot's box of 8 from a multiple of 4 covers them
         aligned = 128 % bn == 0 or bn % 128 == 0
-        sb_blocks = (bn // 128 if bn > 128 else 1) if aligned else bn // 128 + 2
         for t in range(256):
             n0 = t * bn
             assert (n0 + bn - 1) // 128 - n0 // 128 + 1 <= sb_blocks, (bn, n0)
-            off = 0 if aligned else n0 % 128
+            off = n0 % 128
+            assert off % step == 0 and (not aligned or (off + bn <= 128 or off == 0))
             for j in range(bn // 8):
-                if aligned:
-                    c = j // 16
+                if aligned or 128 // step == 2:
+                    c = (off + 8 * j) // 128
                 else:
                     c = max([0] + [k for k in range(1, sb_blocks) if off + 8 * j >= 128 * k])
                 assert c == (n0 + 8 * j) // 128 - n0 // 128, (bn, n0, j)

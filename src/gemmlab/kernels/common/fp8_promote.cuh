@@ -67,23 +67,44 @@ __device__ __forceinline__ void promote(float (&acc)[R], const float (&part)[R])
 // acc += part x sa[row] x sb[column block]. Fragment value 4j + h sits in row frag_row (h < 2) or + 8,
 // column n0 + 8j + ...: its B block is the tile's first (n0 / 128) plus (n0 % 128 + 8j) / 128, picked by
 // compares against the unrolled j (a register array indexed at run time would go to local memory).
-template <class Tr>
-__device__ __forceinline__ void promote_scaled(float (&acc)[Tr::BN / 2], const float (&part)[Tr::BN / 2],
-                                               float top, float bot, const float (&col)[Tr::SB_BLOCKS], int n0) {
-    const int off = Tr::SB_ALIGNED ? 0 : n0 % 128;
+// The tile's first column at OFF inside its first block, known at compile time: block (OFF + 8j) / 128
+// of the unrolled j, no compares.
+template <class Tr, int OFF>
+__device__ __forceinline__ void promote_at(float (&acc)[Tr::BN / 2], const float (&part)[Tr::BN / 2], float top,
+                                           float bot, const float (&col)[Tr::SB_BLOCKS]) {
 #pragma unroll
     for (int j = 0; j < Tr::BN / 8; ++j) {
-        float sb = col[0];
-        if constexpr (Tr::SB_ALIGNED) {
-            sb = col[j / 16];
-        } else {
-#pragma unroll
-            for (int c = 1; c < Tr::SB_BLOCKS; ++c) sb = off + 8 * j >= 128 * c ? col[c] : sb;
-        }
+        const float sb = col[(OFF + 8 * j) / 128];
         const float st = top * sb, sbot = bot * sb;
         acc[4 * j + 0] = fmaf(part[4 * j + 0], st, acc[4 * j + 0]);
         acc[4 * j + 1] = fmaf(part[4 * j + 1], st, acc[4 * j + 1]);
         acc[4 * j + 2] = fmaf(part[4 * j + 2], sbot, acc[4 * j + 2]);
         acc[4 * j + 3] = fmaf(part[4 * j + 3], sbot, acc[4 * j + 3]);
+    }
+}
+
+template <class Tr>
+__device__ __forceinline__ void promote_scaled(float (&acc)[Tr::BN / 2], const float (&part)[Tr::BN / 2],
+                                               float top, float bot, const float (&col)[Tr::SB_BLOCKS], int n0) {
+    if constexpr (Tr::SB_ALIGNED) {
+        promote_at<Tr, 0>(acc, part, top, bot, col);
+    } else if constexpr (Tr::SB_PHASES == 2) {  // 192 wide: one copy of the promotion per phase
+        if (n0 % 128 == 0)
+            promote_at<Tr, 0>(acc, part, top, bot, col);
+        else
+            promote_at<Tr, 64>(acc, part, top, bot, col);
+    } else {
+        const int off = n0 % 128;
+#pragma unroll
+        for (int j = 0; j < Tr::BN / 8; ++j) {
+            float sb = col[0];
+#pragma unroll
+            for (int c = 1; c < Tr::SB_BLOCKS; ++c) sb = off + 8 * j >= 128 * c ? col[c] : sb;
+            const float st = top * sb, sbot = bot * sb;
+            acc[4 * j + 0] = fmaf(part[4 * j + 0], st, acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(part[4 * j + 1], st, acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(part[4 * j + 2], sbot, acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(part[4 * j + 3], sbot, acc[4 * j + 3]);
+        }
     }
 }

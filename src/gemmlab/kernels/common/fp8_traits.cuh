@@ -12,6 +12,8 @@
 // 128-deep partial sum when it is promoted into the fp32 accumulators.
 enum Fp8ScaleMode { SCALE_TENSOR = 0, SCALE_BLOCK = 1 };
 
+__host__ __device__ constexpr int gcd_int(int a, int b) { return b == 0 ? a : gcd_int(b, a % b); }
+
 template <typename TOut, typename TBias,  // output and bias element types
           int kBM, int kBN, int kStages,  // tile (rows x columns) and ring depth
           int kScale,                     // Fp8ScaleMode
@@ -41,11 +43,13 @@ struct Fp8GemmTraits {
     static constexpr u32 SLAB_BYTES = 64 * 128;
     static constexpr u32 SLABS_BYTES = CONSUMERS * 2 * SLAB_BYTES;
 
-    // Block scales: how many B scale blocks (128 columns each) a tile's columns can touch. Tiles of a
-    // width that divides 128, or of a multiple of it, start on a block boundary; other widths can start
-    // inside one and end in the next.
+    // Block scales: how many B scale blocks (128 columns each) a tile's columns can touch. A tile starts
+    // at a multiple of gcd(BN, 128) inside its first block (SB_PHASES such offsets): tiles of a width
+    // that divides 128, or of a multiple of it, never straddle a block boundary at a varying column;
+    // 192-wide ones start at 0 or 64 (two phases); others at any multiple of 16 or 32.
+    static constexpr int SB_STEP = gcd_int(BN, 128), SB_PHASES = 128 / SB_STEP;
     static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
-    static constexpr int SB_BLOCKS = SB_ALIGNED ? (BN > 128 ? BN / 128 : 1) : BN / 128 + 2;
+    static constexpr int SB_BLOCKS = (128 - SB_STEP + BN + 127) / 128;
     // Block scales travel with the ring (fp8_promote.cuh): per stage a slot of the tile's BM row scales
     // and (from float BM on) a box of 8 column-block scales of that k-step, loaded by TMA, whose
     // shared-memory destination must be 128-byte aligned: slots of whole 32 floats.
