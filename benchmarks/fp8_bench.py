@@ -113,7 +113,7 @@ def main() -> None:
             plans[f"ours_tensor_{bm}x{bn}"] = tensor[0]
             # Block scales: also tiles the planner does not offer them on (straddling widths), forced.
             block = [p for p in planner.fp8_candidates(M, N, K, scale="block", profile=prof) if (p.bm, p.bn) == (bm, bn)]
-            stages = planner.fp8_stages_for(bm, bn)
+            stages = planner.fp8_stages_for(bm, bn, "block")
             if block or stages:
                 plans[f"ours_block_{bm}x{bn}"] = block[0] if block else dataclasses.replace(
                     tensor[0], scale="block", stages=stages)

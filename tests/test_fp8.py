@@ -95,8 +95,11 @@ def test_fp8_plan_fields_and_repr():
     p = planner.plan_fp8(4096, 4096, 4096, scale="block")
     assert p.dtype == "e4m3" and p.kernel == "engine_gemm_fp8" and p.schedule == "data_parallel"
     assert p.k_iters == 32 and p.promote == 1 and p.grid == min(132, p.tiles)
-    assert p.smem_bytes <= planner.SMEM_LIMIT and p.smem_bytes == planner.fp8_smem_bytes(p.bm, p.bn, p.stages)
-    assert planner.fp8_smem_bytes(p.bm, p.bn, p.stages + 1) > planner.SMEM_LIMIT or p.stages == planner.MAX_STAGES
+    assert p.smem_bytes <= planner.SMEM_LIMIT and p.smem_bytes == planner.fp8_smem_bytes(p.bm, p.bn, p.stages, "block")
+    assert planner.fp8_smem_bytes(p.bm, p.bn, p.stages + 1, "block") > planner.SMEM_LIMIT or p.stages == planner.MAX_STAGES
+    # Slots of whole 128 bytes (the row scales' TMA destination): 128 + 1 and 128 + 3 floats -> 160.
+    assert planner.fp8_scale_slot_bytes(128, 128, "block") == 640 and planner.fp8_scale_slot_bytes(128, 128) == 0
+    assert planner.fp8_scale_slot_bytes(128, 192, "block") == 160 * 4 and planner.fp8_scale_slot_bytes(64, 128, "block") == 96 * 4
     assert p.name_expression.startswith("engine_gemm_fp8<Fp8GemmTraits<__nv_bfloat16, float, ")
     assert p.template_args()[5:7] == ("1", "1")  # SCALE_BLOCK, promote every k-step
     r = repr(p)
@@ -305,10 +308,10 @@ def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
     # The operand maps are byte views with 128-byte (one swizzle row) boxes; A's short box for ragged M.
     assert args[0] == ("tmap", torch.uint8, (p.bm, 128)) and args[2] == ("tmap", torch.uint8, (p.bn, 128))
     assert args[1] == ("tmap", torch.uint8, (p.a_rows, 128)) and p.a_rows == 48  # 300 = 2 x 128 + 44 -> 48
-    if scale == "block":  # scale strides: (M, K / 128) and (ceil(N / 128), K / 128) row-major
-        assert [int(x) for x in args[10:12]] == [K // 128, 1] and [int(x) for x in args[13:15]] == [K // 128, 1]
+    if scale == "block":  # A's scales: a (1, bm) fp32 box of the MN-major view; B's strides: row-major
+        assert args[5] == ("tmap", torch.float32, (1, p.bm)) and [int(x) for x in args[12:14]] == [K // 128, 1]
     else:
-        assert [int(x) for x in args[10:12]] == [0, 0]
+        assert [int(x) for x in args[12:14]] == [0, 0]
 
 
 def test_block_scale_registers_cover_every_tile():
@@ -383,3 +386,24 @@ def test_empty_and_k0_on_cpu(fake_launch):
     out = gemmlab.scaled_mm(a[:, :0], b[:0], sa, sb, bias=torch.ones(128), activation="relu")
     assert torch.equal(out, torch.ones(64, 128, dtype=torch.bfloat16))
     assert not fake_launch  # nothing launched for an empty problem
+
+
+@pytest.mark.parametrize("M,KB,layout", [(300, 4, "mn"), (300, 4, "row"), (301, 6, "row"), (8, 1, "row"),
+                                         (301, 3, "mn-unpadded")])
+def test_block_scales_mn_major(M, KB, layout):
+    """The (K / 128, M) view the kernel's TMA reads: used in place when already MN-major with 16-byte
+    aligned rows (quantize_blocks' layout), else a padded copy; the same values either way."""
+    torch.manual_seed(1)
+    ref = torch.rand(M, KB) + 0.5
+    if layout == "mn":
+        s = fp8.quantize_blocks(torch.randn(M, KB * 128), 1)[1]
+        ref = s.clone()
+    elif layout == "row":
+        s = ref.clone()
+    else:  # MN-major, rows of M = 301 floats: not 16-byte aligned
+        s = ref.t().contiguous().t()
+    v = engine2.block_scales_mn_major(s)
+    assert v.shape == (KB, M) and v.stride(1) == 1 and (v.stride(0) * 4) % 16 == 0 and v.data_ptr() % 16 == 0
+    assert torch.equal(v, ref.t())
+    # One k-block: an (M, 1) column is MN-major already.
+    assert (v.data_ptr() == s.data_ptr()) == (layout == "mn" or (KB == 1 and M % 4 == 0))

@@ -126,9 +126,21 @@ def test_block_scales_in_deepgemm_layout():
     """scale_a stored MN-major ((K / 128, M) transposed, as DeepGEMM keeps it): the kernel reads strides."""
     M, N, K = 1000, 768, 1024
     a, q, sa, sb = _operands(M, N, K, "block", seed=4)
-    sa_mn = sa.t().contiguous().t()
+    sa_mn = sa.t().contiguous().t()  # unpadded: M = 1000 keeps the rows 16-byte aligned, used in place
     assert sa_mn.stride() == (1, M)
     out = gemmlab.scaled_mm(a, q.t(), sa_mn, sb)
+    assert rel_error(out, fp8.reference_scaled_mm(a, q.t(), sa, sb)) < TOL["bf16"]
+
+
+@pytest.mark.parametrize("M", [999, 1000])
+def test_block_scales_row_major(M):
+    """scale_a stored row-major ((M, K / 128) contiguous, torch's default): the host re-lays it out for the
+    kernel's TMA (a padded MN-major copy; M = 999 leaves a ragged last row of the copy), the same result."""
+    N, K = 640, 768
+    a, q, sa, sb = _operands(M, N, K, "block", seed=5)
+    sa_rm = sa.contiguous()
+    assert sa_rm.stride() == (K // 128, 1)
+    out = gemmlab.scaled_mm(a, q.t(), sa_rm, sb)
     assert rel_error(out, fp8.reference_scaled_mm(a, q.t(), sa, sb)) < TOL["bf16"]
 
 

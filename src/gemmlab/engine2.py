@@ -192,25 +192,38 @@ def launch_fp8(p: planner.Fp8Plan, a: torch.Tensor, w: torch.Tensor, scale_a: to
     map_c = map_a if p.direct else tensor_map_2d(out, (64, piece))
     map_c_tail = tensor_map_2d(out, (64, tail), swizzle_bytes=0) if tail and not p.direct else map_c
     order = _order(p.tiles_m, p.tiles_n, a.device)
-    if p.scale == "block":
-        sa = (np.int64(scale_a.stride(0)), np.int64(scale_a.stride(1)))
+    if p.scale == "block":  # A's row scales by TMA: one (1, bm) box of the (K / 128, M) view per k-step
+        map_sa = tensor_map_2d(block_scales_mn_major(scale_a), (1, p.bm), swizzle_bytes=0)
         sb = (np.int64(scale_b.stride(0)), np.int64(scale_b.stride(1)))
     else:
-        sa = sb = (np.int64(0), np.int64(0))
+        map_sa, sb = map_a, (np.int64(0), np.int64(0))
     la = p.launch_args()
-    args = (map_a, map_a_short, map_b, map_c, map_c_tail, order, np.int32(M), np.int32(N), np.int32(K),
-            scale_a, *sa, scale_b, *sb, bias if bias is not None else out, out, np.int64(out.stride(0)),
+    args = (map_a, map_a_short, map_b, map_c, map_c_tail, map_sa, order, np.int32(M), np.int32(N), np.int32(K),
+            scale_a, scale_b, *sb, bias if bias is not None else out, out, np.int64(out.stride(0)),
             np.int32(p.a_rows))
     _launch(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def block_scales_mn_major(scale_a: torch.Tensor) -> torch.Tensor:
+    """A's (M, K / 128) block scales as the (K / 128, M) view the kernel's TMA reads: unit stride along M,
+    16-byte aligned rows. Scales already stored that way (``fp8.quantize_blocks`` makes them so; DeepGEMM
+    and ``torch._scaled_mm`` keep them MN-major too) are used in place; others are copied once per call
+    into a padded buffer (one small copy kernel)."""
+    M, KB = scale_a.shape
+    if scale_a.stride(0) == 1 and (KB == 1 or scale_a.stride(1) % 4 == 0) and scale_a.data_ptr() % 16 == 0 \
+            and (KB > 1 or M % 4 == 0):
+        return scale_a.t() if KB > 1 else scale_a.t().as_strided((1, M), (M, 1))
+    buf = torch.empty((KB, (M + 3) // 4 * 4), dtype=torch.float32, device=scale_a.device)[:, :M]
+    return buf.copy_(scale_a.t())
 
 
 def sass_expect_fp8(p: planner.Fp8Plan):
     """What the SASS of an FP8 plan must show: FP8 wgmma (QGMMA; its shape: ``qgmma_shapes``), TMA
     loads, no bf16 wgmma or mma.sync, no local memory; TMA stores (stmatrix for 16-bit output) unless
-    DIRECT; setmaxnreg with two consumers."""
+    DIRECT; setmaxnreg with two consumers. Block scales: copied into the ring's slots by cp.async (LDGSTS)."""
     from .sass import SassExpect
 
-    contains = [r"^QGMMA", r"^UTMALDG"]
+    contains = [r"^QGMMA", r"^UTMALDG"] + ([r"^LDGSTS"] if p.scale == "block" else [])
     absent = [r"^HGMMA", r"^HMMA"]
     if p.direct:
         absent += [r"^UTMASTG"]

@@ -244,7 +244,9 @@ def quantize_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_blocks(x: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 tensor, fp32 scales) for an (R, K) tensor with K % 128 == 0, one scale per block of
-    ``rows`` x 128: rows = 1 for activations (scales (R, K / 128)), 128 for weights ((ceil(R / 128), K / 128))."""
+    ``rows`` x 128: rows = 1 for activations (scales (R, K / 128), stored MN-major: unit stride along R and
+    16-byte aligned columns, the layout the kernel's TMA reads in place, as DeepGEMM keeps them), 128 for
+    weights ((ceil(R / 128), K / 128), row-major)."""
     R, K = x.shape
     if K % planner.FP8_BLOCK:
         raise UnsupportedProblem(f"block quantization needs K % 128 == 0, got K = {K}")
@@ -255,4 +257,7 @@ def quantize_blocks(x: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Ten
     amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12)  # (Rp / rows, K / 128)
     scale = amax / E4M3_MAX
     q = (blocks / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).reshape(Rp, K)[:R].to(E4M3)
+    if rows == 1:
+        mn = torch.empty((K // planner.FP8_BLOCK, (R + 3) // 4 * 4), dtype=torch.float32, device=x.device)
+        return q, mn[:, :R].copy_(scale.t()).t()
     return q, scale.contiguous()

@@ -404,16 +404,27 @@ FP8_TILES: tuple[tuple[int, int], ...] = (tuple((64, n) for n in range(16, 241, 
                                           + tuple((256, n) for n in range(64, 97, 16)))
 
 
-def fp8_smem_bytes(bm: int, bn: int, stages: int) -> int:
-    """Dynamic shared memory of the FP8 kernel: alignment, the stages (bm + bn rows of 128 bytes), and
-    two output slabs per consumer."""
-    return 1024 + stages * (bm + bn) * FP8_BK + (1 if bm == 64 else 2) * 2 * SLAB_BYTES
+def fp8_scale_slot_bytes(bm: int, bn: int, scale: str = "tensor") -> int:
+    """Block scales' slot per stage (Fp8GemmTraits::SCALE_SLOT floats): the tile's bm row scales and the
+    B blocks its columns touch, rounded up to 128 bytes (the TMA's destination alignment); none with
+    per-tensor scales."""
+    if scale != "block":
+        return 0
+    sb_blocks = (bn // 128 if bn > 128 else 1) if (128 % bn == 0 or bn % 128 == 0) else bn // 128 + 2
+    return (bm + sb_blocks + 31) // 32 * 128
 
 
-def fp8_stages_for(bm: int, bn: int) -> int:
+def fp8_smem_bytes(bm: int, bn: int, stages: int, scale: str = "tensor") -> int:
+    """Dynamic shared memory of the FP8 kernel: alignment, the stages (bm + bn rows of 128 bytes, and the
+    block scales' slot), and two output slabs per consumer."""
+    return (1024 + stages * ((bm + bn) * FP8_BK + fp8_scale_slot_bytes(bm, bn, scale))
+            + (1 if bm == 64 else 2) * 2 * SLAB_BYTES)
+
+
+def fp8_stages_for(bm: int, bn: int, scale: str = "tensor") -> int:
     """The deepest FP8 ring that fits (up to MAX_STAGES); 0 if none."""
     for q in range(MAX_STAGES, 1, -1):
-        if fp8_smem_bytes(bm, bn, q) <= SMEM_LIMIT:
+        if fp8_smem_bytes(bm, bn, q, scale) <= SMEM_LIMIT:
             return q
     return 0
 
@@ -476,7 +487,7 @@ class Fp8Plan(_Tiling):
 
     @property
     def smem_bytes(self) -> int:
-        return fp8_smem_bytes(self.bm, self.bn, self.stages)
+        return fp8_smem_bytes(self.bm, self.bn, self.stages, self.scale)
 
     @property
     def a_rows(self) -> int:
@@ -516,7 +527,7 @@ def fp8_tile_problem(bm: int, bn: int, scale: str = "tensor") -> str | None:
     of per-tensor throughput (H200, 8bae228). Such tiles also spill from 128 x 224 and 64 x 240 on."""
     if (bm, bn) not in FP8_TILES:
         return f"{bm}x{bn} is not in the FP8 tile space (two accumulator sets per thread must fit)"
-    if not fp8_stages_for(bm, bn):
+    if not fp8_stages_for(bm, bn, scale):
         return "no pipeline depth fits in shared memory"
     if scale == "block" and 128 % bn and bn % 128:
         return f"block scales on a {bm}x{bn} tile straddle 128-column B blocks (slow promotion)"
@@ -546,7 +557,7 @@ def fp8_candidates(M: int, N: int, K: int, *, scale: str = "tensor", out_dtype=N
     for bm, bn in FP8_TILES:
         if fp8_tile_problem(bm, bn, scale):
             continue
-        stages = fp8_stages_for(bm, bn)
+        stages = fp8_stages_for(bm, bn, scale)
         tiles = math.ceil(M / bm) * math.ceil(N / bn)
         plans.append(Fp8Plan(M=M, N=N, K=K, bm=bm, bn=bn, stages=stages, grid=min(prof.sm_count, tiles),
                              scale=scale, promote=promote, out_dtype=odt, bias_dtype=bdt, activation=activation,

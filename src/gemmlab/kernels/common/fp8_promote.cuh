@@ -5,35 +5,66 @@
 // (restarted with scale-d = 0 after each promotion), and `acc`, plain fp32 FADDs of the promoted parts.
 #pragma once
 #include "fp8_traits.cuh"
+#include "mbarrier.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
-// Where the scales live. Per-tensor: a[0] and b[0]. Block: A's scale of row m, k-block kb at
-// a[m * a_row + kb * a_col] (torch's (M, K / 128) row-major: a_row = K / 128, a_col = 1; DeepGEMM's
-// MN-major (K / 128, M) also works), B's of column block nb at b[nb * b_row + kb * b_col].
-struct Fp8Scales {
-    const float* a;
-    long long a_row, a_col;
-    const float* b;
+// Block scales ride the ring: per stage a slot of the tile's BM row scales of A for that k-step, then its
+// SB_BLOCKS column-block scales of B. A consumer must not load from global memory in its k-loop (a load
+// in flight stalls the warpgroup at its next wgmma fence), so the producer warpgroup's second warp fills
+// the slots and the stage's full barrier waits for them; the consumers read the slot with ld.shared.
+// Measured on the H200, 128 x 128 block tiles (worklog): A's 128 row scales copied with per-thread
+// cp.async cost ~25% of the kernel's throughput (contiguous addresses as much as strided ones); one TMA
+// load of the same 512 bytes is what DeepGEMM does. So A's scales come by TMA, from a (K / 128, M) fp32
+// view (MN-major: a k-block's scales of consecutive rows are adjacent, 16-byte aligned rows; the host
+// re-lays other layouts out once per call), rows past M zero-filled. B's (at most three per k-step) come
+// by cp.async, one per lane, each lane's arrival deferred until its copy landed.
+struct Fp8ScalesB {
+    const float* b;  // B's scale of column block nb, k-block kb: b[nb * b_row + kb * b_col]
     long long b_row, b_col;
-    int M, n_blocks;  // rows of A, ceil(N / 128)
+    int n_blocks;  // ceil(N / 128)
 };
 
-// The scales one thread needs for k-block kb: its two fragment rows (frag_row, + 8) of each m64 block
-// (rows past M read row M - 1: their outputs are never stored) and the tile's B blocks.
+// "cp.async" (PTX ISA, non-bulk): 4 bytes from global into shared memory.
+__device__ __forceinline__ void cp_async4(float* smem, const float* g) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(smem)), "l"(g) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// "ld.shared" (the slot is reached through a pointer the compiler cannot tell is shared).
+__device__ __forceinline__ float ld_shared_f32(const float* p) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_u32(p)) : "memory");
+    return v;
+}
+
+// Scale warp, lane `lane` < SB_BLOCKS, once the slot is free: k-block kb's scales of the tile at (m0, n0)
+// into `slot`, completing on `full` (whose count has one arrival per such lane plus lane 0's expect_tx).
+template <class Tr>
+__device__ __forceinline__ void fetch_block_scales(float* slot, u64* full, const CUtensorMap* tmSA,
+                                                   const Fp8ScalesB& s, int m0, int n0, int kb, int lane) {
+    if (lane == 0) {
+        mbar_expect_tx(full, Tr::BM * 4);
+        tma_load_2d(slot, tmSA, full, m0, kb);
+    }
+    cp_async4(slot + Tr::BM + lane, s.b + min(n0 / 128 + lane, s.n_blocks - 1) * s.b_row + kb * s.b_col);
+    mbar_arrive_after_cp_async(full);
+}
+
+// The scales one consumer thread needs for one k-block: its two fragment rows (frag_row, + 8) of each of
+// its m64 blocks (`first_row`: its first row in the tile) and the tile's B blocks, from the stage's slot.
 template <class Tr>
 struct BlockScaleRegs {
     float top[Tr::MI], bot[Tr::MI], col[Tr::SB_BLOCKS];
 
-    __device__ __forceinline__ void load(const Fp8Scales& s, int row0, int n0, int kb, int t) {
+    __device__ __forceinline__ void read(const float* slot, int first_row, int t) {
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
-            const int r = row0 + mi * 64 + frag_row(t);
-            top[mi] = __ldg(s.a + min(r, s.M - 1) * s.a_row + kb * s.a_col);
-            bot[mi] = __ldg(s.a + min(r + 8, s.M - 1) * s.a_row + kb * s.a_col);
+            top[mi] = ld_shared_f32(slot + first_row + mi * 64 + frag_row(t));
+            bot[mi] = ld_shared_f32(slot + first_row + mi * 64 + frag_row(t) + 8);
         }
 #pragma unroll
-        for (int c = 0; c < Tr::SB_BLOCKS; ++c)
-            col[c] = __ldg(s.b + min(n0 / 128 + c, s.n_blocks - 1) * s.b_row + kb * s.b_col);
+        for (int c = 0; c < Tr::SB_BLOCKS; ++c) col[c] = ld_shared_f32(slot + Tr::BM + c);
     }
 };
 

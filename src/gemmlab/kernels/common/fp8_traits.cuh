@@ -46,11 +46,19 @@ struct Fp8GemmTraits {
     // inside one and end in the next.
     static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
     static constexpr int SB_BLOCKS = SB_ALIGNED ? (BN > 128 ? BN / 128 : 1) : BN / 128 + 2;
+    // Block scales travel with the ring (fp8_promote.cuh): per stage a slot of the tile's BM row scales
+    // and SB_BLOCKS column-block scales of that k-step, filled by a producer warp. The row scales arrive by
+    // TMA, whose shared-memory destination must be 128-byte aligned: slots of whole 32 floats.
+    static constexpr int SCALE_SLOT = (BM + SB_BLOCKS + 31) / 32 * 32;  // floats
+    static constexpr u32 SCALE_BYTES = kScale == SCALE_BLOCK ? STAGES * SCALE_SLOT * 4 : 0;
+    // The TMA thread's expect_tx; with block scales also the scale warp's lane 0 (expect_tx of A's row
+    // scales) and its SB_BLOCKS lanes' cp.async arrivals.
+    static constexpr u32 FULL_ARRIVALS = kScale == SCALE_BLOCK ? 2 + SB_BLOCKS : 1;
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
     static_assert(kPromote >= 0, "promotion interval");
-    static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");
+    static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES + SCALE_BYTES <= 227 * 1024 - 256, "shared memory");
 };

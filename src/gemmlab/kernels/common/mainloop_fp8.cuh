@@ -29,51 +29,42 @@ __device__ __forceinline__ void issue_kstep_fp8(const unsigned char* sA, const u
     wgmma_commit();
 }
 
-// Block scales, one k-step: wgmmas, wait, free the slot, acc += part x this k-block's scales (`sc`),
-// then refill `sc` with the scales of k-step kt + 2, this set's next use.
-template <class Tr>
-__device__ __forceinline__ void block_kstep_fp8(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
-                                                const unsigned char* sB, int consumer, int t,
-                                                float (&acc)[Tr::MI][Tr::BN / 2], float (&part)[Tr::MI][Tr::BN / 2],
-                                                int kt, int k_end, BlockScaleRegs<Tr>& sc, const Fp8Scales& scales,
-                                                int row0, int n0) {
-    ring.wait_full(cur);
-    issue_kstep_fp8<Tr>(sA, sB, cur.stage, consumer, part, true);
-    wgmma_wait<0>();
-#pragma unroll
-    for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
-    if (t == 0) ring.release(cur.stage);
-#pragma unroll
-    for (int mi = 0; mi < Tr::MI; ++mi) promote_scaled<Tr>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col, n0);
-    if (kt + 2 < k_end) sc.load(scales, row0, n0, kt + 2, t);
-    cur.template advance<Tr::STAGES>();
-}
-
 template <class Tr>
 __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
                                                  const unsigned char* sB, int consumer, int t,
                                                  float (&acc)[Tr::MI][Tr::BN / 2],
                                                  float (&part)[Tr::MI][Tr::BN / 2], int k_begin, int k_end,
-                                                 const Fp8Scales& scales, int row0, int n0) {
+                                                 const float* s_scales, int n0) {
 #pragma unroll
     for (int mi = 0; mi < Tr::MI; ++mi)
 #pragma unroll
         for (int i = 0; i < Tr::BN / 2; ++i) acc[mi][i] = 0.0f;
     if constexpr (Tr::SCALE == SCALE_BLOCK) {
-        // Two sets of scale registers, used by alternate k-steps (the loop unrolled by two keeps them
-        // apart by name): a set is refilled right after its promotion, two k-steps before its next use.
-        // A single set copied from a look-ahead set (sc = sc_next) made ptxas read the look-ahead's
-        // registers, whose loads had just been issued, among the next k-step's wgmma issues (SASS at
-        // c6c4bc7; 0.56x of per-tensor throughput; this form 0.585x). What still costs: a load in flight
-        // stalls the warpgroup at its next wgmma fence however early it was issued (with the same
-        // promotion on loop-invariant scales the kernel runs within 3% of per-tensor: worklog).
-        BlockScaleRegs<Tr> sc0, sc1;
-        sc0.load(scales, row0, n0, k_begin, t);
-        if (k_begin + 1 < k_end) sc1.load(scales, row0, n0, k_begin + 1, t);
-        for (int kt = k_begin; kt < k_end; kt += 2) {
-            block_kstep_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, kt, k_end, sc0, scales, row0, n0);
-            if (kt + 1 == k_end) break;
-            block_kstep_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, kt + 1, k_end, sc1, scales, row0, n0);
+        // Every k-step: wgmmas, wait, free the slot, acc += part x that k-step's scales. The scales are
+        // read from the slot one k-step ahead, while the k-step before runs on the tensor cores, so no
+        // shared-memory load is in flight at a wgmma fence (a load read just before the fence cost ~10%:
+        // worklog). Every warp reads a slot before its wgmmas on that slot, and the slot is freed only
+        // once those wgmmas completed, so no warp can still be reading it.
+        const int first_row = consumer * Tr::MI * 64;
+        ring.wait_full(cur);
+        BlockScaleRegs<Tr> sc;
+        sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, t);
+        for (int kt = k_begin; kt < k_end; ++kt) {
+            const int stage = cur.stage;
+            issue_kstep_fp8<Tr>(sA, sB, stage, consumer, part, true);
+            cur.template advance<Tr::STAGES>();
+            BlockScaleRegs<Tr> next = sc;
+            if (kt + 1 < k_end) {
+                ring.wait_full(cur);
+                next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, t);
+            }
+            wgmma_wait<0>();
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
+            if (t == 0) ring.release(stage);
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi) promote_scaled<Tr>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col, n0);
+            sc = next;
         }
         return;
     }

@@ -67,6 +67,12 @@ __device__ __forceinline__ void mbar_arrive_notoken(u64* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
+// "cp.async.mbarrier.arrive.noinc": an arrival on `bar` once this thread's earlier cp.async copies have
+// landed (noinc: the barrier's expected count already includes it).
+__device__ __forceinline__ void mbar_arrive_after_cp_async(u64* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
 // Arrive on the barrier at the same shared-memory offset in CTA `cta` of this cluster
 // ("mapa" to get its shared::cluster address, then "mbarrier.arrive.relaxed.cluster").
 // Relaxed, not release: what the arrival announces is that this warpgroup's wgmma reads of the stage

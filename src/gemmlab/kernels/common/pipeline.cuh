@@ -35,9 +35,10 @@ struct Ring {
 
     // One thread initialises; fence.mbarrier_init makes the inits visible to the async proxy (the TMA
     // completes transactions on "full") before any arrival (PTX ISA "fence.mbarrier_init").
-    __device__ __forceinline__ void init(u32 consumers) {
+    // `full_arrivals`: the producer's expect_tx arrival, plus any other loaders' (FP8 block scales).
+    __device__ __forceinline__ void init(u32 consumers, u32 full_arrivals = 1) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);
+            mbar_init(&full[s], full_arrivals);
             mbar_init(&empty[s], consumers);
         }
         fence_mbarrier_init();

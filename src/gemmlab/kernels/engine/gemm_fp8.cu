@@ -17,8 +17,8 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmA_short,
                 const __grid_constant__ CUtensorMap tmB, const __grid_constant__ CUtensorMap tmC,
-                const __grid_constant__ CUtensorMap tmC_tail, const int* __restrict__ order, int M, int N, int K,
-                const float* __restrict__ scale_a, long long sa_row, long long sa_col,
+                const __grid_constant__ CUtensorMap tmC_tail, const __grid_constant__ CUtensorMap tmSA,
+                const int* __restrict__ order, int M, int N, int K, const float* __restrict__ scale_a,
                 const float* __restrict__ scale_b, long long sb_row, long long sb_col,
                 const typename Tr::TBIAS* __restrict__ bias, typename Tr::TO* __restrict__ Out, long long ldo,
                 int a_rows) {
@@ -33,7 +33,10 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
     const int k_iters = (K + BK - 1) / BK;  // a ragged last k-step reads TMA zero fill: adds nothing
-    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
+    // Block scales: one slot per stage after the output slabs, filled by the producer's second warp.
+    float* s_scales = reinterpret_cast<float*>(sC + Tr::SLABS_BYTES);
+    const Fp8ScalesB scales{scale_b, sb_row, sb_col, (N + 127) / 128};
+    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS, Tr::FULL_ARRIVALS);
     __syncthreads();
 
     TileScheduler<DATA_PARALLEL> sched(num_tiles, k_iters, ScheduleArgs{1, 0, 0});
@@ -48,6 +51,21 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
                                  u.k_begin, u.k_end, M, a_rows);
             }
         }
+        if constexpr (Tr::SCALE == SCALE_BLOCK) {
+            if (t / 32 == 1 && t % 32 < Tr::SB_BLOCKS) {  // the scale warp: the same units, each k-step's
+                RingCursor cur;                              // scales into its stage's slot
+                while (sched.next(u)) {
+                    const int packed = order[u.tile];
+                    for (int kt = u.k_begin; kt < u.k_end; ++kt) {
+                        mbar_wait_parity(&ring.empty[cur.stage], cur.phase ^ 1);
+                        fetch_block_scales<Tr>(s_scales + cur.stage * Tr::SCALE_SLOT, &ring.full[cur.stage], &tmSA,
+                                               scales, (packed >> 16) * BM, (packed & 0xffff) * BN, kt, t % 32);
+                        cur.template advance<Tr::STAGES>();
+                    }
+                }
+                cp_async_wait_all();
+            }
+        }
         return;
     }
 
@@ -56,7 +74,6 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     // Per-tensor scales are read on the device (no host sync); block scales are applied at promotion.
     const float alpha = Tr::SCALE == SCALE_TENSOR ? __ldg(scale_a) * __ldg(scale_b) : 1.0f;
     const EpilogueArgs<Tr> ep{alpha, 0.0f, nullptr, 0, 0, bias, Out, ldo, M, N};
-    const Fp8Scales scales{scale_a, sa_row, sa_col, scale_b, sb_row, sb_col, M, (N + 127) / 128};
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
     RingCursor cur;
     int pieces = 0;
@@ -66,7 +83,7 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
         const int packed = order[u.tile];
         const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
         const int row0 = m0 + consumer * Tr::MI * 64;
-        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, scales, row0, n0);
+        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, s_scales, n0);
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi)
             store_block<Tr>(acc[mi], row0 + mi * 64, n0, ep, slabs, pieces, &tmC, &tmC_tail, t, consumer);
