@@ -82,11 +82,13 @@ def test_every_fp8_choice_compiles_clean(p):
 
 def test_every_fp8_tile_is_offered():
     """Every tile of FP8_TILES is a candidate with per-tensor scales; block scales only the widths whose
-    tiles never straddle B's 128-column scale blocks."""
+    tiles never straddle B's 128-column scale blocks at a varying column, and 192 (two phases: its tiles
+    start at column 0 or 64 of a block)."""
     tensor = {(p.bm, p.bn) for p in planner.fp8_candidates(4096, 4096, 4096)}
     block = {(p.bm, p.bn) for p in planner.fp8_candidates(4096, 4096, 4096, scale="block")}
     assert tensor == set(planner.FP8_TILES)
-    assert block == {(bm, bn) for bm, bn in tensor if 128 % bn == 0 or bn % 128 == 0} and block
+    assert block == {(bm, bn) for bm, bn in tensor if 128 % bn == 0 or bn % 128 == 0 or bn == 192} and block
+    assert {(64, 192), (128, 192)} <= block
 
 
 # Plans -----------------------------------------------------------------------------------------------
