@@ -33,8 +33,10 @@ def _check(p: planner.Fp8Plan) -> None:
 
 def _representative():
     """~12 instantiations: the model's picks for a square (both scale modes), a big square, a few-row and a one-row problem; DIRECT; the heaviest epilogue; no
-    promotion; and forced tiles at the space's edges (256 x 96 block, 64 x 240) and 128 x 192 block, whose
-    tiles straddle B's scale blocks (not offered with block scales; still compiled clean)."""
+    promotion; and forced tiles at the space's edges (256 x 96 block, 64 x 240) and 128 x 208 block, whose
+    tiles straddle B's scale blocks at any multiple of 16 (not offered with block scales; the compare form of
+    the promotion, still compiled clean). 192-wide block tiles are offered (two phases): the every-choice
+    sweep compiles them."""
     seen = {}
     for shape, kw in (((4096, 4096, 4096), {}), ((4096, 4096, 4096), {"scale": "block"}),
                       ((8192, 8192, 8192), {}), ((128, 4096, 4096), {}), ((1, 4096, 4096), {"scale": "block"}),
@@ -43,7 +45,7 @@ def _representative():
                       ((2048, 4096, 16384), {"promote": 0})):  # no promotion until the tile's end
         p = planner.plan_fp8(*shape, **kw)
         seen.setdefault(p.name_expression, p)
-    for bm, bn, scale in ((256, 96, "block"), (64, 240, "tensor"), (128, 192, "block")):
+    for bm, bn, scale in ((256, 96, "block"), (64, 240, "tensor"), (128, 208, "block")):
         # Block scales on straddling tiles are not offered (slow promotion) but the kernel runs them when
         # forced: the per-tensor plan of the tile with block scales.
         p = next(c for c in planner.fp8_candidates(4096, 4096, 4096) if (c.bm, c.bn) == (bm, bn))
