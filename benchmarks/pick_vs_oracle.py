@@ -2,9 +2,9 @@
 
     PYTHONPATH=src python3 benchmarks/pick_vs_oracle.py [--set NAME=VALUE ...] [--worst 6] [--changed]
 
-Records: the two newest broad runs, which together time all 297 shapes with the same bf16 code
-(``SHAS``: 240cc15, 180 shapes; 6417c0c, the other 117; dc8faff and d107e97, 290 and 249 shapes with
-ping-pong plans beside; plans pooled over the runs). Per shape they hold a few engine-kernel plans
+Records: the broad runs in ``SHAS`` (240cc15, 180 shapes, and 6417c0c, the other 117, time all 297 shapes
+with the same bf16 code; dc8faff, d107e97 and dd13e41, 290, 249 and 241 shapes, with ping-pong and global
+split-K plans beside; plans pooled over the runs, the router's choice from the newest). Per shape they hold a few engine-kernel plans
 (``model``: the pick then, ``best split_k`` / ``best stream_k`` / ``best data_parallel`` / ``best bm=..``),
 ``engine`` (what the router ran), ``h11`` and ``decode`` where timed beside. Every number is a measured
 ratio to torch.mm (torch time / ours, > 1: we win), split into the fit half (even positions of the sorted
@@ -39,7 +39,7 @@ from gemmlab import decode, engine, plan_cost, planner
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SHAS = ("240cc1560ab0", "6417c0cb0f7a", "dc8faff37bbc", "d107e9759599")
+SHAS = ("240cc1560ab0", "6417c0cb0f7a", "dc8faff37bbc", "d107e9759599", "dd13e41")
 CLASSES = ("decode", "mid", "prefill", "square", "unaligned")
 
 
@@ -114,8 +114,9 @@ def route(case: Case, prof, measured_only: bool = False) -> Choice:
     """``engine.route``'s rule for a contiguous bf16 call of this shape with ``prof`` (no tuned plans). The
     engine kernel's plan: the planner's pick, or with ``measured_only`` its best-priced measured plan."""
     s = case.shape
-    if measured_only:
-        rec = min(case.plans.values(), key=lambda r: planner.rank_key(
+    if measured_only:  # among the schedules the planner offers (global split-K is timed, not offered)
+        offered = [r for r in case.plans.values() if r["schedule"] in planner.OFFERED_SCHEDULES]
+        rec = min(offered, key=lambda r: planner.rank_key(
             price(s, r, prof), s[0], r["schedule"], r["splits"], r["bm"], r["bn"], r["stages"]))
         new_s, new = price(s, rec, prof), rec
     else:
@@ -197,7 +198,8 @@ def describe(ch: Choice) -> str:
     p = ch.plan
     get = (lambda k: getattr(p, k)) if isinstance(p, planner.Plan) else p.get
     sched = {"data_parallel": "DP", "split_k": f"SK x{get('splits')}", "pingpong": "PP",
-             "stream_k": f"stream-K {get('sk_tiles')}/{get('sk_ctas')}"}[get("schedule")]
+             "stream_k": f"stream-K {get('sk_tiles')}/{get('sk_ctas')}",
+             "split_k_global": f"global SK x{get('splits')}"}[get("schedule")]
     return f"{get('bm')}x{get('bn')} {sched} {get('stages')}st"
 
 
