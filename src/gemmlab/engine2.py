@@ -211,9 +211,10 @@ def block_scales_mn_major(scale: torch.Tensor) -> torch.Tensor:
     MN-major too) are used in place; others are copied once per call into a padded buffer (one small
     copy kernel)."""
     M, KB = scale.shape
-    if scale.stride(0) == 1 and (KB == 1 or scale.stride(1) % 4 == 0) and scale.data_ptr() % 16 == 0 \
-            and (KB > 1 or M % 4 == 0):
-        return scale.t() if KB > 1 else scale.t().as_strided((1, M), (M, 1))
+    # In place: unit stride along M, 16-byte aligned start and rows (one k-block: the row is all of it).
+    pitch_ok = scale.stride(1) % 4 == 0 if KB > 1 else M % 4 == 0
+    if scale.stride(0) == 1 and pitch_ok and scale.data_ptr() % 16 == 0:
+        return scale.t() if KB > 1 else scale.reshape(1, M)
     buf = torch.empty((KB, (M + 3) // 4 * 4), dtype=torch.float32, device=scale.device)[:, :M]
     return buf.copy_(scale.t())
 
