@@ -49,6 +49,7 @@ import torch
 from . import plan_cost
 from .devices import DeviceProfile
 from .errors import UnsupportedProblem
+from .fp8 import check_scale_tensors
 from .planner import Warpgroups
 
 SOURCE = "engine/gemm_grouped.cu"
@@ -397,13 +398,7 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale
             raise UnsupportedProblem(f"{name} is on {x.device}, a on {a.device}")
     sb_step = 0
     if fp8:
-        for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
-            if not isinstance(s, torch.Tensor):
-                raise TypeError(f"{name} must be a float32 torch.Tensor, got {type(s).__name__}")
-            if s.dtype != torch.float32:
-                raise TypeError(f"{name} must be torch.float32, got {s.dtype}")
-            if s.device != a.device:
-                raise UnsupportedProblem(f"{name} is on {s.device}, a on {a.device}")
+        check_scale_tensors(scale_a, scale_b, a.device)
         if scale_a.numel() != 1:
             raise UnsupportedProblem(f"scale_a must hold one scale (per-tensor), got shape {tuple(scale_a.shape)}")
         if G > 1 and tuple(scale_b.shape) == (G,):  # one per group, read at scale_b[g]
