@@ -150,6 +150,9 @@ def test_model_every_step(capsys):
     rc, out, _ = run(capsys, "model", "--shape", "1024", "--profile", "H200")
     assert rc == 0
     assert "h01" in out and "k01" in out
+    # and what gemmlab.matmul runs there (gemmlab.plan's route)
+    flat = " ".join(out.split())
+    assert "gemmlab.matmul runs: Route(1024x1024x1024:" in flat and "engine_gemm" in flat
 
 
 def test_figures_and_plot_commands(capsys, tmp_path):

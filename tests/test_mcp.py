@@ -153,6 +153,8 @@ def test_model_gemm_problem_only():
     assert p["dtype"] == "bf16" and p["flops"] == pytest.approx(2 * 4096**3, rel=1e-4)
     assert p["speed_of_light_tflops"] == pytest.approx(713.7, rel=1e-3)  # 132 SMs x 4096 x 1320 MHz
     assert p["roofline_bound"] == "compute" and d["kernel"] is None
+    m = d["matmul"]  # what gemmlab.matmul runs there
+    assert m["kernel"] in ("engine", "h11", "decode") and m["summary"].startswith("Route(4096x4096x4096:")
     small = call("model_gemm", {"M": 1, "N": 8192, "K": 8192, "dtype": "bf16"}).structured_content
     assert small["problem"]["roofline_bound"] == "memory"  # decode: one row
 

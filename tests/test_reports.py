@@ -47,6 +47,29 @@ def test_model_report_matches_a_hand_computation():
     assert any(not s.supported and s.predicted_tflops is None for s in every)  # h-steps cannot run 64^3
 
 
+def test_model_report_says_what_matmul_runs():
+    """ModelResult.matmul is gemmlab.plan's route at the shape (bf16 / fp16 problems), laid out."""
+    import torch
+
+    from gemmlab import engine
+
+    for (M, N, K), kernel in (((4096, 4096, 4096), None), ((16, 4096, 4096), "decode"), ((2040, 3584, 3584), None)):
+        m = modelling.model_report(M, N, K, profile="H200").matmul
+        r = engine.plan(M, N, K, dtype=torch.bfloat16, sm_count=132)
+        assert m.kernel == r.kernel and m.how == r.how and m.summary == repr(r)
+        assert m.tile == [r.plan.bm, r.plan.bn] and m.schedule == r.plan.schedule and m.stages == r.plan.stages
+        assert m.predicted_us == pytest.approx(r.plan.predicted_s * 1e6)
+        assert kernel is None or m.kernel == kernel
+    dec = modelling.model_report(16, 4096, 4096, profile="H200").matmul
+    assert dec.decode_priced_us is not None and dec.decode_priced_us <= dec.predicted_us
+    fp16 = modelling.model_report(4096, 4096, 4096, dtype="fp16", profile="H200").matmul
+    assert fp16 is not None and "bf16" not in fp16.summary
+    assert modelling.model_report(4096, 4096, 4096, dtype="fp8", profile="H200").matmul is None
+    assert modelling.model_report(1024, 1024, 1024, kernel="k05", profile="H200").matmul is None  # an fp32 step
+    documented = {f.name for f in dataclasses.fields(modelling.MatmulPlan) if f.metadata.get("doc")}
+    assert {"kernel", "how", "tile", "predicted_us", "summary"} <= documented
+
+
 def test_every_field_of_a_report_is_json_and_described():
     res = modelling.model_report(1024, 1024, 1024, kernel="k05", profile="H200")
     data = json.loads(json.dumps(as_dict(res)))

@@ -26,6 +26,8 @@ def _model(args) -> int:
         _print_kernel(out, res.kernel, res.device)
     else:
         _print_steps(out, res)
+    if res.matmul is not None:
+        out.print(f"gemmlab.matmul runs: {res.matmul.summary}", markup=False, highlight=False)
     out.print(f"Model: {res.formula}.")
     return 0
 

@@ -232,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Analytic model of a GEMM: FLOPs, minimum bytes, arithmetic intensity, the roofline bound and speed of "
         "light at an SM clock; with --kernel, the step's tile intensity, occupancy (from ptxas registers, "
         "cross-checked with cuda-core on a GPU), tiles, waves and last-wave utilization, global traffic, and the "
-        "predicted time and TFLOP/s. Without --kernel, a prediction for every step. The device is the visible "
-        "GPU, else the named profile.", parents=(common, as_json))
+        "predicted time and TFLOP/s. Without --kernel, a prediction for every step. For bf16 / fp16, also what "
+        "gemmlab.matmul runs at the shape (gemmlab.plan). The device is the visible GPU, else the named "
+        "profile.", parents=(common, as_json))
     mod.add_argument("--shape", type=parse_shape, required=True, metavar="M,N,K", help="problem size")
     mod.add_argument("--kernel", metavar="STEP", help="model this step in detail")
     mod.add_argument("--config", action="append", metavar="K=V", help="the step's template parameters")

@@ -151,7 +151,9 @@ def model_gemm(
     and the speed of light at an SM clock; with `kernel`, the step's tile intensity, occupancy (registers from
     ptxas, smem, threads), tiles and waves (last-wave utilization), tile quantization, global and HBM traffic,
     and the predicted time, TFLOP/s and fraction of the speed of light, with which bound (compute or memory)
-    applies. The device is the visible GPU's SM count, else the H200 profile (132 SMs, 4.3 TB/s)."""
+    applies. For bf16 / fp16 also `matmul`: what gemmlab.matmul runs at the shape (gemmlab.plan: the kernel,
+    its tile, schedule, stages and predicted time, and the prices of the kernels weighed against it). The
+    device is the visible GPU's SM count, else the H200 profile (132 SMs, 4.3 TB/s)."""
     return out(modelling.model_report(M, N, K, kernel=kernel and _check_name(kernel), config=config,
                                       clock_mhz=clock_mhz, dtype=dtype))
 

@@ -118,12 +118,29 @@ class StepPrediction:
 
 
 @dataclass
+class MatmulPlan:
+    kernel: str = doc("what gemmlab.matmul runs: 'engine' (the engine kernel), 'h11' or 'decode'")
+    how: str = doc("why: 'model' (the plan model's price), 'decode priced', 'tuned' or 'forced'")
+    tile: list[int] | None = doc("the engine kernel's tile (BM, BN), also when another kernel runs")
+    schedule: str | None = doc("data_parallel, split_k, stream_k or pingpong")
+    splits: int | None
+    stages: int | None
+    predicted_us: float | None = doc("the plan model's time of the engine kernel's plan")
+    h11_priced_us: float | None = doc("h11's plan priced by the same model (None where not weighed)")
+    decode_priced_us: float | None = doc("the decode kernel's price (None where it cannot run the shape)")
+    summary: str = doc("gemmlab.plan(M, N, K)'s repr")
+
+
+@dataclass
 class ModelResult:
     device: Device
     problem: ProblemModel
     kernel: KernelModel | None = doc("the named step in detail")
     steps: list[StepPrediction] | None = doc("every registered step at its default config (when asked)")
     formula: str
+    matmul: MatmulPlan | None = doc("what gemmlab.matmul runs at this shape (gemmlab.plan), for bf16 and fp16 "
+                                    "problems; the plan model prices it at the H200's constants with this "
+                                    "device's SM count")
 
 
 @dataclass
@@ -293,8 +310,25 @@ def model_report(M: int, N: int, K: int, *, kernel: str | None = None, config: d
         km = kernel_model(spec, cfg, M, N, K, prof, clock, config_source=source)
     elif config is not None:
         raise BadRequest("a config needs a kernel: name the step whose parameters these are")
-    return ModelResult(device=device_report(prof), problem=problem_model(M, N, K, dtype or "bf16", prof, clock),
-                       kernel=km, steps=every_step(M, N, K, prof, clock) if every else None, formula=FORMULA)
+    dtype = dtype or "bf16"
+    return ModelResult(device=device_report(prof), problem=problem_model(M, N, K, dtype, prof, clock),
+                       kernel=km, steps=every_step(M, N, K, prof, clock) if every else None, formula=FORMULA,
+                       matmul=matmul_plan(M, N, K, dtype, prof.sm_count) if dtype in ("bf16", "fp16") else None)
+
+
+def matmul_plan(M: int, N: int, K: int, dtype: str, sm_count: int) -> MatmulPlan:
+    """``gemmlab.plan``'s route for a (M, K) x (K, N) call (B as ``w.t()`` of an nn.Linear weight), laid out."""
+    import torch
+
+    from .. import engine
+
+    r = engine.plan(M, N, K, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16, sm_count=sm_count)
+    p = r.plan
+    us = (lambda s: None if s is None else s * 1e6)
+    return MatmulPlan(kernel=r.kernel, how=r.how, tile=[p.bm, p.bn] if p else None, schedule=p.schedule if p else None,
+                      splits=p.splits if p else None, stages=p.stages if p else None,
+                      predicted_us=us(p.predicted_s) if p else None, h11_priced_us=us(r.h11_s),
+                      decode_priced_us=us(r.decode_s), summary=repr(r))
 
 
 def _limiters(km: KernelModel, sol_tflops: float, ridge: float) -> list[Limiter]:
