@@ -210,9 +210,10 @@ def block_scales_mn_major(scale_a: torch.Tensor) -> torch.Tensor:
     and ``torch._scaled_mm`` keep them MN-major too) are used in place; others are copied once per call
     into a padded buffer (one small copy kernel)."""
     M, KB = scale_a.shape
-    if scale_a.stride(0) == 1 and (KB == 1 or scale_a.stride(1) % 4 == 0) and scale_a.data_ptr() % 16 == 0 \
-            and (KB > 1 or M % 4 == 0):
-        return scale_a.t() if KB > 1 else scale_a.t().as_strided((1, M), (M, 1))
+    # In place: unit stride along M, 16-byte aligned start and rows (one k-block: the row is all of it).
+    pitch_ok = scale_a.stride(1) % 4 == 0 if KB > 1 else M % 4 == 0
+    if scale_a.stride(0) == 1 and pitch_ok and scale_a.data_ptr() % 16 == 0:
+        return scale_a.t() if KB > 1 else scale_a.reshape(1, M)
     buf = torch.empty((KB, (M + 3) // 4 * 4), dtype=torch.float32, device=scale_a.device)[:, :M]
     return buf.copy_(scale_a.t())
 
