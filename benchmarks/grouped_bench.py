@@ -21,7 +21,9 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
   the same plan walking each group plain m-fastest);
 * ``torch_grouped_mm``: ``torch._grouped_mm(a, b.transpose(-2, -1), offs)`` where torch has it (bf16);
 * ``torch_mm_loop``: one ``torch.mm`` per non-empty expert on its rows (the sizes read on the host before
-  timing: this candidate is given what a real loop would have to sync for).
+  timing: this candidate is given what a real loop would have to sync for);
+* with ``--fp8``, ``ours_fp8``: the same inputs quantized to e4m3 (a per-tensor scale for a, one per expert
+  for b), ``grouped_mm``'s FP8 plan; checked against the fp32 product of its dequantized inputs.
 
 Each candidate is checked against an fp32 reference (per expert ``torch.mm`` in fp32) before it is timed;
 a failing one is recorded with its error and not timed. One JSON line per (shape, candidate): git sha, GPU,
@@ -50,7 +52,7 @@ import dataclasses
 
 import torch
 
-from gemmlab import grouped
+from gemmlab import fp8, grouped
 from gemmlab.bench import git_sha, rel_error
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
@@ -105,6 +107,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=None,
                     help="model:T pairs (e.g. mixtral:16384,dsv3:4096) instead of --models x --tokens")
     ap.add_argument("--all-tiles", action="store_true", help="also time every other tile of the plan space")
+    ap.add_argument("--fp8", action="store_true", help="also time the FP8 grouped kernel on the inputs quantized")
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="HBM peak for the roofline (H200: 4.8 TB/s)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989 TFLOP/s)")
     ap.add_argument("--rounds", type=int, default=15)
@@ -146,9 +149,21 @@ def main() -> None:
             if max(sizes) > plan.panel * plan.bm:  # the tallest group is walked in panels
                 plans["ours_no_panel"] = dataclasses.replace(plan, panel=1 << 30)
 
+        refs = {}
+        if args.fp8:  # e4m3 copies of every set: a per-tensor scale for a, one per expert for b
+            for s in sets:
+                s["a8"], s["sa"] = fp8.quantize_per_tensor(s["a"].float())
+                qs = [fp8.quantize_per_tensor(s["b"][g].float()) for g in range(G)]
+                s["b8"], s["sb"] = torch.stack([q for q, _ in qs]), torch.stack([x.reshape(()) for _, x in qs])
+            plans["ours_fp8"] = grouped.plan_for(s0["a8"], s0["b8"], offs, scale_a=s0["sa"], scale_b=s0["sb"])
+            refs["ours_fp8"] = grouped.reference_grouped_mm(s0["a8"], s0["b8"], offs, scale_a=s0["sa"],
+                                                            scale_b=s0["sb"], dtype=torch.float32)
+
         def ours(pl):
             def run(i):
                 s = sets[i]
+                if pl.dtype == "e4m3":
+                    return grouped.run(s["a8"], s["b8"], offs, out=s["out"], plan=pl, scale_a=s["sa"], scale_b=s["sb"])
                 return grouped.run(s["a"], s["b"], offs, out=s["out"], plan=pl)
             return run
 
@@ -171,7 +186,7 @@ def main() -> None:
             try:
                 got = fn(0)
                 torch.cuda.synchronize()
-                errors[name] = rel_error(got.double(), ref.double())
+                errors[name] = rel_error(got.double(), refs.get(name, ref).double())
             except Exception as e:  # noqa: BLE001 - recorded, the run goes on
                 errors[name] = f"{type(e).__name__}: {e}"[:300]
             if isinstance(errors[name], float) and errors[name] <= 1e-2:

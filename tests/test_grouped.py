@@ -321,7 +321,8 @@ def test_grouped_mm_traces_as_one_op():
 def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direct):
     """grouped.launch's arguments, captured on CPU tensors: three tensor maps by value (A over all rows with a
     bm x 64 box, B as (G * N, K) with a bn x 64 box, out with a 64-row x 128-byte box, or A's map again with
-    DIRECT stores), then the ranges pointer, lead, G, limit, N, K, panel, out, ldo."""
+    DIRECT stores), then the ranges pointer, lead, G, limit, N, K, panel, the FP8 scales' two pointers and
+    step (unread with bf16: out's pointer, 0), out, ldo."""
     import dataclasses
 
     a, b, o = _ops(T=128)
@@ -343,7 +344,8 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direc
     assert args[2] == (args[0] if direct else ("tmap", (128, 48), (64, 64)))
     limit = 128 if layout == "contiguous" else 32
     assert [int(x) for x in args[4:10]] == [1 if layout == "contiguous" else 0, 4, limit, 48, 64, 3]
-    assert args[10].shape == (128, 48) and int(args[11]) == 48
+    assert args[10] is args[11] is args[13] and int(args[12]) == 0  # no scales read
+    assert args[13].shape == (128, 48) and int(args[14]) == 48
 
 
 def test_a_plan_that_tma_stores_refuses_an_unaligned_out(monkeypatch):
@@ -393,12 +395,13 @@ def fake_launch(monkeypatch):
     groups' rows (as the kernel does); yields the plans run."""
     ran = []
 
-    def launch(p, a, b, ranges, lead, out):
+    def launch(p, a, b, ranges, lead, out, scale_a=None, scale_b=None, sb_step=0):
         layout = "contiguous" if a.dim() == 2 else "masked"
         assert p.layout == layout and out.dtype == grouped._DTYPES[p.out_dtype]
         kw = {"offsets": ranges} if layout == "contiguous" else {"counts": ranges}
         assert lead == (1 if layout == "contiguous" and ranges.shape[0] == b.shape[0] + 1 else 0)
-        ref = grouped.reference_grouped_mm(a, b, **kw)
+        ref = grouped.reference_grouped_mm(a, b, **kw, scale_a=scale_a, scale_b=scale_b)
+        assert sb_step == (1 if scale_b is not None and scale_b.numel() > 1 else 0)
         keep = torch.isnan(ref)
         out.copy_(torch.where(keep, out.to(ref.dtype), ref).to(out.dtype))
         ran.append(p)

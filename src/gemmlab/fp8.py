@@ -47,6 +47,18 @@ class Fp8Problem:
     bias_dtype: Optional[str]
 
 
+def check_scale_tensors(scale_a, scale_b, device: torch.device) -> None:
+    """Both scales fp32 tensors on ``device`` (their shapes are the caller's to check): TypeError for the
+    type, UnsupportedProblem for the device."""
+    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(s, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of float32, got {type(s).__name__}")
+        if s.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {s.dtype}")
+        if s.device != device:
+            raise UnsupportedProblem(f"{name} is on {s.device}, the operands on {device}")
+
+
 def validate(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
              out_dtype: Optional[torch.dtype], bias: Optional[torch.Tensor],
              activation: Optional[str]) -> Fp8Problem:
@@ -78,14 +90,7 @@ def validate(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
     if a.stride(0) % 16 or b.stride(1) % 16:
         raise UnsupportedProblem(f"row strides of a ({a.stride(0)}) and of b's (N, K) weight ({b.stride(1)}) must be "
                                  "multiples of 16 bytes (TMA)")
-    # Scales.
-    for name, s in (("scale_a", scale_a), ("scale_b", scale_b)):
-        if not isinstance(s, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of float32, got {type(s).__name__}")
-        if s.dtype != torch.float32:
-            raise TypeError(f"{name} must be float32, got {s.dtype}")
-        if s.device != a.device:
-            raise UnsupportedProblem(f"{name} is on {s.device}, the operands on {a.device}")
+    check_scale_tensors(scale_a, scale_b, a.device)
     if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 1 and scale_b.dim() <= 1:
         scale = "tensor"
     elif scale_a.dim() == 2 and scale_b.dim() == 2:

@@ -20,6 +20,10 @@ Layouts:
 Rows of ``out`` that no group covers (contiguous) or past a slab's count (masked) are not written: they
 keep what ``out`` held (pass ``out=`` to rely on it; a fresh output leaves them uninitialized).
 
+FP8: e4m3 ``a`` and ``b`` with fp32 ``scale_a`` (one) and ``scale_b`` (one, or one per group): out_g =
+scale_a x scale_b[g] x a_g @ b[g].T, the same kernel instantiated with Fp8GemmTraits (the FP8 main loop,
+promotion into fp32 every 128 of K); bf16 output by default.
+
 Compared with ``torch._grouped_mm(a, b_t, offs, bias=None, out_dtype=None)`` (2-D x 3-D case): the same
 ``offs`` convention is accepted (G ends), but ``b`` here is (G, N, K), the weights as stored (torch's
 ``mat2`` is (G, K, N), i.e. ``b.transpose(-2, -1)``); no bias yet; masked slabs are gemmlab's own.
@@ -45,6 +49,7 @@ import torch
 from . import plan_cost
 from .devices import DeviceProfile
 from .errors import UnsupportedProblem
+from .fp8 import check_scale_tensors
 from .planner import Warpgroups
 
 SOURCE = "engine/gemm_grouped.cu"
@@ -58,6 +63,10 @@ LAYOUTS = ("contiguous", "masked")
 # The tile space: one or two consumers, 128 or 256 columns (MoE intermediates are 1408 .. 14336 wide), and
 # 256 x 128 (two consumers of 128 rows each: the dense planner's pick for some large-group problems).
 TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
+# FP8: two accumulator sets per consumer thread (the wgmma's partial and the promoted fp32 sum) must fit
+# (planner.FP8_TILES: up to 224 columns with 64-row consumers), and whole 64-column store pieces.
+FP8_TILES = ((64, 128), (64, 192), (128, 128), (128, 192))
+E4M3 = torch.float8_e4m3fn
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DTYPES = {v: k for k, v in _NAMES.items()}
@@ -147,18 +156,26 @@ class GroupedPlan(Warpgroups):
 
     def template_args(self) -> tuple[str, ...]:
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>:
-        K-major operands, no epilogue terms, data-parallel; DIRECT only where out has no TMA map."""
+        K-major operands, no epilogue terms, data-parallel; DIRECT only where out has no TMA map. e4m3:
+        Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE (per-tensor), PROMOTE (every 128 of K), BIAS, ACT,
+        DIRECT>."""
+        direct = "true" if self.direct else "false"
+        if self.dtype == "e4m3":
+            return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages), "0", "1",
+                    "false", "0", direct)
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
-                "false", "false", "false", "false", "0", "true" if self.direct else "false", "0")
+                "false", "false", "false", "false", "0", direct, "0")
 
     @property
     def name_expression(self) -> str:
-        return (f"{KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}, "
+        traits = "Fp8GemmTraits" if self.dtype == "e4m3" else "GemmTraits"
+        return (f"{self.kernel}<{traits}<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}, "
                 f"{self.table}>")
 
     @property
     def compiled_name(self) -> str:
-        return f"engine.gemm_grouped[{', '.join(self.template_args())}, {self.layout}, {self.table}]"
+        name = "engine.gemm_grouped_fp8" if self.dtype == "e4m3" else "engine.gemm_grouped"
+        return f"{name}[{', '.join(self.template_args())}, {self.layout}, {self.table}]"
 
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
@@ -242,10 +259,12 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     prof = _profile(profile, None)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; known: {list(LAYOUTS)}")
-    dt = dtype if dtype in ("bf16", "fp16") else _NAMES.get(dtype)
-    if dt not in ("bf16", "fp16"):
-        raise ValueError(f"grouped_mm takes bf16 or fp16 operands, got {dtype!r}")
-    odt = dt if out_dtype is None else (out_dtype if out_dtype in _CTYPE else _NAMES.get(out_dtype))
+    dt = dtype if dtype in ("bf16", "fp16", "e4m3") else ("e4m3" if dtype == E4M3 else _NAMES.get(dtype))
+    if dt not in ("bf16", "fp16", "e4m3"):
+        raise ValueError(f"grouped_mm takes bf16, fp16 or e4m3 operands, got {dtype!r}")
+    fp8 = dt == "e4m3"
+    default_out = "bf16" if fp8 else dt
+    odt = default_out if out_dtype is None else (out_dtype if out_dtype in _CTYPE else _NAMES.get(out_dtype))
     if odt not in _CTYPE:
         raise ValueError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype!r}")
     if not 1 <= groups <= MAX_GROUPS or min(rows, N, K) < 1:
@@ -255,8 +274,11 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     out_bytes = plan_cost.in_bytes(odt)
     direct = (N * out_bytes) % 16 != 0  # out's rows not 16-byte aligned: no TMA map over out
     table = table_groups(groups)
+    # e4m3 is priced as bf16 at half the depth: the same bytes, and the same k-step time at twice the
+    # tensor rate (one 128-deep FP8 k-step moves and multiplies what a 64-deep bf16 one does).
+    K_priced = math.ceil(K / 2) if fp8 else K
     plans = []
-    for bm, bn in TILES:
+    for bm, bn in FP8_TILES if fp8 else TILES:
         stages = stages_for(bm, bn, table)
         # Tiles there can be: contiguous, sum ceil(rows_g / bm) <= ceil(T / bm) + G; masked, G ceil(C / bm).
         if layout == "contiguous":
@@ -264,11 +286,11 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
         else:
             most = groups * math.ceil(rows / bm) * math.ceil(N / bn)
         uneven = layout == "contiguous"
-        t, busy = _price(groups, expected_rows, N, K, bm, bn, stages, prof, out_bytes, uneven, direct)
+        t, busy = _price(groups, expected_rows, N, K_priced, bm, bn, stages, prof, out_bytes, uneven, direct)
         all_direct = direct or crossing_share(expected_rows, bm, uneven) >= ALL_DIRECT_SHARE
         plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn, stages=stages,
                                  grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt, table=table,
-                                 panel=panel_tiles(bm, bn, K, prof), direct=all_direct,
+                                 panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2), direct=all_direct,
                                  expected_rows=float(expected_rows), predicted_s=t)))
     # Ties (at the HBM floor): the tile that keeps the SMs busy the shortest (fewest rows multiplied in vain).
     plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), round(bp[0], 9), -bp[1].bm * bp[1].bn))
@@ -292,6 +314,7 @@ class GroupedProblem:
     lead: int  # contiguous: 1 if offsets has G + 1 entries (boundaries), 0 for G ends
     dtype: torch.dtype
     out_dtype: torch.dtype
+    sb_step: int = 0  # e4m3: 1 where scale_b holds one scale per group, else 0
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -305,16 +328,23 @@ def _packed(x: torch.Tensor) -> bool:
     return x.dim() == 2 or x.shape[0] <= 1 or x.stride(0) == x.shape[1] * x.stride(1)
 
 
-def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None) -> GroupedProblem:
+def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale_a=None,
+             scale_b=None) -> GroupedProblem:
     """Check ``grouped_mm``'s arguments (see the module docstring); TypeError for dtypes, UnsupportedProblem
     (a ValueError) for the rest. Reads no data: runs on fake tensors, never syncs."""
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"{name} must be torch.bfloat16 or torch.float16, got {x.dtype}")
+        if x.dtype not in (torch.bfloat16, torch.float16, E4M3):
+            raise TypeError(f"{name} must be torch.bfloat16, torch.float16 or torch.float8_e4m3fn, got {x.dtype}")
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    fp8 = a.dtype == E4M3
+    if fp8 and (scale_a is None or scale_b is None):
+        raise UnsupportedProblem("e4m3 operands need scale_a (one fp32 scale) and scale_b (one fp32 scale, or "
+                                 "one per group)")
+    if not fp8 and (scale_a is not None or scale_b is not None):
+        raise UnsupportedProblem(f"scale_a / scale_b go with e4m3 operands; a and b are {a.dtype}")
     if (offsets is None) == (counts is None):
         raise UnsupportedProblem("pass exactly one of offsets (contiguous layout: a is (T, K)) and counts "
                                  "(masked layout: a is (G, C, K))")
@@ -353,8 +383,9 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None) -> Group
         lead = 0
     if a.shape[-1] != K:
         raise UnsupportedProblem(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} (G, N, K)")
-    if K % 8 or K == 0:
-        raise UnsupportedProblem(f"K must be a positive multiple of 8 (TMA reads 16-byte rows), got K = {K}")
+    if K % (16 // a.element_size()) or K == 0:
+        raise UnsupportedProblem(f"K must be a positive multiple of {16 // a.element_size()} (TMA reads 16-byte "
+                                 f"rows of {a.dtype}), got K = {K}")
     for name, x in (("a", a), ("b", b)):
         if not _packed(x):
             raise UnsupportedProblem(f"{name} must have unit stride along K and packed leading dimensions (one "
@@ -365,6 +396,18 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None) -> Group
     for name, x in (("b", b), (rname, ranges)):
         if x.device != a.device:
             raise UnsupportedProblem(f"{name} is on {x.device}, a on {a.device}")
+    sb_step = 0
+    if fp8:
+        check_scale_tensors(scale_a, scale_b, a.device)
+        if scale_a.numel() != 1:
+            raise UnsupportedProblem(f"scale_a must hold one scale (per-tensor), got shape {tuple(scale_a.shape)}")
+        if G > 1 and tuple(scale_b.shape) == (G,):  # one per group, read at scale_b[g]
+            if scale_b.stride(0) != 1:
+                raise UnsupportedProblem(f"scale_b (one per group) must be contiguous, got stride {scale_b.stride(0)}")
+            sb_step = 1
+        elif not (scale_b.numel() == 1 and scale_b.dim() <= 1):
+            raise UnsupportedProblem(f"scale_b must hold one scale or one per group (G = {G},), got shape "
+                                     f"{tuple(scale_b.shape)}")
     if G * N >= 2**31 or a.numel() // max(K, 1) >= 2**31 - 256:  # the kernel rounds rows up to a tile in int32
         raise UnsupportedProblem("grouped_mm's row coordinates must fit in int32 (fewer than 2^31 - 256 rows of a "
                                  "and 2^31 rows of b)")
@@ -374,10 +417,11 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None) -> Group
         if out_dtype is not None and out.dtype != out_dtype:
             raise TypeError(f"out is {out.dtype} but out_dtype is {out_dtype}")
         out_dtype = out.dtype
-    out_dtype = a.dtype if out_dtype is None else out_dtype
+    out_dtype = (torch.bfloat16 if fp8 else a.dtype) if out_dtype is None else out_dtype
     if out_dtype not in _NAMES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
-    p = GroupedProblem(layout=layout, groups=G, rows=rows, N=N, K=K, lead=lead, dtype=a.dtype, out_dtype=out_dtype)
+    p = GroupedProblem(layout=layout, groups=G, rows=rows, N=N, K=K, lead=lead, dtype=a.dtype, out_dtype=out_dtype,
+                       sb_step=sb_step)
     if out is not None:
         if tuple(out.shape) != p.out_shape:
             raise UnsupportedProblem(f"out must have shape {p.out_shape}, got {tuple(out.shape)}")
@@ -416,10 +460,12 @@ def _tensor_map(t, box):
 
 
 def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tensor, lead: int,
-           out: torch.Tensor) -> None:
+           out: torch.Tensor, scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+           sb_step: int = 0) -> None:
     """Run plan ``p``. a: (T, K) or (G, C, K); b: (G, N, K); ranges: offsets (contiguous; ``lead`` = 1
     for G + 1 boundaries, 0 for G ends) or counts (masked), int32 on the device; out: (T, N) or (G, C, N)
-    in ``p.out_dtype``. All packed (``validate``), a and b 16-byte aligned. Checks what the plan fixes."""
+    in ``p.out_dtype``. All packed (``validate``), a and b 16-byte aligned. e4m3 plans: fp32 ``scale_a``
+    (one) and ``scale_b`` (one, or one per group with ``sb_step`` = 1). Checks what the plan fixes."""
     import numpy as np
 
     G, N, K = b.shape
@@ -431,14 +477,22 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     if not p.direct and not tma_storable(out):
         raise UnsupportedProblem("this plan TMA-stores out, whose rows or start are not 16-byte aligned: use "
                                  "a plan with direct=True (plan_for picks one)")
+    fp8 = p.dtype == "e4m3"
+    if fp8 != (a.dtype == E4M3) or (fp8 and (scale_a is None or scale_b is None)):
+        raise UnsupportedProblem(f"plan is for {p.dtype} operands, a is {a.dtype}; e4m3 needs scale_a and scale_b")
     compiled = compile_plan(p)
-    map_a = _tensor_map(a2, (p.bm, BK))
-    map_b = _tensor_map(b2, (p.bn, BK))
+    if fp8:  # TMA moves bytes; the wgmma reads them as e4m3. A k-step is one 128-byte row either way.
+        a2, b2 = a2.view(torch.uint8), b2.view(torch.uint8)
+    row = 128 // a2.element_size()
+    map_a = _tensor_map(a2, (p.bm, row))
+    map_b = _tensor_map(b2, (p.bn, row))
     # out's map: 64-row x one-128-byte-swizzle-row pieces, as the dense engine's (A's map where unused).
     map_c = map_a if p.direct else _tensor_map(o2, (64, 128 // o2.element_size()))
     la = p.launch_args()
-    args = (map_a, map_b, map_c, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K),
-            np.int32(min(p.panel, 2**31 - 1)), o2, np.int64(o2.stride(0)))
+    head = (map_a, map_b, map_c, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K),
+            np.int32(min(p.panel, 2**31 - 1)))
+    scales = (scale_a, scale_b, np.int32(sb_step)) if fp8 else (o2, o2, np.int32(0))  # (bf16 reads none)
+    args = head + scales + (o2, np.int64(o2.stride(0)))
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
 
 
@@ -452,22 +506,22 @@ def _runs_here(a: torch.Tensor) -> bool:
     return a.is_cuda
 
 
-def plan_for(a, b, offsets=None, counts=None, *, out_dtype=None) -> GroupedPlan:
+def plan_for(a, b, offsets=None, counts=None, *, out_dtype=None, scale_a=None, scale_b=None) -> GroupedPlan:
     """The plan ``grouped_mm`` runs for these arguments (priced for evenly filled groups)."""
-    p = validate(a, b, offsets, counts, None, out_dtype)
+    p = validate(a, b, offsets, counts, None, out_dtype, scale_a=scale_a, scale_b=scale_b)
     profile = None
     if a.is_cuda:
         from .engine2 import _profile
 
         profile = _profile(a.device)
-    return plan(p.layout, p.groups, p.rows, p.N, p.K, dtype=_NAMES[p.dtype], out_dtype=_NAMES[p.out_dtype],
-                profile=profile)
+    return plan(p.layout, p.groups, p.rows, p.N, p.K, dtype="e4m3" if p.dtype == E4M3 else _NAMES[p.dtype],
+                out_dtype=_NAMES[p.out_dtype], profile=profile)
 
 
-def run(a, b, offsets=None, counts=None, out=None, *, out_dtype=None,
+def run(a, b, offsets=None, counts=None, out=None, *, out_dtype=None, scale_a=None, scale_b=None,
         plan: Optional[GroupedPlan] = None) -> torch.Tensor:
     """``grouped_mm`` without the custom op, optionally with a chosen ``plan`` (tests, benchmark)."""
-    p = validate(a, b, offsets, counts, out, out_dtype)
+    p = validate(a, b, offsets, counts, out, out_dtype, scale_a=scale_a, scale_b=scale_b)
     if not _runs_here(a):
         raise UnsupportedProblem(f"grouped_mm runs on a CUDA (Hopper) device; the operands are on {a.device}")
     if out is None:
@@ -476,16 +530,17 @@ def run(a, b, offsets=None, counts=None, out=None, *, out_dtype=None,
         return out
     if a.data_ptr() % 16 or b.data_ptr() % 16:
         raise UnsupportedProblem("a and b must start 16-byte aligned (TMA)")
-    pl = plan or plan_for(a, b, offsets, counts, out_dtype=p.out_dtype)
+    pl = plan or plan_for(a, b, offsets, counts, out_dtype=p.out_dtype, scale_a=scale_a, scale_b=scale_b)
     if not pl.direct and not tma_storable(out):  # an out= view at an odd start: store every row directly
         pl = dataclasses.replace(pl, direct=True)
-    launch(pl, a, b, offsets if offsets is not None else counts, p.lead, out)
+    launch(pl, a, b, offsets if offsets is not None else counts, p.lead, out, scale_a, scale_b, p.sb_step)
     return out
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor] = None, *,
                counts: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-               out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+               out_dtype: Optional[torch.dtype] = None, scale_a: Optional[torch.Tensor] = None,
+               scale_b: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Grouped GEMM: for each group g, out_g = a_g @ b[g].T (mixture-of-experts experts in one launch).
 
     a: contiguous layout (T, K) with tokens sorted by group and ``offsets`` int32 (G + 1 boundaries, or G
@@ -495,8 +550,17 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor]
     (default a's dtype). Rows outside every group / past a count are not written (keep ``out``'s values;
     uninitialized in a fresh output). offsets / counts are read on the device: no host sync, CUDA-graph
     capturable; their values are clamped, not checked (module docstring). torch custom ops
-    ``gemmlab::grouped_mm`` / ``gemmlab::grouped_mm_out`` with fake implementations."""
-    validate(a, b, offsets, counts, out, out_dtype)
+    ``gemmlab::grouped_mm`` / ``gemmlab::grouped_mm_out`` with fake implementations.
+
+    FP8: a and b torch.float8_e4m3fn (K a multiple of 16) with fp32 ``scale_a`` (one scale) and ``scale_b``
+    (one, or one per group: (G,)): out_g = scale_a x scale_b[g] x a_g @ b[g].T, promoted into fp32 every
+    128 of K as ``gemmlab.scaled_mm``; out_dtype default bf16 (no ``out=``); custom op
+    ``gemmlab::grouped_scaled_mm``."""
+    validate(a, b, offsets, counts, out, out_dtype, scale_a=scale_a, scale_b=scale_b)
+    if a.dtype == E4M3:
+        if out is not None:
+            raise UnsupportedProblem("FP8 grouped_mm returns a new tensor (out_dtype=...), it takes no out=")
+        return _grouped_scaled_mm_op(a, b, offsets, counts, scale_a, scale_b, out_dtype)
     if out is not None:
         _grouped_mm_out_op(a, b, offsets, counts, out)
         return out
@@ -512,6 +576,19 @@ def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Ten
 @_grouped_mm_op.register_fake
 def _grouped_mm_fake(a, b, offsets, counts, out_dtype):
     p = validate(a, b, offsets, counts, None, out_dtype)
+    return a.new_empty(p.out_shape, dtype=p.out_dtype)
+
+
+@torch.library.custom_op("gemmlab::grouped_scaled_mm", mutates_args=())
+def _grouped_scaled_mm_op(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor],
+                          counts: Optional[torch.Tensor], scale_a: torch.Tensor, scale_b: torch.Tensor,
+                          out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return run(a, b, offsets, counts, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b)
+
+
+@_grouped_scaled_mm_op.register_fake
+def _grouped_scaled_mm_fake(a, b, offsets, counts, scale_a, scale_b, out_dtype):
+    p = validate(a, b, offsets, counts, None, out_dtype, scale_a=scale_a, scale_b=scale_b)
     return a.new_empty(p.out_shape, dtype=p.out_dtype)
 
 
@@ -545,28 +622,36 @@ def group_rows(layout: str, ranges: torch.Tensor, groups: int, rows: int) -> lis
 
 
 def reference_grouped_mm(a, b, offsets=None, counts=None, *, fill: float = float("nan"),
-                         dtype: torch.dtype = torch.float64) -> torch.Tensor:
+                         dtype: torch.dtype = torch.float64, scale_a=None, scale_b=None) -> torch.Tensor:
     """What ``grouped_mm`` writes, in ``dtype`` (float64 by default), with ``fill`` in the rows it does not
-    write. Same arguments as ``grouped_mm``; reads offsets / counts on the host; runs on CPU too."""
-    p = validate(a, b, offsets, counts, None, None)
+    write. Same arguments as ``grouped_mm`` (e4m3: of the dequantized inputs); reads offsets / counts on
+    the host; runs on CPU too."""
+    p = validate(a, b, offsets, counts, None, None, scale_a=scale_a, scale_b=scale_b)
     a2 = _rows2d(a).to(dtype)
+    if p.dtype == E4M3:
+        a2 = a2 * scale_a.to(dtype).reshape(())
     ref = torch.full((a2.shape[0], p.N), fill, dtype=dtype, device=a.device)
     for g, (s, n) in enumerate(group_rows(p.layout, offsets if offsets is not None else counts, p.groups, p.rows)):
         if n:
-            ref[s:s + n] = a2[s:s + n] @ b[g].to(dtype).t()
+            w = b[g].to(dtype)
+            if p.dtype == E4M3:
+                w = w * scale_b.to(dtype).reshape(-1)[g if p.sb_step else 0]
+            ref[s:s + n] = a2[s:s + n] @ w.t()
     return ref.reshape(p.out_shape)
 
 
 # What the SASS must show ------------------------------------------------------------------------------
 
 def sass_expect(p: GroupedPlan):
-    """The grouped kernel's SASS: bf16/fp16 wgmma (HGMMA), TMA loads, the group table's warp scan (SHFL.UP),
-    TMA stores (UTMASTG) for the blocks inside a group unless the plan is ``direct`` (then none), no
-    mma.sync, no local memory, no GPU-wide fence in a loop; setmaxnreg with two consumers."""
+    """The grouped kernel's SASS: bf16/fp16 wgmma (HGMMA; e4m3: QGMMA and no HGMMA), TMA loads, the group
+    table's warp scan (SHFL.UP), TMA stores (UTMASTG) for the blocks inside a group unless the plan is
+    ``direct`` (then none), no mma.sync, no local memory, no GPU-wide fence in a loop; setmaxnreg with two
+    consumers."""
     from .sass import SassExpect
 
-    contains = [r"^HGMMA", r"^UTMALDG", r"^SHFL\.UP"] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
+    mma = r"^QGMMA" if p.dtype == "e4m3" else r"^HGMMA"  # FP8 wgmma prints as QGMMA
+    contains = [mma, r"^UTMALDG", r"^SHFL\.UP"] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
     contains += [] if p.direct else [r"^UTMASTG"]
-    absent = (r"^HMMA",) + ((r"^UTMASTG",) if p.direct else ())
+    absent = (r"^HMMA",) + ((r"^UTMASTG",) if p.direct else ()) + ((r"^HGMMA",) if p.dtype == "e4m3" else ())
     return SassExpect(contains=tuple(contains), absent=absent, no_local_memory=True,
                       loop_absent=(r"^MEMBAR\.ALL\.GPU",))

@@ -1,11 +1,15 @@
 // engine.gemm_grouped: grouped GEMM for mixture-of-experts layers, from the engine's named parts
 // (kernels/common/): for each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, B[g] (N x K)
-// K-major (nn.Linear's weight layout), in one persistent launch.
+// K-major (nn.Linear's weight layout), in one persistent launch. bf16 / fp16 operands (GemmTraits), or
+// e4m3 with per-tensor scales (Fp8GemmTraits): out_g = scale_a x scale_b[g] x A_g @ B[g]^T, scale_b one
+// scale (sb_step = 0) or one per group (sb_step = 1), the FP8 main loop in place of the bf16 one.
 //   gemm_traits.cuh      the compile-time choices (GemmTraits: K-major operands, data-parallel)
+//   fp8_traits.cuh       e4m3: Fp8GemmTraits (per-tensor scales, promotion into fp32 every 128 of K)
 //   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable) and
 //                        the tile order inside a group (m fastest, in panels of `panel` m-tiles)
 //   tile_scheduler.cuh   data-parallel persistent tiles over all groups' tiles
 //   mainloop.cuh         the producer's TMA loads and the consumers' wgmmas, unchanged
+//   mainloop_fp8.cuh     e4m3: the consumers' k32 wgmmas into a partial sum, promoted every k-step
 //   epilogue_store.cuh   TMA stores of the 64-row blocks inside the group, DIRECT rows for the rest
 // Layouts (LAYOUT): GROUPS_CONTIGUOUS: A (total, K), tokens sorted by group, rows from offsets; out
 // (total, N). GROUPS_MASKED: A (G, capacity, K) seen as (G * capacity, K), counts say how many rows of
@@ -21,9 +25,11 @@
 // aligned: no TMA map over out) every block is stored that way.
 // MAX_G: the group table's capacity (128 or 512); the smaller table leaves room for one more stage at
 // 128 x 128 and 128 x 256 (gemmlab.grouped.table_groups).
+#include "common/fp8_traits.cuh"
 #include "common/gemm_traits.cuh"
 #include "common/group_scheduler.cuh"
 #include "common/mainloop.cuh"
+#include "common/mainloop_fp8.cuh"
 #include "common/epilogue_store.cuh"
 
 // The same traits with every store DIRECT: the block that crosses its group's last row.
@@ -36,12 +42,16 @@ template <class Tr, int LAYOUT, int MAX_G>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                     const __grid_constant__ CUtensorMap tmC, const int* __restrict__ ranges, int lead, int G,
-                    int limit, int N, int K, int panel, typename Tr::TO* __restrict__ Out, long long ldo) {
+                    int limit, int N, int K, int panel, const float* __restrict__ scale_a,
+                    const float* __restrict__ scale_b, int sb_step, typename Tr::TO* __restrict__ Out,
+                    long long ldo) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
+    constexpr bool FP8 = sizeof(T) == 1;  // Fp8GemmTraits: e4m3 bytes, 128-deep k-steps
     static_assert(Tr::SCHEDULE == DATA_PARALLEL && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C && !Tr::HAS_BIAS &&
-                      Tr::TAIL == 0,
+                      Tr::ACT == 0 && Tr::TAIL == 0,
                   "grouped: K-major operands, data-parallel, no epilogue terms, whole store pieces");
+    if constexpr (FP8) static_assert(Tr::SCALE == SCALE_TENSOR, "grouped FP8: per-tensor scales");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(GroupTable<MAX_G>)
                       <= 227 * 1024 - 256,
                   "shared memory (with the group table)");
@@ -71,18 +81,25 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
 
     if constexpr (Tr::CONSUMERS > 1) setmaxnreg_inc<Tr::CONSUMER_REGS>();
     const int consumer = wg - 1;
+    const float sa = FP8 ? __ldg(scale_a) : 1.0f;
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
     RingCursor cur;
     int pieces = 0;
     float acc[Tr::MI][BN / 2];
+    float part[Tr::MI][BN / 2];  // e4m3: the wgmmas' partial sums (bf16 uses none: no registers)
     while (sched.next(u)) {
         const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
-        consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
+        if constexpr (FP8)
+            consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, nullptr, gt.n * BN);
+        else
+            consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
+        // e4m3: the scales, read after the k-loop (no load in flight at a wgmma fence).
+        const float alpha = FP8 ? sa * __ldg(scale_b + sb_step * gt.g) : 1.0f;
         // DIRECT: the group's rows as the epilogue's M (rows >= gt.rows are not stored), out offset to
         // the group's first row. TMA: rows of out itself (the map's), the block lies inside the group.
-        const EpilogueArgs<DirectStores<Tr>> dep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out + (long long)gt.row0 * ldo,
+        const EpilogueArgs<DirectStores<Tr>> dep{alpha, 0.0f, nullptr, 0, 0, nullptr, Out + (long long)gt.row0 * ldo,
                                                  ldo, gt.rows, N};
-        const EpilogueArgs<Tr> tep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out, ldo, limit, N};
+        const EpilogueArgs<Tr> tep{alpha, 0.0f, nullptr, 0, 0, nullptr, Out, ldo, limit, N};
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
             const int r = gt.m * BM + (consumer * Tr::MI + mi) * 64;  // the block's first row in the group
