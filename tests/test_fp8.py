@@ -33,10 +33,10 @@ def _check(p: planner.Fp8Plan) -> None:
 
 def _representative():
     """~12 instantiations: the model's picks for a square (both scale modes), a big square, a few-row and a one-row problem; DIRECT; the heaviest epilogue; no
-    promotion; and forced tiles at the space's edges (256 x 96 block, 64 x 240) and 128 x 208 block, whose
-    tiles straddle B's scale blocks at any multiple of 16 (not offered with block scales; the compare form of
-    the promotion, still compiled clean). 192-wide block tiles are offered (two phases): the every-choice
-    sweep compiles them."""
+    promotion; and forced tiles at the space's edges (256 x 96 block, 64 x 240), 128 x 208 block, whose
+    tiles straddle B's scale blocks at any multiple of 16 (8 copies of the k-loop; not offered with block
+    scales, still compiled clean), and 128 x 224 / 64 x 224 block (4 phases, offered; 128 x 224 with
+    the consumers at 240 registers). The every-choice sweep compiles every offered tile."""
     seen = {}
     for shape, kw in (((4096, 4096, 4096), {}), ((4096, 4096, 4096), {"scale": "block"}),
                       ((8192, 8192, 8192), {}), ((128, 4096, 4096), {}), ((1, 4096, 4096), {"scale": "block"}),
@@ -45,7 +45,8 @@ def _representative():
                       ((2048, 4096, 16384), {"promote": 0})):  # no promotion until the tile's end
         p = planner.plan_fp8(*shape, **kw)
         seen.setdefault(p.name_expression, p)
-    for bm, bn, scale in ((256, 96, "block"), (64, 240, "tensor"), (128, 208, "block")):
+    for bm, bn, scale in ((256, 96, "block"), (64, 240, "tensor"), (128, 208, "block"), (128, 224, "block"),
+                          (64, 224, "block")):
         # Block scales on straddling tiles are not offered (slow promotion) but the kernel runs them when
         # forced: the per-tensor plan of the tile with block scales.
         p = next(c for c in planner.fp8_candidates(4096, 4096, 4096) if (c.bm, c.bn) == (bm, bn))
@@ -83,14 +84,17 @@ def test_every_fp8_choice_compiles_clean(p):
 
 
 def test_every_fp8_tile_is_offered():
-    """Every tile of FP8_TILES is a candidate with per-tensor scales; block scales only the widths whose
-    tiles never straddle B's 128-column scale blocks at a varying column, and 192 (two phases: its tiles
-    start at column 0 or 64 of a block)."""
+    """Every tile of FP8_TILES is a candidate with per-tensor scales; block scales the widths whose tiles
+    never straddle B's 128-column scale blocks at a varying column, and those that start at up to 4
+    column offsets inside a block (192: 0 or 64; 96, 160, 224: four multiples of 32)."""
     tensor = {(p.bm, p.bn) for p in planner.fp8_candidates(4096, 4096, 4096)}
     block = {(p.bm, p.bn) for p in planner.fp8_candidates(4096, 4096, 4096, scale="block")}
     assert tensor == set(planner.FP8_TILES)
-    assert block == {(bm, bn) for bm, bn in tensor if 128 % bn == 0 or bn % 128 == 0 or bn == 192} and block
-    assert {(64, 192), (128, 192)} <= block
+    assert block == {(bm, bn) for bm, bn in tensor
+                     if 128 % bn == 0 or bn % 128 == 0 or bn in (96, 160, 192, 224)} and block
+    assert {(64, 192), (128, 192), (64, 224), (128, 224)} <= block
+    assert not {(128, 208), (128, 176), (64, 240)} & block
+    assert [planner.fp8_sb_phases(bn) for bn in (64, 128, 192, 224, 208)] == [1, 1, 2, 4, 8]
 
 
 # Plans -----------------------------------------------------------------------------------------------
@@ -126,8 +130,9 @@ def test_fp8_plan_rejects_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="M, N, K"):
         planner.plan_fp8(0, 128, 128)
     assert planner.fp8_tile_problem(256, 128) and planner.fp8_tile_problem(128, 256)  # spill: not offered
-    assert planner.fp8_tile_problem(128, 224, "block") and not planner.fp8_tile_problem(128, 224, "tensor")
-    assert planner.fp8_tile_problem(128, 208, "block") and planner.fp8_tile_problem(128, 128, "block") is None
+    assert planner.fp8_tile_problem(128, 224, "block") is None and planner.fp8_tile_problem(128, 224) is None
+    assert "8 column phases" in planner.fp8_tile_problem(128, 208, "block")
+    assert planner.fp8_tile_problem(128, 128, "block") is None
     assert planner.fp8_tile_problem(128, 128) is None
 
 
@@ -318,29 +323,28 @@ def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
 
 def test_block_scale_registers_cover_every_tile():
     """fp8_traits.cuh's SB_BLOCKS (B scales a thread holds per k-block, (128 - gcd(BN, 128) + BN + 127)
-    / 128) is enough for every tile of every FP8 width: a tile at column n0 touches B blocks n0 // 128 ..
-    (n0 + BN - 1) // 128; and fp8_promote.cuh's pick of block c for fragment column group j names block
-    (n0 + 8j) // 128 - n0 // 128: (off + 8j) // 128 with off = n0 % 128 known at compile time for widths
-    that divide 128 or are multiples of it (off = 0) and for 192-wide tiles (off 0 or 64, two copies),
-    by compares (block c where off + 8j >= 128 c) for the rest."""
-    import math
-
-    for bn in sorted({bn for _, bn in planner.FP8_TILES}):
+    / 128; planner.fp8_sb_blocks) is enough for every tile of every FP8 width: a tile at column n0 touches
+    B blocks n0 // 128 .. (n0 + BN - 1) // 128, within the slot's box of 8 from (n0 // 128) & ~3. And
+    fp8_promote.cuh's with_sb_phase / promote_at: the tile's offset n0 % 128 is one of SB_PHASES multiples
+    of gcd(BN, 128) (0 where SB_ALIGNED), and column group j's block (n0 + 8j) // 128 - n0 // 128 is
+    (OFF + 8j) // 128 with OFF that compile-time offset."""
+    for bn in sorted({bn for _, bn in planner.FP8_TILES} | {256}):
         step = math.gcd(bn, 128)
-        sb_blocks = (128 - step + bn + 127) // 128
-        assert sb_blocks <= 4  # the slot's box of 8 from a multiple of 4 covers them
+        sb_blocks = planner.fp8_sb_blocks(bn)
+        assert sb_blocks == (128 - step + bn + 127) // 128 and sb_blocks <= 4
         aligned = 128 % bn == 0 or bn % 128 == 0
+        offsets = set()
         for t in range(256):
             n0 = t * bn
-            assert (n0 + bn - 1) // 128 - n0 // 128 + 1 <= sb_blocks, (bn, n0)
-            off = n0 % 128
-            assert off % step == 0 and (not aligned or (off + bn <= 128 or off == 0))
+            nb = n0 // 128
+            assert (n0 + bn - 1) // 128 - nb + 1 <= sb_blocks, (bn, n0)
+            assert nb % 4 + sb_blocks <= 8  # inside the box of 8 loaded from nb & ~3
+            off = 0 if aligned else n0 % 128
+            assert off % step == 0
+            offsets.add(off)
             for j in range(bn // 8):
-                if aligned or 128 // step == 2:
-                    c = (off + 8 * j) // 128
-                else:
-                    c = max([0] + [k for k in range(1, sb_blocks) if off + 8 * j >= 128 * k])
-                assert c == (n0 + 8 * j) // 128 - n0 // 128, (bn, n0, j)
+                assert (off + 8 * j) // 128 == (n0 + 8 * j) // 128 - nb, (bn, n0, j)
+        assert len(offsets) == planner.fp8_sb_phases(bn), bn
 
 
 # The call path on CPU: scaled_mm -> the custom op -> plan -> launch_fp8 (replaced by the reference) ------

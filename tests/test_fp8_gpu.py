@@ -90,7 +90,7 @@ def test_block_scaled_against_float64(M, N, K):
 
 
 # Every tile height; widths that divide 128, multiples of it, and widths whose tiles straddle two of
-# B's 128-column scale blocks (80, 208; 192: the two-phase promotion); tail pieces (BN % 64 = 16, 32,
+# B's 128-column scale blocks (80, 208: 8 column phases; 192: 2; 224: 4); tail pieces (BN % 64 = 16, 32,
 # 48); DIRECT output.
 TILES = [(64, 16), (64, 48), (64, 128), (64, 192), (64, 224), (128, 64), (128, 80), (128, 128), (128, 192),
          (128, 208), (128, 224), (256, 64), (256, 96)]
@@ -102,6 +102,25 @@ def test_every_tile_height_and_width(bm, bn, scale):
     M, N, K = 700, 1000, 1024  # ragged in M and N, several k-steps and tiles per CTA
     a, q, sa, sb = _operands(M, N, K, scale, seed=bm + bn)
     p = _pick(M, N, K, scale, bm, bn)
+    out, frame = _run_framed(p, a, q, sa, sb)
+    _check_frame(out, frame, M, N)
+    assert rel_error(out, fp8.reference_scaled_mm(a, q.t(), sa, sb)) < TOL["bf16"], p
+
+
+@pytest.mark.parametrize("bm,bn", [(128, 224), (64, 224), (128, 192), (128, 160), (128, 208)], ids=lambda x: str(x))
+def test_block_scales_at_every_column_phase(bm, bn):
+    """Block scales on straddling widths: the kernel runs one copy of its k-loop per offset of the tile's
+    first column inside B's 128-column block (fp8_promote.cuh's with_sb_phase). N spans every offset
+    (8 x BN columns and a ragged tail), and each B block gets its own scale, spread over 2^-4 .. 2^4, so a
+    column group scaled by a neighbouring block's scale is off by O(1)."""
+    M, K = 200, 512
+    N = 8 * bn + 40
+    a, q, sa, sb = _operands(M, N, K, "block", seed=bn)
+    g = torch.Generator(device="cuda").manual_seed(bn + 1)
+    spread = torch.exp2(torch.randint(-4, 5, sb.shape, device="cuda", generator=g).float())
+    sb.mul_(spread)  # in place: the MN-major layout quantize_blocks made
+    assert len({(n * bn) % 128 for n in range(N // bn)}) == planner.fp8_sb_phases(bn)
+    p = _pick(M, N, K, "block", bm, bn)
     out, frame = _run_framed(p, a, q, sa, sb)
     _check_frame(out, frame, M, N)
     assert rel_error(out, fp8.reference_scaled_mm(a, q.t(), sa, sb)) < TOL["bf16"], p

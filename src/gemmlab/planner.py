@@ -404,14 +404,24 @@ FP8_TILES: tuple[tuple[int, int], ...] = (tuple((64, n) for n in range(16, 241, 
                                           + tuple((256, n) for n in range(64, 97, 16)))
 
 
+def fp8_sb_phases(bn: int) -> int:
+    """Column offsets at which a bn-wide tile can start inside B's first 128-column scale block
+    (Fp8GemmTraits::SB_PHASES, 1 where tiles never straddle a block boundary at a varying column)."""
+    return 1 if 128 % bn == 0 or bn % 128 == 0 else 128 // math.gcd(bn, 128)
+
+
+def fp8_sb_blocks(bn: int) -> int:
+    """B scale blocks a bn-wide tile's columns can touch (Fp8GemmTraits::SB_BLOCKS)."""
+    return (128 - math.gcd(bn, 128) + bn + 127) // 128
+
+
 def fp8_scale_slot_bytes(bm: int, bn: int, scale: str = "tensor") -> int:
     """Block scales' slot per stage (Fp8GemmTraits::SCALE_SLOT floats): the tile's bm row scales and the
     B blocks its columns touch, rounded up to 128 bytes (the TMA's destination alignment); none with
     per-tensor scales."""
     if scale != "block":
         return 0
-    sb_blocks = (bn // 128 if bn > 128 else 1) if (128 % bn == 0 or bn % 128 == 0) else bn // 128 + 2
-    return (bm + sb_blocks + 31) // 32 * 128
+    return (bm + fp8_sb_blocks(bn) + 31) // 32 * 128
 
 
 def fp8_smem_bytes(bm: int, bn: int, stages: int, scale: str = "tensor") -> int:
@@ -520,19 +530,19 @@ class Fp8Plan(_Tiling):
 
 
 def fp8_tile_problem(bm: int, bn: int, scale: str = "tensor") -> str | None:
-    """Why the FP8 kernel should not run this tile and scale mode, or None. Block scales on a width that
-    neither divides 128 nor is a multiple of it (a tile straddles 128-column blocks) pick each column's B
-    scale at run time: the promotion then takes twice the instructions per k-step (389 against 176 in the
-    k-loop, 128 x 208 against 128 x 128), more than the other consumer's wgmmas cover; measured at 0.57x
-    of per-tensor throughput (H200, 8bae228). Such tiles also spill from 128 x 224 and 64 x 240 on. The
-    exception is 192: its tiles start at column 0 or 64 of a block, and the kernel keeps one promotion
-    per phase with the blocks known at compile time (no compares)."""
+    """Why the FP8 kernel should not run this tile and scale mode, or None. Block scales: a tile whose
+    width neither divides 128 nor is a multiple of it straddles B's 128-column scale blocks, starting at
+    one of ``fp8_sb_phases(bn)`` column offsets inside its first block; the kernel keeps one copy of its
+    k-loop per offset, each with every column group's block known at compile time (no compares). Offered
+    up to 4 phases (192: 2; 96, 160, 224: 4). Widths in steps of 16 (8 phases: 8 copies of the k-loop,
+    ~2,800 instructions at 128 x 208) are not offered until measured: the run-time compare form they
+    replaced ran at 0.57x of per-tensor (H200, 8bae228); 64 x 240 block spills."""
     if (bm, bn) not in FP8_TILES:
         return f"{bm}x{bn} is not in the FP8 tile space (two accumulator sets per thread must fit)"
     if not fp8_stages_for(bm, bn, scale):
         return "no pipeline depth fits in shared memory"
-    if scale == "block" and 128 % bn and bn % 128 and 128 // math.gcd(bn, 128) > 2:
-        return f"block scales on a {bm}x{bn} tile straddle 128-column B blocks (slow promotion)"
+    if scale == "block" and fp8_sb_phases(bn) > 4:
+        return f"block scales on a {bm}x{bn} tile: {fp8_sb_phases(bn)} column phases against B's 128-column blocks"
     return None
 
 

@@ -65,10 +65,10 @@ __device__ __forceinline__ void promote(float (&acc)[R], const float (&part)[R])
 }
 
 // acc += part x sa[row] x sb[column block]. Fragment value 4j + h sits in row frag_row (h < 2) or + 8,
-// column n0 + 8j + ...: its B block is the tile's first (n0 / 128) plus (n0 % 128 + 8j) / 128, picked by
-// compares against the unrolled j (a register array indexed at run time would go to local memory).
-// The tile's first column at OFF inside its first block, known at compile time: block (OFF + 8j) / 128
-// of the unrolled j, no compares.
+// column 8j + ...: its B block is (OFF + 8j) / 128 of the tile's blocks, OFF being the tile's first
+// column inside its first block (n0 % 128). OFF is a template argument (the caller runs one copy of its
+// k-loop per phase: with_sb_phase), so every unrolled j's block is known at compile time: no compares,
+// no selects, and `col` indexed by constants (a run-time index would put it in local memory).
 template <class Tr, int OFF>
 __device__ __forceinline__ void promote_at(float (&acc)[Tr::BN / 2], const float (&part)[Tr::BN / 2], float top,
                                            float bot, const float (&col)[Tr::SB_BLOCKS]) {
@@ -83,28 +83,24 @@ __device__ __forceinline__ void promote_at(float (&acc)[Tr::BN / 2], const float
     }
 }
 
-template <class Tr>
-__device__ __forceinline__ void promote_scaled(float (&acc)[Tr::BN / 2], const float (&part)[Tr::BN / 2],
-                                               float top, float bot, const float (&col)[Tr::SB_BLOCKS], int n0) {
-    if constexpr (Tr::SB_ALIGNED) {
-        promote_at<Tr, 0>(acc, part, top, bot, col);
-    } else if constexpr (Tr::SB_PHASES == 2) {  // 192 wide: one copy of the promotion per phase
-        if (n0 % 128 == 0)
-            promote_at<Tr, 0>(acc, part, top, bot, col);
-        else
-            promote_at<Tr, 64>(acc, part, top, bot, col);
+// A compile-time column offset (C++17 without <type_traits>).
+template <int V>
+struct ColumnOffset {
+    static constexpr int value = V;
+};
+
+// Calls f(ColumnOffset<OFF>{}) for the tile's phase, OFF = n0 % 128: one of Tr::SB_PHASES multiples of
+// SB_STEP (a tile of width BN starts at a multiple of gcd(BN, 128) inside its first B block: 0 / 64 for
+// 192, 0 / 96 / 64 / 32 for 224). Widths that never straddle at a varying column (SB_ALIGNED) have one
+// copy. Called once per work unit: the branch sits outside the k-loop.
+template <class Tr, int P = 0, class F>
+__device__ __forceinline__ void with_sb_phase(int n0, F&& f) {
+    if constexpr (Tr::SB_ALIGNED || P + 1 == Tr::SB_PHASES) {
+        f(ColumnOffset<Tr::SB_ALIGNED ? 0 : P * Tr::SB_STEP>{});
     } else {
-        const int off = n0 % 128;
-#pragma unroll
-        for (int j = 0; j < Tr::BN / 8; ++j) {
-            float sb = col[0];
-#pragma unroll
-            for (int c = 1; c < Tr::SB_BLOCKS; ++c) sb = off + 8 * j >= 128 * c ? col[c] : sb;
-            const float st = top * sb, sbot = bot * sb;
-            acc[4 * j + 0] = fmaf(part[4 * j + 0], st, acc[4 * j + 0]);
-            acc[4 * j + 1] = fmaf(part[4 * j + 1], st, acc[4 * j + 1]);
-            acc[4 * j + 2] = fmaf(part[4 * j + 2], sbot, acc[4 * j + 2]);
-            acc[4 * j + 3] = fmaf(part[4 * j + 3], sbot, acc[4 * j + 3]);
-        }
+        if (n0 % 128 == P * Tr::SB_STEP)
+            f(ColumnOffset<P * Tr::SB_STEP>{});
+        else
+            with_sb_phase<Tr, P + 1>(n0, f);
     }
 }

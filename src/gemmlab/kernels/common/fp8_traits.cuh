@@ -33,7 +33,12 @@ struct Fp8GemmTraits {
     static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
     static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
-    static constexpr int CONSUMER_REGS = 232;
+    // Two consumers: setmaxnreg moves the producer's registers to them, 128 x (PRODUCER + 2 x CONSUMER)
+    // <= 64 K. 40 / 232 as the bf16 kernel, unless a consumer's two register sets (BN / 2 each) and what
+    // it holds besides (block scales: ~16 registers, the next k-step's scales among them; per-tensor ~8)
+    // pass 232: then 32 / 240 (the producer thread's loop uses ~5 registers; 128 x 224 block: 236).
+    static constexpr int PRODUCER_REGS = BN + (kScale == SCALE_BLOCK ? 16 : 8) > 232 ? 32 : 40;
+    static constexpr int CONSUMER_REGS = PRODUCER_REGS == 32 ? 240 : 232;
 
     static constexpr u32 A_STAGE = BM * BK, B_STAGE = BN * BK;
     static constexpr u32 STAGE_BYTES = A_STAGE + B_STAGE;
@@ -46,7 +51,8 @@ struct Fp8GemmTraits {
     // Block scales: how many B scale blocks (128 columns each) a tile's columns can touch. A tile starts
     // at a multiple of gcd(BN, 128) inside its first block (SB_PHASES such offsets): tiles of a width
     // that divides 128, or of a multiple of it, never straddle a block boundary at a varying column;
-    // 192-wide ones start at 0 or 64 (two phases); others at any multiple of 16 or 32.
+    // 192-wide ones start at 0 or 64 (two phases), 224-wide at 0, 96, 64 or 32 (four), others at any
+    // multiple of 16 or 32. The consumers keep one copy of their k-loop per phase (fp8_promote.cuh).
     static constexpr int SB_STEP = gcd_int(BN, 128), SB_PHASES = 128 / SB_STEP;
     static constexpr bool SB_ALIGNED = 128 % BN == 0 || BN % 128 == 0;
     static constexpr int SB_BLOCKS = (128 - SB_STEP + BN + 127) / 128;
@@ -61,6 +67,7 @@ struct Fp8GemmTraits {
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
     static_assert(kPromote >= 0, "promotion interval");
+    static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 64 * 1024, "setmaxnreg: the register file");
     static_assert(SB_BLOCKS <= 4, "a tile's column-block scales fit the slot's box of 8 (from a multiple of 4)");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES + SCALE_BYTES <= 227 * 1024 - 256, "shared memory");
 };

@@ -3,7 +3,7 @@
 // sum; at a promotion point the consumer waits for its wgmmas, frees the slots and adds the partial into
 // `acc`: per-tensor scales every PROMOTE k-steps (and at the unit's last), with one wgmma group in flight
 // in between as in the bf16 loop (wgmma.wait_group 1); block scales every k-step, scaled by that
-// k-block's scales.
+// k-block's scales, in one copy of the k-loop per column phase (fp8_promote.cuh's with_sb_phase).
 #pragma once
 #include "fp8_promote.cuh"
 #include "pipeline.cuh"
@@ -29,6 +29,41 @@ __device__ __forceinline__ void issue_kstep_fp8(const unsigned char* sA, const u
     wgmma_commit();
 }
 
+// Block scales, the tile's first column at OFF inside its first B block (fp8_promote.cuh): every k-step
+// the wgmmas, wait, free the slot, acc += part x that k-step's scales. The scales are read from the slot
+// one k-step ahead, while the k-step before runs on the tensor cores, so no shared-memory load is in
+// flight at a wgmma fence (a load read just before the fence cost ~10%: worklog). Every warp reads a
+// slot before its wgmmas on that slot, and the slot is freed only once those wgmmas completed, so no
+// warp can still be reading it.
+template <class Tr, int OFF>
+__device__ __forceinline__ void consume_block_scaled(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
+                                                     const unsigned char* sB, int consumer, int t,
+                                                     float (&acc)[Tr::MI][Tr::BN / 2],
+                                                     float (&part)[Tr::MI][Tr::BN / 2], int k_begin, int k_end,
+                                                     const float* s_scales, int nb) {
+    const int first_row = consumer * Tr::MI * 64;
+    ring.wait_full(cur);
+    BlockScaleRegs<Tr> sc;
+    sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
+    for (int kt = k_begin; kt < k_end; ++kt) {
+        const int stage = cur.stage;
+        issue_kstep_fp8<Tr>(sA, sB, stage, consumer, part, true);
+        cur.template advance<Tr::STAGES>();
+        BlockScaleRegs<Tr> next = sc;
+        if (kt + 1 < k_end) {
+            ring.wait_full(cur);
+            next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
+        if (t == 0) ring.release(stage);
+#pragma unroll
+        for (int mi = 0; mi < Tr::MI; ++mi) promote_at<Tr, OFF>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col);
+        sc = next;
+    }
+}
+
 template <class Tr>
 __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
                                                  const unsigned char* sB, int consumer, int t,
@@ -40,32 +75,11 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
 #pragma unroll
         for (int i = 0; i < Tr::BN / 2; ++i) acc[mi][i] = 0.0f;
     if constexpr (Tr::SCALE == SCALE_BLOCK) {
-        // Every k-step: wgmmas, wait, free the slot, acc += part x that k-step's scales. The scales are
-        // read from the slot one k-step ahead, while the k-step before runs on the tensor cores, so no
-        // shared-memory load is in flight at a wgmma fence (a load read just before the fence cost ~10%:
-        // worklog). Every warp reads a slot before its wgmmas on that slot, and the slot is freed only
-        // once those wgmmas completed, so no warp can still be reading it.
-        const int first_row = consumer * Tr::MI * 64;
-        ring.wait_full(cur);
-        BlockScaleRegs<Tr> sc;
-        sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, n0 / 128, t);
-        for (int kt = k_begin; kt < k_end; ++kt) {
-            const int stage = cur.stage;
-            issue_kstep_fp8<Tr>(sA, sB, stage, consumer, part, true);
-            cur.template advance<Tr::STAGES>();
-            BlockScaleRegs<Tr> next = sc;
-            if (kt + 1 < k_end) {
-                ring.wait_full(cur);
-                next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, n0 / 128, t);
-            }
-            wgmma_wait<0>();
-#pragma unroll
-            for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
-            if (t == 0) ring.release(stage);
-#pragma unroll
-            for (int mi = 0; mi < Tr::MI; ++mi) promote_scaled<Tr>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col, n0);
-            sc = next;
-        }
+        // One copy of the k-loop per phase of the tile's columns against B's 128-column blocks.
+        with_sb_phase<Tr>(n0, [&](auto off) {
+            consume_block_scaled<Tr, decltype(off)::value>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end,
+                                                           s_scales, n0 / 128);
+        });
         return;
     }
     int prev = -1;  // the slot of the group still in flight (between promotion points)

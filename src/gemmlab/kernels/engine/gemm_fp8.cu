@@ -41,7 +41,7 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     TileScheduler<DATA_PARALLEL> sched(num_tiles, k_iters, ScheduleArgs{1, 0, 0});
     WorkUnit u;
     if (wg == 0) {
-        if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+        if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<Tr::PRODUCER_REGS>();
         if (t == 0) {
             RingCursor cur;
             while (sched.next(u)) {

@@ -52,6 +52,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                       Tr::ACT == 0 && Tr::TAIL == 0,
                   "grouped: K-major operands, data-parallel, no epilogue terms, whole store pieces");
     if constexpr (FP8) static_assert(Tr::SCALE == SCALE_TENSOR, "grouped FP8: per-tensor scales");
+    if constexpr (FP8) static_assert(Tr::PRODUCER_REGS == 40, "produce_all gives the consumers 232 registers");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(GroupTable<MAX_G>)
                       <= 227 * 1024 - 256,
                   "shared memory (with the group table)");
