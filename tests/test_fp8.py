@@ -27,8 +27,36 @@ def _check(p: planner.Fp8Plan) -> None:
     assert sass.check(engine2.sass_expect_fp8(p), summary, ck.resources) == [], p
     assert engine2.qgmma_shapes(ck) == {f"64x{p.bn}x32.F32.E4M3.E4M3"}, p
     assert not ck.resources.spills and ck.resources.stack_frame == 0, (p, ck.resources)
+    if p.consumers > 1:
+        # setmaxnreg takes the consumers' registers from the CTA's launch allocation (168 a thread at 384
+        # threads): producer + 2 x consumer must not pass 3 x 168, or setmaxnreg.inc waits forever.
+        assert ck.resources.registers == 168, (p, ck.resources)
+        regs = _setmaxnreg(ck)
+        assert regs["dealloc"] + 2 * regs["alloc"] <= 3 * 168 and regs["alloc"] >= 232, (p, regs)
+        # The producer's code after its setmaxnreg.dec stays within the registers it kept.
+        assert regs["producer_max_reg"] < regs["dealloc"], (p, regs)
     for needle in ("serialized", "C7510", "C7519"):  # ptxas's warnings that wgmma was serialized
         assert needle not in ck.log, f"{p}:\n{ck.log}"
+
+
+def _setmaxnreg(ck) -> dict:
+    """The consumers' and the producer's setmaxnreg counts in the SASS (USETMAXREG.TRY_ALLOC / .DEALLOC),
+    and the highest register the producer's code uses between its DEALLOC and its last EXIT."""
+    import re
+
+    ins = sass.parse(sass.disassemble(ck.cubin, ck.mangled_name))
+    out = {}
+    for i, x in enumerate(ins):
+        if x.opcode.startswith("USETMAXREG"):
+            kind = "alloc" if "ALLOC" in x.opcode and "DEALLOC" not in x.opcode else "dealloc"
+            out[kind] = int(x.operands.split(",")[-1].strip().rstrip(";"), 0)
+            if kind == "dealloc":
+                start = i
+    # The producer branch runs from its DEALLOC to the EXIT that ends it (the unpredicated one).
+    end = next(j for j in range(start, len(ins)) if ins[j].base == "EXIT" and not ins[j].predicate)
+    out["producer_max_reg"] = max((int(r) for x in ins[start:end + 1] for r in re.findall(r"\bR(\d+)\b", x.operands)),
+                                  default=0)
+    return out
 
 
 def _representative():

@@ -33,12 +33,16 @@ struct Fp8GemmTraits {
     static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
     static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
-    // Two consumers: setmaxnreg moves the producer's registers to them, 128 x (PRODUCER + 2 x CONSUMER)
-    // <= 64 K. 40 / 232 as the bf16 kernel, unless a consumer's two register sets (BN / 2 each) and what
-    // it holds besides (block scales: ~16 registers, the next k-step's scales among them; per-tensor ~8)
-    // pass 232: then 32 / 240 (the producer thread's loop uses ~5 registers; 128 x 224 block: 236).
-    static constexpr int PRODUCER_REGS = BN + (kScale == SCALE_BLOCK ? 16 : 8) > 232 ? 32 : 40;
-    static constexpr int CONSUMER_REGS = PRODUCER_REGS == 32 ? 240 : 232;
+    // Two consumers: setmaxnreg moves the producer's registers to them. The registers come from the CTA's
+    // own pool (PTX ISA "setmaxnreg": setmaxnreg.inc blocks until the pool has them), i.e. the launch's
+    // LAUNCH_REGS (168 a thread at 384 threads): PRODUCER + 2 x CONSUMER <= 3 x 168 = 504, else the
+    // consumers wait forever. 40 / 232 as the bf16 kernel, unless a consumer's two register sets (BN / 2
+    // each) and what it holds besides (block scales: ~16 registers, the next k-step's scales among them;
+    // per-tensor ~8) pass 232: then 24 / 240 (the producer thread's loop uses R0-R4 and uniform
+    // registers; 128 x 224 block: 236).
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
+    static constexpr int PRODUCER_REGS = BN + (kScale == SCALE_BLOCK ? 16 : 8) > 232 ? 24 : 40;
+    static constexpr int CONSUMER_REGS = PRODUCER_REGS == 24 ? 240 : 232;
 
     static constexpr u32 A_STAGE = BM * BK, B_STAGE = BN * BK;
     static constexpr u32 STAGE_BYTES = A_STAGE + B_STAGE;
@@ -67,7 +71,8 @@ struct Fp8GemmTraits {
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
     static_assert(kPromote >= 0, "promotion interval");
-    static_assert(128 * (PRODUCER_REGS + 2 * CONSUMER_REGS) <= 64 * 1024, "setmaxnreg: the register file");
+    static_assert(CONSUMERS == 1 || PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (CONSUMERS + 1) * LAUNCH_REGS,
+                  "setmaxnreg: the consumers take no more registers than the CTA was launched with");
     static_assert(SB_BLOCKS <= 4, "a tile's column-block scales fit the slot's box of 8 (from a multiple of 4)");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES + SCALE_BYTES <= 227 * 1024 - 256, "shared memory");
 };
