@@ -1,7 +1,7 @@
 """Time gemmlab's FP8 GEMM (kernels/engine/gemm_fp8.cu) against cuBLAS FP8 and a bf16 reference, interleaved.
 
     PYTHONPATH=src python3 benchmarks/fp8_bench.py --out $OUT/fp8.jsonl [--shapes "4096,4096,4096;..."]
-        [--promote 1,2,4] [--tiles 128x128,128x192] [--rounds 15] [--budget-s 400]
+        [--promote 1,2,4] [--tiles 128x128,128x192] [--rounds 15] [--budget-s 400] [--compile-only]
 
 Per shape (default: squares 4096 / 8192 / 16384 and LLM prefill projections at M = 2048 and 8192, issue
 18's bar set), candidates timed in one ``gemmlab.timer.time_interleaved`` run:
@@ -62,6 +62,41 @@ def _dequant_bf16(x: torch.Tensor, scale: torch.Tensor, rows: int) -> torch.Tens
     return (x.float().view(R, K // 128, 128) * s[:, :, None]).view(R, K).to(torch.bfloat16)
 
 
+def plans_for(M: int, N: int, K: int, tiles: str, promotes: list[int], prof) -> dict[str, planner.Fp8Plan]:
+    """The candidates' plans for one shape, by candidate name (the planner's picks, then each ``--tiles``
+    tile in both scale modes where the plan space has it; block scales also forced onto tiles the planner
+    does not offer them on)."""
+    plans = {f"ours_tensor{'' if p == promotes[0] else f'_p{p}'}":
+             planner.plan_fp8(M, N, K, scale="tensor", promote=p, profile=prof) for p in promotes}
+    plans["ours_block"] = planner.plan_fp8(M, N, K, scale="block", profile=prof)
+    for tile in filter(None, tiles.split(",")):  # --tiles: the same tile in both modes, side by side
+        bm, bn = (int(v) for v in tile.split("x"))
+        tensor = [p for p in planner.fp8_candidates(M, N, K, profile=prof) if (p.bm, p.bn) == (bm, bn)]
+        if not tensor:
+            continue
+        plans[f"ours_tensor_{bm}x{bn}"] = tensor[0]
+        block = [p for p in planner.fp8_candidates(M, N, K, scale="block", profile=prof) if (p.bm, p.bn) == (bm, bn)]
+        stages = planner.fp8_stages_for(bm, bn, "block")
+        if block or stages:
+            plans[f"ours_block_{bm}x{bn}"] = block[0] if block else dataclasses.replace(
+                tensor[0], scale="block", stages=stages)
+    return plans
+
+
+def compile_only(shapes, tiles: str, promotes: list[int], prof) -> None:
+    """Compile every plan the run would time (into GEMMLAB_CACHE_DIR), on all CPU cores: run it beside
+    something else on the GPU so the timed run starts warm. Workers are spawned (this process holds a
+    CUDA context; compiling needs none)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    plans = {p.name_expression: p for s in shapes for p in plans_for(*s, tiles, promotes, prof).values()}
+    with ProcessPoolExecutor(max_workers=min(len(plans), os.cpu_count() or 1),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        for p, _ in zip(plans.values(), pool.map(engine2.compile_fp8_plan, plans.values())):
+            print(f"compiled {p.compiled_name}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "fp8.jsonl"))
@@ -71,6 +106,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--replay-ms", type=float, default=20.0)
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop between shapes after this long")
+    ap.add_argument("--compile-only", action="store_true", help="compile the plans (in parallel), time nothing")
     args = ap.parse_args()
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -78,9 +114,12 @@ def main() -> None:
     prof = engine2._profile(torch.device("cuda"))
     promotes = [int(x) for x in args.promote.split(",")]
     sha = git_sha()
+    shapes = _shapes(args.shapes)
+    if args.compile_only:
+        compile_only(shapes, args.tiles, promotes, prof)
+        return
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     ratios: dict[str, list[float]] = {}
-    shapes = _shapes(args.shapes)
     for n, (M, N, K) in enumerate(shapes):
         if time.perf_counter() - t_start > args.budget_s:
             print(f"budget reached after {n} of {len(shapes)} shapes", flush=True)
@@ -102,21 +141,7 @@ def main() -> None:
         s0 = sets[0]
         refs = {"tensor": fp8.reference_scaled_mm(s0["at"], s0["wt"].t(), s0["sat"], s0["sbt"], dtype=torch.float32),
                 "block": fp8.reference_scaled_mm(s0["ab"], s0["wb"].t(), s0["sab"], s0["sbb"], dtype=torch.float32)}
-        plans = {f"ours_tensor{'' if p == promotes[0] else f'_p{p}'}":
-                 planner.plan_fp8(M, N, K, scale="tensor", promote=p, profile=prof) for p in promotes}
-        plans["ours_block"] = planner.plan_fp8(M, N, K, scale="block", profile=prof)
-        for tile in filter(None, args.tiles.split(",")):  # --tiles: the same tile in both modes, side by side
-            bm, bn = (int(v) for v in tile.split("x"))
-            tensor = [p for p in planner.fp8_candidates(M, N, K, profile=prof) if (p.bm, p.bn) == (bm, bn)]
-            if not tensor:
-                continue
-            plans[f"ours_tensor_{bm}x{bn}"] = tensor[0]
-            # Block scales: also tiles the planner does not offer them on (straddling widths), forced.
-            block = [p for p in planner.fp8_candidates(M, N, K, scale="block", profile=prof) if (p.bm, p.bn) == (bm, bn)]
-            stages = planner.fp8_stages_for(bm, bn, "block")
-            if block or stages:
-                plans[f"ours_block_{bm}x{bn}"] = block[0] if block else dataclasses.replace(
-                    tensor[0], scale="block", stages=stages)
+        plans = plans_for(M, N, K, args.tiles, promotes, prof)
 
         def ours(name, pl):
             key = "t" if pl.scale == "tensor" else "b"

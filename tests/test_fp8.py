@@ -25,7 +25,8 @@ def _check(p: planner.Fp8Plan) -> None:
     assert ck.cubin[:4] == b"\x7fELF"
     summary = sass.kernel_summary(ck)
     assert sass.check(engine2.sass_expect_fp8(p), summary, ck.resources) == [], p
-    assert engine2.qgmma_shapes(ck) == {f"64x{p.bn}x32.F32.E4M3.E4M3"}, p
+    # Split promotion: the wgmmas cover one column part (128 x 256: n = 128).
+    assert engine2.qgmma_shapes(ck) == {f"64x{p.bn // p.part_split}x32.F32.E4M3.E4M3"}, p
     assert not ck.resources.spills and ck.resources.stack_frame == 0, (p, ck.resources)
     if p.consumers > 1:
         # setmaxnreg takes the consumers' registers from the CTA's launch allocation (168 a thread at 384
@@ -63,8 +64,9 @@ def _representative():
     """~12 instantiations: the model's picks for a square (both scale modes), a big square, a few-row and a one-row problem; DIRECT; the heaviest epilogue; no
     promotion; and forced tiles at the space's edges (256 x 96 block, 64 x 240), 128 x 208 block, whose
     tiles straddle B's scale blocks at any multiple of 16 (8 copies of the k-loop; not offered with block
-    scales, still compiled clean), and 128 x 224 / 64 x 224 block (4 phases, offered; 128 x 224 with
-    the consumers at 240 registers). The every-choice sweep compiles every offered tile."""
+    scales, still compiled clean), 128 x 224 / 64 x 224 block (4 phases, offered; 128 x 224 with the
+    consumers at 240 registers), and 128 x 256 in both modes (split promotion). The every-choice sweep
+    compiles every offered tile."""
     seen = {}
     for shape, kw in (((4096, 4096, 4096), {}), ((4096, 4096, 4096), {"scale": "block"}),
                       ((8192, 8192, 8192), {}), ((128, 4096, 4096), {}), ((1, 4096, 4096), {"scale": "block"}),
@@ -74,11 +76,11 @@ def _representative():
         p = planner.plan_fp8(*shape, **kw)
         seen.setdefault(p.name_expression, p)
     for bm, bn, scale in ((256, 96, "block"), (64, 240, "tensor"), (128, 208, "block"), (128, 224, "block"),
-                          (64, 224, "block")):
+                          (64, 224, "block"), (128, 256, "tensor"), (128, 256, "block")):
         # Block scales on straddling tiles are not offered (slow promotion) but the kernel runs them when
         # forced: the per-tensor plan of the tile with block scales.
         p = next(c for c in planner.fp8_candidates(4096, 4096, 4096) if (c.bm, c.bn) == (bm, bn))
-        p = dataclasses.replace(p, scale=scale)
+        p = dataclasses.replace(p, scale=scale, stages=planner.fp8_stages_for(bm, bn, scale))
         seen.setdefault(p.name_expression, p)
     return list(seen.values())
 
@@ -94,6 +96,7 @@ def test_representative_set_covers_the_space():
     assert any(p.direct for p in ps) and any(p.out_dtype == "fp32" and p.bias_dtype for p in ps)
     assert {p.promote for p in ps} >= {0, 1}
     assert any(p.scale == "block" and 128 % p.bn and p.bn % 128 for p in ps)  # straddling tiles
+    assert {p.scale for p in ps if p.part_split == 2} == set(planner.FP8_SCALES)  # split promotion
 
 
 def _every_choice():
@@ -148,6 +151,23 @@ def test_fp8_plan_fields_and_repr():
     assert q.a_rows == min(q.bm, math.ceil((1000 - (q.tiles_m - 1) * q.bm) / 8) * 8)
 
 
+def test_split_promotion_plans():
+    """128 x 256 is the one split tile (planner.FP8_PART_SPLIT): its plans say so in their template
+    arguments (PART_SPLIT, the last), repr and price (one more wgmma drain per k-step); every other tile
+    keeps one part."""
+    assert planner.FP8_PART_SPLIT == {(128, 256): 2}
+    for scale in planner.FP8_SCALES:
+        cands = planner.fp8_candidates(4096, 4096, 4096, scale=scale)
+        assert {(c.bm, c.bn) for c in cands if c.part_split == 2} == {(128, 256)}
+        p = next(c for c in cands if c.bn == 256)
+        assert p.template_args()[-1] == "2" and p.name_expression.endswith(", 2>>") and "in 2 column parts" in repr(p)
+        assert all(c.template_args()[-1] == "1" for c in cands if c.bn != 256)
+        prof = planner.H200
+        assert p.predicted_s > planner.fp8_predict_s(4096, 4096, 4096, 128, 256, p.stages, 1, prof, 1)
+    # Shared memory: per-tensor keeps 4 stages of 48 KB; block scales' slots leave room for 3.
+    assert planner.fp8_stages_for(128, 256) == 4 and planner.fp8_stages_for(128, 256, "block") == 3
+
+
 def test_fp8_plan_rejects_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="scale mode"):
         planner.plan_fp8(128, 128, 128, scale="rowwise")
@@ -157,7 +177,12 @@ def test_fp8_plan_rejects_what_the_kernel_cannot_run():
         planner.plan_fp8(128, 128, 128, promote=-1)
     with pytest.raises(ValueError, match="M, N, K"):
         planner.plan_fp8(0, 128, 128)
-    assert planner.fp8_tile_problem(256, 128) and planner.fp8_tile_problem(128, 256)  # spill: not offered
+    assert planner.fp8_tile_problem(256, 128) and planner.fp8_tile_problem(64, 256)  # spill: not offered
+    # 128 x 256 runs split promotion: every k-step, so not with another interval.
+    assert planner.fp8_tile_problem(128, 256) is None and planner.fp8_tile_problem(128, 256, "block") is None
+    assert "promote = 1" in planner.fp8_tile_problem(128, 256, promote=4)
+    assert "promote = 1" in planner.fp8_tile_problem(128, 256, promote=0)
+    assert all(c.bn < 256 for c in planner.fp8_candidates(4096, 4096, 4096, promote=4))
     assert planner.fp8_tile_problem(128, 224, "block") is None and planner.fp8_tile_problem(128, 224) is None
     assert "8 column phases" in planner.fp8_tile_problem(128, 208, "block")
     assert planner.fp8_tile_problem(128, 128, "block") is None

@@ -1,9 +1,9 @@
 """The FP8 engine kernel (kernels/engine/gemm_fp8.cu through gemmlab.scaled_mm / engine2.launch_fp8) on a
 Hopper GPU: per-tensor and 1x128 / 128x128 block scales against a float64 reference of the dequantized
 inputs on random shapes (ragged M, N; K not a multiple of 128 for per-tensor), every tile height and
-straddling widths, outputs poisoned with NaN inside a NaN frame, NaN inputs and scales propagating, the
-promotion's precision at K = 16384, bias / activation / fp32 output, torch.compile, and agreement with
-torch._scaled_mm. Run on the H200 at 6417c0c and 8bae228 (all passed at the second).
+straddling widths (every column phase), split promotion (128 x 256), outputs poisoned with NaN inside a
+NaN frame, NaN inputs and scales propagating, the promotion's precision at K = 16384, bias / activation /
+fp32 output, torch.compile, and agreement with torch._scaled_mm. Run on the H200 at 6417c0c and 8bae228 (all passed at the second).
 """
 import dataclasses
 
@@ -39,13 +39,13 @@ def _operands(M, N, K, scale, *, seed=0, positive=False):
 
 
 def _pick(M, N, K, scale, bm, bn, **kw) -> planner.Fp8Plan:
-    """The candidate of that tile; block scales on a straddling tile (not offered: slow, but the kernel
-    runs them) as the per-tensor plan with block scales."""
+    """The candidate of that tile; block scales on a tile they are not offered on (8 column phases: not
+    measured, but the kernel runs them) as the per-tensor plan with block scales."""
     prof = engine2._profile(torch.device("cuda"))
     for s in (scale, "tensor"):
         for c in planner.fp8_candidates(M, N, K, scale=s, profile=prof, **kw):
             if (c.bm, c.bn) == (bm, bn):
-                return dataclasses.replace(c, scale=scale)
+                return dataclasses.replace(c, scale=scale, stages=planner.fp8_stages_for(bm, bn, scale))
     pytest.skip(f"no {bm}x{bn} FP8 plan for {M}x{N}x{K} ({scale})")
 
 
@@ -90,10 +90,10 @@ def test_block_scaled_against_float64(M, N, K):
 
 
 # Every tile height; widths that divide 128, multiples of it, and widths whose tiles straddle two of
-# B's 128-column scale blocks (80, 208: 8 column phases; 192: 2; 224: 4); tail pieces (BN % 64 = 16, 32,
-# 48); DIRECT output.
+# B's 128-column scale blocks (80, 208: 8 column phases; 192: 2; 224: 4); 256 (split promotion); tail
+# pieces (BN % 64 = 16, 32, 48); DIRECT output.
 TILES = [(64, 16), (64, 48), (64, 128), (64, 192), (64, 224), (128, 64), (128, 80), (128, 128), (128, 192),
-         (128, 208), (128, 224), (256, 64), (256, 96)]
+         (128, 208), (128, 224), (128, 256), (256, 64), (256, 96)]
 
 
 @pytest.mark.parametrize("scale", planner.FP8_SCALES)
@@ -124,6 +124,24 @@ def test_block_scales_at_every_column_phase(bm, bn):
     out, frame = _run_framed(p, a, q, sa, sb)
     _check_frame(out, frame, M, N)
     assert rel_error(out, fp8.reference_scaled_mm(a, q.t(), sa, sb)) < TOL["bf16"], p
+
+
+@pytest.mark.parametrize("scale", planner.FP8_SCALES)
+@pytest.mark.parametrize("M,N,K,out_dtype", [(700, 1000, 1024, "bf16"), (129, 2100, 384, "bf16"),
+                                             (4096, 4096, 2048, "bf16"), (257, 520, 16384, "fp32")],
+                         ids=lambda x: str(x))
+def test_split_promotion_tile(scale, M, N, K, out_dtype):
+    """128 x 256, whose consumers compute each k-step's partial sums in two 128-column parts, one after the
+    other, each promoted after its own wait: ragged M and N (N = 1000: the last tile's second part is
+    partly past N; N = 2100: wholly past it, B's zero fill), a full 4096^2 grid, and K = 16384 with fp32
+    output at the fp32 tolerance (a part promoted from the other part's registers, or a k-step's part
+    dropped, is off by far more)."""
+    a, q, sa, sb = _operands(M, N, K, scale, seed=12)
+    p = _pick(M, N, K, scale, 128, 256, out_dtype=out_dtype)
+    assert p.part_split == 2
+    out, frame = _run_framed(p, a, q, sa, sb)
+    _check_frame(out, frame, M, N)
+    assert rel_error(out, fp8.reference_scaled_mm(a, q.t(), sa, sb)) < TOL[out_dtype], p
 
 
 @pytest.mark.parametrize("scale", planner.FP8_SCALES)

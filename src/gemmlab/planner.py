@@ -399,9 +399,19 @@ FP8_PROMOTE = 1  # default k-steps per promotion: every 128 of K, as DeepGEMM do
 # plainest and the heaviest epilogue (fp32 out, bias, gelu, DIRECT): a compile sweep, kept by
 # tests/test_fp8.py (-m slow: all of them). One consumer (64 rows) up to 240 columns, two consumers of 64
 # rows up to 224, two of 128 rows (two m64 blocks each) up to 96 (112 spills with the heavy epilogue).
+# 128 x 256 with split promotion (FP8_PART_SPLIT): the wgmma's set covers half the columns.
 FP8_TILES: tuple[tuple[int, int], ...] = (tuple((64, n) for n in range(16, 241, 16))
-                                          + tuple((128, n) for n in range(64, 225, 16))
+                                          + tuple((128, n) for n in range(64, 225, 16)) + ((128, 256),)
                                           + tuple((256, n) for n in range(64, 97, 16)))
+# Tiles whose consumers run split promotion (Fp8GemmTraits::PART_SPLIT): per k-step the wgmmas of each
+# column part in turn into one part-wide set of registers, each promoted after its own wait (a 64 x 256
+# consumer tile in 128 + 64 registers). Needs a promotion every k-step.
+FP8_PART_SPLIT = {(128, 256): 2}
+
+
+def fp8_part_split(bm: int, bn: int) -> int:
+    """Column parts of the wgmma's partial sums on this tile (1: the whole width)."""
+    return FP8_PART_SPLIT.get((bm, bn), 1)
 
 
 def fp8_sb_phases(bn: int) -> int:
@@ -440,13 +450,13 @@ def fp8_stages_for(bm: int, bn: int, scale: str = "tensor") -> int:
 
 
 def fp8_predict_s(M: int, N: int, K: int, bm: int, bn: int, stages: int, promote: int,
-                  prof: DeviceProfile) -> float:
+                  prof: DeviceProfile, part_split: int = 1) -> float:
     """A first, unfitted model of one data-parallel FP8 plan: the bf16 engine's constants with FP8's
     tensor rate (``flop_per_clk_sm['fp8']``). Per 128-deep k-step the larger of the MMAs and the TMA
     bytes at the SM's share of L2; per promotion the consumer drains its wgmmas (``kstep_turnaround_clk``,
     half hidden by the other consumer with two of them); per tile the fixed cost and the store; the
-    busiest SM runs ceil(tiles / SMs) tiles; floored by the operands' HBM time. Not yet checked against a
-    measurement."""
+    busiest SM runs ceil(tiles / SMs) tiles; floored by the operands' HBM time. Split promotion
+    (``part_split`` column parts) drains once per part. Not yet checked against a measurement."""
     clock = prof.plan_clock_mhz * 1e6
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
     active = min(tiles, prof.sm_count)
@@ -458,7 +468,7 @@ def fp8_predict_s(M: int, N: int, K: int, bm: int, bn: int, stages: int, promote
     promotions = k if promote == 0 else math.ceil(k / promote)
     drain = prof.kstep_turnaround_clk / clock * (1.0 if bm == 64 else 0.5)
     out_bytes = 2
-    tile_s = k * max(mma, load) + (promotions if promote else 1) * drain + prof.tile_fixed_s \
+    tile_s = k * max(mma, load) + (promotions if promote else 1) * part_split * drain + prof.tile_fixed_s \
         + bm * bn * out_bytes / prof.store_bytes_per_s
     t = prof.launch_s + math.ceil(tiles / prof.sm_count) * tile_s
     hbm = (M * K + N * K + 2 * M * N) / prof.hbm_bytes_per_s
@@ -472,8 +482,9 @@ class Fp8Plan(_Tiling):
 
     ``scale``: "tensor" (fp32 scalars, applied in the epilogue) or "block" (A 1 x 128, B 128 x 128,
     applied at each promotion). ``promote``: k-steps of 128 between promotions of the wgmma's partial sum
-    into fp32 registers (0: once per tile; block scales need 1). Data-parallel over ``grid`` persistent
-    CTAs; ``stages`` as many as fit. ``predicted_s``: ``fp8_predict_s`` (unfitted)."""
+    into fp32 registers (0: once per tile; block scales need 1). ``part_split``: column parts the partial
+    sum is computed in, one after the other (``fp8_part_split``; 2 needs promote = 1). Data-parallel over
+    ``grid`` persistent CTAs; ``stages`` as many as fit. ``predicted_s``: ``fp8_predict_s`` (unfitted)."""
 
     M: int
     N: int
@@ -484,6 +495,7 @@ class Fp8Plan(_Tiling):
     grid: int
     scale: str = "tensor"
     promote: int = FP8_PROMOTE
+    part_split: int = 1
     out_dtype: str = "bf16"
     bias_dtype: str | None = None
     activation: str | None = None
@@ -506,11 +518,11 @@ class Fp8Plan(_Tiling):
         return min(self.bm, math.ceil(left / 8) * 8)
 
     def template_args(self) -> tuple[str, ...]:
-        """Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE, PROMOTE, BIAS, ACT, DIRECT>."""
+        """Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE, PROMOTE, BIAS, ACT, DIRECT, PART_SPLIT>."""
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (_CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm), str(self.bn),
                 str(self.stages), str(FP8_SCALES.index(self.scale)), str(self.promote), b(self.bias_dtype),
-                str(ACTIVATIONS[self.activation]), b(self.direct))
+                str(ACTIVATIONS[self.activation]), b(self.direct), str(self.part_split))
 
     @property
     def name_expression(self) -> str:
@@ -523,22 +535,27 @@ class Fp8Plan(_Tiling):
     def __repr__(self) -> str:
         scale = "per-tensor scales" if self.scale == "tensor" else "1x128 / 128x128 block scales"
         promo = f"promoted every {self.promote * FP8_BK} of K" if self.promote else "promoted once per tile"
+        if self.part_split > 1:
+            promo += f" in {self.part_split} column parts"
         extra = [x for x in (self.direct and "direct stores", self.bias_dtype and "bias", self.activation) if x]
         return (f"Fp8Plan({self.M}x{self.N}x{self.K} e4m3->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} "
                 f"tiles ({self.tiles}), {scale}, {promo}, data-parallel, {self.stages} stages, grid {self.grid}"
                 + (f", {', '.join(extra)}" if extra else "") + f"; predicted {self.predicted_s * 1e6:.1f} us)")
 
 
-def fp8_tile_problem(bm: int, bn: int, scale: str = "tensor") -> str | None:
+def fp8_tile_problem(bm: int, bn: int, scale: str = "tensor", promote: int = FP8_PROMOTE) -> str | None:
     """Why the FP8 kernel should not run this tile and scale mode, or None. Block scales: a tile whose
     width neither divides 128 nor is a multiple of it straddles B's 128-column scale blocks, starting at
     one of ``fp8_sb_phases(bn)`` column offsets inside its first block; the kernel keeps one copy of its
     k-loop per offset, each with every column group's block known at compile time (no compares). Offered
     up to 4 phases (192: 2; 96, 160, 224: 4). Widths in steps of 16 (8 phases: 8 copies of the k-loop,
     ~2,800 instructions at 128 x 208) are not offered until measured: the run-time compare form they
-    replaced ran at 0.57x of per-tensor (H200, 8bae228); 64 x 240 block spills."""
+    replaced ran at 0.57x of per-tensor (H200, 8bae228); 64 x 240 block spills. Split-promotion tiles
+    (128 x 256) promote every k-step."""
     if (bm, bn) not in FP8_TILES:
         return f"{bm}x{bn} is not in the FP8 tile space (two accumulator sets per thread must fit)"
+    if fp8_part_split(bm, bn) > 1 and promote != 1:
+        return f"{bm}x{bn} promotes its column parts every k-step (promote = 1), not {promote}"
     if not fp8_stages_for(bm, bn, scale):
         return "no pipeline depth fits in shared memory"
     if scale == "block" and fp8_sb_phases(bn) > 4:
@@ -567,13 +584,15 @@ def fp8_candidates(M: int, N: int, K: int, *, scale: str = "tensor", out_dtype=N
         direct = (N * plan_cost.in_bytes(odt)) % 16 != 0
     plans = []
     for bm, bn in FP8_TILES:
-        if fp8_tile_problem(bm, bn, scale):
+        if fp8_tile_problem(bm, bn, scale, promote):
             continue
         stages = fp8_stages_for(bm, bn, scale)
         tiles = math.ceil(M / bm) * math.ceil(N / bn)
+        split = fp8_part_split(bm, bn)
         plans.append(Fp8Plan(M=M, N=N, K=K, bm=bm, bn=bn, stages=stages, grid=min(prof.sm_count, tiles),
-                             scale=scale, promote=promote, out_dtype=odt, bias_dtype=bdt, activation=activation,
-                             direct=direct, predicted_s=fp8_predict_s(M, N, K, bm, bn, stages, promote, prof)))
+                             scale=scale, promote=promote, part_split=split, out_dtype=odt, bias_dtype=bdt,
+                             activation=activation, direct=direct,
+                             predicted_s=fp8_predict_s(M, N, K, bm, bn, stages, promote, prof, split)))
     plans.sort(key=lambda p: (round(p.predicted_s, 9), -p.bm * p.bn))
     return plans
 

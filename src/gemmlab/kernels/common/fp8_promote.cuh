@@ -57,29 +57,34 @@ struct BlockScaleRegs {
     }
 };
 
-// acc += part (per-tensor scales: applied once, in the epilogue's alpha).
-template <int R>
-__device__ __forceinline__ void promote(float (&acc)[R], const float (&part)[R]) {
+// acc[columns C0 ..] += part (per-tensor scales: applied once, in the epilogue's alpha). `part` holds R / 2
+// columns' fragments; C0 = 0 without split promotion (then the two arrays have the same size).
+template <int C0 = 0, int A, int R>
+__device__ __forceinline__ void promote(float (&acc)[A], const float (&part)[R]) {
+    static_assert(C0 / 2 + R <= A, "the part lies inside the tile");
 #pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] += part[i];
+    for (int i = 0; i < R; ++i) acc[C0 / 2 + i] += part[i];
 }
 
-// acc += part x sa[row] x sb[column block]. Fragment value 4j + h sits in row frag_row (h < 2) or + 8,
-// column 8j + ...: its B block is (OFF + 8j) / 128 of the tile's blocks, OFF being the tile's first
-// column inside its first block (n0 % 128). OFF is a template argument (the caller runs one copy of its
-// k-loop per phase: with_sb_phase), so every unrolled j's block is known at compile time: no compares,
-// no selects, and `col` indexed by constants (a run-time index would put it in local memory).
-template <class Tr, int OFF>
-__device__ __forceinline__ void promote_at(float (&acc)[Tr::BN / 2], const float (&part)[Tr::BN / 2], float top,
+// acc[columns C0 .. C0 + PART_N) += part x sa[row] x sb[column block]. Fragment value 4j + h of the part
+// sits in row frag_row (h < 2) or + 8, tile column C0 + 8j + ...: its B block is (OFF + C0 + 8j) / 128 of
+// the tile's blocks, OFF being the tile's first column inside its first block (n0 % 128). OFF and C0 are
+// template arguments (the caller runs one copy of its k-loop per phase: with_sb_phase), so every
+// unrolled j's block is known at compile time: no compares, no selects, and `col` indexed by constants
+// (a run-time index would put it in local memory).
+template <class Tr, int OFF, int C0 = 0>
+__device__ __forceinline__ void promote_at(float (&acc)[Tr::BN / 2], const float (&part)[Tr::PART_N / 2], float top,
                                            float bot, const float (&col)[Tr::SB_BLOCKS]) {
+    static_assert(C0 % Tr::PART_N == 0 && C0 < Tr::BN, "a column part of the tile");
 #pragma unroll
-    for (int j = 0; j < Tr::BN / 8; ++j) {
-        const float sb = col[(OFF + 8 * j) / 128];
+    for (int j = 0; j < Tr::PART_N / 8; ++j) {
+        const float sb = col[(OFF + C0 + 8 * j) / 128];
         const float st = top * sb, sbot = bot * sb;
-        acc[4 * j + 0] = fmaf(part[4 * j + 0], st, acc[4 * j + 0]);
-        acc[4 * j + 1] = fmaf(part[4 * j + 1], st, acc[4 * j + 1]);
-        acc[4 * j + 2] = fmaf(part[4 * j + 2], sbot, acc[4 * j + 2]);
-        acc[4 * j + 3] = fmaf(part[4 * j + 3], sbot, acc[4 * j + 3]);
+        constexpr int c = C0 / 2;
+        acc[c + 4 * j + 0] = fmaf(part[4 * j + 0], st, acc[c + 4 * j + 0]);
+        acc[c + 4 * j + 1] = fmaf(part[4 * j + 1], st, acc[c + 4 * j + 1]);
+        acc[c + 4 * j + 2] = fmaf(part[4 * j + 2], sbot, acc[c + 4 * j + 2]);
+        acc[c + 4 * j + 3] = fmaf(part[4 * j + 3], sbot, acc[c + 4 * j + 3]);
     }
 }
 
@@ -88,6 +93,15 @@ template <int V>
 struct ColumnOffset {
     static constexpr int value = V;
 };
+
+// Calls f(ColumnOffset<H>{}) for H = 0 .. N - 1 in order (a loop whose index is a template argument).
+template <int N, int H = 0, class F>
+__device__ __forceinline__ void for_each_part(F&& f) {
+    if constexpr (H < N) {
+        f(ColumnOffset<H>{});
+        for_each_part<N, H + 1>(f);
+    }
+}
 
 // Calls f(ColumnOffset<OFF>{}) for the tile's phase, OFF = n0 % 128: one of Tr::SB_PHASES multiples of
 // SB_STEP (a tile of width BN starts at a multiple of gcd(BN, 128) inside its first B block: 0 / 64 for

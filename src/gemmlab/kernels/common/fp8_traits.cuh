@@ -19,7 +19,8 @@ template <typename TOut, typename TBias,  // output and bias element types
           int kScale,                     // Fp8ScaleMode
           int kPromote,                   // k-steps (of 128) per promotion; 0: once, at the end of the tile
           bool kBias, int kAct,           // epilogue: + bias[n], activation
-          bool kDirect>                   // output rows not 16-byte aligned: threads store
+          bool kDirect,                   // output rows not 16-byte aligned: threads store
+          int kPartSplit = 1>             // wgmma partial sums over BN / kPartSplit columns at a time
 struct Fp8GemmTraits {
     using T = unsigned char;  // e4m3 bytes: only the wgmma reads them as numbers
     using TO = TOut;
@@ -33,15 +34,21 @@ struct Fp8GemmTraits {
     static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
     static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    // Split promotion (mainloop_fp8.cuh): `acc` covers the tile's BN columns, `part` (the wgmmas' partial
+    // sums) only PART_N = BN / PART_SPLIT of them; per k-step the consumer runs the wgmmas of each column
+    // part in turn, waits, and promotes that part. Two parts keep a 64 x 256 consumer tile in 128 + 64
+    // registers (two full sets would be 256: no room for anything else); the price is one more wgmma drain
+    // per k-step, which the other consumer's wgmmas cover.
+    static constexpr int PART_SPLIT = kPartSplit, PART_N = BN / kPartSplit;
     // Two consumers: setmaxnreg moves the producer's registers to them. The registers come from the CTA's
     // own pool (PTX ISA "setmaxnreg": setmaxnreg.inc blocks until the pool has them), i.e. the launch's
     // LAUNCH_REGS (168 a thread at 384 threads): PRODUCER + 2 x CONSUMER <= 3 x 168 = 504, else the
-    // consumers wait forever. 40 / 232 as the bf16 kernel, unless a consumer's two register sets (BN / 2
-    // each) and what it holds besides (block scales: ~16 registers, the next k-step's scales among them;
-    // per-tensor ~8) pass 232: then 24 / 240 (the producer thread's loop uses R0-R4 and uniform
-    // registers; 128 x 224 block: 236).
+    // consumers wait forever. 40 / 232 as the bf16 kernel, unless a consumer's register sets (BN / 2 +
+    // PART_N / 2 per m64 block) and what it holds besides (block scales: ~16 registers, the next k-step's
+    // scales among them; per-tensor ~8) pass 232: then 24 / 240 (the producer thread's loop uses R0-R4 and
+    // uniform registers; 128 x 224 block: 236).
     static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
-    static constexpr int PRODUCER_REGS = BN + (kScale == SCALE_BLOCK ? 16 : 8) > 232 ? 24 : 40;
+    static constexpr int PRODUCER_REGS = MI * (BN + PART_N) / 2 + (kScale == SCALE_BLOCK ? 16 : 8) > 232 ? 24 : 40;
     static constexpr int CONSUMER_REGS = PRODUCER_REGS == 24 ? 240 : 232;
 
     static constexpr u32 A_STAGE = BM * BK, B_STAGE = BN * BK;
@@ -71,6 +78,8 @@ struct Fp8GemmTraits {
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(kScale != SCALE_BLOCK || kPromote == 1, "block scales change every 128 of K: promote every k-step");
     static_assert(kPromote >= 0, "promotion interval");
+    static_assert((kPartSplit == 1 || kPartSplit == 2) && PART_N % 16 == 0, "column parts: wgmma n in steps of 16");
+    static_assert(kPartSplit == 1 || kPromote == 1, "split promotion: each part is promoted every k-step");
     static_assert(CONSUMERS == 1 || PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (CONSUMERS + 1) * LAUNCH_REGS,
                   "setmaxnreg: the consumers take no more registers than the CTA was launched with");
     static_assert(SB_BLOCKS <= 4, "a tile's column-block scales fit the slot's box of 8 (from a multiple of 4)");

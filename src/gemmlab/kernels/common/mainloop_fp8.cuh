@@ -3,35 +3,42 @@
 // sum; at a promotion point the consumer waits for its wgmmas, frees the slots and adds the partial into
 // `acc`: per-tensor scales every PROMOTE k-steps (and at the unit's last), with one wgmma group in flight
 // in between as in the bf16 loop (wgmma.wait_group 1); block scales every k-step, scaled by that
-// k-block's scales, in one copy of the k-loop per column phase (fp8_promote.cuh's with_sb_phase).
+// k-block's scales, in one copy of the k-loop per column phase (fp8_promote.cuh's with_sb_phase). With
+// split promotion (Tr::PART_SPLIT = 2) the partial sum covers half the tile's columns: per k-step the
+// wgmmas of columns [0, BN / 2), wait, promote them, then those of [BN / 2, BN), wait, promote.
 #pragma once
 #include "fp8_promote.cuh"
 #include "pipeline.cuh"
 #include "wgmma.cuh"
 #include "wgmma_fp8_ops.cuh"
 
-// One k-step's wgmmas from ring slot `stage`: four k32 steps per m64 block of this consumer into `part`
-// (`restart`: the first overwrites it, scale-d = 0).
-template <class Tr>
+// One k-step's wgmmas from ring slot `stage` for column part H (tile columns H x PART_N ..): four k32 steps
+// per m64 block of this consumer into `part` (`restart`: the first overwrites it, scale-d = 0). B's tile
+// is BN rows of 128 bytes, 128-byte swizzled in atoms of 8 rows (1024 bytes): part H starts H x PART_N
+// rows (a multiple of 8) in, so its descriptor is the same swizzle from a later start address.
+template <class Tr, int H = 0>
 __device__ __forceinline__ void issue_kstep_fp8(const unsigned char* sA, const unsigned char* sB, int stage,
-                                                int consumer, float (&part)[Tr::MI][Tr::BN / 2], bool restart) {
+                                                int consumer, float (&part)[Tr::MI][Tr::PART_N / 2], bool restart) {
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
+    static_assert(H * Tr::PART_N * BK % 1024 == 0, "a part starts on a swizzle atom");
     const unsigned char* a = sA + stage * BM * BK + consumer * Tr::MI * 64 * BK;
-    const unsigned char* b = sB + stage * BN * BK;
+    const unsigned char* b = sB + stage * BN * BK + H * Tr::PART_N * BK;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < 4; ++k) {  // k32 steps: 32 bytes along the swizzled row
         const u64 db = desc_sw128(b + 32 * k);
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi)
-            WgmmaFp8<BN>::mma(part[mi], desc_sw128(a + mi * 64 * BK + 32 * k), db, (restart && k == 0) ? 0 : 1);
+            WgmmaFp8<Tr::PART_N>::mma(part[mi], desc_sw128(a + mi * 64 * BK + 32 * k), db,
+                                      (restart && k == 0) ? 0 : 1);
     }
     wgmma_commit();
 }
 
 // Block scales, the tile's first column at OFF inside its first B block (fp8_promote.cuh): every k-step
-// the wgmmas, wait, free the slot, acc += part x that k-step's scales. The scales are read from the slot
-// one k-step ahead, while the k-step before runs on the tensor cores, so no shared-memory load is in
+// the wgmmas, wait, free the slot, acc += part x that k-step's scales (per column part with split
+// promotion; the slot is freed after the last part's wait). The scales are read from the slot one
+// k-step ahead, while the first part's wgmmas run on the tensor cores, so no shared-memory load is in
 // flight at a wgmma fence (a load read just before the fence cost ~10%: worklog). Every warp reads a
 // slot before its wgmmas on that slot, and the slot is freed only once those wgmmas completed, so no
 // warp can still be reading it.
@@ -39,7 +46,7 @@ template <class Tr, int OFF>
 __device__ __forceinline__ void consume_block_scaled(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
                                                      const unsigned char* sB, int consumer, int t,
                                                      float (&acc)[Tr::MI][Tr::BN / 2],
-                                                     float (&part)[Tr::MI][Tr::BN / 2], int k_begin, int k_end,
+                                                     float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
                                                      const float* s_scales, int nb) {
     const int first_row = consumer * Tr::MI * 64;
     ring.wait_full(cur);
@@ -47,20 +54,50 @@ __device__ __forceinline__ void consume_block_scaled(Ring<Tr::STAGES>& ring, Rin
     sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
     for (int kt = k_begin; kt < k_end; ++kt) {
         const int stage = cur.stage;
-        issue_kstep_fp8<Tr>(sA, sB, stage, consumer, part, true);
-        cur.template advance<Tr::STAGES>();
         BlockScaleRegs<Tr> next = sc;
-        if (kt + 1 < k_end) {
-            ring.wait_full(cur);
-            next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
-        }
-        wgmma_wait<0>();
+        for_each_part<Tr::PART_SPLIT>([&](auto h) {
+            constexpr int H = decltype(h)::value;
+            issue_kstep_fp8<Tr, H>(sA, sB, stage, consumer, part, true);
+            if constexpr (H == 0) {
+                cur.template advance<Tr::STAGES>();
+                if (kt + 1 < k_end) {
+                    ring.wait_full(cur);
+                    next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
+                }
+            }
+            wgmma_wait<0>();
 #pragma unroll
-        for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
-        if (t == 0) ring.release(stage);
+            for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
+            if (H + 1 == Tr::PART_SPLIT && t == 0) ring.release(stage);
 #pragma unroll
-        for (int mi = 0; mi < Tr::MI; ++mi) promote_at<Tr, OFF>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col);
+            for (int mi = 0; mi < Tr::MI; ++mi)
+                promote_at<Tr, OFF, H * Tr::PART_N>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col);
+        });
         sc = next;
+    }
+}
+
+// Per-tensor scales with split promotion: every k-step, each column part's wgmmas, wait, promote (the
+// slot freed after the last part's wait).
+template <class Tr>
+__device__ __forceinline__ void consume_split_tensor(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
+                                                     const unsigned char* sB, int consumer, int t,
+                                                     float (&acc)[Tr::MI][Tr::BN / 2],
+                                                     float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end) {
+    for (int kt = k_begin; kt < k_end; ++kt) {
+        ring.wait_full(cur);
+        const int stage = cur.stage;
+        for_each_part<Tr::PART_SPLIT>([&](auto h) {
+            constexpr int H = decltype(h)::value;
+            issue_kstep_fp8<Tr, H>(sA, sB, stage, consumer, part, true);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
+            if (H + 1 == Tr::PART_SPLIT && t == 0) ring.release(stage);
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi) promote<H * Tr::PART_N>(acc[mi], part[mi]);
+        });
+        cur.template advance<Tr::STAGES>();
     }
 }
 
@@ -68,7 +105,7 @@ template <class Tr>
 __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
                                                  const unsigned char* sB, int consumer, int t,
                                                  float (&acc)[Tr::MI][Tr::BN / 2],
-                                                 float (&part)[Tr::MI][Tr::BN / 2], int k_begin, int k_end,
+                                                 float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
                                                  const float* s_scales, int n0) {
 #pragma unroll
     for (int mi = 0; mi < Tr::MI; ++mi)
@@ -80,6 +117,10 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
             consume_block_scaled<Tr, decltype(off)::value>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end,
                                                            s_scales, n0 / 128);
         });
+        return;
+    }
+    if constexpr (Tr::PART_SPLIT > 1) {
+        consume_split_tensor<Tr>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end);
         return;
     }
     int prev = -1;  // the slot of the group still in flight (between promotion points)

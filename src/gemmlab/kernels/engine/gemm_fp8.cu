@@ -66,7 +66,7 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     RingCursor cur;
     int pieces = 0;
     float acc[Tr::MI][BN / 2];
-    float part[Tr::MI][BN / 2];
+    float part[Tr::MI][Tr::PART_N / 2];  // the wgmmas' partial sums (split promotion: a part of the columns)
     while (sched.next(u)) {
         const int packed = order[u.tile];
         const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
