@@ -129,8 +129,9 @@ def test_fp8_grouped_fake_impl():
 @pytest.mark.parametrize("layout", grouped.LAYOUTS)
 @pytest.mark.parametrize("per_group", [False, True])
 def test_fp8_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, per_group):
-    """Byte views of a and b with 128-byte (128-element) boxes, out's map, ranges, lead, G, limit, N, K,
-    panel, then scale_a, scale_b and sb_step (1: one scale per group), out, ldo."""
+    """Byte views of a and b with 128-byte (128-element) boxes, out's map, the block scales' two maps (A's
+    again: per-tensor scales), ranges, lead, G, limit, N, K, panel, then scale_a, scale_b and sb_step (1:
+    one scale per group), out, ldo."""
     a, b, o, sa, sb = _ops(T=128, per_group=per_group)
     if layout == "masked":
         a, o = a.reshape(4, 32, 128), torch.tensor([3, 0, 32, 40], dtype=torch.int32)
@@ -148,7 +149,8 @@ def test_fp8_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, p
     assert launch_arg_types(args) == unsigned(ptx_param_types(grouped.SOURCE, p.name_expression))
     assert args[0] == ("tmap", torch.uint8, (128, 128), (p.bm, 128))
     assert args[1] == ("tmap", torch.uint8, (4 * 48, 128), (p.bn, 128))
-    assert args[10] is sa and args[11] is sb and int(args[12]) == prob.sb_step
+    assert args[3] == args[4] == args[0]
+    assert args[12] is sa and args[13] is sb and int(args[14]) == prob.sb_step
     with pytest.raises(UnsupportedProblem, match="scale_a and scale_b"):
         grouped.launch(p, a, b, o, 1, out)
 

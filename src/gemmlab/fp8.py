@@ -265,3 +265,20 @@ def quantize_blocks(x: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Ten
     n = Rp // rows
     mn = torch.empty((K // planner.FP8_BLOCK, (n + 3) // 4 * 4), dtype=torch.float32, device=x.device)
     return q, mn[:, :n].copy_(scale.t()).t()
+
+
+def quantize_expert_blocks(x: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_blocks`` for a stack of G matrices (G, R, K), K % 128 == 0, each quantized on its own:
+    (e4m3 (G, R, K), fp32 scales (G, ceil(R / rows), K / 128)). rows = 1: activations in masked slabs
+    (scales (G, C, K / 128)); rows = 128: experts' (N, K) weights (scales (G, ceil(N / 128), K / 128),
+    a block never spanning two experts). The scales are stored MN-major over all G x ceil(R / rows) rows
+    (unit stride along them, 16-byte aligned columns): the layout ``gemmlab.grouped_mm``'s TMA reads in
+    place."""
+    G, R, K = x.shape
+    Rp = math.ceil(R / rows) * rows
+    if Rp != R:  # pad each matrix to whole blocks, so that no block mixes two of them
+        xp = torch.zeros((G, Rp, K), dtype=x.dtype, device=x.device)
+        xp[:, :R] = x
+        x = xp
+    q, s = quantize_blocks(x.reshape(G * Rp, K), rows)
+    return q.reshape(G, Rp, K)[:, :R].contiguous(), s.reshape(G, Rp // rows, s.shape[-1])

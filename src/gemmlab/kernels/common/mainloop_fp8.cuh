@@ -34,7 +34,7 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
                                                  const unsigned char* sB, int consumer, int t,
                                                  float (&acc)[Tr::MI][Tr::BN / 2],
                                                  float (&part)[Tr::MI][Tr::BN / 2], int k_begin, int k_end,
-                                                 const float* s_scales, int n0) {
+                                                 const float* s_scales, int n0, int sb_block = -1) {
 #pragma unroll
     for (int mi = 0; mi < Tr::MI; ++mi)
 #pragma unroll
@@ -45,10 +45,13 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
         // shared-memory load is in flight at a wgmma fence (a load read just before the fence cost ~10%:
         // worklog). Every warp reads a slot before its wgmmas on that slot, and the slot is freed only
         // once those wgmmas completed, so no warp can still be reading it.
+        // The tile's first column block in the slot's numbering: that of B's scale view (grouped: the
+        // expert's blocks follow the ones before it, sb_block = g x blocks per expert + n0 / 128).
+        const int nb = sb_block >= 0 ? sb_block : n0 / 128;
         const int first_row = consumer * Tr::MI * 64;
         ring.wait_full(cur);
         BlockScaleRegs<Tr> sc;
-        sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, n0 / 128, t);
+        sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
         for (int kt = k_begin; kt < k_end; ++kt) {
             const int stage = cur.stage;
             issue_kstep_fp8<Tr>(sA, sB, stage, consumer, part, true);
@@ -56,7 +59,7 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
             BlockScaleRegs<Tr> next = sc;
             if (kt + 1 < k_end) {
                 ring.wait_full(cur);
-                next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, n0 / 128, t);
+                next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
             }
             wgmma_wait<0>();
 #pragma unroll

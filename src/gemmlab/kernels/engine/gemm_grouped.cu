@@ -1,8 +1,18 @@
 // engine.gemm_grouped: grouped GEMM for mixture-of-experts layers, from the engine's named parts
 // (kernels/common/): for each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, B[g] (N x K)
 // K-major (nn.Linear's weight layout), in one persistent launch. bf16 / fp16 operands (GemmTraits), or
-// e4m3 with per-tensor scales (Fp8GemmTraits): out_g = scale_a x scale_b[g] x A_g @ B[g]^T, scale_b one
-// scale (sb_step = 0) or one per group (sb_step = 1), the FP8 main loop in place of the bf16 one.
+// e4m3 (Fp8GemmTraits, the FP8 main loop in place of the bf16 one) with
+//   per-tensor scales (SCALE_TENSOR): out_g = scale_a x scale_b[g] x A_g @ B[g]^T, scale_b one scale
+//     (sb_step = 0) or one per group (sb_step = 1), applied in the epilogue;
+//   block scales (SCALE_BLOCK, DeepSeek-V3's): A one scale per row and 128 of K, B[g] one per 128 x 128
+//     block, applied as each 128-deep partial sum is promoted (fp8_promote.cuh). The producer thread loads
+//     a k-step's scales with its operands by two more TMA boxes on the stage's barrier (BlockScaleLoads),
+//     from (K / 128, rows) views: tmSA over all of A's rows (T, or G x capacity), its box starting at the
+//     A box's row, so a box past the group's end reads the next group's row scales exactly as A's box
+//     reads its rows (multiplied into rows that are never stored); tmSB over every expert's column blocks
+//     in a row (expert g's block j at g x ceil(N / 128) + j), a box of 8 from that index rounded down to a
+//     multiple of 4 (TMA's 16-byte rule, as the dense kernel), so a tile at the expert's right edge reads
+//     the next expert's scales into its columns >= N, which are never stored either.
 //   gemm_traits.cuh      the compile-time choices (GemmTraits: K-major operands, data-parallel)
 //   fp8_traits.cuh       e4m3: Fp8GemmTraits (per-tensor scales, promotion into fp32 every 128 of K)
 //   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable) and
@@ -31,6 +41,19 @@
 #include "common/mainloop.cuh"
 #include "common/mainloop_fp8.cuh"
 #include "common/epilogue_store.cuh"
+#include "common/fp8_promote.cuh"
+
+// The scale mode (Fp8GemmTraits::SCALE; bf16 / fp16 traits have none) and the block scales' slots.
+template <class Tr>
+__host__ __device__ constexpr int scale_mode() {
+    if constexpr (sizeof(typename Tr::T) == 1) return Tr::SCALE;
+    else return SCALE_TENSOR;
+}
+template <class Tr>
+__host__ __device__ constexpr unsigned scale_bytes() {
+    if constexpr (sizeof(typename Tr::T) == 1) return Tr::SCALE_BYTES;
+    else return 0;
+}
 
 // The same traits with every store DIRECT: the block that crosses its group's last row.
 template <class Tr>
@@ -41,29 +64,33 @@ struct DirectStores : Tr {
 template <class Tr, int LAYOUT, int MAX_G>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                    const __grid_constant__ CUtensorMap tmC, const int* __restrict__ ranges, int lead, int G,
+                    const __grid_constant__ CUtensorMap tmC, const __grid_constant__ CUtensorMap tmSA,
+                    const __grid_constant__ CUtensorMap tmSB, const int* __restrict__ ranges, int lead, int G,
                     int limit, int N, int K, int panel, const float* __restrict__ scale_a,
                     const float* __restrict__ scale_b, int sb_step, typename Tr::TO* __restrict__ Out,
                     long long ldo) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     constexpr bool FP8 = sizeof(T) == 1;  // Fp8GemmTraits: e4m3 bytes, 128-deep k-steps
+    constexpr bool BLOCK = scale_mode<Tr>() == SCALE_BLOCK;
     static_assert(Tr::SCHEDULE == DATA_PARALLEL && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C && !Tr::HAS_BIAS &&
                       Tr::ACT == 0 && Tr::TAIL == 0,
                   "grouped: K-major operands, data-parallel, no epilogue terms, whole store pieces");
-    if constexpr (FP8) static_assert(Tr::SCALE == SCALE_TENSOR, "grouped FP8: per-tensor scales");
-    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(GroupTable<MAX_G>)
-                      <= 227 * 1024 - 256,
+    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + scale_bytes<Tr>() +
+                          sizeof(GroupTable<MAX_G>) <= 227 * 1024 - 256,
                   "shared memory (with the group table)");
     extern __shared__ unsigned char smem_raw[];
     T* sA = reinterpret_cast<T*>(align_1024(smem_raw));
     T* sB = sA + Tr::STAGES * BM * BK;
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
+    // Block scales: one slot per stage after the output slabs (128-byte aligned), as in gemm_fp8.cu.
+    float* s_scales = reinterpret_cast<float*>(sC + Tr::SLABS_BYTES);
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ GroupTable<MAX_G> groups;
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, k_iters = (K + BK - 1) / BK;
+    const int n_blocks = (N + 127) / 128;  // block scales: each expert's column blocks in tmSB's rows
     if (threadIdx.x < 32) groups.template build<LAYOUT, BM>(ranges, lead, G, limit, tiles_n, threadIdx.x);
     if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
@@ -72,16 +99,30 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     WorkUnit u;
     if (wg == 0) {
         // M = INT_MAX: every box is a whole BM rows (the rows past the group are discarded).
-        produce_all<Tr>(ring, sched, sA, sB, &tmA, &tmA, &tmB, 0x7fffffff, BM, [&](int tile) {
-            const GroupTile gt = groups.template locate<BM>(tile, G, tiles_n, panel);
-            return make_int2(gt.row0 + gt.m * BM, gt.g * N + gt.n * BN);
-        });
+        if constexpr (BLOCK) {  // the k-step's scale boxes ride with its operands (produce_all's loop plus them)
+            if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+            if (t == 0) {
+                RingCursor pcur;
+                while (sched.next(u)) {
+                    const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
+                    const int m0 = gt.row0 + gt.m * BM, n0 = gt.n * BN;
+                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, &tmA, &tmB, m0, gt.g * N + n0, u.k_begin, u.k_end,
+                                     0x7fffffff, BM,
+                                     BlockScaleLoads<Tr>{s_scales, &tmSA, &tmSB, m0, gt.g * n_blocks + n0 / 128});
+                }
+            }
+        } else {
+            produce_all<Tr>(ring, sched, sA, sB, &tmA, &tmA, &tmB, 0x7fffffff, BM, [&](int tile) {
+                const GroupTile gt = groups.template locate<BM>(tile, G, tiles_n, panel);
+                return make_int2(gt.row0 + gt.m * BM, gt.g * N + gt.n * BN);
+            });
+        }
         return;
     }
 
     if constexpr (Tr::CONSUMERS > 1) setmaxnreg_inc<Tr::CONSUMER_REGS>();
     const int consumer = wg - 1;
-    const float sa = FP8 ? __ldg(scale_a) : 1.0f;
+    const float sa = FP8 && !BLOCK ? __ldg(scale_a) : 1.0f;
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
     RingCursor cur;
     int pieces = 0;
@@ -90,11 +131,13 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     while (sched.next(u)) {
         const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
         if constexpr (FP8)
-            consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, nullptr, gt.n * BN);
+            consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, s_scales, gt.n * BN,
+                                 gt.g * n_blocks + gt.n * BN / 128);
         else
             consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
-        // e4m3: the scales, read after the k-loop (no load in flight at a wgmma fence).
-        const float alpha = FP8 ? sa * __ldg(scale_b + sb_step * gt.g) : 1.0f;
+        // e4m3, per-tensor: the scales, read after the k-loop (no load in flight at a wgmma fence). Block
+        // scales were applied at each promotion.
+        const float alpha = FP8 && !BLOCK ? sa * __ldg(scale_b + sb_step * gt.g) : 1.0f;
         // DIRECT: the group's rows as the epilogue's M (rows >= gt.rows are not stored), out offset to
         // the group's first row. TMA: rows of out itself (the map's), the block lies inside the group.
         const EpilogueArgs<DirectStores<Tr>> dep{alpha, 0.0f, nullptr, 0, 0, nullptr, Out + (long long)gt.row0 * ldo,
