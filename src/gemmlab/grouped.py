@@ -22,7 +22,10 @@ keep what ``out`` held (pass ``out=`` to rely on it; a fresh output leaves them 
 
 FP8: e4m3 ``a`` and ``b`` with fp32 ``scale_a`` (one) and ``scale_b`` (one, or one per group): out_g =
 scale_a x scale_b[g] x a_g @ b[g].T, the same kernel instantiated with Fp8GemmTraits (the FP8 main loop,
-promotion into fp32 every 128 of K); bf16 output by default.
+promotion into fp32 every 128 of K); bf16 output by default. Or DeepSeek-V3's block scales (K % 128 ==
+0): ``scale_a`` one per row and 128 of K, (T, K / 128) contiguous or (G, C, K / 128) masked; ``scale_b``
+one per 128 x 128 block of each expert's weight, (G, ceil(N / 128), K / 128); applied to each 128-deep
+partial sum as it is promoted (DeepGEMM's "m-grouped" FP8 GEMMs).
 
 Compared with ``torch._grouped_mm(a, b_t, offs, bias=None, out_dtype=None)`` (2-D x 3-D case): the same
 ``offs`` convention is accepted (G ends), but ``b`` here is (G, N, K), the weights as stored (torch's
@@ -429,7 +432,7 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale
             _check_block_scales(scale_a, scale_b, layout, G, rows, N, K)
         elif scale_a.numel() != 1:
             raise UnsupportedProblem(f"scale_a must hold one scale (per-tensor), got shape {tuple(scale_a.shape)}")
-        if G > 1 and tuple(scale_b.shape) == (G,):  # one per group, read at scale_b[g]
+        elif G > 1 and tuple(scale_b.shape) == (G,):  # one per group, read at scale_b[g]
             if scale_b.stride(0) != 1:
                 raise UnsupportedProblem(f"scale_b (one per group) must be contiguous, got stride {scale_b.stride(0)}")
             sb_step = 1
@@ -641,7 +644,11 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor]
     FP8: a and b torch.float8_e4m3fn (K a multiple of 16) with fp32 ``scale_a`` (one scale) and ``scale_b``
     (one, or one per group: (G,)): out_g = scale_a x scale_b[g] x a_g @ b[g].T, promoted into fp32 every
     128 of K as ``gemmlab.scaled_mm``; out_dtype default bf16 (no ``out=``); custom op
-    ``gemmlab::grouped_scaled_mm``."""
+    ``gemmlab::grouped_scaled_mm``. Block scales (K % 128 == 0): fp32 ``scale_a`` (T, K / 128) (masked:
+    (G, C, K / 128)), one per row and 128 of K, and ``scale_b`` (G, ceil(N / 128), K / 128), one per
+    128 x 128 block of b[g]: out[r, n] = sum_kb scale_a[r, kb] scale_b[g, n // 128, kb] (a_g @ b[g].T over
+    k-block kb). Any strides; stored MN-major (``fp8.quantize_blocks`` on a, ``fp8.quantize_expert_blocks``)
+    they are read in place, else copied once per call. Both scales block-shaped or both per-tensor."""
     validate(a, b, offsets, counts, out, out_dtype, scale_a=scale_a, scale_b=scale_b)
     if a.dtype == E4M3:
         if out is not None:
