@@ -253,8 +253,9 @@ def test_block_plans_carry_a_scale_slot_per_stage():
             assert q <= grouped.stages_for(bm, bn, table)  # the slots cost stages, never add any
             assert grouped.smem_bytes(bm, bn, q, "block") <= grouped.smem_limit(table) \
                 < grouped.smem_bytes(bm, bn, q + 1, "block")
-            # Fp8GemmTraits::SCALE_SLOT: bm row scales and 32 floats (the box of 8 at a 128-byte boundary).
-            assert grouped.scale_slot_bytes(bm, "block") == (bm + 32) * 4 and grouped.scale_slot_bytes(bm) == 0
+            # GroupedScales::SCALE_SLOT: bm + 4 row scales (a box from a multiple of 4 rows) padded to 128
+            # bytes, then the box of 8 column-block scales, padded likewise.
+            assert grouped.scale_slot_bytes(bm, "block") == (bm + 64) * 4 and grouped.scale_slot_bytes(bm) == 0
     assert grouped.stages_for(128, 128, 128, "block") == 5 < grouped.stages_for(128, 128, 128) == 6
     ps = grouped.candidates("masked", 8, 64, 4096, 7168, dtype="e4m3", scale="block")
     assert {(p.bm, p.bn) for p in ps} == set(grouped.FP8_TILES) and all(p.scale == "block" for p in ps)
@@ -312,7 +313,7 @@ def test_masked_block_scales_need_slab_shapes():
 
 @pytest.mark.parametrize("layout", grouped.LAYOUTS)
 def test_block_launch_arguments_match_the_kernel_parameters(monkeypatch, layout):
-    """The block scales' maps: A's (K / 128, rows) view with a (1, bm) box, B's (K / 128, G ceil(N / 128))
+    """The block scales' maps: A's (K / 128, rows) view with a (1, bm + 4) box, B's (K / 128, G ceil(N / 128))
     view with a (1, 8) box, both without swizzle, on the quantizers' scales in place; scale pointers and
     sb_step after them as for per-tensor scales."""
     a, b, o, sa, sb = _block_ops(layout, T=128 if layout == "contiguous" else 32)
@@ -335,7 +336,7 @@ def test_block_launch_arguments_match_the_kernel_parameters(monkeypatch, layout)
     args = captured["args"]
     assert launch_arg_types(args) == unsigned(ptx_param_types(grouped.SOURCE, p.name_expression))
     assert captured["smem"] == p.smem_bytes == grouped.smem_bytes(p.bm, p.bn, p.stages, "block")
-    assert args[3] == ("tmap", torch.float32, (2, 128), (1, p.bm), "flat")  # (K / 128, T or G x C)
+    assert args[3] == ("tmap", torch.float32, (2, 128), (1, p.bm + 4), "flat")  # (K / 128, T or G x C)
     assert args[4] == ("tmap", torch.float32, (2, 4 * 2), (1, 8), "flat")  # (K / 128, G x ceil(200 / 128))
     assert maps[0].data_ptr() == sa.data_ptr() and maps[1].data_ptr() == sb.data_ptr()  # in place, no copy
     assert torch.equal(maps[0].t(), sa.reshape(-1, 2)) and torch.equal(maps[1].t(), sb.reshape(-1, 2))

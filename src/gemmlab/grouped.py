@@ -98,9 +98,11 @@ SMEM_LIMIT = smem_limit(MAX_GROUPS)  # the limit with the largest table (every p
 
 
 def scale_slot_bytes(bm: int, scale: str = "tensor") -> int:
-    """FP8 block scales' slot per stage (Fp8GemmTraits::SCALE_SLOT = bm + 32 floats: the tile's bm row
-    scales, then a 128-byte aligned box of 8 column-block scales); none for per-tensor scales or bf16."""
-    return (bm + 32) * 4 if scale == "block" else 0
+    """FP8 block scales' slot per stage (gemm_grouped.cu's GroupedScales::SCALE_SLOT = bm + 64 floats: a
+    box of bm + 4 row scales from the tile's first row rounded down to a multiple of 4, TMA's 16-byte rule
+    for a box's innermost coordinate; then, at a 128-byte boundary, a box of 8 column-block scales); none
+    for per-tensor scales or bf16."""
+    return (bm + 64) * 4 if scale == "block" else 0
 
 
 def smem_bytes(bm: int, bn: int, stages: int, scale: str = "tensor") -> int:
@@ -546,8 +548,8 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     map_b = _tensor_map(b2, (p.bn, row))
     # out's map: 64-row x one-128-byte-swizzle-row pieces, as the dense engine's (A's map where unused).
     map_c = map_a if p.direct else _tensor_map(o2, (64, 128 // o2.element_size()))
-    if block:  # per k-step one box of each: A's bm row scales at A's box row, B's 8 blocks from a multiple of 4
-        map_sa = _tensor_map_flat(scale_rows_mn_major(scale_a), (1, p.bm))
+    if block:  # per k-step one box of each (from multiples of 4): A's bm + 4 row scales, B's 8 column blocks
+        map_sa = _tensor_map_flat(scale_rows_mn_major(scale_a), (1, p.bm + 4))
         map_sb = _tensor_map_flat(scale_rows_mn_major(scale_b), (1, 8))
     else:
         map_sa = map_sb = map_a  # unread

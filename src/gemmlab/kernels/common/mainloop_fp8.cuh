@@ -34,7 +34,8 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
                                                  const unsigned char* sB, int consumer, int t,
                                                  float (&acc)[Tr::MI][Tr::BN / 2],
                                                  float (&part)[Tr::MI][Tr::BN / 2], int k_begin, int k_end,
-                                                 const float* s_scales, int n0, int sb_block = -1) {
+                                                 const float* s_scales, int n0, int sb_block = -1,
+                                                 int sa_row = 0) {
 #pragma unroll
     for (int mi = 0; mi < Tr::MI; ++mi)
 #pragma unroll
@@ -46,9 +47,10 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
         // worklog). Every warp reads a slot before its wgmmas on that slot, and the slot is freed only
         // once those wgmmas completed, so no warp can still be reading it.
         // The tile's first column block in the slot's numbering: that of B's scale view (grouped: the
-        // expert's blocks follow the ones before it, sb_block = g x blocks per expert + n0 / 128).
+        // expert's blocks follow the ones before it, sb_block = g x blocks per expert + n0 / 128); its
+        // first row's place in the slot (grouped: the row box starts at a multiple of 4 rows, sa_row < 4).
         const int nb = sb_block >= 0 ? sb_block : n0 / 128;
-        const int first_row = consumer * Tr::MI * 64;
+        const int first_row = sa_row + consumer * Tr::MI * 64;
         ring.wait_full(cur);
         BlockScaleRegs<Tr> sc;
         sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);

@@ -6,13 +6,16 @@
 //     (sb_step = 0) or one per group (sb_step = 1), applied in the epilogue;
 //   block scales (SCALE_BLOCK, DeepSeek-V3's): A one scale per row and 128 of K, B[g] one per 128 x 128
 //     block, applied as each 128-deep partial sum is promoted (fp8_promote.cuh). The producer thread loads
-//     a k-step's scales with its operands by two more TMA boxes on the stage's barrier (BlockScaleLoads),
-//     from (K / 128, rows) views: tmSA over all of A's rows (T, or G x capacity), its box starting at the
-//     A box's row, so a box past the group's end reads the next group's row scales exactly as A's box
-//     reads its rows (multiplied into rows that are never stored); tmSB over every expert's column blocks
-//     in a row (expert g's block j at g x ceil(N / 128) + j), a box of 8 from that index rounded down to a
-//     multiple of 4 (TMA's 16-byte rule, as the dense kernel), so a tile at the expert's right edge reads
-//     the next expert's scales into its columns >= N, which are never stored either.
+//     a k-step's scales with its operands by two more TMA boxes on the stage's barrier
+//     (GroupedScaleLoads), from (K / 128, rows) views: tmSA over all of A's rows (T, or G x capacity);
+//     tmSB over every expert's column blocks in a row (expert g's block j at g x ceil(N / 128) + j), a box
+//     of 8 from that index rounded down to a multiple of 4, as the dense kernel loads it. A TMA box's
+//     innermost coordinate must fall on 16 bytes (4 floats; the H200 raises an illegal instruction
+//     otherwise), and a group starts at any row: the row box starts at the tile's first row rounded down
+//     to a multiple of 4 and holds BM + 4 rows (GroupedScales: a wider slot), the consumers read from
+//     row (first row % 4). The rows the box holds past the group's end are the next group's (or TMA zero
+//     fill), exactly the rows A's box loads: multiplied into rows that are never stored. A tile at the
+//     expert's right edge likewise reads the next expert's column scales into its columns >= N.
 //   gemm_traits.cuh      the compile-time choices (GemmTraits: K-major operands, data-parallel)
 //   fp8_traits.cuh       e4m3: Fp8GemmTraits (per-tensor scales, promotion into fp32 every 128 of K)
 //   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable) and
@@ -43,6 +46,31 @@
 #include "common/epilogue_store.cuh"
 #include "common/fp8_promote.cuh"
 
+// Block scales: each stage's slot holds BM + 4 row scales from the tile's first row rounded down to a
+// multiple of 4, then (at the next 128 bytes) B's box of 8 column-block scales.
+template <class Tr>
+struct GroupedScales : Tr {
+    static constexpr int SA_BOX = Tr::BM + 4;
+    static constexpr int SB_AT = Tr::BM + 32;
+    static constexpr int SCALE_SLOT = Tr::BM + 64;  // floats: whole 128 bytes (TMA destinations)
+    static constexpr u32 SCALE_BYTES = Tr::STAGES * SCALE_SLOT * 4;
+};
+
+// The producer's extra loads per k-step (produce_unit's `extra`): the two scale boxes of GroupedScales.
+template <class Tg>
+struct GroupedScaleLoads {
+    static constexpr u32 bytes = (Tg::SA_BOX + 8) * 4;
+    float* slots;
+    const CUtensorMap* tmSA;
+    const CUtensorMap* tmSB;
+    int m0, nb0;  // the tile's first row (of A) and first column block (of tmSB's rows)
+    __device__ __forceinline__ void operator()(u64* bar, int stage, int kt) const {
+        float* slot = slots + stage * Tg::SCALE_SLOT;
+        tma_load_2d(slot, tmSA, bar, m0 & ~3, kt);
+        tma_load_2d(slot + Tg::SB_AT, tmSB, bar, nb0 & ~3, kt);
+    }
+};
+
 // The scale mode (Fp8GemmTraits::SCALE; bf16 / fp16 traits have none) and the block scales' slots.
 template <class Tr>
 __host__ __device__ constexpr int scale_mode() {
@@ -51,7 +79,7 @@ __host__ __device__ constexpr int scale_mode() {
 }
 template <class Tr>
 __host__ __device__ constexpr unsigned scale_bytes() {
-    if constexpr (sizeof(typename Tr::T) == 1) return Tr::SCALE_BYTES;
+    if constexpr (sizeof(typename Tr::T) == 1) return Tr::SCALE == SCALE_BLOCK ? GroupedScales<Tr>::SCALE_BYTES : 0;
     else return 0;
 }
 
@@ -108,7 +136,8 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                     const int m0 = gt.row0 + gt.m * BM, n0 = gt.n * BN;
                     produce_unit<Tr>(ring, pcur, sA, sB, &tmA, &tmA, &tmB, m0, gt.g * N + n0, u.k_begin, u.k_end,
                                      0x7fffffff, BM,
-                                     BlockScaleLoads<Tr>{s_scales, &tmSA, &tmSB, m0, gt.g * n_blocks + n0 / 128});
+                                     GroupedScaleLoads<GroupedScales<Tr>>{s_scales, &tmSA, &tmSB, m0,
+                                                                          gt.g * n_blocks + n0 / 128});
                 }
             }
         } else {
@@ -130,9 +159,12 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     float part[Tr::MI][BN / 2];  // e4m3: the wgmmas' partial sums (bf16 uses none: no registers)
     while (sched.next(u)) {
         const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
-        if constexpr (FP8)
-            consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, s_scales, gt.n * BN,
-                                 gt.g * n_blocks + gt.n * BN / 128);
+        if constexpr (BLOCK)
+            consume_unit_fp8<GroupedScales<Tr>>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end,
+                                                s_scales, gt.n * BN, gt.g * n_blocks + gt.n * BN / 128,
+                                                (gt.row0 + gt.m * BM) & 3);
+        else if constexpr (FP8)
+            consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, nullptr, gt.n * BN);
         else
             consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
         // e4m3, per-tensor: the scales, read after the k-loop (no load in flight at a wgmma fence). Block
