@@ -201,7 +201,8 @@ class GroupedPlan(Warpgroups):
 
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
-                f"{self.dtype}{' block scales' if self.scale == 'block' else ''}->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} tiles, {self.stages} stages, "
+                f"{self.dtype}{' block scales' if self.scale == 'block' else ''}->{self.out_dtype}: {self.kernel} "
+                f"{self.bm}x{self.bn} tiles, {self.stages} stages, "
                 f"grid {self.grid}, table {self.table}, panel {min(self.panel, 9999)}"
                 f"{', direct stores' if self.direct else ''}; priced for {self.expected_rows:.1f} rows a group: "
                 f"{self.predicted_s * 1e6:.1f} us)")
@@ -474,7 +475,8 @@ def _check_block_scales(scale_a, scale_b, layout: str, G: int, rows: int, N: int
     want_a = (rows, kb) if layout == "contiguous" else (G, rows, kb)
     if scale_a.dim() < 2 or scale_b.dim() < 2:
         per, blk = ("scale_a", "scale_b") if scale_a.dim() < 2 else ("scale_b", "scale_a")
-        raise UnsupportedProblem(f"{blk} has block-scale shape {tuple((scale_a if blk == 'scale_a' else scale_b).shape)} "
+        shape = tuple((scale_a if blk == "scale_a" else scale_b).shape)
+        raise UnsupportedProblem(f"{blk} has block-scale shape {shape} "
                                  f"but {per} is per-tensor: mixing per-tensor and block scales is not supported "
                                  f"(block: scale_a {want_a}, scale_b {(G, nb, kb)})")
     if K % FP8_BLOCK:
@@ -554,8 +556,8 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     else:
         map_sa = map_sb = map_a  # unread
     la = p.launch_args()
-    head = (map_a, map_b, map_c, map_sa, map_sb, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K),
-            np.int32(min(p.panel, 2**31 - 1)))
+    head = (map_a, map_b, map_c, map_sa, map_sb, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N),
+            np.int32(K), np.int32(min(p.panel, 2**31 - 1)))
     scales = (scale_a, scale_b, np.int32(sb_step)) if fp8 else (o2, o2, np.int32(0))  # (bf16 reads none)
     args = head + scales + (o2, np.int64(o2.stride(0)))
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
