@@ -5,8 +5,10 @@ bf16 / fp16 / fp32 output, TMA-stored blocks beside DIRECT ones and all-DIRECT p
 start of out), panels of m-tiles in tall groups, against the float64 reference; outputs poisoned with
 NaN inside a NaN frame, rows outside the groups or past the counts left untouched; the masked layout
 inside a captured CUDA graph replayed with new counts; clamped bad offsets never writing outside;
-agreement with torch._grouped_mm where torch has it; and FP8 (e4m3 operands, per-tensor scales, one per
-group for b) on every FP8 tile, both layouts and in a graph.
+agreement with torch._grouped_mm where torch has it; FP8 (e4m3 operands, per-tensor scales, one per
+group for b) on every FP8 tile, both layouts and in a graph; and FP8 with block scales (``test_block_*``:
+1 x 128 for a, 128 x 128 per expert for b) on every FP8 tile, both layouts, NaN scales outside the groups,
+in a graph, K up to 7168.
 
 Run on the H200 at 6417c0c (DIRECT stores only) and d107e97 (TMA stores, both tables, 256 x 128,
 panels): all passed.
