@@ -23,7 +23,11 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
 * ``torch_mm_loop``: one ``torch.mm`` per non-empty expert on its rows (the sizes read on the host before
   timing: this candidate is given what a real loop would have to sync for);
 * with ``--fp8``, ``ours_fp8``: the same inputs quantized to e4m3 (a per-tensor scale for a, one per expert
-  for b), ``grouped_mm``'s FP8 plan; checked against the fp32 product of its dequantized inputs.
+  for b), ``grouped_mm``'s FP8 plan; checked against the fp32 product of its dequantized inputs. And block
+  scales (DeepSeek-V3's: a 1 x 128 per row, each expert 128 x 128): ``ours_fp8_block``, ``grouped_mm``'s
+  block-scaled plan, and ``torch_dequant_mm_loop``, what torch offers for them: per non-empty expert its
+  rows and its weight dequantized to bf16 and one ``torch.mm`` (the honest baseline: ``torch._grouped_mm``
+  takes no block scales); both checked against the fp32 product of the block-dequantized inputs.
 
 Each candidate is checked against an fp32 reference (per expert ``torch.mm`` in fp32) before it is timed;
 a failing one is recorded with its error and not timed. One JSON line per (shape, candidate): git sha, GPU,
@@ -120,6 +124,7 @@ def main() -> None:
     sha = git_sha()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     ratios: dict[str, list[float]] = {}
+    sub_ratios: dict[str, list[float]] = {}  # block scales: ours against the dequantize loop and our per-tensor
     if args.shapes:
         todo = [sh for pair in args.shapes.split(",") for sh in shapes([pair.split(":")[0]], [int(pair.split(":")[1])])]
     else:
@@ -158,10 +163,20 @@ def main() -> None:
             plans["ours_fp8"] = grouped.plan_for(s0["a8"], s0["b8"], offs, scale_a=s0["sa"], scale_b=s0["sb"])
             refs["ours_fp8"] = grouped.reference_grouped_mm(s0["a8"], s0["b8"], offs, scale_a=s0["sa"],
                                                             scale_b=s0["sb"], dtype=torch.float32)
+            for s in sets:  # block scales, in the quantizers' MN-major layout (read in place)
+                s["a8b"], s["sab"] = fp8.quantize_blocks(s["a"], 1)
+                s["b8b"], s["sbb"] = fp8.quantize_expert_blocks(s["b"], 128)
+            plans["ours_fp8_block"] = grouped.plan_for(s0["a8b"], s0["b8b"], offs, scale_a=s0["sab"],
+                                                       scale_b=s0["sbb"])
+            refs["ours_fp8_block"] = refs["torch_dequant_mm_loop"] = grouped.reference_grouped_mm(
+                s0["a8b"], s0["b8b"], offs, scale_a=s0["sab"], scale_b=s0["sbb"], dtype=torch.float32)
 
         def ours(pl):
             def run(i):
                 s = sets[i]
+                if pl.dtype == "e4m3" and pl.scale == "block":
+                    return grouped.run(s["a8b"], s["b8b"], offs, out=s["out"], plan=pl, scale_a=s["sab"],
+                                       scale_b=s["sbb"])
                 if pl.dtype == "e4m3":
                     return grouped.run(s["a8"], s["b8"], offs, out=s["out"], plan=pl, scale_a=s["sa"], scale_b=s["sb"])
                 return grouped.run(s["a"], s["b"], offs, out=s["out"], plan=pl)
@@ -180,6 +195,19 @@ def main() -> None:
             return s["out"]
 
         runs["torch_mm_loop"] = loop
+
+        def dequant_loop(i):  # block scales without a grouped kernel: dequantize each expert, then torch.mm
+            s = sets[i]
+            for g in range(G):
+                if sizes[g]:
+                    r = slice(starts[g], starts[g + 1])
+                    x = fp8.dequantize(s["a8b"][r], s["sab"][r], dtype=torch.float32).to(torch.bfloat16)
+                    w = fp8.dequantize(s["b8b"][g], s["sbb"][g], dtype=torch.float32).to(torch.bfloat16)
+                    torch.mm(x, w.t(), out=s["out"][r])
+            return s["out"]
+
+        if args.fp8:
+            runs["torch_dequant_mm_loop"] = dequant_loop
         errors, cands = {}, {}
         for name, fn in runs.items():
             s0["out"].fill_(float("nan"))
@@ -217,13 +245,19 @@ def main() -> None:
                 pl = plans.get(name)
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, stages=pl.stages, grid=pl.grid, table=pl.table,
-                               panel=min(pl.panel, 1 << 30), direct=pl.direct, predicted_ms=pl.predicted_s * 1e3)
+                               panel=min(pl.panel, 1 << 30), direct=pl.direct, predicted_ms=pl.predicted_s * 1e3,
+                               scale=pl.scale if pl.dtype == "e4m3" else None)
+                if name == "ours_fp8_block" and t:  # against what torch offers for block scales, and our per-tensor
+                    for other in ("torch_dequant_mm_loop", "ours_fp8"):
+                        if times.get(other):
+                            rec[f"ratio_vs_{other}"] = times[other] / t
+                            sub_ratios.setdefault(f"ours_fp8_block / {other}", []).append(times[other] / t)
                 f.write(json.dumps(rec) + "\n")
         print(line + f"  (TFLOP/s; SM {res.clocks.sm_mhz} MHz; roofline {flop / roof_ms / 1e9:.0f}, at most "
               f"{times[base_name] / roof_ms if base_name in times else float('nan'):.2f}x {base_name})", flush=True)
         sets = s0 = ref = None
         torch.cuda.empty_cache()
-    for name, rs in sorted(ratios.items()):
+    for name, rs in sorted(ratios.items()) + sorted(sub_ratios.items()):
         geo = math.exp(statistics.fmean(math.log(r) for r in rs))
         print(f"{name:18s} geomean {geo:.3f}x over {len(rs)} shapes (min {min(rs):.3f}, max {max(rs):.3f})")
     print(f"records: {args.out}")

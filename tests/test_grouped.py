@@ -319,10 +319,11 @@ def test_grouped_mm_traces_as_one_op():
 @pytest.mark.parametrize("direct", [False, True])
 @pytest.mark.parametrize("layout", grouped.LAYOUTS)
 def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direct):
-    """grouped.launch's arguments, captured on CPU tensors: three tensor maps by value (A over all rows with a
+    """grouped.launch's arguments, captured on CPU tensors: five tensor maps by value (A over all rows with a
     bm x 64 box, B as (G * N, K) with a bn x 64 box, out with a 64-row x 128-byte box, or A's map again with
-    DIRECT stores), then the ranges pointer, lead, G, limit, N, K, panel, the FP8 scales' two pointers and
-    step (unread with bf16: out's pointer, 0), out, ldo."""
+    DIRECT stores; the FP8 block scales' two maps, A's again with bf16), then the ranges pointer, lead, G,
+    limit, N, K, panel, the FP8 scales' two pointers and step (unread with bf16: out's pointer, 0), out,
+    ldo."""
     import dataclasses
 
     a, b, o = _ops(T=128)
@@ -342,10 +343,11 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direc
     assert launch_arg_types(args) == unsigned(ptx_param_types(grouped.SOURCE, p.name_expression))
     assert args[0] == ("tmap", (128, 64), (p.bm, 64)) and args[1] == ("tmap", (4 * 48, 64), (p.bn, 64))
     assert args[2] == (args[0] if direct else ("tmap", (128, 48), (64, 64)))
+    assert args[3] == args[4] == args[0]  # no block scales
     limit = 128 if layout == "contiguous" else 32
-    assert [int(x) for x in args[4:10]] == [1 if layout == "contiguous" else 0, 4, limit, 48, 64, 3]
-    assert args[10] is args[11] is args[13] and int(args[12]) == 0  # no scales read
-    assert args[13].shape == (128, 48) and int(args[14]) == 48
+    assert [int(x) for x in args[6:12]] == [1 if layout == "contiguous" else 0, 4, limit, 48, 64, 3]
+    assert args[12] is args[13] is args[15] and int(args[14]) == 0  # no scales read
+    assert args[15].shape == (128, 48) and int(args[16]) == 48
 
 
 def test_a_plan_that_tma_stores_refuses_an_unaligned_out(monkeypatch):

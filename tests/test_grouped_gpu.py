@@ -5,8 +5,10 @@ bf16 / fp16 / fp32 output, TMA-stored blocks beside DIRECT ones and all-DIRECT p
 start of out), panels of m-tiles in tall groups, against the float64 reference; outputs poisoned with
 NaN inside a NaN frame, rows outside the groups or past the counts left untouched; the masked layout
 inside a captured CUDA graph replayed with new counts; clamped bad offsets never writing outside;
-agreement with torch._grouped_mm where torch has it; and FP8 (e4m3 operands, per-tensor scales, one per
-group for b) on every FP8 tile, both layouts and in a graph.
+agreement with torch._grouped_mm where torch has it; FP8 (e4m3 operands, per-tensor scales, one per
+group for b) on every FP8 tile, both layouts and in a graph; and FP8 with block scales (``test_block_*``:
+1 x 128 for a, 128 x 128 per expert for b) on every FP8 tile, both layouts, NaN scales outside the groups,
+in a graph, K up to 7168.
 
 Run on the H200 at 6417c0c (DIRECT stores only) and d107e97 (TMA stores, both tables, 256 x 128,
 panels): all passed.
@@ -337,3 +339,169 @@ def test_fp8_masked_layout_in_a_cuda_graph_with_new_counts():
         out.fill_(float("nan"))
         graph.replay()
         _check(out, grouped.reference_grouped_mm(a, b, counts=counts, scale_a=sa, scale_b=sb), "bf16")
+
+
+# FP8 with block scales (DeepSeek-V3's: a 1 x 128 per row and 128 of K, each expert's weight 128 x 128)
+# against the float64 reference of the dequantized inputs. Rows and blocks of different magnitudes, so a
+# scale applied to the wrong row, k-block, column block or expert fails the tolerance. Written with the
+# kernel (branch grouped-block), not yet run on a GPU.
+
+def _block_operands(rows_shape, G, N, K, *, seed=0):
+    """e4m3 a (rows_shape + (K,)) with (rows..., K / 128) scales and b (G, N, K) with (G, ceil(N / 128),
+    K / 128) scales, both in the quantizers' MN-major layout (read in place)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(*rows_shape, K, device="cuda", generator=g)
+    x = x * torch.exp(2 * torch.rand(*rows_shape, K // 128, device="cuda", generator=g)).repeat_interleave(128, -1)
+    if len(rows_shape) == 1:
+        a, sa = fp8.quantize_blocks(x, 1)
+    else:
+        a, sa = fp8.quantize_expert_blocks(x, 1)
+    nb = -(-N // 128)
+    w = torch.randn(G, N, K, device="cuda", generator=g) / K ** 0.5
+    blocks = torch.exp(2 * torch.rand(G, nb, K // 128, device="cuda", generator=g))
+    w = w * blocks.repeat_interleave(128, 1)[:, :N].repeat_interleave(128, 2)
+    b, sb = fp8.quantize_expert_blocks(w, 128)
+    return a, b, sa, sb
+
+
+def _block_tile_plan(G, T, N, K, tile, odt, layout="contiguous"):
+    unaligned = N * (4 if odt == "fp32" else 2) % 16 != 0
+    return next(dataclasses.replace(c, direct=unaligned)
+                for c in grouped.candidates(layout, G, T, N, K, dtype="e4m3", out_dtype=odt, scale="block")
+                if (c.bm, c.bn) == tile)
+
+
+@pytest.mark.parametrize("G,T,N,K", [(8, 4096, 1792, 4096), (64, 3000, 1408, 2048), (256, 2048, 256, 7168),
+                                     (16, 100, 200, 256), (8, 1, 4096, 512), (60, 777, 2816, 2048)])
+def test_block_contiguous_uneven_groups(G, T, N, K):
+    a, b, sa, sb = _block_operands((T,), G, N, K, seed=G + T)
+    offs = _uneven_offsets(G, T, seed=G + T, empty=(0, G // 2))
+    out, frame = _framed((T, N), torch.bfloat16)
+    got = gemmlab.grouped_mm(a, b, offs, scale_a=sa, scale_b=sb)  # the public call: the planner's tile
+    ref = grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb)
+    _check(got, ref, "bf16")
+    grouped.run(a, b, offs, out=out, scale_a=sa, scale_b=sb)
+    _check(out, ref, "bf16")
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+    written = ~torch.isnan(ref[:, 0])
+    assert torch.equal(got[written], out[written])
+
+
+def test_block_rows_outside_the_groups_and_their_scales():
+    """Groups cover rows [5, T - 7) only; the rows outside hold garbage and NaN scales. A tile at the last
+    group's end loads those rows and their scales (its A box and its row-scale box start at the same row),
+    multiplies them into rows that are never stored: the written rows stay exact, the others NaN."""
+    G, T, N, K = 8, 1000, 520, 768
+    a, b, sa, sb = _block_operands((T,), G, N, K, seed=21)
+    offs = _uneven_offsets(G, T - 12, seed=21, empty=(2,)) + 5
+    sa[:5] = float("nan")
+    sa[T - 7:] = float("nan")
+    a[:5] = a[T - 7:] = torch.tensor(448.0).to(fp8.E4M3)
+    for tile in grouped.FP8_TILES:
+        out, frame = _framed((T, N), torch.bfloat16)
+        grouped.run(a, b, offs, out=out, scale_a=sa, scale_b=sb, plan=_block_tile_plan(G, T, N, K, tile, "bf16"))
+        ref = grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb)
+        _check(out, ref, "bf16")
+        assert torch.isnan(out[:5]).all() and torch.isnan(out[T - 7:]).all()
+
+
+# Every tile with the 128-group table and bf16 out and with the 512-group table and fp32 out; the other
+# combinations under -m slow.
+_BLOCK_TILE_CASES = [pytest.param(t, odt, G, marks=[pytest.mark.slow] if slow else [])
+                     for t in grouped.FP8_TILES
+                     for odt, G, slow in (("bf16", 12, False), ("fp32", 200, False), ("fp16", 12, True),
+                                          ("fp16", 200, True), ("bf16", 200, True), ("fp32", 12, True))]
+
+
+@pytest.mark.parametrize("tile,odt,G", _BLOCK_TILE_CASES)
+def test_block_every_tile_and_output_dtype(tile, odt, G):
+    T, N, K = 1000, 392, 640  # N not a multiple of 128 (nor of the tile): tiles read the next expert's scales
+    a, b, sa, sb = _block_operands((T,), G, N, K, seed=3)
+    offs = _uneven_offsets(G, T, seed=7, empty=(3,))
+    p = _block_tile_plan(G, T, N, K, tile, odt)
+    assert p.table == (128 if G <= 128 else 512) and not p.direct and p.scale == "block"
+    out, frame = _framed((T, N), _TYPES[odt])
+    grouped.run(a, b, offs, out=out, plan=p, scale_a=sa, scale_b=sb)
+    _check(out, grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb), odt)
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+
+
+@pytest.mark.parametrize("tile", grouped.FP8_TILES)
+def test_block_direct_stores_for_unaligned_out(tile):
+    G, T, N, K = 12, 1000, 396, 256  # rows of 396 bf16: no TMA map over out
+    a, b, sa, sb = _block_operands((T,), G, N, K, seed=9)
+    offs = _uneven_offsets(G, T, seed=9, empty=(5,))
+    p = _block_tile_plan(G, T, N, K, tile, "bf16")
+    assert p.direct
+    out, frame = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=p, scale_a=sa, scale_b=sb)
+    _check(out, grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb), "bf16")
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+
+
+@pytest.mark.parametrize("tile", grouped.FP8_TILES)
+def test_block_masked_layout(tile):
+    """Slabs of 300 rows (not a multiple of any tile): rows past a count hold garbage and NaN scales, the
+    next slab's first rows are read into a slab's last tile; only the counted rows are written."""
+    G, C, N, K = 6, 300, 520, 384
+    a, b, sa, sb = _block_operands((G, C), G, N, K, seed=11)
+    counts = torch.tensor([300, 0, 299, 64, 1, 200], dtype=torch.int32, device="cuda")
+    for g, n in enumerate(counts.tolist()):
+        sa[g, n:] = float("nan")
+        a[g, n:] = torch.tensor(-448.0).to(fp8.E4M3)
+    out, _ = _framed((G, C, N), torch.bfloat16)
+    grouped.run(a, b, counts=counts, out=out, plan=_block_tile_plan(G, C, N, K, tile, "bf16", "masked"),
+                scale_a=sa, scale_b=sb)
+    _check(out, grouped.reference_grouped_mm(a, b, counts=counts, scale_a=sa, scale_b=sb), "bf16")
+
+
+def test_block_masked_layout_in_a_cuda_graph_with_new_counts():
+    """Decode under a CUDA graph: the counts, the tokens and their scales change between replays."""
+    G, C, N, K = 32, 16, 1024, 512
+    a, b, sa, sb = _block_operands((G, C), G, N, K, seed=5)
+    counts = torch.zeros(G, dtype=torch.int32, device="cuda")
+    out = torch.full((G, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    grouped.run(a, b, counts=counts, out=out, scale_a=sa, scale_b=sb)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped.run(a, b, counts=counts, out=out, scale_a=sa, scale_b=sb)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(3):
+        counts.copy_(torch.randint(0, C + 1, (G,), generator=gen, dtype=torch.int32))
+        x = torch.randn(G, C, K, generator=gen).cuda() * (1 + 10 * step)
+        a2, sa2 = fp8.quantize_expert_blocks(x, 1)
+        a.copy_(a2)
+        sa.copy_(sa2)  # in place: the graph's TMA map points at sa's storage
+        out.fill_(float("nan"))
+        graph.replay()
+        _check(out, grouped.reference_grouped_mm(a, b, counts=counts, scale_a=sa, scale_b=sb), "bf16")
+
+
+def test_block_scales_in_other_layouts_give_the_same_result():
+    """Row-major scales (copied into the (K / 128, rows) view each call) against the quantizers' MN-major
+    ones (read in place): bitwise the same output, both layouts."""
+    G, T, N, K = 8, 600, 640, 1024
+    a, b, sa, sb = _block_operands((T,), G, N, K, seed=13)
+    offs = _uneven_offsets(G, T, seed=13)
+    assert grouped.scale_rows_mn_major(sa).data_ptr() == sa.data_ptr()
+    first = gemmlab.grouped_mm(a, b, offs, scale_a=sa, scale_b=sb)
+    again = gemmlab.grouped_mm(a, b, offs, scale_a=sa.contiguous(), scale_b=sb.contiguous())
+    assert sa.contiguous().stride() != sa.stride() and torch.equal(first, again)
+    a3, b3, sa3, sb3 = _block_operands((G, 40), G, N, K, seed=13)
+    counts = torch.tensor([40, 0, 7, 33, 40, 1, 2, 39], dtype=torch.int32, device="cuda")
+    first = gemmlab.grouped_mm(a3, b3, counts=counts, scale_a=sa3, scale_b=sb3)
+    again = gemmlab.grouped_mm(a3, b3, counts=counts, scale_a=sa3.contiguous(), scale_b=sb3.contiguous())
+    written = ~torch.isnan(grouped.reference_grouped_mm(a3, b3, counts=counts, scale_a=sa3, scale_b=sb3)[..., 0])
+    assert torch.equal(first[written], again[written])
+
+
+def test_block_deep_k():
+    """K = 7168 (DeepSeek-V3's hidden size): block scales promoted every 128 of K stay within the bf16
+    output's rounding of the float64 product of the dequantized inputs."""
+    G, T, N, K = 4, 512, 512, 7168
+    a, b, sa, sb = _block_operands((T,), G, N, K, seed=17)
+    offs = torch.tensor([0, 100, 228, 228, T], dtype=torch.int32, device="cuda")
+    out = gemmlab.grouped_mm(a, b, offs, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    ref = grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb)
+    assert rel_error(out.double(), ref) < 1e-3

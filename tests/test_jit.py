@@ -185,3 +185,41 @@ def test_context_retries_are_counted_once_per_missing_context(monkeypatch):
     slot.point_at(0x20000)  # unchanged address: no driver call
     slot.point_at(0x30000)  # context current now
     assert L.CONTEXT_RETRIES - before == 1 and current["made"] == 1 and slot.ptr == 0x30000
+
+
+@pytest.mark.parametrize("raw, want", [("", 0), ("none", 0), ("0", 0), ("64", 64), ("128B", 128), ("256", 256)])
+def test_l2_promotion_setting_parses(monkeypatch, raw, want):
+    from gemmlab.jit import launch as L
+
+    monkeypatch.setenv("GEMMLAB_TMA_L2_PROMOTION", raw)
+    assert L._l2_promotion_from_env() == want
+
+
+@pytest.mark.parametrize("raw", ["512", "big", "-1"])
+def test_l2_promotion_setting_rejects_other_values(monkeypatch, raw):
+    from gemmlab.jit import launch as L
+
+    monkeypatch.setenv("GEMMLAB_TMA_L2_PROMOTION", raw)
+    with pytest.raises(ValueError, match="GEMMLAB_TMA_L2_PROMOTION"):
+        L._l2_promotion_from_env()
+
+
+@pytest.mark.parametrize("bytes_, name", [(0, "CU_TENSOR_MAP_L2_PROMOTION_NONE"),
+                                          (256, "CU_TENSOR_MAP_L2_PROMOTION_L2_256B")])
+def test_encoded_descriptors_carry_the_l2_promotion(monkeypatch, bytes_, name):
+    """The driver-encoded descriptors (the prepared launches' maps) ask for the configured promotion."""
+    import torch
+    from cuda.bindings import driver
+
+    from gemmlab.jit import launch as L
+
+    seen = {}
+
+    def fake_encode(dtype, rank, ptr, dims, strides, box, elem_strides, interleave, swizzle, l2, oob):
+        seen["l2"] = l2
+        return driver.CUresult.CUDA_SUCCESS, driver.CUtensorMap()
+
+    monkeypatch.setattr(driver, "cuTensorMapEncodeTiled", fake_encode)
+    monkeypatch.setattr(L, "L2_PROMOTION", bytes_)
+    L.encode_tensor_map(0x10000, 64, 64, 64, torch.bfloat16, (64, 64))
+    assert seen["l2"] == getattr(driver.CUtensorMapL2promotion, name)

@@ -265,3 +265,22 @@ def quantize_blocks(x: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Ten
     n = Rp // rows
     mn = torch.empty((K // planner.FP8_BLOCK, (n + 3) // 4 * 4), dtype=torch.float32, device=x.device)
     return q, mn[:, :n].copy_(scale.t()).t()
+
+
+def quantize_expert_blocks(x: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_blocks`` for a stack of G matrices (G, R, K), K % 128 == 0, each quantized on its own
+    (one at a time: the fp32 temporaries stay one matrix large): (e4m3 (G, R, K), fp32 scales (G,
+    ceil(R / rows), K / 128)). rows = 1: activations in masked slabs (scales (G, C, K / 128)); rows = 128:
+    experts' (N, K) weights (scales (G, ceil(N / 128), K / 128), a block never spanning two experts). The
+    scales are stored MN-major over all G x ceil(R / rows) rows (unit stride along them, 16-byte aligned
+    columns): the layout ``gemmlab.grouped_mm``'s TMA reads in place."""
+    G, R, K = x.shape
+    if K % planner.FP8_BLOCK:
+        raise UnsupportedProblem(f"block quantization needs K % 128 == 0, got K = {K}")
+    n, kb = math.ceil(R / rows), K // planner.FP8_BLOCK
+    q = torch.empty((G, R, K), dtype=E4M3, device=x.device)
+    mn = torch.empty((kb, (G * n + 3) // 4 * 4), dtype=torch.float32, device=x.device)
+    for g in range(G):
+        q[g], s = quantize_blocks(x[g], rows)
+        mn[:, g * n:(g + 1) * n] = s.t()
+    return q, mn[:, :G * n].t().view(G, n, kb)

@@ -22,7 +22,10 @@ keep what ``out`` held (pass ``out=`` to rely on it; a fresh output leaves them 
 
 FP8: e4m3 ``a`` and ``b`` with fp32 ``scale_a`` (one) and ``scale_b`` (one, or one per group): out_g =
 scale_a x scale_b[g] x a_g @ b[g].T, the same kernel instantiated with Fp8GemmTraits (the FP8 main loop,
-promotion into fp32 every 128 of K); bf16 output by default.
+promotion into fp32 every 128 of K); bf16 output by default. Or DeepSeek-V3's block scales (K % 128 ==
+0): ``scale_a`` one per row and 128 of K, (T, K / 128) contiguous or (G, C, K / 128) masked; ``scale_b``
+one per 128 x 128 block of each expert's weight, (G, ceil(N / 128), K / 128); applied to each 128-deep
+partial sum as it is promoted (DeepGEMM's "m-grouped" FP8 GEMMs).
 
 Compared with ``torch._grouped_mm(a, b_t, offs, bias=None, out_dtype=None)`` (2-D x 3-D case): the same
 ``offs`` convention is accepted (G ends), but ``b`` here is (G, N, K), the weights as stored (torch's
@@ -67,6 +70,7 @@ TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
 # (planner.FP8_TILES: up to 224 columns with 64-row consumers), and whole 64-column store pieces.
 FP8_TILES = ((64, 128), (64, 192), (128, 128), (128, 192))
 E4M3 = torch.float8_e4m3fn
+FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DTYPES = {v: k for k, v in _NAMES.items()}
@@ -93,15 +97,25 @@ def smem_limit(table: int) -> int:
 SMEM_LIMIT = smem_limit(MAX_GROUPS)  # the limit with the largest table (every plan fits it at its stages)
 
 
-def smem_bytes(bm: int, bn: int, stages: int) -> int:
-    """Dynamic shared memory: alignment, the stages, two output slabs per consumer (the group table is static)."""
-    return 1024 + stages * (bm + bn) * BK * 2 + (1 if bm == 64 else 2) * 2 * SLAB_BYTES
+def scale_slot_bytes(bm: int, scale: str = "tensor") -> int:
+    """FP8 block scales' slot per stage (gemm_grouped.cu's GroupedScales::SCALE_SLOT = bm + 64 floats: a
+    box of bm + 4 row scales from the tile's first row rounded down to a multiple of 4, TMA's 16-byte rule
+    for a box's innermost coordinate; then, at a 128-byte boundary, a box of 8 column-block scales); none
+    for per-tensor scales or bf16."""
+    return (bm + 64) * 4 if scale == "block" else 0
 
 
-def stages_for(bm: int, bn: int, table: int = MAX_GROUPS) -> int:
+def smem_bytes(bm: int, bn: int, stages: int, scale: str = "tensor") -> int:
+    """Dynamic shared memory: alignment, the stages (with FP8 block scales' slots), two output slabs per
+    consumer (the group table is static)."""
+    return 1024 + stages * ((bm + bn) * BK * 2 + scale_slot_bytes(bm, scale)) + (1 if bm == 64 else 2) * 2 * SLAB_BYTES
+
+
+def stages_for(bm: int, bn: int, table: int = MAX_GROUPS, scale: str = "tensor") -> int:
     """The deepest ring that fits beside a group table of ``table`` groups (up to MAX_STAGES). With the
-    128-group table 128 x 128 gets 6 stages and 128 x 256 gets 4, as in the dense engine; with 512, 5 and 3."""
-    return next(q for q in range(MAX_STAGES, 1, -1) if smem_bytes(bm, bn, q) <= smem_limit(table))
+    128-group table 128 x 128 gets 6 stages and 128 x 256 gets 4, as in the dense engine; with 512, 5 and 3.
+    FP8 block scales (``scale="block"``) add a slot per stage: 128 x 128 then gets 5 with either table."""
+    return next(q for q in range(MAX_STAGES, 1, -1) if smem_bytes(bm, bn, q, scale) <= smem_limit(table))
 
 
 def panel_tiles(bm: int, bn: int, K: int, prof: DeviceProfile, in_bytes: int = 2) -> int:
@@ -126,7 +140,9 @@ class GroupedPlan(Warpgroups):
     ``direct``: every block stored by the threads (out's rows not 16-byte aligned, or at least
     ``ALL_DIRECT_SHARE`` of the blocks cross a group's end; else the blocks inside a group are
     TMA-stored). ``expected_rows``: the rows per group the plan was priced for (the
-    real ones are on the device); ``predicted_s`` the model's time for them."""
+    real ones are on the device); ``predicted_s`` the model's time for them. ``scale`` (e4m3 only):
+    "tensor" (per-tensor scales, in the epilogue) or "block" (1 x 128 / 128 x 128 block scales, at each
+    promotion)."""
 
     layout: str
     groups: int
@@ -145,10 +161,16 @@ class GroupedPlan(Warpgroups):
     expected_rows: float = 0.0
     predicted_s: float = 0.0
     kernel: str = KERNEL
+    scale: str = "tensor"
+
+    def __post_init__(self):
+        if self.scale not in ("tensor", "block") or (self.scale == "block" and self.dtype != "e4m3"):
+            raise ValueError(f"scale must be 'tensor' or 'block' (block: e4m3 only), got {self.scale!r} "
+                             f"for {self.dtype}")
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.bm, self.bn, self.stages)
+        return smem_bytes(self.bm, self.bn, self.stages, self.scale)
 
     @property
     def tiles_n(self) -> int:
@@ -157,12 +179,12 @@ class GroupedPlan(Warpgroups):
     def template_args(self) -> tuple[str, ...]:
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>:
         K-major operands, no epilogue terms, data-parallel; DIRECT only where out has no TMA map. e4m3:
-        Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE (per-tensor), PROMOTE (every 128 of K), BIAS, ACT,
-        DIRECT>."""
+        Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE (0 per-tensor, 1 block), PROMOTE (every 128 of K),
+        BIAS, ACT, DIRECT>."""
         direct = "true" if self.direct else "false"
         if self.dtype == "e4m3":
-            return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages), "0", "1",
-                    "false", "0", direct)
+            return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
+                    "1" if self.scale == "block" else "0", "1", "false", "0", direct)
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
                 "false", "false", "false", "false", "0", direct, "0")
 
@@ -179,7 +201,8 @@ class GroupedPlan(Warpgroups):
 
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
-                f"{self.dtype}->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} tiles, {self.stages} stages, "
+                f"{self.dtype}{' block scales' if self.scale == 'block' else ''}->{self.out_dtype}: {self.kernel} "
+                f"{self.bm}x{self.bn} tiles, {self.stages} stages, "
                 f"grid {self.grid}, table {self.table}, panel {min(self.panel, 9999)}"
                 f"{', direct stores' if self.direct else ''}; priced for {self.expected_rows:.1f} rows a group: "
                 f"{self.predicted_s * 1e6:.1f} us)")
@@ -251,9 +274,12 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
 
 
 def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
-               expected_rows: float | None = None, profile: DeviceProfile | None = None) -> list[GroupedPlan]:
+               expected_rows: float | None = None, profile: DeviceProfile | None = None,
+               scale: str = "tensor") -> list[GroupedPlan]:
     """Every grouped plan for the problem, cheapest first. rows: T (contiguous) or C (masked).
-    expected_rows: rows per group to price (default: T / G contiguous, C masked: the slabs' capacity)."""
+    expected_rows: rows per group to price (default: T / G contiguous, C masked: the slabs' capacity).
+    scale (e4m3): "tensor" or "block" (DeepSeek-V3's block scales: K % 128 == 0; the same tiles, a scale
+    slot per stage, priced as per-tensor at those stages: not fitted to block-scaled records)."""
     from .planner import _profile
 
     prof = _profile(profile, None)
@@ -263,6 +289,9 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     if dt not in ("bf16", "fp16", "e4m3"):
         raise ValueError(f"grouped_mm takes bf16, fp16 or e4m3 operands, got {dtype!r}")
     fp8 = dt == "e4m3"
+    if scale not in ("tensor", "block") or (scale == "block" and (not fp8 or K % FP8_BLOCK)):
+        raise ValueError(f"scale must be 'tensor' or 'block' (e4m3 operands, K % {FP8_BLOCK} == 0); got {scale!r} "
+                         f"for {dt}, K = {K}")
     default_out = "bf16" if fp8 else dt
     odt = default_out if out_dtype is None else (out_dtype if out_dtype in _CTYPE else _NAMES.get(out_dtype))
     if odt not in _CTYPE:
@@ -279,7 +308,7 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     K_priced = math.ceil(K / 2) if fp8 else K
     plans = []
     for bm, bn in FP8_TILES if fp8 else TILES:
-        stages = stages_for(bm, bn, table)
+        stages = stages_for(bm, bn, table, scale)
         # Tiles there can be: contiguous, sum ceil(rows_g / bm) <= ceil(T / bm) + G; masked, G ceil(C / bm).
         if layout == "contiguous":
             most = (math.ceil(rows / bm) + groups) * math.ceil(N / bn)
@@ -291,7 +320,7 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
         plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn, stages=stages,
                                  grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt, table=table,
                                  panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2), direct=all_direct,
-                                 expected_rows=float(expected_rows), predicted_s=t)))
+                                 expected_rows=float(expected_rows), predicted_s=t, scale=scale)))
     # Ties (at the HBM floor): the tile that keeps the SMs busy the shortest (fewest rows multiplied in vain).
     plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), round(bp[0], 9), -bp[1].bm * bp[1].bn))
     return [p for _, p in plans]
@@ -315,6 +344,7 @@ class GroupedProblem:
     dtype: torch.dtype
     out_dtype: torch.dtype
     sb_step: int = 0  # e4m3: 1 where scale_b holds one scale per group, else 0
+    scale: str = "tensor"  # e4m3: "tensor" (per-tensor scales) or "block" (1 x 128 / 128 x 128 block scales)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -341,8 +371,9 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     fp8 = a.dtype == E4M3
     if fp8 and (scale_a is None or scale_b is None):
-        raise UnsupportedProblem("e4m3 operands need scale_a (one fp32 scale) and scale_b (one fp32 scale, or "
-                                 "one per group)")
+        raise UnsupportedProblem("e4m3 operands need scale_a and scale_b: per-tensor (one fp32 scale for a; one, "
+                                 "or one per group, for b) or block scales (a: (T, K / 128) or (G, C, K / 128); "
+                                 "b: (G, ceil(N / 128), K / 128))")
     if not fp8 and (scale_a is not None or scale_b is not None):
         raise UnsupportedProblem(f"scale_a / scale_b go with e4m3 operands; a and b are {a.dtype}")
     if (offsets is None) == (counts is None):
@@ -396,12 +427,15 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale
     for name, x in (("b", b), (rname, ranges)):
         if x.device != a.device:
             raise UnsupportedProblem(f"{name} is on {x.device}, a on {a.device}")
-    sb_step = 0
+    sb_step, scale = 0, "tensor"
     if fp8:
         check_scale_tensors(scale_a, scale_b, a.device)
-        if scale_a.numel() != 1:
+        if scale_a.dim() >= 2 or scale_b.dim() >= 2:
+            scale = "block"
+            _check_block_scales(scale_a, scale_b, layout, G, rows, N, K)
+        elif scale_a.numel() != 1:
             raise UnsupportedProblem(f"scale_a must hold one scale (per-tensor), got shape {tuple(scale_a.shape)}")
-        if G > 1 and tuple(scale_b.shape) == (G,):  # one per group, read at scale_b[g]
+        elif G > 1 and tuple(scale_b.shape) == (G,):  # one per group, read at scale_b[g]
             if scale_b.stride(0) != 1:
                 raise UnsupportedProblem(f"scale_b (one per group) must be contiguous, got stride {scale_b.stride(0)}")
             sb_step = 1
@@ -421,7 +455,7 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale
     if out_dtype not in _NAMES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
     p = GroupedProblem(layout=layout, groups=G, rows=rows, N=N, K=K, lead=lead, dtype=a.dtype, out_dtype=out_dtype,
-                       sb_step=sb_step)
+                       sb_step=sb_step, scale=scale)
     if out is not None:
         if tuple(out.shape) != p.out_shape:
             raise UnsupportedProblem(f"out must have shape {p.out_shape}, got {tuple(out.shape)}")
@@ -431,6 +465,29 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale
             raise UnsupportedProblem(f"out must have unit stride along N and packed leading dimensions; got "
                                      f"strides {out.stride()}")
     return p
+
+
+def _check_block_scales(scale_a, scale_b, layout: str, G: int, rows: int, N: int, K: int) -> None:
+    """Block scales' shapes (their dtype and device are checked already): a 1 x 128 per row and 128 of K,
+    b 128 x 128 per expert; both block-shaped (no mixing with a per-tensor scale); K % 128 == 0. Any
+    strides: ``launch`` reads them through (K / 128, rows) views, copied where not stored that way."""
+    kb, nb = K // FP8_BLOCK, math.ceil(N / FP8_BLOCK)
+    want_a = (rows, kb) if layout == "contiguous" else (G, rows, kb)
+    if scale_a.dim() < 2 or scale_b.dim() < 2:
+        per, blk = ("scale_a", "scale_b") if scale_a.dim() < 2 else ("scale_b", "scale_a")
+        shape = tuple((scale_a if blk == "scale_a" else scale_b).shape)
+        raise UnsupportedProblem(f"{blk} has block-scale shape {shape} "
+                                 f"but {per} is per-tensor: mixing per-tensor and block scales is not supported "
+                                 f"(block: scale_a {want_a}, scale_b {(G, nb, kb)})")
+    if K % FP8_BLOCK:
+        raise UnsupportedProblem(f"block scales need K % {FP8_BLOCK} == 0, got K = {K}")
+    if tuple(scale_a.shape) != want_a:
+        what = "(T, K / 128)" if layout == "contiguous" else "(G, C, K / 128)"
+        raise UnsupportedProblem(f"block scales: scale_a must be {what} = {want_a} (1 x 128 per token group), "
+                                 f"got {tuple(scale_a.shape)}")
+    if tuple(scale_b.shape) != (G, nb, kb):
+        raise UnsupportedProblem(f"block scales: scale_b must be (G, ceil(N / 128), K / 128) = {(G, nb, kb)} "
+                                 f"(128 x 128 blocks of each expert's (N, K) weight), got {tuple(scale_b.shape)}")
 
 
 # The call ----------------------------------------------------------------------------------------------
@@ -465,7 +522,9 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     """Run plan ``p``. a: (T, K) or (G, C, K); b: (G, N, K); ranges: offsets (contiguous; ``lead`` = 1
     for G + 1 boundaries, 0 for G ends) or counts (masked), int32 on the device; out: (T, N) or (G, C, N)
     in ``p.out_dtype``. All packed (``validate``), a and b 16-byte aligned. e4m3 plans: fp32 ``scale_a``
-    (one) and ``scale_b`` (one, or one per group with ``sb_step`` = 1). Checks what the plan fixes."""
+    (one) and ``scale_b`` (one, or one per group with ``sb_step`` = 1); block-scaled plans (``p.scale``):
+    ``scale_a`` (T, K / 128) or (G, C, K / 128) and ``scale_b`` (G, ceil(N / 128), K / 128), any strides
+    (``scale_rows_mn_major``). Checks what the plan fixes."""
     import numpy as np
 
     G, N, K = b.shape
@@ -480,6 +539,9 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     fp8 = p.dtype == "e4m3"
     if fp8 != (a.dtype == E4M3) or (fp8 and (scale_a is None or scale_b is None)):
         raise UnsupportedProblem(f"plan is for {p.dtype} operands, a is {a.dtype}; e4m3 needs scale_a and scale_b")
+    block = p.scale == "block"
+    if fp8 and block != (scale_a.dim() >= 2):
+        raise UnsupportedProblem(f"plan is for {p.scale} scales, scale_a has shape {tuple(scale_a.shape)}")
     compiled = compile_plan(p)
     if fp8:  # TMA moves bytes; the wgmma reads them as e4m3. A k-step is one 128-byte row either way.
         a2, b2 = a2.view(torch.uint8), b2.view(torch.uint8)
@@ -488,12 +550,43 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     map_b = _tensor_map(b2, (p.bn, row))
     # out's map: 64-row x one-128-byte-swizzle-row pieces, as the dense engine's (A's map where unused).
     map_c = map_a if p.direct else _tensor_map(o2, (64, 128 // o2.element_size()))
+    if block:  # per k-step one box of each (from multiples of 4): A's bm + 4 row scales, B's 8 column blocks
+        map_sa = _tensor_map_flat(scale_rows_mn_major(scale_a), (1, p.bm + 4))
+        map_sb = _tensor_map_flat(scale_rows_mn_major(scale_b), (1, 8))
+    else:
+        map_sa = map_sb = map_a  # unread
     la = p.launch_args()
-    head = (map_a, map_b, map_c, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K),
-            np.int32(min(p.panel, 2**31 - 1)))
+    head = (map_a, map_b, map_c, map_sa, map_sb, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N),
+            np.int32(K), np.int32(min(p.panel, 2**31 - 1)))
     scales = (scale_a, scale_b, np.int32(sb_step)) if fp8 else (o2, o2, np.int32(0))  # (bf16 reads none)
     args = head + scales + (o2, np.int64(o2.stride(0)))
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def _tensor_map_flat(t, box):
+    """A TMA map without swizzle (the scale views: plain float rows)."""
+    from .jit.launch import tensor_map_2d
+
+    return tensor_map_2d(t, box, swizzle_bytes=0)
+
+
+def scale_rows_mn_major(scale: torch.Tensor) -> torch.Tensor:
+    """Block scales (..., K / 128), every leading index a row (a's token rows, T or G x C; b's experts'
+    column blocks, G x ceil(N / 128), expert g's block j at row g ceil(N / 128) + j), as the (K / 128,
+    rows) view the kernel's TMA reads: unit stride along the rows, 16-byte aligned start and pitch. In
+    place where stored so (``fp8.quantize_blocks`` on a's rows, ``fp8.quantize_expert_blocks``); else one
+    copy into a padded buffer (``engine2.block_scales_mn_major``, which the dense FP8 path uses)."""
+    from .engine2 import block_scales_mn_major
+
+    KB = scale.shape[-1]
+    R = math.prod(scale.shape[:-1])
+    try:
+        flat = scale.view(R, KB)
+    except RuntimeError:  # leading dimensions not mergeable: copy straight into the (K / 128, rows) buffer
+        buf = torch.empty((KB, (R + 3) // 4 * 4), dtype=torch.float32, device=scale.device)[:, :R]
+        buf.view(KB, *scale.shape[:-1]).copy_(scale.movedim(-1, 0))
+        return buf
+    return block_scales_mn_major(flat)
 
 
 def tma_storable(out: torch.Tensor) -> bool:
@@ -515,7 +608,7 @@ def plan_for(a, b, offsets=None, counts=None, *, out_dtype=None, scale_a=None, s
 
         profile = _profile(a.device)
     return plan(p.layout, p.groups, p.rows, p.N, p.K, dtype="e4m3" if p.dtype == E4M3 else _NAMES[p.dtype],
-                out_dtype=_NAMES[p.out_dtype], profile=profile)
+                out_dtype=_NAMES[p.out_dtype], profile=profile, scale=p.scale)
 
 
 def run(a, b, offsets=None, counts=None, out=None, *, out_dtype=None, scale_a=None, scale_b=None,
@@ -555,7 +648,11 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor]
     FP8: a and b torch.float8_e4m3fn (K a multiple of 16) with fp32 ``scale_a`` (one scale) and ``scale_b``
     (one, or one per group: (G,)): out_g = scale_a x scale_b[g] x a_g @ b[g].T, promoted into fp32 every
     128 of K as ``gemmlab.scaled_mm``; out_dtype default bf16 (no ``out=``); custom op
-    ``gemmlab::grouped_scaled_mm``."""
+    ``gemmlab::grouped_scaled_mm``. Block scales (K % 128 == 0): fp32 ``scale_a`` (T, K / 128) (masked:
+    (G, C, K / 128)), one per row and 128 of K, and ``scale_b`` (G, ceil(N / 128), K / 128), one per
+    128 x 128 block of b[g]: out[r, n] = sum_kb scale_a[r, kb] scale_b[g, n // 128, kb] (a_g @ b[g].T over
+    k-block kb). Any strides; stored MN-major (``fp8.quantize_blocks`` on a, ``fp8.quantize_expert_blocks``)
+    they are read in place, else copied once per call. Both scales block-shaped or both per-tensor."""
     validate(a, b, offsets, counts, out, out_dtype, scale_a=scale_a, scale_b=scale_b)
     if a.dtype == E4M3:
         if out is not None:
@@ -624,17 +721,22 @@ def group_rows(layout: str, ranges: torch.Tensor, groups: int, rows: int) -> lis
 def reference_grouped_mm(a, b, offsets=None, counts=None, *, fill: float = float("nan"),
                          dtype: torch.dtype = torch.float64, scale_a=None, scale_b=None) -> torch.Tensor:
     """What ``grouped_mm`` writes, in ``dtype`` (float64 by default), with ``fill`` in the rows it does not
-    write. Same arguments as ``grouped_mm`` (e4m3: of the dequantized inputs); reads offsets / counts on
+    write. Same arguments as ``grouped_mm`` (e4m3: of the dequantized inputs, per-tensor or block scales:
+    a[r, k] x scale_a[r, k // 128], b[g, n, k] x scale_b[g, n // 128, k // 128]); reads offsets / counts on
     the host; runs on CPU too."""
     p = validate(a, b, offsets, counts, None, None, scale_a=scale_a, scale_b=scale_b)
     a2 = _rows2d(a).to(dtype)
-    if p.dtype == E4M3:
+    if p.scale == "block":
+        a2 = a2 * _rows2d(scale_a).to(dtype).repeat_interleave(FP8_BLOCK, dim=1)
+    elif p.dtype == E4M3:
         a2 = a2 * scale_a.to(dtype).reshape(())
     ref = torch.full((a2.shape[0], p.N), fill, dtype=dtype, device=a.device)
     for g, (s, n) in enumerate(group_rows(p.layout, offsets if offsets is not None else counts, p.groups, p.rows)):
         if n:
             w = b[g].to(dtype)
-            if p.dtype == E4M3:
+            if p.scale == "block":
+                w = w * scale_b[g].to(dtype).repeat_interleave(FP8_BLOCK, 0)[:p.N].repeat_interleave(FP8_BLOCK, 1)
+            elif p.dtype == E4M3:
                 w = w * scale_b.to(dtype).reshape(-1)[g if p.sb_step else 0]
             ref[s:s + n] = a2[s:s + n] @ w.t()
     return ref.reshape(p.out_shape)
@@ -653,5 +755,6 @@ def sass_expect(p: GroupedPlan):
     contains = [mma, r"^UTMALDG", r"^SHFL\.UP"] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
     contains += [] if p.direct else [r"^UTMASTG"]
     absent = (r"^HMMA",) + ((r"^UTMASTG",) if p.direct else ()) + ((r"^HGMMA",) if p.dtype == "e4m3" else ())
+    absent += (r"^LDGSTS",) if p.scale == "block" else ()  # block scales ride the ring by TMA: no cp.async
     return SassExpect(contains=tuple(contains), absent=absent, no_local_memory=True,
                       loop_absent=(r"^MEMBAR\.ALL\.GPU",))

@@ -16,6 +16,7 @@ Everything here needs a GPU; every entry point says so clearly (``NoGPUError``) 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections import OrderedDict
 
@@ -165,6 +166,23 @@ def max_active_clusters(compiled, *, block: int, smem: int, cluster: int) -> int
 _TMA_CACHE: OrderedDict = OrderedDict()
 _TMA_CACHE_SIZE = 256
 
+# L2 promotion of every TMA descriptor the package encodes, in bytes (0: none, 64, 128, 256): how much
+# the L2 fetches from DRAM around each request a box makes. Read once from GEMMLAB_TMA_L2_PROMOTION so
+# a benchmark can compare settings in separate processes.
+_L2_PROMOTION_BYTES = (0, 64, 128, 256)
+
+
+def _l2_promotion_from_env() -> int:
+    raw = os.environ.get("GEMMLAB_TMA_L2_PROMOTION", "0").strip().lower().removesuffix("b")
+    value = 0 if raw in ("", "none") else int(raw) if raw.isdigit() else -1
+    if value not in _L2_PROMOTION_BYTES:
+        raise ValueError(f"GEMMLAB_TMA_L2_PROMOTION must be one of none, 64, 128, 256; got "
+                         f"{os.environ['GEMMLAB_TMA_L2_PROMOTION']!r}")
+    return value
+
+
+L2_PROMOTION = _l2_promotion_from_env()
+
 
 def tensor_map_2d(t: torch.Tensor, box: tuple[int, int], *, swizzle_bytes: int = 128):
     """A TMA descriptor for a 2-D tensor whose last dimension is contiguous.
@@ -193,8 +211,13 @@ def tensor_map_2d(t: torch.Tensor, box: tuple[int, int], *, swizzle_bytes: int =
            128: TensorMapSwizzle.SWIZZLE_128B}[swizzle_bytes]
     from_dlpack = getattr(StridedMemoryView, "from_dlpack", None)
     view = from_dlpack(t, stream_ptr=-1) if from_dlpack else StridedMemoryView(t, stream_ptr=-1)
+    extra = {}
+    if L2_PROMOTION:
+        from cuda.core._tensor_map import TensorMapL2Promotion
+
+        extra["l2_promotion"] = getattr(TensorMapL2Promotion, f"L2_{L2_PROMOTION}B")
     try:
-        desc = view.as_tensor_map(box_dim=tuple(box), data_type=dtypes[t.dtype], swizzle=swz)
+        desc = view.as_tensor_map(box_dim=tuple(box), data_type=dtypes[t.dtype], swizzle=swz, **extra)
     except Exception as e:  # noqa: BLE001
         raise LaunchError(f"building a TMA descriptor for shape {tuple(t.shape)} box {box} failed: {e}") from e
     _TMA_CACHE[key] = desc
@@ -220,7 +243,7 @@ def encode_tensor_map(ptr: int, rows: int, cols: int, row_stride_elems: int, dty
     """A 2-D TMA descriptor (``driver.CUtensorMap``) for a row-major (rows, cols) tensor at ``ptr`` whose
     rows are ``row_stride_elems`` apart, loaded in (box rows, box cols) boxes with the given swizzle.
 
-    The same descriptor ``tensor_map_2d`` gets from cuda-core (no L2 promotion, zero fill past the
+    The same descriptor ``tensor_map_2d`` gets from cuda-core (``L2_PROMOTION``, zero fill past the
     edges), encoded by the driver directly: ~3.4 us instead of ~13, and its address can later be replaced
     in place (``cuTensorMapReplaceAddress``, ~0.8 us), which cuda-core's descriptor offers only through a
     new memory view of the tensor."""
@@ -236,7 +259,8 @@ def encode_tensor_map(ptr: int, rows: int, cols: int, row_stride_elems: int, dty
         getattr(driver.CUtensorMapDataType, _TMA_DTYPES[dtype]), 2, ptr,
         [u64(cols), u64(rows)], [u64(row_stride_elems * es)], [u32(box[1]), u32(box[0])], [u32(1), u32(1)],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, getattr(driver.CUtensorMapSwizzle, swz),
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        getattr(driver.CUtensorMapL2promotion,
+                f"CU_TENSOR_MAP_L2_PROMOTION_L2_{L2_PROMOTION}B" if L2_PROMOTION else "CU_TENSOR_MAP_L2_PROMOTION_NONE"),
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise LaunchError(f"encoding a TMA descriptor for ({rows}, {cols}) rows of {row_stride_elems} "

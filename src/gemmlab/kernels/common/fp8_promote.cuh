@@ -28,7 +28,7 @@ struct BlockScaleLoads {
     __device__ __forceinline__ void operator()(u64* bar, int stage, int kt) const {
         float* slot = slots + stage * Tr::SCALE_SLOT;
         tma_load_2d(slot, tmSA, bar, m0, kt);
-        tma_load_2d(slot + Tr::BM, tmSB, bar, nb0 & ~3, kt);
+        tma_load_2d(slot + Tr::SB_AT, tmSB, bar, nb0 & ~3, kt);
     }
 };
 
@@ -45,7 +45,7 @@ template <class Tr>
 struct BlockScaleRegs {
     float top[Tr::MI], bot[Tr::MI], col[Tr::SB_BLOCKS];
 
-    // `nb`: the tile's first column block (its scales sit at BM + nb % 4 in the slot).
+    // `nb`: the tile's first column block (its scales sit at SB_AT + nb % 4 in the slot).
     __device__ __forceinline__ void read(const float* slot, int first_row, int nb, int t) {
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
@@ -53,7 +53,7 @@ struct BlockScaleRegs {
             bot[mi] = ld_shared_f32(slot + first_row + mi * 64 + frag_row(t) + 8);
         }
 #pragma unroll
-        for (int c = 0; c < Tr::SB_BLOCKS; ++c) col[c] = ld_shared_f32(slot + Tr::BM + nb % 4 + c);
+        for (int c = 0; c < Tr::SB_BLOCKS; ++c) col[c] = ld_shared_f32(slot + Tr::SB_AT + nb % 4 + c);
     }
 };
 

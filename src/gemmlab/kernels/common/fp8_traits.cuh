@@ -71,6 +71,7 @@ struct Fp8GemmTraits {
     // and (from float BM on) a box of 8 column-block scales of that k-step, loaded by TMA, whose
     // shared-memory destination must be 128-byte aligned: slots of whole 32 floats.
     static constexpr int SCALE_SLOT = BM + 32;  // floats
+    static constexpr int SB_AT = BM;            // B's box: floats from the slot's start (128-byte aligned)
     static constexpr u32 SCALE_BYTES = kScale == SCALE_BLOCK ? STAGES * SCALE_SLOT * 4 : 0;
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");

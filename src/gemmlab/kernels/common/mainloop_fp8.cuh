@@ -47,8 +47,8 @@ __device__ __forceinline__ void consume_block_scaled(Ring<Tr::STAGES>& ring, Rin
                                                      const unsigned char* sB, int consumer, int t,
                                                      float (&acc)[Tr::MI][Tr::BN / 2],
                                                      float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
-                                                     const float* s_scales, int nb) {
-    const int first_row = consumer * Tr::MI * 64;
+                                                     const float* s_scales, int nb, int sa_row) {
+    const int first_row = sa_row + consumer * Tr::MI * 64;
     ring.wait_full(cur);
     BlockScaleRegs<Tr> sc;
     sc.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
@@ -106,16 +106,21 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
                                                  const unsigned char* sB, int consumer, int t,
                                                  float (&acc)[Tr::MI][Tr::BN / 2],
                                                  float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
-                                                 const float* s_scales, int n0) {
+                                                 const float* s_scales, int n0, int sb_block = -1,
+                                                 int sa_row = 0) {
 #pragma unroll
     for (int mi = 0; mi < Tr::MI; ++mi)
 #pragma unroll
         for (int i = 0; i < Tr::BN / 2; ++i) acc[mi][i] = 0.0f;
     if constexpr (Tr::SCALE == SCALE_BLOCK) {
-        // One copy of the k-loop per phase of the tile's columns against B's 128-column blocks.
+        // One copy of the k-loop per phase of the tile's columns against B's 128-column blocks. The tile's
+        // first column block in the slot's numbering: that of B's scale view (grouped: the expert's blocks
+        // follow the ones before it, sb_block = g x blocks per expert + n0 / 128); its first row's place in
+        // the slot (grouped: the row box starts at a multiple of 4 rows, sa_row < 4).
+        const int nb = sb_block >= 0 ? sb_block : n0 / 128;
         with_sb_phase<Tr>(n0, [&](auto off) {
             consume_block_scaled<Tr, decltype(off)::value>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end,
-                                                           s_scales, n0 / 128);
+                                                           s_scales, nb, sa_row);
         });
         return;
     }

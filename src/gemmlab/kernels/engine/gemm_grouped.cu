@@ -1,8 +1,21 @@
 // engine.gemm_grouped: grouped GEMM for mixture-of-experts layers, from the engine's named parts
 // (kernels/common/): for each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, B[g] (N x K)
 // K-major (nn.Linear's weight layout), in one persistent launch. bf16 / fp16 operands (GemmTraits), or
-// e4m3 with per-tensor scales (Fp8GemmTraits): out_g = scale_a x scale_b[g] x A_g @ B[g]^T, scale_b one
-// scale (sb_step = 0) or one per group (sb_step = 1), the FP8 main loop in place of the bf16 one.
+// e4m3 (Fp8GemmTraits, the FP8 main loop in place of the bf16 one) with
+//   per-tensor scales (SCALE_TENSOR): out_g = scale_a x scale_b[g] x A_g @ B[g]^T, scale_b one scale
+//     (sb_step = 0) or one per group (sb_step = 1), applied in the epilogue;
+//   block scales (SCALE_BLOCK, DeepSeek-V3's): A one scale per row and 128 of K, B[g] one per 128 x 128
+//     block, applied as each 128-deep partial sum is promoted (fp8_promote.cuh). The producer thread loads
+//     a k-step's scales with its operands by two more TMA boxes on the stage's barrier
+//     (GroupedScaleLoads), from (K / 128, rows) views: tmSA over all of A's rows (T, or G x capacity);
+//     tmSB over every expert's column blocks in a row (expert g's block j at g x ceil(N / 128) + j), a box
+//     of 8 from that index rounded down to a multiple of 4, as the dense kernel loads it. A TMA box's
+//     innermost coordinate must fall on 16 bytes (4 floats; the H200 raises an illegal instruction
+//     otherwise), and a group starts at any row: the row box starts at the tile's first row rounded down
+//     to a multiple of 4 and holds BM + 4 rows (GroupedScales: a wider slot), the consumers read from
+//     row (first row % 4). The rows the box holds past the group's end are the next group's (or TMA zero
+//     fill), exactly the rows A's box loads: multiplied into rows that are never stored. A tile at the
+//     expert's right edge likewise reads the next expert's column scales into its columns >= N.
 //   gemm_traits.cuh      the compile-time choices (GemmTraits: K-major operands, data-parallel)
 //   fp8_traits.cuh       e4m3: Fp8GemmTraits (per-tensor scales, promotion into fp32 every 128 of K)
 //   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable) and
@@ -31,6 +44,44 @@
 #include "common/mainloop.cuh"
 #include "common/mainloop_fp8.cuh"
 #include "common/epilogue_store.cuh"
+#include "common/fp8_promote.cuh"
+
+// Block scales: each stage's slot holds BM + 4 row scales from the tile's first row rounded down to a
+// multiple of 4, then (at the next 128 bytes) B's box of 8 column-block scales.
+template <class Tr>
+struct GroupedScales : Tr {
+    static constexpr int SA_BOX = Tr::BM + 4;
+    static constexpr int SB_AT = Tr::BM + 32;
+    static constexpr int SCALE_SLOT = Tr::BM + 64;  // floats: whole 128 bytes (TMA destinations)
+    static constexpr u32 SCALE_BYTES = Tr::STAGES * SCALE_SLOT * 4;
+};
+
+// The producer's extra loads per k-step (produce_unit's `extra`): the two scale boxes of GroupedScales.
+template <class Tg>
+struct GroupedScaleLoads {
+    static constexpr u32 bytes = (Tg::SA_BOX + 8) * 4;
+    float* slots;
+    const CUtensorMap* tmSA;
+    const CUtensorMap* tmSB;
+    int m0, nb0;  // the tile's first row (of A) and first column block (of tmSB's rows)
+    __device__ __forceinline__ void operator()(u64* bar, int stage, int kt) const {
+        float* slot = slots + stage * Tg::SCALE_SLOT;
+        tma_load_2d(slot, tmSA, bar, m0 & ~3, kt);
+        tma_load_2d(slot + Tg::SB_AT, tmSB, bar, nb0 & ~3, kt);
+    }
+};
+
+// The scale mode (Fp8GemmTraits::SCALE; bf16 / fp16 traits have none) and the block scales' slots.
+template <class Tr>
+__host__ __device__ constexpr int scale_mode() {
+    if constexpr (sizeof(typename Tr::T) == 1) return Tr::SCALE;
+    else return SCALE_TENSOR;
+}
+template <class Tr>
+__host__ __device__ constexpr unsigned scale_bytes() {
+    if constexpr (sizeof(typename Tr::T) == 1) return Tr::SCALE == SCALE_BLOCK ? GroupedScales<Tr>::SCALE_BYTES : 0;
+    else return 0;
+}
 
 // The same traits with every store DIRECT: the block that crosses its group's last row.
 template <class Tr>
@@ -41,30 +92,34 @@ struct DirectStores : Tr {
 template <class Tr, int LAYOUT, int MAX_G>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
-                    const __grid_constant__ CUtensorMap tmC, const int* __restrict__ ranges, int lead, int G,
+                    const __grid_constant__ CUtensorMap tmC, const __grid_constant__ CUtensorMap tmSA,
+                    const __grid_constant__ CUtensorMap tmSB, const int* __restrict__ ranges, int lead, int G,
                     int limit, int N, int K, int panel, const float* __restrict__ scale_a,
                     const float* __restrict__ scale_b, int sb_step, typename Tr::TO* __restrict__ Out,
                     long long ldo) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     constexpr bool FP8 = sizeof(T) == 1;  // Fp8GemmTraits: e4m3 bytes, 128-deep k-steps
+    constexpr bool BLOCK = scale_mode<Tr>() == SCALE_BLOCK;
     static_assert(Tr::SCHEDULE == DATA_PARALLEL && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C && !Tr::HAS_BIAS &&
                       Tr::ACT == 0 && Tr::TAIL == 0,
                   "grouped: K-major operands, data-parallel, no epilogue terms, whole store pieces");
-    if constexpr (FP8) static_assert(Tr::SCALE == SCALE_TENSOR, "grouped FP8: per-tensor scales");
-    if constexpr (FP8) static_assert(Tr::PRODUCER_REGS == 40, "produce_all gives the consumers 232 registers");
-    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(GroupTable<MAX_G>)
-                      <= 227 * 1024 - 256,
+    if constexpr (FP8) static_assert(Tr::PRODUCER_REGS == 40, "the producer gives the consumers 232 registers");
+    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + scale_bytes<Tr>() +
+                          sizeof(GroupTable<MAX_G>) <= 227 * 1024 - 256,
                   "shared memory (with the group table)");
     extern __shared__ unsigned char smem_raw[];
     T* sA = reinterpret_cast<T*>(align_1024(smem_raw));
     T* sB = sA + Tr::STAGES * BM * BK;
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
+    // Block scales: one slot per stage after the output slabs (128-byte aligned), as in gemm_fp8.cu.
+    float* s_scales = reinterpret_cast<float*>(sC + Tr::SLABS_BYTES);
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ GroupTable<MAX_G> groups;
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, k_iters = (K + BK - 1) / BK;
+    const int n_blocks = (N + 127) / 128;  // block scales: each expert's column blocks in tmSB's rows
     if (threadIdx.x < 32) groups.template build<LAYOUT, BM>(ranges, lead, G, limit, tiles_n, threadIdx.x);
     if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
@@ -73,16 +128,31 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     WorkUnit u;
     if (wg == 0) {
         // M = INT_MAX: every box is a whole BM rows (the rows past the group are discarded).
-        produce_all<Tr>(ring, sched, sA, sB, &tmA, &tmA, &tmB, 0x7fffffff, BM, [&](int tile) {
-            const GroupTile gt = groups.template locate<BM>(tile, G, tiles_n, panel);
-            return make_int2(gt.row0 + gt.m * BM, gt.g * N + gt.n * BN);
-        });
+        if constexpr (BLOCK) {  // the k-step's scale boxes ride with its operands (produce_all's loop plus them)
+            if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+            if (t == 0) {
+                RingCursor pcur;
+                while (sched.next(u)) {
+                    const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
+                    const int m0 = gt.row0 + gt.m * BM, n0 = gt.n * BN;
+                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, &tmA, &tmB, m0, gt.g * N + n0, u.k_begin, u.k_end,
+                                     0x7fffffff, BM,
+                                     GroupedScaleLoads<GroupedScales<Tr>>{s_scales, &tmSA, &tmSB, m0,
+                                                                          gt.g * n_blocks + n0 / 128});
+                }
+            }
+        } else {
+            produce_all<Tr>(ring, sched, sA, sB, &tmA, &tmA, &tmB, 0x7fffffff, BM, [&](int tile) {
+                const GroupTile gt = groups.template locate<BM>(tile, G, tiles_n, panel);
+                return make_int2(gt.row0 + gt.m * BM, gt.g * N + gt.n * BN);
+            });
+        }
         return;
     }
 
     if constexpr (Tr::CONSUMERS > 1) setmaxnreg_inc<Tr::CONSUMER_REGS>();
     const int consumer = wg - 1;
-    const float sa = FP8 ? __ldg(scale_a) : 1.0f;
+    const float sa = FP8 && !BLOCK ? __ldg(scale_a) : 1.0f;
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
     RingCursor cur;
     int pieces = 0;
@@ -90,12 +160,17 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     float part[Tr::MI][BN / 2];  // e4m3: the wgmmas' partial sums (bf16 uses none: no registers)
     while (sched.next(u)) {
         const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
-        if constexpr (FP8)
+        if constexpr (BLOCK)
+            consume_unit_fp8<GroupedScales<Tr>>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end,
+                                                s_scales, gt.n * BN, gt.g * n_blocks + gt.n * BN / 128,
+                                                (gt.row0 + gt.m * BM) & 3);
+        else if constexpr (FP8)
             consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, nullptr, gt.n * BN);
         else
             consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
-        // e4m3: the scales, read after the k-loop (no load in flight at a wgmma fence).
-        const float alpha = FP8 ? sa * __ldg(scale_b + sb_step * gt.g) : 1.0f;
+        // e4m3, per-tensor: the scales, read after the k-loop (no load in flight at a wgmma fence). Block
+        // scales were applied at each promotion.
+        const float alpha = FP8 && !BLOCK ? sa * __ldg(scale_b + sb_step * gt.g) : 1.0f;
         // DIRECT: the group's rows as the epilogue's M (rows >= gt.rows are not stored), out offset to
         // the group's first row. TMA: rows of out itself (the map's), the block lies inside the group.
         const EpilogueArgs<DirectStores<Tr>> dep{alpha, 0.0f, nullptr, 0, 0, nullptr, Out + (long long)gt.row0 * ldo,
