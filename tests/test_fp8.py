@@ -378,7 +378,7 @@ def test_block_scale_registers_cover_every_tile():
     """fp8_traits.cuh's SB_BLOCKS (B scales a thread holds per k-block, (128 - gcd(BN, 128) + BN + 127)
     / 128; planner.fp8_sb_blocks) is enough for every tile of every FP8 width: a tile at column n0 touches
     B blocks n0 // 128 .. (n0 + BN - 1) // 128, within the slot's box of 8 from (n0 // 128) & ~3. And
-    fp8_promote.cuh's with_sb_phase / promote_at: the tile's offset n0 % 128 is one of SB_PHASES multiples
+    mainloop_fp8.cuh's consume_block_phase / promote_at: the tile's offset n0 % 128 is one of SB_PHASES multiples
     of gcd(BN, 128) (0 where SB_ALIGNED), and column group j's block (n0 + 8j) // 128 - n0 // 128 is
     (OFF + 8j) // 128 with OFF that compile-time offset."""
     for bn in sorted({bn for _, bn in planner.FP8_TILES} | {256}):

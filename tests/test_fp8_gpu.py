@@ -110,7 +110,7 @@ def test_every_tile_height_and_width(bm, bn, scale):
 @pytest.mark.parametrize("bm,bn", [(128, 224), (64, 224), (128, 192), (128, 160), (128, 208)], ids=lambda x: str(x))
 def test_block_scales_at_every_column_phase(bm, bn):
     """Block scales on straddling widths: the kernel runs one copy of its k-loop per offset of the tile's
-    first column inside B's 128-column block (fp8_promote.cuh's with_sb_phase). N spans every offset
+    first column inside B's 128-column block (mainloop_fp8.cuh's consume_block_phase). N spans every offset
     (8 x BN columns and a ragged tail), and each B block gets its own scale, spread over 2^-4 .. 2^4, so a
     column group scaled by a neighbouring block's scale is off by O(1)."""
     M, K = 200, 512

@@ -69,7 +69,7 @@ __device__ __forceinline__ void promote(float (&acc)[A], const float (&part)[R])
 // acc[columns C0 .. C0 + PART_N) += part x sa[row] x sb[column block]. Fragment value 4j + h of the part
 // sits in row frag_row (h < 2) or + 8, tile column C0 + 8j + ...: its B block is (OFF + C0 + 8j) / 128 of
 // the tile's blocks, OFF being the tile's first column inside its first block (n0 % 128). OFF and C0 are
-// template arguments (the caller runs one copy of its k-loop per phase: with_sb_phase), so every
+// template arguments (the caller runs one copy of its k-loop per phase: consume_block_phase), so every
 // unrolled j's block is known at compile time: no compares, no selects, and `col` indexed by constants
 // (a run-time index would put it in local memory).
 template <class Tr, int OFF, int C0 = 0>
@@ -85,36 +85,5 @@ __device__ __forceinline__ void promote_at(float (&acc)[Tr::BN / 2], const float
         acc[c + 4 * j + 1] = fmaf(part[4 * j + 1], st, acc[c + 4 * j + 1]);
         acc[c + 4 * j + 2] = fmaf(part[4 * j + 2], sbot, acc[c + 4 * j + 2]);
         acc[c + 4 * j + 3] = fmaf(part[4 * j + 3], sbot, acc[c + 4 * j + 3]);
-    }
-}
-
-// A compile-time column offset (C++17 without <type_traits>).
-template <int V>
-struct ColumnOffset {
-    static constexpr int value = V;
-};
-
-// Calls f(ColumnOffset<H>{}) for H = 0 .. N - 1 in order (a loop whose index is a template argument).
-template <int N, int H = 0, class F>
-__device__ __forceinline__ void for_each_part(F&& f) {
-    if constexpr (H < N) {
-        f(ColumnOffset<H>{});
-        for_each_part<N, H + 1>(f);
-    }
-}
-
-// Calls f(ColumnOffset<OFF>{}) for the tile's phase, OFF = n0 % 128: one of Tr::SB_PHASES multiples of
-// SB_STEP (a tile of width BN starts at a multiple of gcd(BN, 128) inside its first B block: 0 / 64 for
-// 192, 0 / 96 / 64 / 32 for 224). Widths that never straddle at a varying column (SB_ALIGNED) have one
-// copy. Called once per work unit: the branch sits outside the k-loop.
-template <class Tr, int P = 0, class F>
-__device__ __forceinline__ void with_sb_phase(int n0, F&& f) {
-    if constexpr (Tr::SB_ALIGNED || P + 1 == Tr::SB_PHASES) {
-        f(ColumnOffset<Tr::SB_ALIGNED ? 0 : P * Tr::SB_STEP>{});
-    } else {
-        if (n0 % 128 == P * Tr::SB_STEP)
-            f(ColumnOffset<P * Tr::SB_STEP>{});
-        else
-            with_sb_phase<Tr, P + 1>(n0, f);
     }
 }

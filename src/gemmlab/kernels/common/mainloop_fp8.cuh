@@ -3,7 +3,7 @@
 // sum; at a promotion point the consumer waits for its wgmmas, frees the slots and adds the partial into
 // `acc`: per-tensor scales every PROMOTE k-steps (and at the unit's last), with one wgmma group in flight
 // in between as in the bf16 loop (wgmma.wait_group 1); block scales every k-step, scaled by that
-// k-block's scales, in one copy of the k-loop per column phase (fp8_promote.cuh's with_sb_phase). With
+// k-block's scales, in one copy of the k-loop per column phase (consume_block_phase). With
 // split promotion (Tr::PART_SPLIT = 2) the partial sum covers half the tile's columns: per k-step the
 // wgmmas of columns [0, BN / 2), wait, promote them, then those of [BN / 2, BN), wait, promote.
 #pragma once
@@ -35,19 +35,46 @@ __device__ __forceinline__ void issue_kstep_fp8(const unsigned char* sA, const u
     wgmma_commit();
 }
 
+// Column part H of one block-scaled k-step from ring slot `stage`: its wgmmas, wait, acc += part x the
+// k-step's scales `sc` (the slot is freed after the last part's wait). During part 0's wgmmas the next
+// k-step's slot is awaited and its scales read into `next` (one k-step ahead: no shared-memory load is in
+// flight at a wgmma fence; a load read just before the fence cost ~10%: worklog). Every warp reads a slot
+// before its wgmmas on that slot, and the slot is freed only once those wgmmas completed, so no warp can
+// still be reading it. (Template functions, not generic lambdas: NVRTC 13.0 takes a generic lambda in
+// device code for a host function.)
+template <class Tr, int OFF, int H>
+__device__ __forceinline__ void block_scaled_part(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
+                                                  const unsigned char* sB, int consumer, int t, int stage, bool more,
+                                                  float (&acc)[Tr::MI][Tr::BN / 2],
+                                                  float (&part)[Tr::MI][Tr::PART_N / 2], const float* s_scales,
+                                                  int first_row, int nb, const BlockScaleRegs<Tr>& sc,
+                                                  BlockScaleRegs<Tr>& next) {
+    issue_kstep_fp8<Tr, H>(sA, sB, stage, consumer, part, true);
+    if constexpr (H == 0) {
+        cur.template advance<Tr::STAGES>();
+        if (more) {
+            ring.wait_full(cur);
+            next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
+        }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
+    if (H + 1 == Tr::PART_SPLIT && t == 0) ring.release(stage);
+#pragma unroll
+    for (int mi = 0; mi < Tr::MI; ++mi)
+        promote_at<Tr, OFF, H * Tr::PART_N>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col);
+}
+
 // Block scales, the tile's first column at OFF inside its first B block (fp8_promote.cuh): every k-step
-// the wgmmas, wait, free the slot, acc += part x that k-step's scales (per column part with split
-// promotion; the slot is freed after the last part's wait). The scales are read from the slot one
-// k-step ahead, while the first part's wgmmas run on the tensor cores, so no shared-memory load is in
-// flight at a wgmma fence (a load read just before the fence cost ~10%: worklog). Every warp reads a
-// slot before its wgmmas on that slot, and the slot is freed only once those wgmmas completed, so no
-// warp can still be reading it.
+// each column part (one without split promotion) as above.
 template <class Tr, int OFF>
 __device__ __forceinline__ void consume_block_scaled(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
                                                      const unsigned char* sB, int consumer, int t,
                                                      float (&acc)[Tr::MI][Tr::BN / 2],
                                                      float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
                                                      const float* s_scales, int nb, int sa_row) {
+    static_assert(Tr::PART_SPLIT == 1 || Tr::PART_SPLIT == 2, "one or two column parts");
     const int first_row = sa_row + consumer * Tr::MI * 64;
     ring.wait_full(cur);
     BlockScaleRegs<Tr> sc;
@@ -55,48 +82,66 @@ __device__ __forceinline__ void consume_block_scaled(Ring<Tr::STAGES>& ring, Rin
     for (int kt = k_begin; kt < k_end; ++kt) {
         const int stage = cur.stage;
         BlockScaleRegs<Tr> next = sc;
-        for_each_part<Tr::PART_SPLIT>([&](auto h) {
-            constexpr int H = decltype(h)::value;
-            issue_kstep_fp8<Tr, H>(sA, sB, stage, consumer, part, true);
-            if constexpr (H == 0) {
-                cur.template advance<Tr::STAGES>();
-                if (kt + 1 < k_end) {
-                    ring.wait_full(cur);
-                    next.read(s_scales + cur.stage * Tr::SCALE_SLOT, first_row, nb, t);
-                }
-            }
-            wgmma_wait<0>();
-#pragma unroll
-            for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
-            if (H + 1 == Tr::PART_SPLIT && t == 0) ring.release(stage);
-#pragma unroll
-            for (int mi = 0; mi < Tr::MI; ++mi)
-                promote_at<Tr, OFF, H * Tr::PART_N>(acc[mi], part[mi], sc.top[mi], sc.bot[mi], sc.col);
-        });
+        block_scaled_part<Tr, OFF, 0>(ring, cur, sA, sB, consumer, t, stage, kt + 1 < k_end, acc, part, s_scales,
+                                      first_row, nb, sc, next);
+        if constexpr (Tr::PART_SPLIT == 2)
+            block_scaled_part<Tr, OFF, 1>(ring, cur, sA, sB, consumer, t, stage, kt + 1 < k_end, acc, part, s_scales,
+                                          first_row, nb, sc, next);
         sc = next;
     }
 }
 
-// Per-tensor scales with split promotion: every k-step, each column part's wgmmas, wait, promote (the
-// slot freed after the last part's wait).
+// One phase of the tile's columns against B's 128-column blocks per copy of the block-scaled k-loop:
+// OFF = n0 % 128 is one of Tr::SB_PHASES multiples of SB_STEP (a tile of width BN starts at a multiple of
+// gcd(BN, 128) inside its first B block: 0 / 64 for 192, 0 / 96 / 64 / 32 for 224). Widths that never
+// straddle at a varying column (SB_ALIGNED) have one copy. The branch runs once per work unit, outside
+// the k-loop.
+template <class Tr, int P = 0>
+__device__ __forceinline__ void consume_block_phase(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
+                                                    const unsigned char* sB, int consumer, int t,
+                                                    float (&acc)[Tr::MI][Tr::BN / 2],
+                                                    float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
+                                                    const float* s_scales, int n0, int nb, int sa_row) {
+    if constexpr (Tr::SB_ALIGNED || P + 1 == Tr::SB_PHASES) {
+        consume_block_scaled<Tr, Tr::SB_ALIGNED ? 0 : P * Tr::SB_STEP>(ring, cur, sA, sB, consumer, t, acc, part,
+                                                                      k_begin, k_end, s_scales, nb, sa_row);
+    } else if (n0 % 128 == P * Tr::SB_STEP) {
+        consume_block_scaled<Tr, P * Tr::SB_STEP>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end, s_scales,
+                                                  nb, sa_row);
+    } else {
+        consume_block_phase<Tr, P + 1>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end, s_scales, n0, nb,
+                                       sa_row);
+    }
+}
+
+// Column part H of a per-tensor k-step with split promotion: its wgmmas, wait, promote (the slot freed
+// after the last part's wait).
+template <class Tr, int H>
+__device__ __forceinline__ void split_tensor_part(Ring<Tr::STAGES>& ring, const unsigned char* sA,
+                                                  const unsigned char* sB, int consumer, int t, int stage,
+                                                  float (&acc)[Tr::MI][Tr::BN / 2],
+                                                  float (&part)[Tr::MI][Tr::PART_N / 2]) {
+    issue_kstep_fp8<Tr, H>(sA, sB, stage, consumer, part, true);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
+    if (H + 1 == Tr::PART_SPLIT && t == 0) ring.release(stage);
+#pragma unroll
+    for (int mi = 0; mi < Tr::MI; ++mi) promote<H * Tr::PART_N>(acc[mi], part[mi]);
+}
+
+// Per-tensor scales with split promotion: every k-step, each column part.
 template <class Tr>
 __device__ __forceinline__ void consume_split_tensor(Ring<Tr::STAGES>& ring, RingCursor& cur, const unsigned char* sA,
                                                      const unsigned char* sB, int consumer, int t,
                                                      float (&acc)[Tr::MI][Tr::BN / 2],
                                                      float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end) {
+    static_assert(Tr::PART_SPLIT == 2, "two column parts");
     for (int kt = k_begin; kt < k_end; ++kt) {
         ring.wait_full(cur);
         const int stage = cur.stage;
-        for_each_part<Tr::PART_SPLIT>([&](auto h) {
-            constexpr int H = decltype(h)::value;
-            issue_kstep_fp8<Tr, H>(sA, sB, stage, consumer, part, true);
-            wgmma_wait<0>();
-#pragma unroll
-            for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
-            if (H + 1 == Tr::PART_SPLIT && t == 0) ring.release(stage);
-#pragma unroll
-            for (int mi = 0; mi < Tr::MI; ++mi) promote<H * Tr::PART_N>(acc[mi], part[mi]);
-        });
+        split_tensor_part<Tr, 0>(ring, sA, sB, consumer, t, stage, acc, part);
+        split_tensor_part<Tr, 1>(ring, sA, sB, consumer, t, stage, acc, part);
         cur.template advance<Tr::STAGES>();
     }
 }
@@ -118,10 +163,7 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
         // follow the ones before it, sb_block = g x blocks per expert + n0 / 128); its first row's place in
         // the slot (grouped: the row box starts at a multiple of 4 rows, sa_row < 4).
         const int nb = sb_block >= 0 ? sb_block : n0 / 128;
-        with_sb_phase<Tr>(n0, [&](auto off) {
-            consume_block_scaled<Tr, decltype(off)::value>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end,
-                                                           s_scales, nb, sa_row);
-        });
+        consume_block_phase<Tr>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end, s_scales, n0, nb, sa_row);
         return;
     }
     if constexpr (Tr::PART_SPLIT > 1) {
