@@ -99,6 +99,19 @@ __device__ __forceinline__ void store_piece_rows(const unsigned char* slab, TO* 
     }
 }
 
+// One stmatrix x4 of a 16 x 16 fragment block: values v[4j .. 4j + 7] (rows r, r + 8 of columns 8j .., then
+// of columns 8j + 8 ..) packed to 16-bit pairs, the four 8x8 matrices in that order; TRANS: .trans.
+template <bool TRANS, typename TO, int V>
+__device__ __forceinline__ void stmatrix_16x16(u32 addr, const float (&v)[V], int j) {
+    const u32 r0 = pack2(v[4 * j + 0], v[4 * j + 1], (TO*)nullptr), r1 = pack2(v[4 * j + 2], v[4 * j + 3], (TO*)nullptr);
+    const u32 r2 = pack2(v[4 * j + 4], v[4 * j + 5], (TO*)nullptr), r3 = pack2(v[4 * j + 6], v[4 * j + 7], (TO*)nullptr);
+    if constexpr (TRANS) {
+        stmatrix_x4_trans(addr, r0, r1, r2, r3);
+    } else {
+        stmatrix_x4(addr, r0, r1, r2, r3);
+    }
+}
+
 // TRANS_OUT: the piece's transpose (tile columns c0 .. c0 + W - 1 = out rows, tile rows row0 .. row0 + 63
 // = out columns) into the slab as W rows of 128 swizzled bytes, then to out: a TMA box of 64 columns x W
 // rows at (row0, c0), clipped at out's edges, or DIRECT rows. stmatrix .trans (PTX ISA "stmatrix"):
@@ -117,10 +130,7 @@ __device__ __forceinline__ void store_piece_transposed(const float (&v)[W / 2], 
     for (int j = 0; j < W / 8; j += 2) {
         const u32 addr = smem_u32(slab) + piece_offset<TO, 64, true>(8 * (j + (mi >> 1)) + lane % 8,
                                                                      warp * 16 + (mi & 1) * 8);
-        stmatrix_x4_trans(addr, pack2(v[4 * j + 0], v[4 * j + 1], (TO*)nullptr),
-                          pack2(v[4 * j + 2], v[4 * j + 3], (TO*)nullptr),
-                          pack2(v[4 * j + 4], v[4 * j + 5], (TO*)nullptr),
-                          pack2(v[4 * j + 6], v[4 * j + 7], (TO*)nullptr));
+        stmatrix_16x16<true, TO>(addr, v, j);
     }
     if constexpr (Tr::DIRECT) {
         named_barrier_sync(1 + consumer, 128);  // the piece is in the slab
@@ -178,10 +188,7 @@ __device__ __forceinline__ void store_piece(const float (&d)[Tr::BN / 2], int co
 #pragma unroll
         for (int j = 0; j < W / 8; j += 2) {
             const u32 addr = smem_u32(slab) + piece_offset<TO, W, SWZ>(srow, 8 * (j + (mi >> 1)));
-            stmatrix_x4(addr, pack2(v[4 * j + 0], v[4 * j + 1], (TO*)nullptr),
-                        pack2(v[4 * j + 2], v[4 * j + 3], (TO*)nullptr),
-                        pack2(v[4 * j + 4], v[4 * j + 5], (TO*)nullptr),
-                        pack2(v[4 * j + 6], v[4 * j + 7], (TO*)nullptr));
+            stmatrix_16x16<false, TO>(addr, v, j);
         }
     }
     if constexpr (Tr::DIRECT) {
