@@ -202,17 +202,22 @@ def eager_table(records: list[dict]) -> str:
     rows = ["| run | dtype | calls | host us, median (torch) | host over torch: median, max | eager wall x torch: "
             "geomean (min, max) | 7B layer stack x torch (batch 1, 16) | SM MHz |", "|---|---|---|---|---|---|---|---|"]
     for sha, kinds in eager_runs(records).items():
-        for dtype in sorted({r["dtype"] for r in kinds["per_call"]}):
+        for dtype in sorted({r["dtype"] for r in kinds["per_call"] + kinds["stack"]}):
             rs = [r for r in kinds["per_call"] if r["dtype"] == dtype]
+            stack_rs = [r for r in kinds["stack"] if r["dtype"] == dtype]
+            stack = {r["M"]: _wall_ratio(r) for r in stack_rs}
+            stack_cell = ", ".join(f"{stack[m]:.2f}x" for m in sorted(stack)) or "-"
+            clock = (rs or stack_rs)[0].get("sm_clock_mhz") or "-"
+            if not rs:  # a stack-only run (eager_host.py --stack-only)
+                rows.append(f"| {sha[:7]} | {dtype} | - | - | - | - | {stack_cell} | {clock} |")
+                continue
             host = sorted(r["host_us"] for r in rs)
             base = sorted(r["baseline_host_us"] for r in rs)
             excess = sorted(r["host_us"] - r["baseline_host_us"] for r in rs)
             ratios = [_wall_ratio(r) for r in rs]
-            stack = {r["M"]: _wall_ratio(r) for r in kinds["stack"] if r["dtype"] == dtype}
-            stack_cell = ", ".join(f"{stack[m]:.2f}x" for m in sorted(stack)) or "-"
             rows.append(f"| {sha[:7]} | {dtype} | {len(rs)} | {host[len(host) // 2]:.1f} ({base[len(base) // 2]:.1f}) | "
                         f"{excess[len(excess) // 2]:+.1f}, {excess[-1]:+.1f} | {geomean(ratios):.3f} "
-                        f"({min(ratios):.2f}, {max(ratios):.2f}) | {stack_cell} | {rs[0].get('sm_clock_mhz') or '-'} |")
+                        f"({min(ratios):.2f}, {max(ratios):.2f}) | {stack_cell} | {clock} |")
     return "\n".join(rows) + "\n"
 
 
@@ -234,7 +239,7 @@ def summary_table(hopper: list[dict], sweep: list[dict], sgemm: list[dict], matm
         ratios = [r["ratio"] for r in rs]
         rows.append(f"| `gemmlab.matmul`, suite `{name}` ({len(rs)} cases) against torch | {geomean(ratios):.3f}x "
                     f"geomean ({min(ratios):.2f}x to {max(ratios):.2f}x) |")
-    runs = eager_runs(eager or [])
+    runs = {sha: kinds for sha, kinds in eager_runs(eager or []).items() if kinds["per_call"]}
     if runs:
         sha, kinds = list(runs.items())[-1]
         rs = kinds["per_call"]
