@@ -19,16 +19,41 @@ def _swapped(M, N, K, **kw):
 
 # What the planner offers ----------------------------------------------------------------------------------
 
-def test_swapped_plans_are_offered_only_when_asked():
-    assert planner.SWAP_AB is False  # the router's choice is unchanged until the H200 has timed them
-    assert not any(p.swap_ab for p in planner.candidates(16, 14336, 4096))
+def test_swapped_plans_are_offered_where_they_apply(monkeypatch):
+    assert planner.SWAP_AB is True  # on by default since the H200 timed them (swap_probe.jsonl)
+    assert any(p.swap_ab for p in planner.candidates(16, 14336, 4096))
     assert _swapped(16, 14336, 4096)
     assert not _swapped(planner.SWAP_MAX_M + 1, 14336, 4096)  # past SWAP_MAX_M tokens
     assert not _swapped(16, 14336, 4096, out_dtype="fp32")  # the transposed store writes 16-bit output
     assert planner.swap_problem(16, "bf16") is None and "16-bit" in planner.swap_problem(16, "fp32")
+    monkeypatch.setattr(planner, "SWAP_AB", False)
+    assert not any(p.swap_ab for p in planner.candidates(16, 14336, 4096))
 
 
-def test_the_module_flag_offers_them_and_the_cache_keeps_the_two_apart(monkeypatch):
+@pytest.mark.parametrize("M", [1, 8, 16, 32])
+def test_few_tokens_prefer_a_swapped_plan(M):
+    """Up to SWAP_PREFER_M tokens the first candidate is swapped (the model's best of them), then the plain
+    ones; past it the model alone ranks both kinds."""
+    ps = planner.candidates(M, 14336, 4096)
+    n_swapped = sum(p.swap_ab for p in ps)
+    assert n_swapped and all(p.swap_ab for p in ps[:n_swapped])  # every swapped plan first
+    swapped = [p for p in ps if p.swap_ab]
+    assert swapped == sorted(swapped, key=lambda p: planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits,
+                                                                     p.bm, p.bn, p.stages))
+    assert planner.plan(M, 14336, 4096).swap_ab
+    assert not planner.plan(M, 14336, 4096, out_dtype="fp32").swap_ab  # none applies: the plain plan
+
+
+def test_past_the_preference_the_model_ranks_both():
+    M = planner.SWAP_PREFER_M + 32
+    ps = planner.candidates(M, 3072, 3072)
+    assert any(p.swap_ab for p in ps) and any(not p.swap_ab for p in ps)
+    keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in ps]
+    assert keys == sorted(keys)
+
+
+def test_the_module_flag_and_the_cache_keep_the_two_apart(monkeypatch):
+    monkeypatch.setattr(planner, "SWAP_AB", False)
     before = planner.plan(16, 8192, 1024)
     assert not before.swap_ab
     monkeypatch.setattr(planner, "SWAP_AB", True)

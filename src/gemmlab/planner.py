@@ -45,10 +45,17 @@ OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
 # Swap AB (``Plan.swap_ab``): at few tokens the kernel may compute out^T = W @ A^T, the weight as the
 # wgmma's 64-row operand and the tokens as its narrow n (cuBLAS's sm90 kernels do at decode shapes, e.g.
 # 64 weight rows x 16 tokens per tile at 16x14336x4096). Offered where M <= SWAP_MAX_M, with 16-bit
-# output (the transposed store writes 64 tile rows as one 128-byte row of out), when SWAP_AB is set or
-# ``candidates(swap_ab=True)`` asks: off by default until the H200 has timed them.
-SWAP_AB = False
+# output (the transposed store writes 64 tile rows as one 128-byte row of out), when SWAP_AB is set (the
+# default) or ``candidates(swap_ab=True)`` asks.
+SWAP_AB = True
 SWAP_MAX_M = 64
+# Up to SWAP_PREFER_M tokens a swapped plan runs whenever one applies (the model ranks them among
+# themselves; the plain plans follow). Measured (H200, swap_probe.jsonl, the model's first swapped plan
+# against the router's plain one): M = 1..32 on 8 shapes 0.99-1.07x torch.mm against 0.86-1.03x (never
+# slower, 1x16384x16384 1.009 / 0.984, 16x4096x14336 1.067 / 0.944, 4x5120x4096 0.969 / 0.910); at
+# M = 64 even or worse (64x3072x3072 0.826 / 0.886). The model alone prices the swapped tiles' lone
+# consumer and extra epilogues too high to pick them: a rule from records until it is refitted.
+SWAP_PREFER_M = 32
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -392,7 +399,9 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
                 continue
             plans += _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
                                  direct, heavy, out_bytes, prof, offered)
-    plans.sort(key=lambda p: rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages))
+    prefer_swap = swap and M <= SWAP_PREFER_M
+    plans.sort(key=lambda p: (prefer_swap and not p.swap_ab,
+                              rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages)))
     return tuple(plans)
 
 
