@@ -746,19 +746,27 @@ class Engine2Launch:
 
     def __init__(self, a, b, out, *, bias, c, plan: planner.Plan):
         p = self.plan = plan
-        M, K = a.shape
-        N = b.shape[1]
-        if (M, N, K) != (p.M, p.N, p.K):
-            raise UnsupportedProblem(f"plan is for {p.M}x{p.N}x{p.K}, the operands are {M}x{N}x{K}")
-        ta, a_mn, self.copy_a = _operand_plan(a, 1)
-        tb, b_mn, self.copy_b = _operand_plan(b, 0)
+        if (a.shape[0], b.shape[1], a.shape[1]) != (p.M, p.N, p.K):
+            raise UnsupportedProblem(f"plan is for {p.M}x{p.N}x{p.K}, the operands are "
+                                     f"{a.shape[0]}x{b.shape[1]}x{a.shape[1]}")
+        # Swap AB: the kernel's A is the weight (b^T, N x K) and its B the tokens (a^T, K x M); ``run``
+        # swaps the two tensors (their addresses are all it reads) and the copies' views transpose first.
+        self.swap_ab = p.swap_ab
+        ka, kb = kernel_operands(p, a, b)
+        M, K = ka.shape
+        N = kb.shape[1]
+        ta, a_mn, self.copy_a = _operand_plan(ka, 1)
+        tb, b_mn, self.copy_b = _operand_plan(kb, 0)
         self.direct = direct = not _tma_ok(out)
-        if (a_mn, b_mn, direct) != (p.a_mn, p.b_mn, p.direct):
+        if (a_mn, b_mn, direct) != (p.kernel_a_mn, p.kernel_b_mn, p.direct):
             raise UnsupportedProblem(f"plan is for a_mn={p.a_mn}, b_mn={p.b_mn}, direct={p.direct}; the tensors "
-                                     f"give {a_mn}, {b_mn}, {direct}")
+                                     f"give {b_mn if p.swap_ab else a_mn}, {a_mn if p.swap_ab else b_mn}, {direct}")
         if (bias is not None) != (p.bias_dtype is not None) or (c is not None) != p.has_c:
             raise UnsupportedProblem("the plan's epilogue (bias, beta * C) does not match the arguments")
         self.a_view, self.b_view = _view_fn(a_mn, 1), _view_fn(b_mn, 0)
+        if p.swap_ab:
+            fa, fb = self.a_view, self.b_view
+            self.a_view, self.b_view = (lambda x: fa(x.t())), (lambda x: fb(x.t()))
         self.has_c, self.has_bias = p.has_c, bias is not None
         self.dev = dev = _index(a.device)
         self.compiled = compile_kernel(planner.SOURCE, p.name_expression, arch="sm_90a", name=p.compiled_name)
@@ -773,7 +781,7 @@ class Engine2Launch:
         for i, v in ((6, M), (7, N), (8, K), (17, p.a_rows), (18, la["splits"]), (19, la["sk_tiles"]),
                      (20, la["sk_ctas"])):
             L.set_i32(i, v)
-        for i, v in ((12, cin.stride(0)), (13, cin.stride(1)), (16, out.stride(0))):
+        for i, v in zip((12, 13, 16), (*c_strides(p, cin), out.stride(0))):
             L.set_i64(i, v)
         pa, pb = ta.data_ptr(), tb.data_ptr()
         self.map_a = MapSlot(L, _E2_A, pa, *ta.shape, ta.stride(0), ta.dtype, (BK, 64) if a_mn else (p.bm, BK))
@@ -781,16 +789,15 @@ class Engine2Launch:
                                                            (p.a_rows, BK))
         L.set_map(_E2_A_SHORT, self.map_a_short.tmap)
         self.map_b = MapSlot(L, _E2_B, pb, *tb.shape, tb.stride(0), tb.dtype, (BK, 64) if b_mn else (p.bn, BK))
-        piece = 32 if out.element_size() == 4 else 64
-        tail = p.bn % piece
+        box, tail, tail_swizzle = p.store_boxes()
         if direct:  # DIRECT never touches the C maps: they get A's
             self.map_c = self.map_c_tail = None
             L.set_map(_E2_C, self.map_a.tmap)
             L.set_map(_E2_C_TAIL, self.map_a.tmap)
         else:
-            self.map_c = MapSlot(L, _E2_C, out.data_ptr(), M, N, out.stride(0), out.dtype, (64, piece))
-            self.map_c_tail = (MapSlot(L, _E2_C_TAIL, out.data_ptr(), M, N, out.stride(0), out.dtype, (64, tail),
-                                       swizzle_bytes=0) if tail else None)
+            self.map_c = MapSlot(L, _E2_C, out.data_ptr(), *out.shape, out.stride(0), out.dtype, box)
+            self.map_c_tail = (MapSlot(L, _E2_C_TAIL, out.data_ptr(), *out.shape, out.stride(0), out.dtype, tail,
+                                       swizzle_bytes=tail_swizzle) if tail else None)
             if not tail:
                 L.set_map(_E2_C_TAIL, self.map_c.tmap)
         self.stream_k = p.schedule in planner.STREAMED
@@ -798,6 +805,8 @@ class Engine2Launch:
             stream_k_workspace(p, dev, raw_stream(dev))
 
     def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
+        if self.swap_ab:
+            a, b = b, a
         ta = self.copy_a(self.a_view(a), stream) if self.copy_a else a
         tb = self.copy_b(self.b_view(b), stream) if self.copy_b else b
         ws = stream_k_workspace(self.plan, self.dev, stream) if self.stream_k else None
@@ -822,6 +831,17 @@ class Engine2Launch:
                 L.set_ptr(_E2_WS, ws[0].data_ptr())
                 L.set_ptr(_E2_FLAGS, ws[1].data_ptr())
             L.launch(stream)
+
+
+def kernel_operands(p: planner.Plan, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's A (rows x K) and B (K x columns) for plan ``p``: a (M, K) and b (K, N), or, swapped
+    (out^T = W @ A^T), the weight b^T (N x K) and the tokens a^T (K x M)."""
+    return (b.t(), a.t()) if p.swap_ab else (a, b)
+
+
+def c_strides(p: planner.Plan, c: torch.Tensor) -> tuple[int, int]:
+    """(ldc_row, ldc_col): the strides of C (M x N) along the kernel's tile rows and columns."""
+    return (c.stride(1), c.stride(0)) if p.swap_ab else (c.stride(0), c.stride(1))
 
 
 _WORKSPACES: dict = {}

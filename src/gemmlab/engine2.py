@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import planner
-from .engine import _operand, _operand_mn, _tma_ok, stream_k_workspace
+from .engine import _operand, _operand_mn, _tma_ok, c_strides, kernel_operands, stream_k_workspace
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
 from .jit.launch import launch as _launch
@@ -80,34 +80,38 @@ def launch(p: planner.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
 
     a: (M, K), b: (K, N), bf16 or fp16 (``p.dtype``), any strides (copied if TMA cannot read them). out:
     (M, N) in ``p.out_dtype``, unit column stride; ``p.direct`` must say whether its rows are 16-byte
-    aligned. c: (M, N) in out's dtype (``p.has_c``), bias: (N,) (``p.bias_dtype``)."""
-    M, K = a.shape
-    N = b.shape[1]
-    if (M, N, K) != (p.M, p.N, p.K):
-        raise UnsupportedProblem(f"plan is for {p.M}x{p.N}x{p.K}, the operands are {M}x{N}x{K}")
+    aligned. c: (M, N) in out's dtype (``p.has_c``), bias: (N,) (``p.bias_dtype``). A swapped plan
+    (``p.swap_ab``) runs out^T = b^T @ a^T: the same arguments, the kernel's operands exchanged."""
+    if (a.shape[0], b.shape[1], a.shape[1]) != (p.M, p.N, p.K):
+        raise UnsupportedProblem(f"plan is for {p.M}x{p.N}x{p.K}, the operands are "
+                                 f"{a.shape[0]}x{b.shape[1]}x{a.shape[1]}")
     if p.direct == _tma_ok(out):
         raise UnsupportedProblem(f"plan says direct={p.direct}, but the output's rows are "
                                  f"{'' if _tma_ok(out) else 'not '}16-byte aligned")
     if (bias is not None) != (p.bias_dtype is not None) or (c is not None) != p.has_c:
         raise UnsupportedProblem("the plan's epilogue (bias, beta * C) does not match the arguments")
-    ta, a_mn = _operand(a, 1)
-    tb, b_mn = _operand(b, 0)
-    if (a_mn, b_mn) != (p.a_mn, p.b_mn):
-        raise UnsupportedProblem(f"plan is for a_mn={p.a_mn}, b_mn={p.b_mn}; the operands are {a_mn}, {b_mn}")
+    ka, kb = kernel_operands(p, a, b)
+    M, K = ka.shape  # the kernel's problem (N x M x K when swapped)
+    N = kb.shape[1]
+    ta, a_mn = _operand(ka, 1)
+    tb, b_mn = _operand(kb, 0)
+    if (a_mn, b_mn) != (p.kernel_a_mn, p.kernel_b_mn):
+        raise UnsupportedProblem(f"plan is for a_mn={p.a_mn}, b_mn={p.b_mn}; the operands are "
+                                 f"{b_mn if p.swap_ab else a_mn}, {a_mn if p.swap_ab else b_mn}")
     compiled = compile_plan(p)
     map_a = tensor_map_2d(ta, (planner.BK, 64) if a_mn else (p.bm, planner.BK))
     map_a_short = map_a if a_mn else tensor_map_2d(ta, (p.a_rows, planner.BK))
     map_b = tensor_map_2d(tb, (planner.BK, 64) if b_mn else (p.bn, planner.BK))
-    piece = 32 if out.element_size() == 4 else 64
-    tail = p.bn % piece
-    map_c = map_a if p.direct else tensor_map_2d(out, (64, piece))  # DIRECT never touches the C maps
-    map_c_tail = tensor_map_2d(out, (64, tail), swizzle_bytes=0) if tail and not p.direct else map_c
+    box, tail, tail_swizzle = p.store_boxes()
+    map_c = map_a if p.direct else tensor_map_2d(out, box)  # DIRECT never touches the C maps
+    map_c_tail = tensor_map_2d(out, tail, swizzle_bytes=tail_swizzle) if tail and not p.direct else map_c
     order = _order(p.tiles_m, p.tiles_n, a.device)
     ws, flags = workspace(p, a.device) if p.schedule in planner.STREAMED else (out, out)
     cin = c if c is not None else out
+    ldc_row, ldc_col = c_strides(p, cin)
     la = p.launch_args()
     args = (map_a, map_a_short, map_b, map_c, map_c_tail, order, np.int32(M), np.int32(N), np.int32(K),
-            np.float32(alpha), np.float32(beta), cin, np.int64(cin.stride(0)), np.int64(cin.stride(1)),
+            np.float32(alpha), np.float32(beta), cin, np.int64(ldc_row), np.int64(ldc_col),
             bias if bias is not None else out, out, np.int64(out.stride(0)), np.int32(p.a_rows),
             np.int32(la["splits"]), np.int32(la["sk_tiles"]), np.int32(la["sk_ctas"]), ws, flags)
     _launch(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=la["cluster"])

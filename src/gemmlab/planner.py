@@ -42,6 +42,20 @@ MAX_GLOBAL_SPLITS = 4  # global split-K: ranks per tile (its reduction keeps 4 i
 # data-parallel plan on every one (512x1024x4096 128x128 x4: 14.4 us against 9.9 predicted; stream-K's
 # 64x128 plan 12.6 us). It stays runnable (schedules=SCHEDULES) and GPU-tested; see docs/worklog.md.
 OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
+# Swap AB (``Plan.swap_ab``): at few tokens the kernel may compute out^T = W @ A^T, the weight as the
+# wgmma's 64-row operand and the tokens as its narrow n (cuBLAS's sm90 kernels do at decode shapes, e.g.
+# 64 weight rows x 16 tokens per tile at 16x14336x4096). Offered where M <= SWAP_MAX_M, with 16-bit
+# output (the transposed store writes 64 tile rows as one 128-byte row of out), when SWAP_AB is set (the
+# default) or ``candidates(swap_ab=True)`` asks.
+SWAP_AB = True
+SWAP_MAX_M = 64
+# Up to SWAP_PREFER_M tokens a swapped plan runs whenever one applies (the model ranks them among
+# themselves; the plain plans follow). Measured (H200, swap_probe.jsonl, the model's first swapped plan
+# against the router's plain one): M = 1..32 on 8 shapes 0.99-1.07x torch.mm against 0.86-1.03x (never
+# slower, 1x16384x16384 1.009 / 0.984, 16x4096x14336 1.067 / 0.944, 4x5120x4096 0.969 / 0.910); at
+# M = 64 even or worse (64x3072x3072 0.826 / 0.886). The model alone prices the swapped tiles' lone
+# consumer and extra epilogues too high to pick them: a rule from records until it is refitted.
+SWAP_PREFER_M = 32
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -135,9 +149,36 @@ class Plan(_Tiling):
     direct: bool = False
     predicted_s: float = 0.0
     kernel: str = KERNEL
+    swap_ab: bool = False
 
     # Derived launch facts ------------------------------------------------------------------------
     BK = BK  # k elements per k-step (the _Tiling properties read it)
+
+    # Swap AB: the kernel's problem is the transposed one, kernel_m (its tile rows: out's columns) x
+    # kernel_n (out's rows, the tokens), its A operand the weight (B's layout) and its B the tokens (A's).
+    @property
+    def kernel_m(self) -> int:
+        return self.N if self.swap_ab else self.M
+
+    @property
+    def kernel_n(self) -> int:
+        return self.M if self.swap_ab else self.N
+
+    @property
+    def kernel_a_mn(self) -> bool:
+        return self.b_mn if self.swap_ab else self.a_mn
+
+    @property
+    def kernel_b_mn(self) -> bool:
+        return self.a_mn if self.swap_ab else self.b_mn
+
+    @property
+    def tiles_m(self) -> int:
+        return math.ceil(self.kernel_m / self.bm)
+
+    @property
+    def tiles_n(self) -> int:
+        return math.ceil(self.kernel_n / self.bn)
 
     @property
     def cluster(self) -> int:
@@ -150,8 +191,8 @@ class Plan(_Tiling):
     @property
     def a_rows(self) -> int:
         """Rows of the short A box (K-major A) for tiles whose rows run past M: the last row of tiles'
-        rows rounded up to 8; bm when M is a multiple of it."""
-        left = self.M - (self.tiles_m - 1) * self.bm
+        rows rounded up to 8; bm when M is a multiple of it (the kernel's M: N when swapped)."""
+        left = self.kernel_m - (self.tiles_m - 1) * self.bm
         return min(self.bm, math.ceil(left / 8) * 8)
 
     @property
@@ -160,12 +201,25 @@ class Plan(_Tiling):
         slot)."""
         return self.sk_ctas * self.bm * self.bn if self.schedule in STREAMED else 0
 
+    def store_boxes(self) -> tuple[tuple[int, int], tuple[int, int] | None, int]:
+        """The TMA store boxes over out, (rows, cols): a full piece's, the tail piece's (BN % piece columns;
+        None if none) and the tail's swizzle in bytes. A piece is 64 tile rows x one 128-byte row of output
+        (64 16-bit or 32 fp32 columns); the tail is unswizzled. Swapped: a piece of 64 tile rows x W tile
+        columns is W rows x 64 columns of out, the tail too in the 128-byte swizzle (its rows are 128 bytes)."""
+        piece = 32 if self.out_dtype == "fp32" else 64
+        tail = self.bn % piece
+        if self.swap_ab:
+            return (piece, 64), ((tail, 64) if tail else None), 128
+        return (64, piece), ((64, tail) if tail else None), 0
+
     def template_args(self) -> tuple[str, ...]:
-        """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>."""
+        """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE, TRANS_OUT>
+        (A_MN / B_MN: the kernel's operands, swapped with swap_ab)."""
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm),
-                str(self.bn), str(self.stages), b(self.a_mn), b(self.b_mn), b(self.bias_dtype), b(self.has_c),
-                str(ACTIVATIONS[self.activation]), b(self.direct), str(SCHEDULES.index(self.schedule)))
+                str(self.bn), str(self.stages), b(self.kernel_a_mn), b(self.kernel_b_mn), b(self.bias_dtype),
+                b(self.has_c), str(ACTIVATIONS[self.activation]), b(self.direct), str(SCHEDULES.index(self.schedule)),
+                b(self.swap_ab))
 
     @property
     def name_expression(self) -> str:
@@ -191,7 +245,8 @@ class Plan(_Tiling):
                                    f"data-parallel, {self.sk_tiles} split over {self.sk_ctas} CTAs)"}[self.schedule]
         extra = [x for x in (self.a_mn and "A MN-major", self.b_mn and "B MN-major", self.direct and "direct stores",
                              self.bias_dtype and "bias", self.has_c and "beta*C", self.activation) if x]
-        return (f"Plan({self.M}x{self.N}x{self.K} {self.dtype}->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} "
+        swap = " swap AB (out^T = W @ A^T: weight rows x tokens)," if self.swap_ab else ""
+        return (f"Plan({self.M}x{self.N}x{self.K} {self.dtype}->{self.out_dtype}: {self.kernel}{swap} {self.bm}x{self.bn} "
                 f"tiles ({self.tiles}), {sched}, {self.stages} stages, grid {self.grid}"
                 + (f", {', '.join(extra)}" if extra else "") + f"; predicted {self.predicted_s * 1e6:.1f} us)")
 
@@ -290,9 +345,10 @@ def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, of
 def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: DeviceProfile | None = None,
                device=None, bias_dtype=None, has_c: bool = False, activation: str | None = None,
                a_mn: bool = False, b_mn: bool = False, direct: bool | None = None,
-               schedules=None) -> list[Plan]:
+               schedules=None, swap_ab: bool | None = None) -> list[Plan]:
     """Every plan the engine kernel can run for the problem, fastest first by the model. Arguments as
-    for ``plan``; schedules: those to consider (default ``OFFERED_SCHEDULES``; ``SCHEDULES`` for all)."""
+    for ``plan``; schedules: those to consider (default ``OFFERED_SCHEDULES``; ``SCHEDULES`` for all);
+    swap_ab: also offer swapped plans where they apply (``swap_problem``; None: the module's SWAP_AB)."""
     prof = _profile(profile, device)
     dt = dtype_name(dtype)
     if dt == "fp32":
@@ -306,42 +362,71 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
     if direct is None:  # a contiguous output: rows of N elements are 16-byte aligned or not
         direct = (N * plan_cost.in_bytes(odt)) % 16 != 0
     offered = OFFERED_SCHEDULES if schedules is None else tuple(schedules)
-    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered)
+    swap = (SWAP_AB if swap_ab is None else swap_ab) and swap_problem(M, odt) is None
+    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
             _CACHE.clear()
         hit = _CACHE[key] = (prof, _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof,
-                                                      offered))
+                                                      offered, swap))
     return list(hit[1])
 
 
 _CACHE: dict = {}
 
 
-def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof, offered) -> tuple[Plan, ...]:
+def swap_problem(M: int, out_dtype: str) -> str | None:
+    """Why no swapped plan is offered for M tokens and this output dtype, or None."""
+    if M > SWAP_MAX_M:
+        return f"swap AB is offered up to M = {SWAP_MAX_M} tokens"
+    if out_dtype == "fp32":
+        return "the transposed store writes 16-bit output only"
+    return None
+
+
+def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof, offered,
+                swap=False) -> tuple[Plan, ...]:
     heavy = heavy_epilogue(odt, bdt, has_c, activation, direct)
     out_bytes = plan_cost.in_bytes(odt)
     plans = []
-    for bm, bn in TILES:
-        for sched, splits, sk_tiles, sk_ctas, grid in _schedules(M, N, K, bm, bn, prof, offered):
-            if tile_problem(bm, bn, sched, dtype=dt, b_mn=b_mn, heavy=heavy):
+    # Swapped plans tile the transposed problem (N x M x K: the weight's rows by the tokens), the kernel's
+    # B operand then being A (so A's layout limits its boxes), at widths up to the tokens rounded to 16.
+    problems = [(False, M, N, b_mn)] + ([(True, N, M, a_mn)] if swap else [])
+    for swapped, pm, pn, kb_mn in problems:
+        for bm, bn in TILES:
+            if swapped and bn > math.ceil(M / 16) * 16:
                 continue
-            if sched == "pingpong" and (direct or K % 16):
-                # Measured (H200, d107e97): where the router ran ping-pong on aligned problems it gained
-                # 2.5% (29 of 31 shapes faster); with direct stores or rows of K not 32-byte aligned it
-                # lost 9% (6 of 7 slower; its smaller tiles pay the misaligned sectors more often).
-                continue
-            stages = stages_for(bm, bn, sched, dt)
-            t = plan_cost.predict_s(M, N, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
-                                    sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
-                                    direct=direct)
-            plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
-                              sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
-                              has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
-                              predicted_s=t))
-    plans.sort(key=lambda p: rank_key(p.predicted_s, p.M, p.schedule, p.splits, p.bm, p.bn, p.stages))
+            plans += _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
+                                 direct, heavy, out_bytes, prof, offered)
+    prefer_swap = swap and M <= SWAP_PREFER_M
+    plans.sort(key=lambda p: (prefer_swap and not p.swap_ab,
+                              rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages)))
     return tuple(plans)
+
+
+def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn, direct, heavy,
+                out_bytes, prof, offered) -> list[Plan]:
+    """The plans of one tile for the kernel's problem pm x pn x K (the transposed one when swapped)."""
+    plans = []
+    for sched, splits, sk_tiles, sk_ctas, grid in _schedules(pm, pn, K, bm, bn, prof, offered):
+        if tile_problem(bm, bn, sched, dtype=dt, b_mn=kb_mn, heavy=heavy):
+            continue
+        if sched == "pingpong" and (direct or K % 16):
+            # Measured (H200, d107e97): where the router ran ping-pong on aligned problems it gained
+            # 2.5% (29 of 31 shapes faster); with direct stores or rows of K not 32-byte aligned it
+            # lost 9% (6 of 7 slower; its smaller tiles pay the misaligned sectors more often).
+            continue
+        stages = stages_for(bm, bn, sched, dt)
+        t = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
+                                sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
+                                direct=direct)
+        M, N = (pn, pm) if swapped else (pm, pn)
+        plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
+                          sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
+                          has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
+                          predicted_s=t, swap_ab=swapped))
+    return plans
 
 
 def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn: int, stages: int) -> tuple:
@@ -355,7 +440,7 @@ def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn
 
 def plan(M: int, N: int, K: int, *, dtype=None, out_dtype=None, device=None, profile: DeviceProfile | None = None,
          bias_dtype=None, has_c: bool = False, activation: str | None = None, a_mn: bool = False,
-         b_mn: bool = False, direct: bool | None = None) -> Plan:
+         b_mn: bool = False, direct: bool | None = None, swap_ab: bool | None = None) -> Plan:
     """The plan the engine kernel would run for out (M x N) = act(alpha A (M x K) @ B (K x N) + beta C + bias).
 
     dtype: the operands' (torch.bfloat16 (default) or torch.float16, or 'bf16' / 'fp16'); out_dtype: the
@@ -363,10 +448,11 @@ def plan(M: int, N: int, K: int, *, dtype=None, out_dtype=None, device=None, pro
     L2; profile: a ``DeviceProfile`` (default: the visible GPU's, else the H200's). bias_dtype (None: no
     bias), has_c (beta != 0), activation: the fused epilogue. a_mn / b_mn: the operand is MN-major (A
     stored K x M, B stored N x K... i.e. its M or N dimension contiguous). direct: the output's rows are
-    not 16-byte aligned (None: decided from N for a contiguous output). Pure Python; no GPU needed."""
+    not 16-byte aligned (None: decided from N for a contiguous output). swap_ab: also weigh swapped plans
+    (out^T = W @ A^T, at M <= SWAP_MAX_M; None: the module's SWAP_AB). Pure Python; no GPU needed."""
     return candidates(M, N, K, dtype=dtype, out_dtype=out_dtype, profile=profile, device=device,
                       bias_dtype=bias_dtype, has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn,
-                      direct=direct)[0]
+                      direct=direct, swap_ab=swap_ab)[0]
 
 
 def _profile(profile: DeviceProfile | None, device) -> DeviceProfile:

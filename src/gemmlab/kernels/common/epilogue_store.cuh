@@ -4,32 +4,58 @@
 // bulk_group completion). The last BN % PIECE columns (BN = 80, 96, ...) go through an unswizzled piece
 // of their own width and a second tensor map, so no store ever writes past the tile. DIRECT outputs
 // (rows not 16-byte aligned: no TMA) are stored from the slab by the threads, a row per warp step.
+// TRANS_OUT (swap AB: the tile is a block of out^T, GemmTraits): stmatrix .trans writes each piece of 64
+// tile rows x W tile columns into the slab as W output rows x 64 output columns (128 bytes of 16-bit
+// values: one swizzle row), so the TMA store (a map over the real output, box 64 x W, 128-byte swizzle
+// for the tail piece too) and the DIRECT row stores write whole 128-byte runs of output rows.
 #pragma once
 #include "epilogue.cuh"
 #include "stmatrix.cuh"
 #include "tile.cuh"
 #include "tma.cuh"
 
+// Tr::TRANS_OUT where the traits define it (GemmTraits), else false (the FP8 and grouped traits).
+template <class Tr, class = void>
+struct TransOutOf {
+    static constexpr bool value = false;
+};
+template <class Tr>
+struct TransOutOf<Tr, decltype(void(Tr::TRANS_OUT))> {
+    static constexpr bool value = Tr::TRANS_OUT;
+};
+template <class Tr>
+constexpr bool kTransOut = TransOutOf<Tr>::value;
+
 template <class Tr>
 struct EpilogueArgs {
     float alpha, beta;
-    const typename Tr::TO* Cin;  // beta * C: element (r, c) at Cin[r * ldc_row + c * ldc_col]
+    const typename Tr::TO* Cin;  // beta * C: tile element (r, c) at Cin[r * ldc_row + c * ldc_col]
     long long ldc_row, ldc_col;
     const typename Tr::TBIAS* bias;
-    typename Tr::TO* Out;  // row stride ldo elements
+    typename Tr::TO* Out;  // row stride ldo elements; TRANS_OUT: tile element (r, c) at Out[c * ldo + r]
     long long ldo;
-    int M, N;
+    int M, N;  // the tile grid's rows and columns (TRANS_OUT: out's columns and rows)
 
-    // The fused epilogue at output element (r, c).
+    // The fused epilogue at tile element (r, c). The bias runs along out's columns: the tile's columns,
+    // or its rows under TRANS_OUT.
     __device__ __forceinline__ float apply(float acc, int r, int c) const {
         float x = alpha * acc;
         if constexpr (Tr::HAS_C) {
             if (r < M && c < N) x += beta * to_float(Cin[r * ldc_row + c * ldc_col]);
         }
         if constexpr (Tr::HAS_BIAS) {
-            if (c < N) x += to_float(bias[c]);
+            if constexpr (kTransOut<Tr>) {
+                if (r < M) x += to_float(bias[r]);
+            } else {
+                if (c < N) x += to_float(bias[c]);
+            }
         }
         return activate<Tr::ACT>(x);
+    }
+
+    // Where tile element (r, c) goes.
+    __device__ __forceinline__ typename Tr::TO* out_at(int r, int c) const {
+        return kTransOut<Tr> ? Out + (long long)c * ldo + r : Out + (long long)r * ldo + c;
     }
 };
 
@@ -41,16 +67,17 @@ __device__ __forceinline__ u32 piece_offset(int row, int col) {
     return (row * W + col) * sizeof(TO);
 }
 
-// DIRECT: a 64 x W piece from its slab to Out, bounds-checked. Warp w stores rows 16w .. 16w + 15, its
-// lanes one row per instruction (4-byte pairs of 16-bit values where the row allows), so the stores
-// coalesce.
-template <typename TO, int W, bool SWZ>
+// DIRECT: a ROWS x W piece from its slab to Out, bounds-checked. Warp w stores rows w ROWS / 4 ..
+// (w + 1) ROWS / 4 - 1, its lanes one row per instruction (4-byte pairs of 16-bit values where the row
+// allows), so the stores coalesce.
+template <typename TO, int W, bool SWZ, int ROWS = 64>
 __device__ __forceinline__ void store_piece_rows(const unsigned char* slab, TO* __restrict__ Out, long long ldo,
                                                  int row0, int col0, int M, int N, int t) {
+    static_assert(ROWS % 4 == 0, "rows split over the four warps");
     const int warp = t / 32, lane = t % 32, valid = min(W, N - col0);
 #pragma unroll 4
-    for (int rr = 0; rr < 16; ++rr) {
-        const int r = warp * 16 + rr, gr = row0 + r;
+    for (int rr = 0; rr < ROWS / 4; ++rr) {
+        const int r = warp * (ROWS / 4) + rr, gr = row0 + r;
         if (gr >= M || valid <= 0) break;  // warp-uniform: rows only grow
         TO* dst = Out + (long long)gr * ldo + col0;
         if constexpr (sizeof(TO) == 4) {
@@ -68,6 +95,53 @@ __device__ __forceinline__ void store_piece_rows(const unsigned char* slab, TO* 
                 const int c = lane + 32 * h;
                 if (c < valid) dst[c] = *reinterpret_cast<const TO*>(slab + piece_offset<TO, W, SWZ>(r, c));
             }
+        }
+    }
+}
+
+// One stmatrix x4 of a 16 x 16 fragment block: values v[4j .. 4j + 7] (rows r, r + 8 of columns 8j .., then
+// of columns 8j + 8 ..) packed to 16-bit pairs, the four 8x8 matrices in that order; TRANS: .trans.
+template <bool TRANS, typename TO, int V>
+__device__ __forceinline__ void stmatrix_16x16(u32 addr, const float (&v)[V], int j) {
+    const u32 r0 = pack2(v[4 * j + 0], v[4 * j + 1], (TO*)nullptr), r1 = pack2(v[4 * j + 2], v[4 * j + 3], (TO*)nullptr);
+    const u32 r2 = pack2(v[4 * j + 4], v[4 * j + 5], (TO*)nullptr), r3 = pack2(v[4 * j + 6], v[4 * j + 7], (TO*)nullptr);
+    if constexpr (TRANS) {
+        stmatrix_x4_trans(addr, r0, r1, r2, r3);
+    } else {
+        stmatrix_x4(addr, r0, r1, r2, r3);
+    }
+}
+
+// TRANS_OUT: the piece's transpose (tile columns c0 .. c0 + W - 1 = out rows, tile rows row0 .. row0 + 63
+// = out columns) into the slab as W rows of 128 swizzled bytes, then to out: a TMA box of 64 columns x W
+// rows at (row0, c0), clipped at out's edges, or DIRECT rows. stmatrix .trans (PTX ISA "stmatrix"):
+// matrix mi = lane / 8 of step j holds tile rows 16 warp + 8 (mi & 1) .. + 7 and tile columns
+// 8 (j + mi / 2) .. + 7, and lane l % 8 addresses its stored row l % 8 (= tile column 8 (j + mi / 2) + l % 8),
+// whose 8 values (the matrix's tile rows) are one 16-byte chunk; the 8 rows of a matrix land in 8
+// different chunks of the swizzle: no bank conflicts. The caller has synchronised the slab's last reader.
+template <class Tr, int W>
+__device__ __forceinline__ void store_piece_transposed(const float (&v)[W / 2], int row0, int c0,
+                                                       const EpilogueArgs<Tr>& ep, unsigned char* slab,
+                                                       const CUtensorMap* tm, int t, int consumer) {
+    using TO = typename Tr::TO;
+    static_assert(sizeof(TO) == 2 && W % 16 == 0, "16-bit output, whole 16-column stmatrix blocks");
+    const int warp = t / 32, lane = t % 32, mi = lane / 8;
+#pragma unroll
+    for (int j = 0; j < W / 8; j += 2) {
+        const u32 addr = smem_u32(slab) + piece_offset<TO, 64, true>(8 * (j + (mi >> 1)) + lane % 8,
+                                                                     warp * 16 + (mi & 1) * 8);
+        stmatrix_16x16<true, TO>(addr, v, j);
+    }
+    if constexpr (Tr::DIRECT) {
+        named_barrier_sync(1 + consumer, 128);  // the piece is in the slab
+        // out rows c0 .. (below N: the tile's columns), out columns row0 .. (below M: the tile's rows)
+        store_piece_rows<TO, 64, true, W>(slab, ep.Out, ep.ldo, c0, row0, ep.N, ep.M, t);
+    } else {
+        fence_proxy_async_smem();  // generic-proxy writes read next by the TMA (see store_piece)
+        named_barrier_sync(1 + consumer, 128);
+        if (t == 0) {
+            tma_store_2d(tm, slab, row0, c0);
+            tma_store_commit();
         }
     }
 }
@@ -96,6 +170,11 @@ __device__ __forceinline__ void store_piece(const float (&d)[Tr::BN / 2], int co
             v[4 * j + h] = ep.apply(d[col0 / 2 + 4 * j + h], h < 2 ? rt : rt + 8, c);
         }
     }
+    if constexpr (kTransOut<Tr>) {
+        store_piece_transposed<Tr, W>(v, row0, n0 + col0, ep, slab, tm, t, consumer);
+        ++pieces;
+        return;
+    }
     if constexpr (sizeof(TO) == 4) {  // fp32: float2 pairs at (row, col) and (row + 8, col)
 #pragma unroll
         for (int j = 0; j < W / 8; ++j) {
@@ -109,10 +188,7 @@ __device__ __forceinline__ void store_piece(const float (&d)[Tr::BN / 2], int co
 #pragma unroll
         for (int j = 0; j < W / 8; j += 2) {
             const u32 addr = smem_u32(slab) + piece_offset<TO, W, SWZ>(srow, 8 * (j + (mi >> 1)));
-            stmatrix_x4(addr, pack2(v[4 * j + 0], v[4 * j + 1], (TO*)nullptr),
-                        pack2(v[4 * j + 2], v[4 * j + 3], (TO*)nullptr),
-                        pack2(v[4 * j + 4], v[4 * j + 5], (TO*)nullptr),
-                        pack2(v[4 * j + 6], v[4 * j + 7], (TO*)nullptr));
+            stmatrix_16x16<false, TO>(addr, v, j);
         }
     }
     if constexpr (Tr::DIRECT) {

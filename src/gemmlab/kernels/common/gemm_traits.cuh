@@ -9,8 +9,9 @@ template <typename TIn, typename TOut, typename TBias,  // operand, output and b
           bool kAmn, bool kBmn,                         // operand stored MN-major (else K-major)
           bool kBias, bool kC, int kAct,                // epilogue: + bias[n], + beta * C, activation
           bool kDirect,                                 // output rows not 16-byte aligned: threads store
-          int kSchedule>                                // Schedule: data-parallel, split-K, stream-K, ping-pong,
+          int kSchedule,                                // Schedule: data-parallel, split-K, stream-K, ping-pong,
                                                         // global split-K
+          bool kTransOut = false>                       // swap AB: the tile is a block of out^T (see below)
 struct GemmTraits {
     using T = TIn;
     using TO = TOut;
@@ -19,6 +20,11 @@ struct GemmTraits {
     static constexpr bool A_MN = kAmn, B_MN = kBmn;
     static constexpr bool HAS_BIAS = kBias, HAS_C = kC, DIRECT = kDirect;
     static constexpr int ACT = kAct, SCHEDULE = kSchedule;
+    // TRANS_OUT (swap AB, gemmlab.planner.Plan.swap_ab): the kernel computes out^T = W @ A^T, W (N x K) as its
+    // A operand and the tokens A (M x K) as its B, so tile element (r, c) is out[c][r]: stored transposed
+    // (epilogue_store.cuh), bias per tile row, beta * C through swapped strides. At few tokens the weight
+    // then fills the wgmma's 64 rows and the tokens its narrow n.
+    static constexpr bool TRANS_OUT = kTransOut;
 
     // 64-row tiles: one consumer warpgroup. 128: two, 64 rows each. 256: two, 128 rows each, every k16
     // step issuing two m64 wgmmas against the same B slab. PINGPONG (64 or 128 rows): two consumers, each
@@ -51,6 +57,7 @@ struct GemmTraits {
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");
     static_assert(!B_MN || BN % 64 == 0, "MN-major B is loaded in 64-column boxes");
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
+    static_assert(!TRANS_OUT || sizeof(TO) == 2, "transposed stores: 16-bit output (a 128-byte slab row = 64 rows)");
     static_assert(SCHEDULE != SPLIT_K || BM * LDP * 4 <= STAGES * STAGE_BYTES, "split-K partial must fit the stages");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");
 };

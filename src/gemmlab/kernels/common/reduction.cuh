@@ -155,20 +155,30 @@ __device__ __forceinline__ void store_out4(TO* dst, const float (&v)[4], int val
 // Split-K: after the cluster barrier, CTA `rank` of `splits` reduces its share of the tile's rows
 // (rows rank * ceil(BM / splits) ..), four columns per item, over the consumer threads (ct = 0 ..
 // CONSUMERS x 128 - 1), applies the epilogue and stores. Each element is summed by one CTA in one order.
+// Consecutive threads take consecutive columns (one 16-byte store each); under TRANS_OUT consecutive
+// rows, so that each of the item's four stores (one per out row) is a contiguous run across the warp.
 template <class Tr>
 __device__ __forceinline__ void split_reduce_store(u32 part, int rank, int splits, int m0, int n0,
                                                    const EpilogueArgs<Tr>& ep, int ct) {
     constexpr int C4 = Tr::BN / 4;
     const int rows_per = (Tr::BM + splits - 1) / splits, r0 = rank * rows_per, r1 = min(Tr::BM, r0 + rows_per);
-    const int items = max(0, r1 - r0) * C4;
+    const int rows = max(0, r1 - r0), items = rows * C4;
     for (int i = ct; i < items; i += Tr::CONSUMERS * 128) {
-        const int rr = r0 + i / C4, c4 = (i % C4) * 4, r = m0 + rr, cc = n0 + c4;
+        const int rr = r0 + (kTransOut<Tr> ? i % rows : i / C4), c4 = (kTransOut<Tr> ? i / rows : i % C4) * 4;
+        const int r = m0 + rr, cc = n0 + c4;
         if (r >= ep.M || cc >= ep.N) continue;
         const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);
         float v[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
         for (int h = 0; h < 4; ++h) v[h] = ep.apply(v[h], r, cc + h);
-        store_out4(ep.Out + (long long)r * ep.ldo + cc, v, ep.N - cc);
+        if constexpr (kTransOut<Tr>) {
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                if (cc + h < ep.N) *ep.out_at(r, cc + h) = from_float<typename Tr::TO>(v[h]);
+            }
+        } else {
+            store_out4(ep.out_at(r, cc), v, ep.N - cc);
+        }
     }
 }
 
@@ -180,7 +190,12 @@ __device__ __forceinline__ void store_pair(const EpilogueArgs<Tr>& ep, int r, in
     using TO = typename Tr::TO;
     if (r >= ep.M || c >= ep.N) return;
     const float v0 = ep.apply(x0, r, c), v1 = ep.apply(x1, r, c + 1);
-    TO* dst = ep.Out + (long long)r * ep.ldo + c;
+    if constexpr (kTransOut<Tr>) {  // (r, c) and (r, c + 1) sit in two out rows
+        *ep.out_at(r, c) = from_float<TO>(v0);
+        if (c + 1 < ep.N) *ep.out_at(r, c + 1) = from_float<TO>(v1);
+        return;
+    }
+    TO* dst = ep.out_at(r, c);
     if (c + 1 < ep.N && reinterpret_cast<size_t>(dst) % (2 * sizeof(TO)) == 0) {
         if constexpr (sizeof(TO) == 4) {
             *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);

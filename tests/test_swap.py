@@ -1,0 +1,246 @@
+"""Swap-AB plans of the engine kernel (``Plan.swap_ab``: out^T = W @ A^T, the weight as the wgmma's 64-row
+operand, the tokens as its n), without a GPU: what the planner offers and when, the plan's geometry, the
+launch arguments against the kernel's PTX parameters, the prepared launch's parameter block, and that every
+swapped instantiation the planner can offer compiles clean with a transposed stmatrix."""
+
+import re
+
+import pytest
+import torch
+
+from gemmlab import engine, engine2, planner, sass
+
+from fakes import launch_arg_types, ptx_param_types, unsigned
+
+
+def _swapped(M, N, K, **kw):
+    return [p for p in planner.candidates(M, N, K, swap_ab=True, **kw) if p.swap_ab]
+
+
+# What the planner offers ----------------------------------------------------------------------------------
+
+def test_swapped_plans_are_offered_where_they_apply(monkeypatch):
+    assert planner.SWAP_AB is True  # on by default since the H200 timed them (swap_probe.jsonl)
+    assert any(p.swap_ab for p in planner.candidates(16, 14336, 4096))
+    assert _swapped(16, 14336, 4096)
+    assert not _swapped(planner.SWAP_MAX_M + 1, 14336, 4096)  # past SWAP_MAX_M tokens
+    assert not _swapped(16, 14336, 4096, out_dtype="fp32")  # the transposed store writes 16-bit output
+    assert planner.swap_problem(16, "bf16") is None and "16-bit" in planner.swap_problem(16, "fp32")
+    monkeypatch.setattr(planner, "SWAP_AB", False)
+    assert not any(p.swap_ab for p in planner.candidates(16, 14336, 4096))
+
+
+@pytest.mark.parametrize("M", [1, 8, 16, 32])
+def test_few_tokens_prefer_a_swapped_plan(M):
+    """Up to SWAP_PREFER_M tokens the first candidate is swapped (the model's best of them), then the plain
+    ones; past it the model alone ranks both kinds."""
+    ps = planner.candidates(M, 14336, 4096)
+    n_swapped = sum(p.swap_ab for p in ps)
+    assert n_swapped and all(p.swap_ab for p in ps[:n_swapped])  # every swapped plan first
+    swapped = [p for p in ps if p.swap_ab]
+    assert swapped == sorted(swapped, key=lambda p: planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits,
+                                                                     p.bm, p.bn, p.stages))
+    assert planner.plan(M, 14336, 4096).swap_ab
+    assert not planner.plan(M, 14336, 4096, out_dtype="fp32").swap_ab  # none applies: the plain plan
+
+
+def test_past_the_preference_the_model_ranks_both():
+    M = planner.SWAP_PREFER_M + 32
+    ps = planner.candidates(M, 3072, 3072)
+    assert any(p.swap_ab for p in ps) and any(not p.swap_ab for p in ps)
+    keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in ps]
+    assert keys == sorted(keys)
+
+
+def test_the_module_flag_and_the_cache_keep_the_two_apart(monkeypatch):
+    monkeypatch.setattr(planner, "SWAP_AB", False)
+    before = planner.plan(16, 8192, 1024)
+    assert not before.swap_ab
+    monkeypatch.setattr(planner, "SWAP_AB", True)
+    p = planner.plan(16, 8192, 1024)  # the model prices the swapped 64 x 16 tiles ahead here
+    assert p.swap_ab and p.predicted_s < before.predicted_s
+    assert "swap AB" in repr(p) and "swap AB" not in repr(before)
+    r = engine.plan(16, 8192, 1024)  # gemmlab.plan: what matmul runs
+    assert r.kernel == "engine" and r.plan.swap_ab and "swap AB" in repr(r)
+    monkeypatch.setattr(planner, "SWAP_AB", False)
+    assert planner.plan(16, 8192, 1024) == before
+
+
+@pytest.mark.parametrize("M", [1, 7, 16, 33, 64])
+def test_swapped_plans_tile_the_transposed_problem(M):
+    N, K = 4104, 1000
+    ps = _swapped(M, N, K, schedules=planner.SCHEDULES)
+    assert {p.schedule for p in ps} >= {"data_parallel", "stream_k"}
+    for p in ps:
+        assert (p.M, p.N, p.K) == (M, N, K) and (p.kernel_m, p.kernel_n) == (N, M)
+        assert p.bn <= -(-M // 16) * 16 and p.bn % 16 == 0  # tokens as the wgmma's n, rounded to 16
+        assert p.tiles == -(-N // p.bm) * -(-M // p.bn)
+        assert p.a_rows == min(p.bm, -(-(N - (p.tiles_m - 1) * p.bm) // 8) * 8)  # weight rows of the last tile
+        assert p.template_args()[-1] == "true" and p.name_expression.endswith(", true>>")
+        box, tail, swz = p.store_boxes()
+        assert box == (64, 64) and swz == 128  # W tile columns = out rows of one 128-byte swizzle row
+        assert tail == ((p.bn % 64, 64) if p.bn % 64 else None)
+        # Priced as the transposed problem.
+        t = planner.plan_cost.predict_s(N, M, K, bm=p.bm, bn=p.bn, schedule=p.schedule, stages=p.stages,
+                                        splits=p.splits, sk_tiles=p.sk_tiles, sk_ctas=p.sk_ctas, prof=planner.H200)
+        assert p.predicted_s == t
+    plain = [p for p in planner.candidates(M, N, K) if not p.swap_ab]
+    assert all(p.template_args()[-1] == "false" for p in plain)
+    assert plain[0].store_boxes() == ((64, 64), ((64, plain[0].bn % 64) if plain[0].bn % 64 else None), 0)
+
+
+def test_swapped_operand_layouts_follow_the_kernel_operands():
+    # A stored (K, M) (a_mn) is the kernel's B: MN-major B needs 64-column boxes, so bn = 64 only.
+    ps = _swapped(64, 4096, 4096, a_mn=True)
+    assert ps and all(p.bn == 64 and p.kernel_b_mn and not p.kernel_a_mn for p in ps)
+    assert all(p.template_args()[6:8] == ("false", "true") for p in ps)
+    q = _swapped(16, 4096, 4096, b_mn=True)[0]  # B stored (K, N): the weight, the kernel's A, MN-major
+    assert q.kernel_a_mn and not q.kernel_b_mn and q.template_args()[6:8] == ("true", "false")
+
+
+# The launch ---------------------------------------------------------------------------------------------
+
+def test_launch_arguments_match_the_kernel_parameters(monkeypatch):
+    """engine2.launch of a swapped plan, captured on CPU tensors: the kernel's A map is over the weight
+    (N x K, bm rows), its B map over the tokens (M x K, bn rows), the C maps over the real out with 64-column
+    boxes of W out rows (128-byte swizzle, the tail too), the kernel's M x N = N x M, C's strides swapped,
+    every argument in the kernel's PTX parameter order and size."""
+    M, N, K = 33, 1000, 1024
+    p = next(c for c in _swapped(M, N, K, has_c=True, bias_dtype="bf16") if c.bn == 48)
+    captured = {}
+    monkeypatch.setattr(engine2, "compile_plan", lambda p: "compiled")
+    monkeypatch.setattr(engine2, "tensor_map_2d",
+                        lambda t, box, swizzle_bytes=128: ("tmap", t.data_ptr(), tuple(t.shape), tuple(box), swizzle_bytes))
+    monkeypatch.setattr(engine2, "_order", lambda tm, tn, dev: torch.zeros(tm * tn, dtype=torch.int32))
+    monkeypatch.setattr(engine2, "_launch", lambda compiled, **kw: captured.update(kw))
+    a, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+    out, c = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(N, M, dtype=torch.bfloat16).t()
+    engine2.launch(p, a, w.t(), out, beta=0.5, c=c, bias=torch.zeros(N, dtype=torch.bfloat16))
+    args = captured["args"]
+    assert launch_arg_types(args) == unsigned(ptx_param_types(planner.SOURCE, p.name_expression))
+    assert captured["grid"] == p.grid and captured["block"] == p.threads and captured["smem"] == p.smem_bytes
+    assert args[0] == ("tmap", w.data_ptr(), (N, K), (p.bm, 64), 128)
+    assert args[1] == ("tmap", w.data_ptr(), (N, K), (p.a_rows, 64), 128) and p.a_rows == 1000 - 960
+    assert args[2] == ("tmap", a.data_ptr(), (M, K), (p.bn, 64), 128)
+    assert args[4] == ("tmap", out.data_ptr(), (M, N), (48, 64), 128)  # tail piece: 48 out rows
+    assert [int(x) for x in args[6:9]] == [N, M, K]
+    assert (int(args[12]), int(args[13])) == (c.stride(1), c.stride(0)) == (M, 1)
+    assert int(args[16]) == out.stride(0) == N
+
+
+class _Recorder:
+    """jit.launch.Launcher / MapSlot stand-ins that record the parameter block."""
+
+    def __init__(self, monkeypatch):
+        rec = self
+        self.values, self.maps = {}, {}
+
+        class Launcher:
+            def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0):
+                self.kinds = kinds
+                self.lock = __import__("threading").Lock()
+                rec.launches = 0
+
+            def set_ptr(self, i, v):
+                rec.values[i] = v
+
+            set_i32 = set_i64 = set_f32 = set_ptr
+
+            def set_map(self, i, tmap):
+                rec.maps.setdefault(i, tmap)
+
+            def launch(self, stream):
+                rec.launches += 1
+
+        class MapSlot:
+            def __init__(self, launcher, index, ptr, rows, cols, stride, dtype, box, *, swizzle_bytes=128):
+                self.tmap = (rows, cols, stride, tuple(box), swizzle_bytes)
+                self.ptr = ptr
+                rec.maps[index] = self.tmap
+                rec.values[("map", index)] = ptr
+                self.index = index
+
+            def point_at(self, ptr):
+                rec.values[("map", self.index)] = ptr
+
+        monkeypatch.setattr(engine, "compile_kernel", lambda *a, **k: None)
+        monkeypatch.setattr(engine, "Launcher", Launcher)
+        monkeypatch.setattr(engine, "MapSlot", MapSlot)
+        monkeypatch.setattr(engine, "device_order_table", lambda *a: torch.zeros(4, dtype=torch.int32))
+        monkeypatch.setattr(engine, "_index", lambda device: 0)
+
+
+def test_prepared_launch_swaps_the_operands_and_only_addresses_change(monkeypatch):
+    """Engine2Launch (gemmlab.matmul's prepared path) for a swapped plan: the kernel's M, N are N, M, its A
+    map follows the weight and its B map the tokens from call to call, C's strides are swapped."""
+    rec = _Recorder(monkeypatch)
+    M, N, K = 16, 4096, 1024
+    p = _swapped(M, N, K, has_c=True)[0]
+    a, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+    out, c = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
+    call = engine.Engine2Launch(a, w.t(), out, bias=None, c=c, plan=p)
+    assert [rec.values[i] for i in (6, 7, 8)] == [N, M, K]
+    assert (rec.values[12], rec.values[13]) == (1, N)  # ldc_row, ldc_col: C(r = out column, c = out row)
+    assert rec.maps[engine._E2_A][:2] == (N, K) and rec.maps[engine._E2_A][3] == (p.bm, 64)
+    assert rec.maps[engine._E2_B][:2] == (M, K) and rec.maps[engine._E2_B][3] == (p.bn, 64)
+    assert rec.maps[engine._E2_C][:2] == (M, N) and rec.maps[engine._E2_C_TAIL][3:] == ((16, 64), 128)
+    a2, w2, out2 = a.clone(), w.clone(), out.clone()
+    call.run(0, a2, w2.t(), out2, None, c, 1.0, 0.5)
+    assert rec.launches == 1
+    assert rec.values[("map", engine._E2_A)] == w2.data_ptr() and rec.values[("map", engine._E2_B)] == a2.data_ptr()
+    assert rec.values[("map", engine._E2_C)] == out2.data_ptr() == rec.values[engine._E2_OUT]
+
+
+# Compiles (sm_90a, no GPU) --------------------------------------------------------------------------------
+
+def _check(p: planner.Plan) -> None:
+    ck = engine2.compile_plan(p)
+    summary = sass.kernel_summary(ck)
+    assert sass.check(engine2.sass_expect(p), summary, ck.resources) == [], p
+    assert engine2.hgmma_shapes(ck) == {f"64x{p.bn}x16.F32" + (".BF16" if p.dtype == "bf16" else "")}, p
+    assert not ck.resources.spills and ck.resources.stack_frame == 0, (p, ck.resources)
+    for needle in ("serialized", "C7510", "C7519"):
+        assert needle not in ck.log, f"{p}:\n{ck.log}"
+    text = sass.disassemble(ck.cubin, ck.mangled_name)
+    stsm = set(re.findall(r"\bSTSM\.\S+", text))
+    if p.schedule == "split_k":  # stores from its DSMEM reduction, no slab
+        assert not stsm, (p, stsm)
+    else:  # the transposed stmatrix (MT88) only, for TMA and DIRECT stores alike
+        assert stsm and all(".MT88" in s for s in stsm), (p, stsm)
+
+
+def _offered(heavy_too: bool):
+    """One swapped plan per (tile, schedule, epilogue) the planner offers at M = 1 .. 64, plain (bf16 out,
+    TMA) and heavy (beta * C, bias, gelu, DIRECT, fp16)."""
+    variants = [{}]
+    if heavy_too:
+        variants.append(dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True, dtype="fp16"))
+    seen = {}
+    for kw in variants:
+        for M in (1, 16, 33, 48, 64):
+            for N, K in ((4104, 4096), (14336, 4096), (1000, 14336)):
+                for p in _swapped(M, N, K, schedules=planner.SCHEDULES, **kw):
+                    seen.setdefault((p.bm, p.bn, p.schedule, tuple(sorted(kw))), p)
+    return list(seen.values())
+
+
+REPRESENTATIVE = [(64, 16, "data_parallel", {}), (64, 48, "stream_k", {}), (64, 32, "split_k", {}),
+                  (64, 64, "pingpong", {}), (128, 64, "data_parallel", {}), (64, 16, "split_k_global", {}),
+                  (64, 48, "data_parallel", dict(has_c=True, bias_dtype="bf16", activation="silu", direct=True)),
+                  (64, 16, "data_parallel", dict(dtype="fp16", direct=True))]
+
+
+@pytest.mark.parametrize("bm, bn, schedule, kw", REPRESENTATIVE,
+                         ids=[f"{r[0]}x{r[1]}-{r[2]}-{'-'.join(r[3])}" for r in REPRESENTATIVE])
+def test_representative_swapped_plans_compile_clean(bm, bn, schedule, kw):
+    M = {16: 16, 32: 32, 48: 33, 64: 64}[bn]
+    N = 14336 if schedule == "pingpong" else 4104  # ping-pong needs more tiles than SMs
+    p = next(c for c in _swapped(M, N, 4096, schedules=planner.SCHEDULES, **kw)
+             if (c.bm, c.bn, c.schedule) == (bm, bn, schedule))
+    _check(p)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("p", _offered(heavy_too=True), ids=lambda p: p.compiled_name)
+def test_every_swapped_plan_the_planner_offers_compiles_clean(p):
+    _check(p)
