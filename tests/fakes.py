@@ -9,6 +9,7 @@ import types
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gemmlab import ops
 
@@ -158,6 +159,18 @@ def forget() -> None:
     nn = sys.modules.get("gemmlab.nn")
     if nn is not None:
         nn.clear_routes()
+
+
+class OpRecorder(TorchDispatchMode):
+    """A dispatch mode that records the names of the ops it sees (``ops``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def rnd(*shape, dtype=BF16, device="cpu", gen=None):
