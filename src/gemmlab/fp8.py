@@ -235,7 +235,8 @@ class _Prepared:
 
             plan = plan_for(a, b, scale_a, scale_b, out_dtype=p.out_dtype, bias=bias, activation=activation)
             example = torch.empty(self.shape, dtype=p.out_dtype, device=a.device)
-            self.launch = engine2.Fp8Launch(plan, a, b.t(), scale_a, scale_b, example, bias=bias)
+            with ops._on_device(a.device):  # the kernel loads and its smem limit is set on a's device
+                self.launch = engine2.Fp8Launch(plan, a, b.t(), scale_a, scale_b, example, bias=bias)
 
     def __call__(self, a, b, scale_a, scale_b, bias) -> torch.Tensor:
         if self.launch is None:
