@@ -9,6 +9,10 @@ No CUDA graphs anywhere here: graph replay hides the host path, which is what th
 - ``--breakdown``: the stages of gemmlab's path, each timed alone over many repetitions.
 - ``--mechanisms``: the building blocks a launch can be made of (launch interfaces, stream lookup,
   descriptor encoding and address replacement, allocation, custom-op dispatch), each timed alone.
+- ``--fp8``: ``gemmlab.scaled_mm`` per scale mode (per-tensor; 1 x 128 / 128 x 128 blocks with MN-major
+  scales, read in place; the same with row-major scales, A's re-laid every call) against
+  ``torch._scaled_mm`` and ``torch.mm``, host and wall (kind "fp8"); with ``--device cpu`` gemmlab's side
+  alone, launches stubbed (the Python path of the prepared call, of the op, and of ``fp8.gemm``).
 - ``--linear``: a decoder's pattern (issue 17): ``gemmlab.patch``ed ``nn.Linear`` against ``nn.Linear`` on a
   3-D input, a fresh input tensor every call (new data pointers), the weight a Parameter: host time of a
   forward under inference_mode, of a forward with grad, and of forward + backward (dx and dW), GPU kept busy;
@@ -22,7 +26,7 @@ No CUDA graphs anywhere here: graph replay hides the host path, which is what th
 Every record carries the git sha, GPU, SM clock and both sides' numbers; they are appended as JSON lines
 to ``--out`` (default ``benchmarks/results/eager.jsonl``).
 
-    python benchmarks/eager_host.py [--breakdown] [--mechanisms] [--out PATH]
+    python benchmarks/eager_host.py [--breakdown] [--mechanisms] [--fp8 --no-calls] [--out PATH]
 """
 
 from __future__ import annotations
@@ -473,13 +477,97 @@ def _linear_stages(ref, ours, x) -> dict[str, float]:
     return out_us
 
 
+FP8_SHAPES = ((16, 4096, 4096), (128, 4096, 4096), (2048, 4096, 4096))  # fp8_eager.jsonl's probe shapes
+
+
+def _fp8_operands(M: int, N: int, K: int, device: str) -> dict:
+    """e4m3 operands of (M, K) and (N, K), and scales per mode: "tensor" (0-dim), "block_mn" (1 x 128 /
+    128 x 128, MN-major as ``fp8.quantize_blocks`` stores them: read in place), "block_row" (the same
+    values row-major: A's re-laid on every call)."""
+    from gemmlab import fp8
+
+    x, w = torch.randn(M, K, device=device), torch.randn(N, K, device=device)
+    (a, sa), (q, sb) = fp8.quantize_per_tensor(x), fp8.quantize_per_tensor(w)
+    (ab, sab), (qb, sbb) = fp8.quantize_blocks(x, 1), fp8.quantize_blocks(w, 128)
+    return {"tensor": (a, q.t(), sa, sb), "block_mn": (ab, qb.t(), sab, sbb),
+            "block_row": (ab, qb.t(), sab.contiguous(), sbb.contiguous())}
+
+
+def _stub_fp8() -> None:
+    """``gemmlab.scaled_mm``'s host path on CPU tensors with nothing launched: the eager path taken (as
+    for CUDA tensors), the prepared launch and ``launch_fp8`` no-ops (no descriptors, no driver)."""
+    from gemmlab import engine2, fp8, ops
+
+    class NoLaunch:
+        def __init__(self, p, a, w, sa, sb, out, *, bias):
+            pass
+
+        def run(self, stream, a, b, sa, sb, out, bias):
+            pass
+
+    engine2.Fp8Launch, engine2.launch_fp8 = NoLaunch, (lambda *args, **kw: None)
+    fp8._runs_here, ops._stream, ops._fast_device = (lambda a: True), (lambda dev: 7), (lambda a: True)
+
+
+def fp8_records(device: str, out: str, reps: int) -> list[dict]:
+    """Host (GPU kept busy) and wall (idle GPU, back to back) microseconds per eager call of
+    ``gemmlab.scaled_mm`` per scale mode against ``torch._scaled_mm`` (per-tensor scales; on the H200's
+    torch it takes no 1 x 128 / 128 x 128 blocks) and ``torch.mm`` in bf16, interleaved, the best turn of
+    ``reps`` for host and the median for wall; then the op as torch.compile calls it and ``fp8.gemm``
+    (validation and planning every call, the unprepared launch). ``device`` cpu: gemmlab's side alone
+    with the launches stubbed (``_stub_fp8``), the minimum of CPU_ROUNDS rounds of 100 calls."""
+    from gemmlab import fp8
+    from gemmlab.timer import eager_host_us, eager_wall_us
+
+    cpu = device == "cpu"
+    if cpu:
+        _stub_fp8()
+    recs = []
+    for M, N, K in FP8_SHAPES:
+        ops_ = _fp8_operands(M, N, K, device)
+        sides = {f"scaled_mm {mode}": (lambda t=t: gemmlab.scaled_mm(*t)) for mode, t in ops_.items()}
+        a, b, sa, sb = ops_["tensor"]
+        sides["op (torch.ops.gemmlab.scaled_mm) tensor"] = lambda: torch.ops.gemmlab.scaled_mm(a, b, sa, sb, None,
+                                                                                                 None, None)
+        sides["fp8.gemm tensor (validate, plan, unprepared launch)"] = lambda: fp8.gemm(a, b, sa, sb)
+        if not cpu:
+            abf, wbf = _rand(M, K), _rand(N, K)
+            sides["torch._scaled_mm tensor"] = lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+            sides["torch.mm bf16"] = lambda: torch.mm(abf, wbf.t())
+        for f in sides.values():  # warm: prepared calls, compiles, cuBLAS
+            for _ in range(3):
+                f()
+        host = {k: [] for k in sides}
+        wall = {k: [] for k in sides}
+        for _ in range(CPU_ROUNDS if cpu else reps):
+            for k, f in sides.items():
+                if cpu:
+                    host[k].append(_median_us(f, reps=1, inner=100))
+                else:
+                    host[k].append(eager_host_us(f, calls=50, rounds=1))
+                    wall[k].append(eager_wall_us(f, calls=50, rounds=1))
+        head = _common("fp8") if not cpu else {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                                "git_sha": git_sha(), "gpu": None, "suite": "eager", "kind": "fp8"}
+        rec = dict(head, device="cpu-stub" if cpu else "cuda", M=M, N=N, K=K, stat="min host" if cpu else
+                   "min host, median wall", rounds=CPU_ROUNDS if cpu else reps,
+                   host_us={k: min(v) for k, v in host.items()},
+                   wall_us=None if cpu else {k: statistics.median(v) for k, v in wall.items()})
+        recs.append(rec)
+        append_records(out, [rec])
+        for k in sides:
+            print(f"  {M:>5} x {N} x {K}  {k:<55} host {rec['host_us'][k]:7.1f} us"
+                  + ("" if cpu else f"  wall {rec['wall_us'][k]:7.1f} us"), flush=True)
+    return recs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results/eager.jsonl")
     ap.add_argument("--breakdown", action="store_true", help="time gemmlab's path stage by stage")
     ap.add_argument("--mechanisms", action="store_true", help="time the launch building blocks")
     ap.add_argument("--linear", action="store_true", help="patched nn.Linear vs nn.Linear, a decoder's pattern")
-    ap.add_argument("--device", default="cuda", help="cpu: --linear's gemmlab side with the launches stubbed")
+    ap.add_argument("--fp8", action="store_true", help="gemmlab.scaled_mm per scale mode vs torch._scaled_mm")
+    ap.add_argument("--device", default="cuda", help="cpu: --linear's / --fp8's gemmlab side, launches stubbed")
     ap.add_argument("--no-calls", action="store_true", help="skip the per-call and stack measurements")
     ap.add_argument("--stack-only", action="store_true", help="of the per-call and stack measurements, the stack only")
     ap.add_argument("--dtypes", default="bfloat16,float16")
@@ -493,6 +581,9 @@ def main(argv=None) -> int:
     if args.linear:
         print(f"== linear ({args.device})", flush=True)
         linear_records(args.device, args.out)  # (appended as measured)
+    if args.fp8:
+        print(f"== fp8 ({args.device})", flush=True)
+        fp8_records(args.device, args.out, args.reps)  # (appended as measured)
     if args.mechanisms:
         print("== mechanisms", flush=True)
         recs += mechanism_records()

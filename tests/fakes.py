@@ -9,6 +9,7 @@ import types
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gemmlab import ops
 
@@ -160,6 +161,138 @@ def forget() -> None:
         nn.clear_routes()
 
 
+class OpRecorder(TorchDispatchMode):
+    """A dispatch mode that records the names of the ops it sees (``ops``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def rnd(*shape, dtype=BF16, device="cpu", gen=None):
     """Fresh uniform values in [-1, 1) (never zeros), made in fp32 and cast."""
     return (torch.rand(*shape, generator=gen, device=device, dtype=FP32) * 2 - 1).to(dtype)
+
+
+# FP8: scaled_mm's launches on CPU tensors ---------------------------------------------------------------
+
+_OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def check_fp8_call(p, a, w, sa, sb, out, bias) -> None:
+    """What an FP8 launch is given must be what its plan ``p`` is for: a (M, K), the (N, K) K-major weight,
+    out (M, N) in the plan's dtype, the bias and scale mode the plan says."""
+    assert a.shape == (p.M, p.K) and w.shape == (p.N, p.K) and w.stride(1) == 1
+    assert out.shape == (p.M, p.N) and out.dtype == _OUT_DTYPES[p.out_dtype]
+    assert (bias is None) == (p.bias_dtype is None) and p.scale == ("tensor" if sa.numel() == 1 else "block")
+
+
+def fake_fp8_launches(monkeypatch):
+    """``gemmlab.scaled_mm`` on CPU tensors: the device test passes, ``engine2.launch_fp8`` (``fp8.gemm``)
+    and ``engine2.Fp8Launch`` (the prepared calls) check what they are given against their plan and write
+    the float64 reference into ``out``. Returns a namespace: ``ran`` (the plans launched, both paths),
+    ``prepared`` (the plans Fp8Launch was built for), ``runs`` (each prepared run's stream and tensors)."""
+    from gemmlab import engine2, fp8
+
+    rec = types.SimpleNamespace(ran=[], prepared=[], runs=[])
+
+    def launch(p, a, w, sa, sb, out, *, bias=None):
+        check_fp8_call(p, a, w, sa, sb, out, bias)
+        out.copy_(fp8.reference_scaled_mm(a, w.t(), sa, sb, bias=bias, activation=p.activation))
+        rec.ran.append(p)
+
+    class Fp8Launch:
+        def __init__(self, p, a, w, sa, sb, out, *, bias):
+            check_fp8_call(p, a, w, sa, sb, out, bias)
+            self.plan = p
+            rec.prepared.append(p)
+
+        def run(self, stream, a, b, sa, sb, out, bias):  # scaled_mm passes b = w.t()
+            rec.runs.append(dict(stream=stream, a=a, b=b, sa=sa, sb=sb, out=out, bias=bias))
+            launch(self.plan, a, b.t(), sa, sb, out, bias=bias)
+
+    monkeypatch.setattr(fp8, "_runs_here", lambda a: True)
+    monkeypatch.setattr(ops, "_stream", lambda dev: 7)
+    monkeypatch.setattr(engine2, "launch_fp8", launch)
+    monkeypatch.setattr(engine2, "Fp8Launch", Fp8Launch)
+    fp8.clear_prepared_calls()
+    return rec
+
+
+class FakeTmap:
+    """A descriptor as a prepared launch builds it: its geometry, and the address it holds now."""
+
+    def __init__(self, ptr, rows, cols, row_stride_elems, dtype, box, swizzle_bytes):
+        self.geometry = dict(rows=rows, cols=cols, row_stride=row_stride_elems, dtype=dtype, box=tuple(box),
+                             swizzle=swizzle_bytes)
+        self.ptr = ptr
+
+
+class FakeMapSlot:
+    """Stands in for ``jit.launch.MapSlot`` (no driver): a ``FakeTmap`` whose address ``point_at`` replaces
+    (counted in ``replaced``) when it changes."""
+
+    def __init__(self, launcher, index, ptr, rows, cols, row_stride_elems, dtype, box, *, swizzle_bytes=128):
+        self.tmap = FakeTmap(ptr, rows, cols, row_stride_elems, dtype, box, swizzle_bytes)
+        self.replaced = 0
+        launcher.set_map(index, self.tmap)
+
+    def point_at(self, ptr):
+        if ptr != self.tmap.ptr:
+            self.tmap.ptr = ptr
+            self.replaced += 1
+
+
+class FakeLauncher:
+    """Stands in for ``jit.launch.Launcher`` (no driver): keeps each parameter as set, and ``launch``
+    records (stream, the parameters then: ("tmap", geometry, address) for descriptors, (kind, value) for
+    the rest) in ``launches``."""
+
+    def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index):
+        import threading
+
+        self.compiled, self.kinds = compiled, tuple(kinds)
+        self.config = dict(grid=grid, block=block, smem=smem, cluster=cluster)
+        self.values = [None] * len(self.kinds)
+        self.lock = threading.Lock()
+        self.launches = []
+
+    def set_ptr(self, i, v):
+        self.values[i] = ("ptr", int(v))
+
+    def set_i32(self, i, v):
+        self.values[i] = ("i32", int(v))
+
+    def set_i64(self, i, v):
+        self.values[i] = ("i64", int(v))
+
+    def set_f32(self, i, v):
+        self.values[i] = ("f32", float(v))
+
+    def set_map(self, i, tmap):
+        self.values[i] = tmap
+
+    def launch(self, stream):
+        assert all(v is not None for v in self.values), "a parameter was never set"
+        self.launches.append((stream, [("tmap", v.geometry, v.ptr) if isinstance(v, FakeTmap) else v
+                                       for v in self.values]))
+
+
+def fake_driver(monkeypatch, *modules):
+    """The prepared launches of ``modules`` (e.g. gemmlab.engine, gemmlab.engine2) on CPU: their
+    ``Launcher`` and ``MapSlot`` replaced by the fakes above. Returns the launchers built (a list)."""
+    built = []
+
+    class Launcher(FakeLauncher):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            built.append(self)
+
+    for m in modules:
+        monkeypatch.setattr(m, "Launcher", Launcher, raising=False)
+        monkeypatch.setattr(m, "MapSlot", FakeMapSlot, raising=False)
+    return built

@@ -17,6 +17,7 @@ import gemmlab
 from gemmlab import engine2, fp8, planner, sass
 from gemmlab.errors import UnsupportedProblem
 
+import fakes
 from fakes import launch_arg_types, ptx_param_types, unsigned
 
 
@@ -404,21 +405,11 @@ def test_block_scale_registers_cover_every_tile():
 
 @pytest.fixture
 def fake_launch(monkeypatch):
-    """fp8.gemm runs on CPU tensors with engine2.launch_fp8 replaced by a fake that checks what it is
-    given against its plan and writes the float64 reference into ``out``; yields the plans it ran."""
-    ran = []
-
-    def launch(p, a, w, sa, sb, out, *, bias=None):
-        assert a.shape == (p.M, p.K) and w.shape == (p.N, p.K) and w.stride(1) == 1  # K-major weight
-        assert out.shape == (p.M, p.N) and out.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16,
-                                                         "fp32": torch.float32}[p.out_dtype]
-        assert (bias is None) == (p.bias_dtype is None) and p.scale == ("tensor" if sa.numel() == 1 else "block")
-        out.copy_(fp8.reference_scaled_mm(a, w.t(), sa, sb, bias=bias, activation=p.activation))
-        ran.append(p)
-
-    monkeypatch.setattr(fp8, "_runs_here", lambda a: True)
-    monkeypatch.setattr(engine2, "launch_fp8", launch)
-    yield ran
+    """fp8.gemm and the prepared calls run on CPU tensors, their launches replaced by fakes that check what
+    they are given against the plan and write the float64 reference into ``out`` (tests/fakes.py);
+    yields the plans they ran."""
+    yield fakes.fake_fp8_launches(monkeypatch).ran
+    fp8.clear_prepared_calls()
 
 
 @pytest.mark.parametrize("block", [False, True])

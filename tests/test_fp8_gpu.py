@@ -3,7 +3,9 @@ Hopper GPU: per-tensor and 1x128 / 128x128 block scales against a float64 refere
 inputs on random shapes (ragged M, N; K not a multiple of 128 for per-tensor), every tile height and
 straddling widths (every column phase), split promotion (128 x 256), outputs poisoned with NaN inside a
 NaN frame, NaN inputs and scales propagating, the promotion's precision at K = 16384, bias / activation /
-fp32 output, torch.compile, and agreement with torch._scaled_mm. Run on the H200 at 6417c0c and 8bae228 (all passed at the second).
+fp32 output, torch.compile, and agreement with torch._scaled_mm; the eager path's prepared launches with
+fresh tensors every call, on a side stream, and captured in a CUDA graph. Run on the H200 at 6417c0c and
+8bae228 (all passed at the second).
 """
 import dataclasses
 
@@ -276,3 +278,40 @@ def test_traces_under_torch_compile():
     compiled = torch.compile(f, fullgraph=True)
     out = compiled(a, q.t(), sa, sb, bias)
     assert torch.equal(out, f(a, q.t(), sa, sb, bias))
+
+
+# The eager path (engine2.Fp8Launch kept per metadata key) ------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["tensor", "block_mn", "block_row"])
+def test_eager_calls_follow_fresh_tensors(layout):
+    """Repeat eager calls of one key with fresh operands, scales, bias and outputs each time (new
+    addresses for every descriptor) match the float64 reference every time, on the default stream and on
+    a side stream."""
+    scale = "tensor" if layout == "tensor" else "block"
+    stream = torch.cuda.Stream()
+    for i in range(4):
+        a, q, sa, sb = _operands(300, 520, 512, scale, seed=i)
+        if layout == "block_row":
+            sa, sb = sa.contiguous(), sb.contiguous()
+        bias = torch.randn(520, device="cuda").to(torch.bfloat16)
+        with torch.cuda.stream(stream if i % 2 else torch.cuda.current_stream()):
+            out = gemmlab.scaled_mm(a, q.t(), sa, sb, bias=bias, activation="silu")
+        torch.cuda.synchronize()
+        ref = fp8.reference_scaled_mm(a, q.t(), sa, sb, bias=bias, activation="silu")
+        assert rel_error(out, ref) < TOL["bf16"], (layout, i)
+    assert sum(k[0][0] == (300, 512) for k in fp8._PREPARED) >= 1
+
+
+@pytest.mark.parametrize("scale", planner.FP8_SCALES)
+def test_eager_call_captured_in_a_cuda_graph_replays_like_eager(scale):
+    a, q, sa, sb = _operands(200, 384, 512, scale, seed=7)
+    sa = sa.contiguous() if scale == "block" else sa  # block: A's scales re-laid inside the graph too
+    want = gemmlab.scaled_mm(a, q.t(), sa, sb)  # warm-up: compiled and prepared outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = gemmlab.scaled_mm(a, q.t(), sa, sb)
+    a2, q2, sa2, sb2 = _operands(200, 384, 512, scale, seed=8)
+    a.copy_(a2), q.copy_(q2), sa.copy_(sa2.contiguous() if scale == "block" else sa2), sb.copy_(sb2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, gemmlab.scaled_mm(a, q.t(), sa, sb)) and not torch.equal(out, want)

@@ -15,14 +15,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import gemmlab
 from gemmlab import matmul_suites, ops
 from gemmlab.bench import poison_, rel_error
 from gemmlab.errors import GemmlabError, NoGPUError, UnsupportedProblem
 
-from fakes import act_reference, reference, rnd  # noqa: F401 - on_cpu (conftest) is the fixture built on them
+from fakes import OpRecorder, act_reference, reference, rnd  # noqa: F401 - on_cpu (conftest) is the fixture built on them
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 TOL = {BF16: 1e-2, FP16: 5e-3, FP32: 1e-3}  # by output dtype (half inputs); fp32 inputs+output: 1e-5
@@ -474,23 +473,11 @@ def test_eager_bad_input_raises_and_prepares_nothing(eager_cpu):
     assert not eager_cpu.engine.prepared and not ops._CALLS.calls
 
 
-class _Recorder(TorchDispatchMode):
-    """A dispatch mode that records the ops it sees."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_autograd_and_dispatch_modes_take_the_op(eager_cpu):
     """What must see the op (a dispatch mode) never takes the eager path; a call that needs a gradient
     takes it inside gemmlab.autograd's Function (the op's backward formula)."""
     a, b = rnd(8, 32), rnd(32, 16)
-    with _Recorder() as rec:
+    with OpRecorder() as rec:
         gemmlab.matmul(a, b)
     assert any("gemmlab.matmul" in name for name in rec.ops)
     y = gemmlab.matmul(a.requires_grad_(), b)
@@ -616,7 +603,7 @@ def test_linear_fast_path_steps_aside_for_modes_and_gradients(eager_cpu):
     with torch.no_grad():
         gemmlab.linear(x, w)
         gemmlab.linear(x, w)
-        with _Recorder() as rec:
+        with OpRecorder() as rec:
             gemmlab.linear(x, w)
     assert any("gemmlab.matmul" in name for name in rec.ops)
     xg = x.clone().requires_grad_()

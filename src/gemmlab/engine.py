@@ -732,6 +732,56 @@ class H11Launch:
             L.launch(stream)
 
 
+class OutputMaps:
+    """The two output descriptors of the engine kernels (``gemm.cu`` and ``gemm_fp8.cu``), following
+    ``out``'s address: the full store piece's box and the tail piece's (else the first map again). A
+    DIRECT plan never touches them: both parameters get ``stand_in`` (A's ``MapSlot``), and nothing
+    follows ``out``."""
+
+    __slots__ = ("c", "tail")
+
+    def __init__(self, launcher: Launcher, i_c: int, i_tail: int, out: torch.Tensor, boxes, direct: bool,
+                 stand_in: MapSlot):
+        """``boxes``: (full piece's box, tail piece's box or None, the tail's swizzle bytes), as
+        ``planner.Plan.store_boxes`` gives them (``store_boxes`` below for a plain row-major store)."""
+        self.c = self.tail = None
+        if direct:
+            launcher.set_map(i_c, stand_in.tmap)
+            launcher.set_map(i_tail, stand_in.tmap)
+            return
+        M, N = out.shape
+        box, tail, tail_swizzle = boxes
+        self.c = MapSlot(launcher, i_c, out.data_ptr(), M, N, out.stride(0), out.dtype, box)
+        if tail:
+            self.tail = MapSlot(launcher, i_tail, out.data_ptr(), M, N, out.stride(0), out.dtype, tail,
+                                swizzle_bytes=tail_swizzle)
+        else:
+            launcher.set_map(i_tail, self.c.tmap)
+
+    def point_at(self, ptr: int) -> None:
+        if self.c is not None:
+            self.c.point_at(ptr)
+            if self.tail is not None:
+                self.tail.point_at(ptr)
+
+
+def store_boxes(bn: int, out: torch.Tensor) -> tuple:
+    """A row-major tile store's boxes over ``out``: 64 x piece (piece: 32 fp32 or 64 16-bit columns, one
+    128-byte swizzle row) and, where ``bn`` is no multiple of piece, an unswizzled 64 x (bn % piece) tail."""
+    piece = 32 if out.element_size() == 4 else 64
+    return (64, piece), ((64, bn % piece) if bn % piece else None), 0
+
+
+def point_maps(launch, pa: int, pb: int, po: int) -> None:
+    """Point a prepared engine-kernel launch's operand descriptors (``map_a``, ``map_a_short``, ``map_b``,
+    ``maps_c``: ``Engine2Launch``'s and ``engine2.Fp8Launch``'s) at A, B and the output's addresses."""
+    launch.map_a.point_at(pa)
+    if launch.map_a_short is not launch.map_a:
+        launch.map_a_short.point_at(pa)
+    launch.map_b.point_at(pb)
+    launch.maps_c.point_at(po)
+
+
 # The engine kernel's parameters, in order (engine_gemm in kernels/engine/gemm.cu).
 _E2_PARAMS = ("tmap", "tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "f32", "f32", "ptr", "i64", "i64",
               "ptr", "ptr", "i64", "i32", "i32", "i32", "i32", "ptr", "ptr")
@@ -789,17 +839,7 @@ class Engine2Launch:
                                                            (p.a_rows, BK))
         L.set_map(_E2_A_SHORT, self.map_a_short.tmap)
         self.map_b = MapSlot(L, _E2_B, pb, *tb.shape, tb.stride(0), tb.dtype, (BK, 64) if b_mn else (p.bn, BK))
-        box, tail, tail_swizzle = p.store_boxes()
-        if direct:  # DIRECT never touches the C maps: they get A's
-            self.map_c = self.map_c_tail = None
-            L.set_map(_E2_C, self.map_a.tmap)
-            L.set_map(_E2_C_TAIL, self.map_a.tmap)
-        else:
-            self.map_c = MapSlot(L, _E2_C, out.data_ptr(), *out.shape, out.stride(0), out.dtype, box)
-            self.map_c_tail = (MapSlot(L, _E2_C_TAIL, out.data_ptr(), *out.shape, out.stride(0), out.dtype, tail,
-                                       swizzle_bytes=tail_swizzle) if tail else None)
-            if not tail:
-                L.set_map(_E2_C_TAIL, self.map_c.tmap)
+        self.maps_c = OutputMaps(L, _E2_C, _E2_C_TAIL, out, p.store_boxes(), direct, self.map_a)
         self.stream_k = p.schedule in planner.STREAMED
         if self.stream_k:  # grown now, before any graph capture of a later call could need it to grow
             stream_k_workspace(p, dev, raw_stream(dev))
@@ -812,16 +852,8 @@ class Engine2Launch:
         ws = stream_k_workspace(self.plan, self.dev, stream) if self.stream_k else None
         L = self.launcher
         with L.lock:
-            pa = ta.data_ptr()
-            self.map_a.point_at(pa)
-            if self.map_a_short is not self.map_a:
-                self.map_a_short.point_at(pa)
-            self.map_b.point_at(tb.data_ptr())
             po = out.data_ptr()
-            if self.map_c is not None:
-                self.map_c.point_at(po)
-                if self.map_c_tail is not None:
-                    self.map_c_tail.point_at(po)
+            point_maps(self, ta.data_ptr(), tb.data_ptr(), po)
             L.set_f32(_E2_ALPHA, alpha)
             L.set_f32(_E2_BETA, beta)
             L.set_ptr(_E2_CIN, c.data_ptr() if self.has_c else po)

@@ -16,11 +16,13 @@ import numpy as np
 import torch
 
 from . import planner
-from .engine import _operand, _operand_mn, _tma_ok, c_strides, kernel_operands, stream_k_workspace
+from .engine import (OutputMaps, _index, _operand, _operand_mn, _tma_ok, c_strides, kernel_operands, point_maps,
+                     store_boxes, stream_k_workspace)
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
+from .jit.launch import Launcher, MapSlot, tensor_map_2d
 from .jit.launch import launch as _launch
-from .jit.launch import tensor_map_2d
+from .schedule import device_order_table
 
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
@@ -250,3 +252,87 @@ def qgmma_shapes(compiled) -> set[str]:
 
     text = disassemble(compiled.cubin, compiled.mangled_name)
     return set(re.findall(r"QGMMA\.(\d+x\d+x\d+\.F32\.E4M3\.E4M3)\b", text))
+
+
+# The FP8 kernel's parameters, in order (engine_gemm_fp8 in kernels/engine/gemm_fp8.cu), for Fp8Launch.
+FP8_PARAMS = ("tmap", "tmap", "tmap", "tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "ptr", "ptr", "ptr",
+              "ptr", "i64", "i32")
+_F8_A, _F8_A_SHORT, _F8_B, _F8_C, _F8_C_TAIL, _F8_SA_MAP, _F8_SB_MAP = range(7)
+_F8_SA, _F8_SB, _F8_BIAS, _F8_OUT = 11, 12, 13, 14
+
+
+class Fp8Launch:
+    """``launch_fp8`` prepared once, as ``engine.Engine2Launch`` is for the bf16 kernel: the instantiation,
+    the parameter block, descriptors that follow the tensors passed to ``run`` (address replacement,
+    only when an address changed) and the tile order. ``gemmlab.scaled_mm`` keeps one per metadata key.
+
+    Built from tensors with the metadata of every later call's (shapes, strides, dtypes, device, 16-byte
+    alignment of the addresses; the caller keys on them), arguments as ``launch_fp8``'s. Block scales are
+    read where they are when ``block_scales_mn_major`` takes them in place; otherwise each ``run`` re-lays
+    them into a buffer from torch's allocator (stream-ordered, and a CUDA graph's pool during capture, so
+    calls on other streams and graphs never share it; the allocator hands the same block back call after
+    call, so the descriptor's address rarely changes)."""
+
+    def __init__(self, p: planner.Fp8Plan, a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor,
+                 scale_b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None):
+        M, K = a.shape
+        N = w.shape[0]
+        if (M, N, K) != (p.M, p.N, p.K) or w.shape[1] != K:
+            raise UnsupportedProblem(f"plan is for {p.M}x{p.N}x{p.K}, the operands are {M}x{N}x{K}")
+        if p.direct == _tma_ok(out) or (bias is not None) != (p.bias_dtype is not None):
+            raise UnsupportedProblem(f"plan {p!r} does not match the output's alignment or the bias")
+        self.plan = p
+        self.has_bias = bias is not None
+        self.block = p.scale == "block"
+        dev = self.dev = _index(a.device)
+        la = p.launch_args()
+        L = self.launcher = Launcher(compile_fp8_plan(p), FP8_PARAMS, grid=la["grid"], block=la["block"],
+                                     smem=la["smem"], cluster=la["cluster"], device_index=dev)
+        self.order = device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, a.device)
+        L.set_ptr(7, self.order.data_ptr())
+        for i, v in ((8, M), (9, N), (10, K), (16, p.a_rows)):
+            L.set_i32(i, v)
+        L.set_i64(15, out.stride(0))
+        u8 = torch.uint8  # TMA moves bytes; the wgmma reads them as e4m3
+        self.map_a = MapSlot(L, _F8_A, a.data_ptr(), M, K, a.stride(0), u8, (p.bm, planner.FP8_BK))
+        self.map_a_short = self.map_a if p.a_rows == p.bm else MapSlot(L, _F8_A_SHORT, a.data_ptr(), M, K, a.stride(0),
+                                                                     u8, (p.a_rows, planner.FP8_BK))
+        L.set_map(_F8_A_SHORT, self.map_a_short.tmap)
+        self.map_b = MapSlot(L, _F8_B, w.data_ptr(), N, K, w.stride(0), u8, (p.bn, planner.FP8_BK))
+        self.maps_c = OutputMaps(L, _F8_C, _F8_C_TAIL, out, store_boxes(p.bn, out), p.direct, self.map_a)
+        self.map_sa = self.map_sb = None
+        if self.block:  # per k-step one TMA box of each scale tensor's (K / 128, rows) view
+            self.map_sa, self.sa_in_place = self._scale_map(_F8_SA_MAP, scale_a, (1, p.bm))
+            self.map_sb, self.sb_in_place = self._scale_map(_F8_SB_MAP, scale_b, (1, 8))
+        else:
+            L.set_map(_F8_SA_MAP, self.map_a.tmap)
+            L.set_map(_F8_SB_MAP, self.map_a.tmap)
+
+    def _scale_map(self, index: int, scale: torch.Tensor, box: tuple[int, int]) -> tuple[MapSlot, bool]:
+        """The descriptor of a block-scale tensor's MN-major view, and whether that view is the tensor
+        itself (else ``run`` re-lays it every call)."""
+        view = block_scales_mn_major(scale)
+        slot = MapSlot(self.launcher, index, view.data_ptr(), *view.shape, view.stride(0), torch.float32, box,
+                       swizzle_bytes=0)
+        return slot, view.data_ptr() == scale.data_ptr()
+
+    def run(self, stream: int, a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+            out: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Launch on ``stream`` (a raw handle) for tensors with the metadata this launch was built for;
+        ``w`` is the (N, K) weight or ``b = w.t()`` (only its address is read)."""
+        sa = sb = None
+        if self.block:  # kept alive until the launch is enqueued
+            sa = scale_a if self.sa_in_place else block_scales_mn_major(scale_a)
+            sb = scale_b if self.sb_in_place else block_scales_mn_major(scale_b)
+        L = self.launcher
+        with L.lock:
+            po = out.data_ptr()
+            point_maps(self, a.data_ptr(), w.data_ptr(), po)
+            if sa is not None:
+                self.map_sa.point_at(sa.data_ptr())
+                self.map_sb.point_at(sb.data_ptr())
+            L.set_ptr(_F8_SA, scale_a.data_ptr())
+            L.set_ptr(_F8_SB, scale_b.data_ptr())
+            L.set_ptr(_F8_BIAS, bias.data_ptr() if self.has_bias else po)
+            L.set_ptr(_F8_OUT, po)
+            L.launch(stream)

@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from . import planner
+from . import ops, planner
 from .errors import UnsupportedProblem
 
 E4M3 = torch.float8_e4m3fn
@@ -182,7 +182,13 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
     == 0). out_dtype: bf16 (default), fp16 or fp32. bias: (N,) bf16 / fp16 / fp32, added in fp32.
     activation: None, "relu", "gelu", "gelu_tanh", "silu". A torch custom op (``gemmlab::scaled_mm``) with a
     fake implementation: traces under torch.compile. Raises TypeError for dtypes and UnsupportedProblem for
-    what else it does not take, before any GPU work."""
+    what else it does not take, before any GPU work.
+
+    Eager calls on plain CUDA tensors (outside tracing, torch modes, the profiler and autograd) skip the
+    op's dispatch and run the call prepared for their metadata key (``_key``): validated, planned and
+    built once (``engine2.Fp8Launch``), then a repeat call allocates the output and launches."""
+    if ops.eager_mode(a, b, scale_a, scale_b, bias) is True:
+        return _prepared(a, b, scale_a, scale_b, bias, out_dtype, activation)(a, b, scale_a, scale_b, bias)
     validate(a, b, scale_a, scale_b, out_dtype, bias, activation)
     return _scaled_mm_op(a, b, scale_a, scale_b, bias, out_dtype, activation)
 
@@ -191,13 +197,87 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
 def _scaled_mm_op(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                   bias: Optional[torch.Tensor], out_dtype: Optional[torch.dtype],
                   activation: Optional[str]) -> torch.Tensor:
-    return gemm(a, b, scale_a, scale_b, out_dtype=out_dtype or torch.bfloat16, bias=bias, activation=activation)
+    return _prepared(a, b, scale_a, scale_b, bias, out_dtype, activation)(a, b, scale_a, scale_b, bias)
 
 
 @_scaled_mm_op.register_fake
 def _scaled_mm_fake(a, b, scale_a, scale_b, bias, out_dtype, activation):
     p = validate(a, b, scale_a, scale_b, out_dtype, bias, activation)
     return a.new_empty((p.M, p.N), dtype=p.out_dtype)
+
+
+# Prepared calls: validated, planned and built once per metadata key --------------------------------------
+
+def _key(a, b, scale_a, scale_b, bias, out_dtype, activation) -> tuple:
+    """Everything ``validate``, the plan and the launch depend on, except the tensors' addresses: each
+    tensor's shape, strides, dtype, device and 16-byte alignment (``ops._meta``; the scales' strides and
+    alignment decide whether block scales are read in place or re-laid), the out dtype, the activation."""
+    return (ops._meta(a), ops._meta(b), ops._meta(scale_a), ops._meta(scale_b),
+            None if bias is None else ops._meta(bias), out_dtype, activation)
+
+
+class _Prepared:
+    """A validated ``scaled_mm`` call and its launch (``engine2.Fp8Launch``), run for every call with the
+    same ``_key``. Empty and K = 0 problems keep no launch: they run ``gemm``."""
+
+    __slots__ = ("shape", "out_dtype", "device", "dev", "launch", "activation")
+
+    def __init__(self, p: Fp8Problem, a, b, scale_a, scale_b, bias, activation):
+        self.shape, self.out_dtype, self.device, self.activation = (p.M, p.N), p.out_dtype, a.device, activation
+        self.dev = a.get_device()
+        self.launch = None
+        if not _runs_here(a):
+            raise UnsupportedProblem(f"scaled_mm runs on a CUDA (Hopper) device; the operands are on {a.device}")
+        if p.M and p.N and p.K:
+            if a.data_ptr() % 16 or b.data_ptr() % 16:
+                raise UnsupportedProblem("a and b must start 16-byte aligned (TMA)")
+            from . import engine2
+
+            plan = plan_for(a, b, scale_a, scale_b, out_dtype=p.out_dtype, bias=bias, activation=activation)
+            example = torch.empty(self.shape, dtype=p.out_dtype, device=a.device)
+            with ops._on_device(a.device):  # the kernel loads and its smem limit is set on a's device
+                self.launch = engine2.Fp8Launch(plan, a, b.t(), scale_a, scale_b, example, bias=bias)
+
+    def __call__(self, a, b, scale_a, scale_b, bias) -> torch.Tensor:
+        if self.launch is None:
+            return gemm(a, b, scale_a, scale_b, out_dtype=self.out_dtype, bias=bias, activation=self.activation)
+        out = torch.empty(*self.shape, dtype=self.out_dtype, device=self.device)
+        dev = self.dev
+        if dev >= 0 and dev != torch.cuda.current_device():
+            with torch.cuda.device(dev):
+                self.launch.run(ops._stream(dev), a, b, scale_a, scale_b, out, bias)
+        else:
+            self.launch.run(ops._stream(dev), a, b, scale_a, scale_b, out, bias)
+        return out
+
+
+_PREPARED: dict[tuple, _Prepared] = {}
+MAX_PREPARED = 4096  # keys without end (e.g. every sequence length): start over
+
+
+def _prepared(a, b, scale_a, scale_b, bias, out_dtype, activation) -> _Prepared:
+    """The prepared call for these arguments: from the cache, else validated (every error raised here,
+    before any device work) and prepared. Not kept when prepared during a CUDA graph capture (its tile
+    order is then built on the device in row-major order, not the one an eager call wants)."""
+    try:
+        key = _key(a, b, scale_a, scale_b, bias, out_dtype, activation)
+        call = _PREPARED.get(key)
+    except (RuntimeError, TypeError, AttributeError):  # unhashable arguments, tensors without strides...
+        key = call = None
+    if call is not None:
+        return call
+    p = validate(a, b, scale_a, scale_b, out_dtype, bias, activation)
+    call = _Prepared(p, a, b, scale_a, scale_b, bias, activation)
+    if key is not None and not (a.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if len(_PREPARED) >= MAX_PREPARED:
+            _PREPARED.clear()
+        _PREPARED[key] = call
+    return call
+
+
+def clear_prepared_calls() -> None:
+    """Forget every prepared ``scaled_mm`` call (the next call of each key validates and prepares again)."""
+    _PREPARED.clear()
 
 
 # References and quantizers (pure torch: any device) -----------------------------------------------------

@@ -503,20 +503,36 @@ def _eager(a, b, bias, alpha, beta, c, out) -> bool | str:
     the profiler). True: the prepared call; ``_GRAD`` when it also needs a gradient (the prepared call in
     ``gemmlab.autograd``'s Function); False: the op. ``torch.compiler.is_compiling`` comes first, so a
     trace sees only that."""
+    mode = eager_mode(a, b, bias, c, out=out)
+    if mode and (type(alpha) not in _NUMBERS or type(beta) not in _NUMBERS):
+        return False
+    return mode
+
+
+def eager_mode(a, *inputs, out=None) -> bool | str:
+    """Whether a call on tensor ``a`` and ``inputs`` (None where absent) and ``out`` may skip its custom
+    op (``gemmlab.matmul``'s and ``gemmlab.scaled_mm``'s eager paths): True where every tensor is a plain
+    tensor (no subclass, fake or meta tensor), ``a`` lives where the eager path runs and nothing must see
+    the op (tracing, a torch function or dispatch mode, the profiler); ``_GRAD`` where it also needs a
+    gradient (``a`` or an input requires one); else False. ``torch.compiler.is_compiling`` comes first,
+    so a trace sees only that."""
     if torch.compiler.is_compiling():
         return False
-    if type(a) not in _PLAIN or type(b) not in _PLAIN or not _fast_device(a):
+    if type(a) not in _PLAIN or not _fast_device(a):
         return False
-    if type(alpha) not in _NUMBERS or type(beta) not in _NUMBERS:
-        return False
-    for t in (bias, c, out):
+    for t in inputs:
         if t is not None and type(t) not in _PLAIN:
             return False
+    if out is not None and type(out) not in _PLAIN:
+        return False
     if _modes_active():
         return False
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
-                                    or (c is not None and c.requires_grad)):
-        return _GRAD
+    if torch.is_grad_enabled():
+        if a.requires_grad:
+            return _GRAD
+        for t in inputs:
+            if t is not None and t.requires_grad:
+                return _GRAD
     return True
 
 

@@ -235,7 +235,8 @@ def raw_stream(device_index: int) -> int:
 
 
 _TMA_DTYPES = {torch.bfloat16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16", torch.float16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-               torch.float32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+               torch.float32: "CU_TENSOR_MAP_DATA_TYPE_FLOAT32",
+               torch.uint8: "CU_TENSOR_MAP_DATA_TYPE_UINT8"}  # uint8: fp8 operands as bytes (the TMA copies bytes)
 
 
 def encode_tensor_map(ptr: int, rows: int, cols: int, row_stride_elems: int, dtype: torch.dtype,
@@ -268,7 +269,7 @@ def encode_tensor_map(ptr: int, rows: int, cols: int, row_stride_elems: int, dty
     return tmap
 
 
-_ELEM_SIZE = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}
+_ELEM_SIZE = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4, torch.uint8: 1}
 
 
 class Launcher:
