@@ -244,3 +244,24 @@ def test_representative_swapped_plans_compile_clean(bm, bn, schedule, kw):
 @pytest.mark.parametrize("p", _offered(heavy_too=True), ids=lambda p: p.compiled_name)
 def test_every_swapped_plan_the_planner_offers_compiles_clean(p):
     _check(p)
+
+
+def _route(M, N, K):
+    a = torch.empty(M, K, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(N, K, dtype=torch.bfloat16, device="meta").t()  # a weight's (K, N) view
+    out = torch.empty(M, N, dtype=torch.bfloat16, device="meta")
+    return engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132)
+
+
+@pytest.mark.parametrize("M, N, K", [(1, 4096, 11008), (1, 11008, 4096), (16, 11008, 4096), (16, 4096, 11008),
+                                     (1, 4096, 4096), (32, 8192, 8192), (8, 1024, 1024), (16, 3072, 1000)])
+def test_the_router_weighs_kernels_by_plain_prices_and_runs_the_swapped_plan(monkeypatch, M, N, K):
+    """Up to SWAP_PREFER_M tokens the router picks decode / h11 / engine kernel exactly as without swapped
+    plans (the plain plans' prices), and where the engine kernel runs, it runs the swapped plan."""
+    on = _route(M, N, K)
+    monkeypatch.setattr(planner, "SWAP_AB", False)
+    off = _route(M, N, K)
+    assert on.kernel == off.kernel
+    if on.kernel == "engine":
+        assert on.plan.swap_ab and not off.plan.swap_ab
+        assert on.plan == planner.candidates(M, N, K, a_mn=on.plan.a_mn, b_mn=on.plan.b_mn, swap_ab=True)[0]

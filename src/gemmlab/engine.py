@@ -543,27 +543,35 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     new = None
     decode_s = None
     if use_decode(a, b, out):
-        new = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
+        new, new_s = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
         decode_s = decode.cost_s(M, N, K, sm_count, prof)
-        if decode_s <= new.predicted_s:
+        if decode_s <= new_s:
             return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s)
     h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
     if h11 is not None:
         return Route("h11", M, N, K, "tuned", h11=h11, decode_s=decode_s)
     h11 = choose_plan(M, N, K, sm_count, capacity)
     if new is None:
-        new = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
+        new, new_s = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
     h11_s = prof.h11_factor * h11_cost(M, N, K, prof=prof, plan=h11, out_bytes=out.element_size(), direct=direct)
-    kernel = "engine" if new.predicted_s < h11_s else "h11"
+    kernel = "engine" if new_s < h11_s else "h11"
     return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s, decode_s=decode_s)
 
 
-def _engine_plan(a, b, out, bias, has_c: bool, activation, direct: bool, prof: DeviceProfile) -> planner.Plan:
-    """The engine kernel's best plan by the model for these tensors' dtypes, layouts, epilogue and output."""
+def _engine_plan(a, b, out, bias, has_c: bool, activation, direct: bool,
+                 prof: DeviceProfile) -> tuple[planner.Plan, float]:
+    """The engine kernel's plan for these tensors' dtypes, layouts, epilogue and output, and its price
+    for weighing it against the decode kernel and h11. Up to ``planner.SWAP_PREFER_M`` tokens the plan is
+    the model's best swapped one (it runs faster than the model says, H200 records), priced as the best
+    plain plan: the router's choice of kernel stays what the model's prices of plain plans decide."""
     M, K = a.shape
-    return planner.plan(M, b.shape[1], K, dtype=_DT[a.dtype], out_dtype=_DT[out.dtype],
-                        bias_dtype=_DT[bias.dtype] if bias is not None else None, has_c=has_c, activation=activation,
-                        a_mn=_operand_mn(a, 1), b_mn=_operand_mn(b, 0), direct=direct, profile=prof)
+    kw = dict(dtype=_DT[a.dtype], out_dtype=_DT[out.dtype], bias_dtype=_DT[bias.dtype] if bias is not None else None,
+              has_c=has_c, activation=activation, a_mn=_operand_mn(a, 1), b_mn=_operand_mn(b, 0), direct=direct,
+              profile=prof)
+    run = planner.plan(M, b.shape[1], K, **kw)
+    if run.swap_ab and M <= planner.SWAP_PREFER_M:
+        return run, planner.plan(M, b.shape[1], K, swap_ab=False, **kw).predicted_s
+    return run, run.predicted_s
 
 
 _DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
