@@ -277,10 +277,11 @@ def test_fp8_contiguous_uneven_groups(G, T, N, K, per_group):
     assert torch.equal(got[written], out[written])
 
 
-def _fp8_tile_plan(G, T, N, K, tile, odt, layout="contiguous"):
+def _fp8_tile_plan(G, T, N, K, tile, odt, layout="contiguous", scale="tensor"):
     unaligned = N * (4 if odt == "fp32" else 2) % 16 != 0
     return next(dataclasses.replace(c, direct=unaligned)
-                for c in grouped.candidates(layout, G, T, N, K, dtype="e4m3", out_dtype=odt) if (c.bm, c.bn) == tile)
+                for c in grouped.candidates(layout, G, T, N, K, dtype="e4m3", out_dtype=odt, scale=scale)
+                if (c.bm, c.bn) == tile)
 
 
 @pytest.mark.parametrize("G", [12, 200])  # the 128- and the 512-group table
@@ -298,12 +299,14 @@ def test_fp8_every_tile_and_output_dtype(tile, odt, G):
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
+@pytest.mark.parametrize("scale", ["tensor", "block"])
 @pytest.mark.parametrize("tile", grouped.FP8_TILES)
-def test_fp8_direct_stores_for_unaligned_out(tile):
+def test_fp8_direct_stores_for_unaligned_out(tile, scale):
     G, T, N, K = 12, 1000, 396, 256  # rows of 396 bf16: no TMA map over out
-    a, b, sa, sb = _fp8_operands((T,), G, N, K, per_group=False, seed=9)
+    a, b, sa, sb = (_fp8_operands((T,), G, N, K, per_group=False, seed=9) if scale == "tensor"
+                    else _block_operands((T,), G, N, K, seed=9))
     offs = _uneven_offsets(G, T, seed=9, empty=(5,))
-    p = _fp8_tile_plan(G, T, N, K, tile, "bf16")
+    p = _fp8_tile_plan(G, T, N, K, tile, "bf16", scale=scale)
     assert p.direct
     out, frame = _framed((T, N), torch.bfloat16)
     grouped.run(a, b, offs, out=out, plan=p, scale_a=sa, scale_b=sb)
@@ -365,10 +368,7 @@ def _block_operands(rows_shape, G, N, K, *, seed=0):
 
 
 def _block_tile_plan(G, T, N, K, tile, odt, layout="contiguous"):
-    unaligned = N * (4 if odt == "fp32" else 2) % 16 != 0
-    return next(dataclasses.replace(c, direct=unaligned)
-                for c in grouped.candidates(layout, G, T, N, K, dtype="e4m3", out_dtype=odt, scale="block")
-                if (c.bm, c.bn) == tile)
+    return _fp8_tile_plan(G, T, N, K, tile, odt, layout, scale="block")
 
 
 @pytest.mark.parametrize("G,T,N,K", [(8, 4096, 1792, 4096), (64, 3000, 1408, 2048), (256, 2048, 256, 7168),
@@ -423,19 +423,6 @@ def test_block_every_tile_and_output_dtype(tile, odt, G):
     out, frame = _framed((T, N), _TYPES[odt])
     grouped.run(a, b, offs, out=out, plan=p, scale_a=sa, scale_b=sb)
     _check(out, grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb), odt)
-    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
-
-
-@pytest.mark.parametrize("tile", grouped.FP8_TILES)
-def test_block_direct_stores_for_unaligned_out(tile):
-    G, T, N, K = 12, 1000, 396, 256  # rows of 396 bf16: no TMA map over out
-    a, b, sa, sb = _block_operands((T,), G, N, K, seed=9)
-    offs = _uneven_offsets(G, T, seed=9, empty=(5,))
-    p = _block_tile_plan(G, T, N, K, tile, "bf16")
-    assert p.direct
-    out, frame = _framed((T, N), torch.bfloat16)
-    grouped.run(a, b, offs, out=out, plan=p, scale_a=sa, scale_b=sb)
-    _check(out, grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb), "bf16")
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
