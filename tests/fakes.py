@@ -223,6 +223,35 @@ def fake_fp8_launches(monkeypatch):
     return rec
 
 
+# Grouped: grouped_mm's prepared calls on CPU tensors ----------------------------------------------------
+
+def route_grouped_launches(monkeypatch):
+    """``gemmlab.grouped_mm`` on CPU tensors: the device test passes, and ``grouped.GroupedLaunch`` (the
+    prepared calls) is replaced by one that runs ``grouped.launch`` (as the calling test replaced it) with
+    the plan it was built for and each call's tensors. Returns a namespace: ``prepared`` (the plans
+    built), ``runs`` (each run's stream and tensors)."""
+    from gemmlab import grouped
+
+    rec = types.SimpleNamespace(prepared=[], runs=[])
+
+    class GroupedLaunch:
+        def __init__(self, p, a, b, ranges, lead, out, scale_a=None, scale_b=None, sb_step=0):
+            assert out.shape == tuple(grouped.validate(a, b, *((ranges, None) if a.dim() == 2 else (None, ranges)),
+                                                       scale_a=scale_a, scale_b=scale_b).out_shape)
+            self.plan, self.lead, self.sb_step = p, lead, sb_step
+            rec.prepared.append(p)
+
+        def run(self, stream, a, b, ranges, out, scale_a, scale_b):
+            rec.runs.append(dict(stream=stream, a=a, b=b, ranges=ranges, out=out, sa=scale_a, sb=scale_b))
+            grouped.launch(self.plan, a, b, ranges, self.lead, out, scale_a, scale_b, self.sb_step)
+
+    monkeypatch.setattr(grouped, "_runs_here", lambda a: True)
+    monkeypatch.setattr(ops, "_stream", lambda dev: 7)
+    monkeypatch.setattr(grouped, "GroupedLaunch", GroupedLaunch)
+    monkeypatch.setattr(grouped, "_PREPARED", {})  # this test's preparations end with it
+    return rec
+
+
 class FakeTmap:
     """A descriptor as a prepared launch builds it: its geometry, and the address it holds now."""
 
