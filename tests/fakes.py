@@ -311,6 +311,28 @@ class FakeLauncher:
                                        for v in self.values]))
 
 
+def as_params(args) -> list:
+    """An unprepared launch's argument list (cuda-core's: FakeTmaps, tensors, numpy scalars) in
+    FakeLauncher's terms, to compare with what a prepared launch passes."""
+    import numpy as np
+
+    kinds = {np.int32: "i32", np.int64: "i64", np.float32: "f32"}
+    return [("tmap", x.geometry, x.ptr) if isinstance(x, FakeTmap) else ("ptr", x.data_ptr())
+            if isinstance(x, torch.Tensor) else (kinds[type(x)], x.item()) for x in args]
+
+
+def record_returns(monkeypatch, module, name: str) -> list:
+    """``module.name`` wrapped so that every value it returns is appended to the list returned."""
+    real, seen = getattr(module, name), []
+
+    def wrapped(*args, **kw):
+        seen.append(real(*args, **kw))
+        return seen[-1]
+
+    monkeypatch.setattr(module, name, wrapped)
+    return seen
+
+
 def fake_driver(monkeypatch, *modules):
     """The prepared launches of ``modules`` (e.g. gemmlab.engine, gemmlab.engine2) on CPU: their
     ``Launcher`` and ``MapSlot`` replaced by the fakes above. Returns the launchers built (a list)."""

@@ -5,12 +5,11 @@ prepared calls behind ``grouped_mm`` with the launch replaced by the float64 ref
 never on the offsets' / counts' values, never stale, the op still seen by tracing, modes and autograd, the
 same errors)."""
 
-import numpy as np
 import pytest
 import torch
 
 import gemmlab
-from gemmlab import engine, fp8, grouped, ops
+from gemmlab import engine, engine2, fp8, grouped, ops
 from gemmlab.errors import UnsupportedProblem
 
 import fakes
@@ -58,15 +57,8 @@ def driver(monkeypatch):
     """grouped's launches on CPU tensors: fake Launcher / MapSlot (GroupedLaunch), descriptors and the
     cuda-core launch captured (grouped.launch), and every block-scale view ``scale_rows_mn_major``
     returns recorded (``relaid``)."""
-    launchers = fakes.fake_driver(monkeypatch, engine, grouped)  # engine: OutputMaps builds its MapSlots there
-    captured, relaid = {}, []
-    real_mn_major = grouped.scale_rows_mn_major
-
-    def mn_major(s):
-        v = real_mn_major(s)
-        relaid.append(v)
-        return v
-
+    launchers = fakes.fake_driver(monkeypatch, engine, engine2, grouped)  # OutputMaps', scale_map's MapSlots
+    captured = {}
     def tmap(swizzle):
         return lambda t, box: FakeTmap(t.data_ptr(), *t.shape, t.stride(0), t.dtype, box, swizzle)
 
@@ -75,15 +67,8 @@ def driver(monkeypatch):
     monkeypatch.setattr(grouped, "_tensor_map", tmap(128))
     monkeypatch.setattr(grouped, "_tensor_map_flat", tmap(0))
     monkeypatch.setattr(grouped, "_launch_fn", lambda: lambda compiled, **kw: captured.update(kw))
-    monkeypatch.setattr(grouped, "scale_rows_mn_major", mn_major)
+    relaid = fakes.record_returns(monkeypatch, grouped, "scale_rows_mn_major")
     return type("Driver", (), dict(launchers=launchers, captured=captured, relaid=relaid))
-
-
-def _as_params(args) -> list:
-    """grouped.launch's argument list in FakeLauncher's terms."""
-    kinds = {np.int32: "i32", np.int64: "i64", np.float32: "f32"}
-    return [("tmap", x.geometry, x.ptr) if isinstance(x, FakeTmap) else ("ptr", x.data_ptr())
-            if isinstance(x, torch.Tensor) else (kinds[type(x)], x.item()) for x in args]
 
 
 def _planned(c, out_dtype=None, direct=None):
@@ -120,7 +105,7 @@ def test_prepared_launch_passes_what_launch_passes(driver, case):
     p, prob, out = _planned(c, out_dtype, direct)
     args = (c["a"], c["b"], _ranges(c), prob.lead, out, c.get("scale_a"), c.get("scale_b"), prob.sb_step)
     grouped.launch(p, *args)
-    want = _as_params(driver.captured["args"])
+    want = fakes.as_params(driver.captured["args"])
     launch = grouped.GroupedLaunch(p, *args)
     launch.run(11, c["a"], c["b"], _ranges(c), out, c.get("scale_a"), c.get("scale_b"))
     L = driver.launchers[-1]

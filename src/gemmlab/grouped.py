@@ -776,27 +776,21 @@ class GroupedLaunch:
             L.set_map(_P_SB_MAP, self.map_a.tmap)
 
     def _scale_map(self, index: int, scale: torch.Tensor, box: tuple[int, int]) -> tuple[MapSlot, bool]:
-        """The descriptor of block scales' (K / 128, rows) view, and whether that view is the tensor itself
-        (else ``run`` re-lays it every call)."""
-        view = scale_rows_mn_major(scale)
-        slot = MapSlot(self.launcher, index, view.data_ptr(), *view.shape, view.stride(0), torch.float32, box,
-                       swizzle_bytes=0)
-        return slot, view.data_ptr() == scale.data_ptr()
+        from .engine2 import scale_map
+
+        return scale_map(self.launcher, index, scale, scale_rows_mn_major(scale), box)
 
     def run(self, stream: int, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tensor, out: torch.Tensor,
             scale_a: torch.Tensor | None, scale_b: torch.Tensor | None) -> None:
         """Launch on ``stream`` (a raw handle) for tensors with the metadata this launch was built for."""
-        sa = sb = None
-        if self.block:  # kept alive until the launch is enqueued
-            sa = scale_a if self.sa_in_place else scale_rows_mn_major(scale_a)
-            sb = scale_b if self.sb_in_place else scale_rows_mn_major(scale_b)
+        from .engine2 import point_scale_maps, scale_views
+
+        views = scale_views(self, scale_rows_mn_major, scale_a, scale_b)  # kept alive until enqueued
         L = self.launcher
         with L.lock:
             po = out.data_ptr()
             point_maps(self, a.data_ptr(), b.data_ptr(), po)
-            if sa is not None:
-                self.map_sa.point_at(sa.data_ptr())
-                self.map_sb.point_at(sb.data_ptr())
+            point_scale_maps(self, views)
             L.set_ptr(_P_RANGES, ranges.data_ptr())
             L.set_ptr(_P_SA, scale_a.data_ptr() if self.fp8 else po)  # bf16 reads no scales
             L.set_ptr(_P_SB, scale_b.data_ptr() if self.fp8 else po)
