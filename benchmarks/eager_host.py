@@ -13,6 +13,9 @@ No CUDA graphs anywhere here: graph replay hides the host path, which is what th
   scales, read in place; the same with row-major scales, A's re-laid every call) against
   ``torch._scaled_mm`` and ``torch.mm``, host and wall (kind "fp8"); with ``--device cpu`` gemmlab's side
   alone, launches stubbed (the Python path of the prepared call, of the op, and of ``fp8.gemm``).
+- ``--grouped``: ``gemmlab.grouped_mm`` per mode (bf16 contiguous and masked; e4m3 per-tensor, block scales
+  MN-major and row-major) against ``torch._grouped_mm`` and a loop of ``torch.mm`` over the groups, host and
+  wall (kind "grouped"); ``--device cpu`` as for ``--fp8`` (the prepared call, the op, ``grouped.run``).
 - ``--linear``: a decoder's pattern (issue 17): ``gemmlab.patch``ed ``nn.Linear`` against ``nn.Linear`` on a
   3-D input, a fresh input tensor every call (new data pointers), the weight a Parameter: host time of a
   forward under inference_mode, of a forward with grad, and of forward + backward (dx and dW), GPU kept busy;
@@ -26,7 +29,7 @@ No CUDA graphs anywhere here: graph replay hides the host path, which is what th
 Every record carries the git sha, GPU, SM clock and both sides' numbers; they are appended as JSON lines
 to ``--out`` (default ``benchmarks/results/eager.jsonl``).
 
-    python benchmarks/eager_host.py [--breakdown] [--mechanisms] [--fp8 --no-calls] [--out PATH]
+    python benchmarks/eager_host.py [--breakdown] [--mechanisms] [--fp8|--grouped --no-calls] [--device cpu] [--out PATH]
 """
 
 from __future__ import annotations
@@ -517,7 +520,6 @@ def fp8_records(device: str, out: str, reps: int) -> list[dict]:
     (validation and planning every call, the unprepared launch). ``device`` cpu: gemmlab's side alone
     with the launches stubbed (``_stub_fp8``), the minimum of CPU_ROUNDS rounds of 100 calls."""
     from gemmlab import fp8
-    from gemmlab.timer import eager_host_us, eager_wall_us
 
     cpu = device == "cpu"
     if cpu:
@@ -534,29 +536,122 @@ def fp8_records(device: str, out: str, reps: int) -> list[dict]:
             abf, wbf = _rand(M, K), _rand(N, K)
             sides["torch._scaled_mm tensor"] = lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
             sides["torch.mm bf16"] = lambda: torch.mm(abf, wbf.t())
-        for f in sides.values():  # warm: prepared calls, compiles, cuBLAS
-            for _ in range(3):
-                f()
-        host = {k: [] for k in sides}
-        wall = {k: [] for k in sides}
-        for _ in range(CPU_ROUNDS if cpu else reps):
-            for k, f in sides.items():
-                if cpu:
-                    host[k].append(_median_us(f, reps=1, inner=100))
-                else:
-                    host[k].append(eager_host_us(f, calls=50, rounds=1))
-                    wall[k].append(eager_wall_us(f, calls=50, rounds=1))
-        head = _common("fp8") if not cpu else {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                                                "git_sha": git_sha(), "gpu": None, "suite": "eager", "kind": "fp8"}
-        rec = dict(head, device="cpu-stub" if cpu else "cuda", M=M, N=N, K=K, stat="min host" if cpu else
-                   "min host, median wall", rounds=CPU_ROUNDS if cpu else reps,
-                   host_us={k: min(v) for k, v in host.items()},
-                   wall_us=None if cpu else {k: statistics.median(v) for k, v in wall.items()})
+        rec = dict(_head("fp8", cpu), M=M, N=N, K=K, **_time_sides(sides, cpu, reps))
         recs.append(rec)
         append_records(out, [rec])
-        for k in sides:
-            print(f"  {M:>5} x {N} x {K}  {k:<55} host {rec['host_us'][k]:7.1f} us"
-                  + ("" if cpu else f"  wall {rec['wall_us'][k]:7.1f} us"), flush=True)
+        _print_sides(f"{M:>5} x {N} x {K}", rec)
+    return recs
+
+
+def _head(kind: str, cpu: bool) -> dict:
+    """A record's head: ``_common``'s on a GPU, the time, sha and kind alone with the launches stubbed."""
+    if not cpu:
+        return _common(kind)
+    return {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git_sha(),
+            "gpu": None, "suite": "eager", "kind": kind}
+
+
+def _time_sides(sides: dict, cpu: bool, reps: int) -> dict:
+    """Each side's host and wall microseconds per call, the sides interleaved: on a GPU ``reps`` turns of
+    50 calls (host: the best turn, GPU kept busy; wall: the median turn, idle GPU, back to back); on CPU
+    (launches stubbed) host alone, the minimum of CPU_ROUNDS rounds of 100 calls."""
+    from gemmlab.timer import eager_host_us, eager_wall_us
+
+    for f in sides.values():  # warm: prepared calls, compiles, cuBLAS
+        for _ in range(3):
+            f()
+    host = {k: [] for k in sides}
+    wall = {k: [] for k in sides}
+    for _ in range(CPU_ROUNDS if cpu else reps):
+        for k, f in sides.items():
+            if cpu:
+                host[k].append(_median_us(f, reps=1, inner=100))
+            else:
+                host[k].append(eager_host_us(f, calls=50, rounds=1))
+                wall[k].append(eager_wall_us(f, calls=50, rounds=1))
+    return dict(device="cpu-stub" if cpu else "cuda", stat="min host" if cpu else "min host, median wall",
+                rounds=CPU_ROUNDS if cpu else reps, host_us={k: min(v) for k, v in host.items()},
+                wall_us=None if cpu else {k: statistics.median(v) for k, v in wall.items()})
+
+
+def _print_sides(case: str, rec: dict) -> None:
+    for k, h in rec["host_us"].items():
+        print(f"  {case}  {k:<55} host {h:7.1f} us" + (f"  wall {rec['wall_us'][k]:7.1f} us" if rec["wall_us"]
+                                                         else ""), flush=True)
+
+
+# (G experts, T tokens, N, K): 8 experts of a 1024-wide layer at 64 and 512 tokens (the worklog's CPU probe:
+# 512 x 1024 x 1024), and Mixtral's gate/up projection at a decode batch of 64 tokens.
+GROUPED_SHAPES = ((8, 64, 1024, 1024), (8, 512, 1024, 1024), (8, 64, 28672, 4096))
+
+
+def _grouped_operands(G: int, T: int, N: int, K: int, device: str) -> dict:
+    """grouped_mm's arguments per mode, T tokens spread evenly over G experts: bf16 contiguous (G + 1
+    offsets) and masked ((G, T / G, K) slabs, counts), e4m3 per-tensor (a scale per expert) and block
+    scales (MN-major as the quantizers store them, read in place; "block_row": a's row-major, re-laid
+    every call), all contiguous."""
+    from gemmlab import fp8
+
+    x, w = torch.randn(T, K, device=device), torch.randn(G, N, K, device=device)
+    offs = torch.arange(0, T + 1, T // G, dtype=torch.int32, device=device)
+    counts = torch.full((G,), T // G, dtype=torch.int32, device=device)
+    a, b = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    (q, sa), qs = fp8.quantize_per_tensor(x), [fp8.quantize_per_tensor(w[g]) for g in range(G)]
+    qb, sb = torch.stack([t for t, _ in qs]), torch.stack([s.reshape(()) for _, s in qs])
+    (qx, sax), (qw, sbw) = fp8.quantize_blocks(x, 1), fp8.quantize_expert_blocks(w, 128)
+    return {"bf16 contiguous": dict(a=a, b=b, offsets=offs),
+            "bf16 masked": dict(a=a.view(G, T // G, K), b=b, counts=counts),
+            "e4m3 tensor": dict(a=q, b=qb, offsets=offs, scale_a=sa, scale_b=sb),
+            "e4m3 block": dict(a=qx, b=qw, offsets=offs, scale_a=sax, scale_b=sbw),
+            "e4m3 block_row": dict(a=qx, b=qw, offsets=offs, scale_a=sax.contiguous(), scale_b=sbw)}
+
+
+def _stub_grouped() -> None:
+    """``gemmlab.grouped_mm``'s host path on CPU tensors with nothing launched: the eager path taken (as for
+    CUDA tensors), the prepared launch and ``grouped.launch`` no-ops (no descriptors, no driver). Works on a
+    checkout from before the prepared launch too (GEMMLAB_SRC: its op and ``grouped.run`` alone)."""
+    from gemmlab import grouped, ops
+
+    class NoLaunch:
+        def __init__(self, *args, **kw):
+            pass
+
+        def run(self, *args):
+            pass
+
+    grouped.GroupedLaunch, grouped.launch = NoLaunch, (lambda *args, **kw: None)
+    grouped._runs_here, ops._stream, ops._fast_device = (lambda a: True), (lambda dev: 7), (lambda a: True)
+
+
+def grouped_records(device: str, out: str, reps: int) -> list[dict]:
+    """Host and wall microseconds per eager call of ``gemmlab.grouped_mm`` per mode (``_grouped_operands``)
+    against ``torch._grouped_mm`` (bf16, the same groups as G ends, b as (G, K, N) views) and a loop of
+    ``torch.mm`` over the groups (host-side bounds: no sync), interleaved (``_time_sides``); then the op as
+    torch.compile calls it and ``grouped.run`` (validation and planning every call, the unprepared
+    launch). ``device`` cpu: gemmlab's side alone, launches stubbed (``_stub_grouped``)."""
+    from gemmlab import grouped
+
+    cpu = device == "cpu"
+    if cpu:
+        _stub_grouped()
+    recs = []
+    for G, T, N, K in GROUPED_SHAPES:
+        if cpu and N * K > 4096 * 4096:  # the host path does not depend on the size; CPU memory does
+            continue
+        ops_ = _grouped_operands(G, T, N, K, device)
+        sides = {f"grouped_mm {mode}": (lambda kw=kw: gemmlab.grouped_mm(**kw)) for mode, kw in ops_.items()}
+        c = ops_["bf16 contiguous"]
+        a, b, offs = c["a"], c["b"], c["offsets"]
+        sides["op (torch.ops.gemmlab.grouped_mm) bf16"] = lambda: torch.ops.gemmlab.grouped_mm(a, b, offs, None, None)
+        sides["grouped.run bf16 (validate, plan, unprepared launch)"] = lambda: grouped.run(a, b, offs)
+        if not cpu:
+            ends, bt, bounds = offs[1:].contiguous(), b.transpose(-2, -1), offs.tolist()
+            sides["torch._grouped_mm bf16"] = lambda: torch._grouped_mm(a, bt, ends)
+            sides["torch.mm loop bf16"] = lambda: [torch.mm(a[bounds[g]:bounds[g + 1]], b[g].t()) for g in range(G)]
+        rec = dict(_head("grouped", cpu), G=G, T=T, N=N, K=K, **_time_sides(sides, cpu, reps))
+        recs.append(rec)
+        append_records(out, [rec])
+        _print_sides(f"{G} x {T} x {N} x {K}", rec)
     return recs
 
 
@@ -567,7 +662,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mechanisms", action="store_true", help="time the launch building blocks")
     ap.add_argument("--linear", action="store_true", help="patched nn.Linear vs nn.Linear, a decoder's pattern")
     ap.add_argument("--fp8", action="store_true", help="gemmlab.scaled_mm per scale mode vs torch._scaled_mm")
-    ap.add_argument("--device", default="cuda", help="cpu: --linear's / --fp8's gemmlab side, launches stubbed")
+    ap.add_argument("--grouped", action="store_true", help="gemmlab.grouped_mm per mode vs torch._grouped_mm")
+    ap.add_argument("--device", default="cuda", help="cpu: --linear's / --fp8's / --grouped's gemmlab side, "
+                    "launches stubbed")
     ap.add_argument("--no-calls", action="store_true", help="skip the per-call and stack measurements")
     ap.add_argument("--stack-only", action="store_true", help="of the per-call and stack measurements, the stack only")
     ap.add_argument("--dtypes", default="bfloat16,float16")
@@ -584,6 +681,9 @@ def main(argv=None) -> int:
     if args.fp8:
         print(f"== fp8 ({args.device})", flush=True)
         fp8_records(args.device, args.out, args.reps)  # (appended as measured)
+    if args.grouped:
+        print(f"== grouped ({args.device})", flush=True)
+        grouped_records(args.device, args.out, args.reps)  # (appended as measured)
     if args.mechanisms:
         print("== mechanisms", flush=True)
         recs += mechanism_records()

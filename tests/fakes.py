@@ -223,6 +223,35 @@ def fake_fp8_launches(monkeypatch):
     return rec
 
 
+# Grouped: grouped_mm's prepared calls on CPU tensors ----------------------------------------------------
+
+def route_grouped_launches(monkeypatch):
+    """``gemmlab.grouped_mm`` on CPU tensors: the device test passes, and ``grouped.GroupedLaunch`` (the
+    prepared calls) is replaced by one that runs ``grouped.launch`` (as the calling test replaced it) with
+    the plan it was built for and each call's tensors. Returns a namespace: ``prepared`` (the plans
+    built), ``runs`` (each run's stream and tensors)."""
+    from gemmlab import grouped
+
+    rec = types.SimpleNamespace(prepared=[], runs=[])
+
+    class GroupedLaunch:
+        def __init__(self, p, a, b, ranges, lead, out, scale_a=None, scale_b=None, sb_step=0):
+            assert out.shape == tuple(grouped.validate(a, b, *((ranges, None) if a.dim() == 2 else (None, ranges)),
+                                                       scale_a=scale_a, scale_b=scale_b).out_shape)
+            self.plan, self.lead, self.sb_step = p, lead, sb_step
+            rec.prepared.append(p)
+
+        def run(self, stream, a, b, ranges, out, scale_a, scale_b):
+            rec.runs.append(dict(stream=stream, a=a, b=b, ranges=ranges, out=out, sa=scale_a, sb=scale_b))
+            grouped.launch(self.plan, a, b, ranges, self.lead, out, scale_a, scale_b, self.sb_step)
+
+    monkeypatch.setattr(grouped, "_runs_here", lambda a: True)
+    monkeypatch.setattr(ops, "_stream", lambda dev: 7)
+    monkeypatch.setattr(grouped, "GroupedLaunch", GroupedLaunch)
+    monkeypatch.setattr(grouped, "_PREPARED", {})  # this test's preparations end with it
+    return rec
+
+
 class FakeTmap:
     """A descriptor as a prepared launch builds it: its geometry, and the address it holds now."""
 
@@ -280,6 +309,28 @@ class FakeLauncher:
         assert all(v is not None for v in self.values), "a parameter was never set"
         self.launches.append((stream, [("tmap", v.geometry, v.ptr) if isinstance(v, FakeTmap) else v
                                        for v in self.values]))
+
+
+def as_params(args) -> list:
+    """An unprepared launch's argument list (cuda-core's: FakeTmaps, tensors, numpy scalars) in
+    FakeLauncher's terms, to compare with what a prepared launch passes."""
+    import numpy as np
+
+    kinds = {np.int32: "i32", np.int64: "i64", np.float32: "f32"}
+    return [("tmap", x.geometry, x.ptr) if isinstance(x, FakeTmap) else ("ptr", x.data_ptr())
+            if isinstance(x, torch.Tensor) else (kinds[type(x)], x.item()) for x in args]
+
+
+def record_returns(monkeypatch, module, name: str) -> list:
+    """``module.name`` wrapped so that every value it returns is appended to the list returned."""
+    real, seen = getattr(module, name), []
+
+    def wrapped(*args, **kw):
+        seen.append(real(*args, **kw))
+        return seen[-1]
+
+    monkeypatch.setattr(module, name, wrapped)
+    return seen
 
 
 def fake_driver(monkeypatch, *modules):

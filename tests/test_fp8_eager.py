@@ -4,7 +4,6 @@ same parameters, descriptors of the same geometry, every address following the t
 the prepared calls behind ``scaled_mm`` with the launch replaced by the float64 reference (keyed on
 metadata, never stale, the op still seen by tracing, modes and autograd, the same errors)."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -35,14 +34,6 @@ def driver(monkeypatch):
     launchers = fakes.fake_driver(monkeypatch, engine, engine2)
     order = torch.zeros(64, dtype=torch.int32)
     captured = {}
-    relaid = []
-    real_mn_major = engine2.block_scales_mn_major
-
-    def mn_major(s):
-        v = real_mn_major(s)
-        relaid.append(v)
-        return v
-
     monkeypatch.setattr(engine2, "compile_fp8_plan", lambda p: "compiled")
     monkeypatch.setattr(engine2, "_index", lambda device: 0)
     monkeypatch.setattr(engine2, "device_order_table", lambda name, tm, tn, group, dev: order)
@@ -50,15 +41,8 @@ def driver(monkeypatch):
     monkeypatch.setattr(engine2, "tensor_map_2d", lambda t, box, swizzle_bytes=128: FakeTmap(
         t.data_ptr(), *t.shape, t.stride(0), t.dtype, box, swizzle_bytes))
     monkeypatch.setattr(engine2, "_launch", lambda compiled, **kw: captured.update(kw))
-    monkeypatch.setattr(engine2, "block_scales_mn_major", mn_major)
+    relaid = fakes.record_returns(monkeypatch, engine2, "block_scales_mn_major")
     return type("Driver", (), dict(launchers=launchers, captured=captured, relaid=relaid))
-
-
-def _as_params(args) -> list:
-    """launch_fp8's argument list in FakeLauncher's terms."""
-    kinds = {np.int32: "i32", np.int64: "i64", np.float32: "f32"}
-    return [("tmap", x.geometry, x.ptr) if isinstance(x, FakeTmap) else ("ptr", x.data_ptr())
-            if isinstance(x, torch.Tensor) else (kinds[type(x)], x.item()) for x in args]
 
 
 def _case(scale, M, N, K, out_dtype, bias_dtype, layout="mn"):
@@ -85,7 +69,7 @@ def test_prepared_launch_passes_what_launch_fp8_passes(driver, case):
     p, a, b, sa, sb, bias = _case(*case)
     out = torch.empty(p.M, p.N, dtype=fakes._OUT_DTYPES[p.out_dtype])
     engine2.launch_fp8(p, a, b.t(), sa, sb, out, bias=bias)
-    want = _as_params(driver.captured["args"])
+    want = fakes.as_params(driver.captured["args"])
     launch = engine2.Fp8Launch(p, a, b.t(), sa, sb, out, bias=bias)
     launch.run(11, a, b, sa, sb, out, bias)
     L = driver.launchers[-1]

@@ -20,6 +20,7 @@ import gemmlab
 from gemmlab import engine2, grouped, plan_cost, planner, sass
 from gemmlab.errors import UnsupportedProblem
 
+import fakes
 from fakes import launch_arg_types, ptx_param_types, unsigned
 
 
@@ -408,8 +409,8 @@ def fake_launch(monkeypatch):
         out.copy_(torch.where(keep, out.to(ref.dtype), ref).to(out.dtype))
         ran.append(p)
 
-    monkeypatch.setattr(grouped, "_runs_here", lambda a: True)
     monkeypatch.setattr(grouped, "launch", launch)
+    fakes.route_grouped_launches(monkeypatch)
     yield ran
 
 

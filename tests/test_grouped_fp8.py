@@ -15,6 +15,7 @@ from gemmlab import fp8, grouped, sass
 from gemmlab.devices import H200
 from gemmlab.errors import UnsupportedProblem
 
+import fakes
 from fakes import launch_arg_types, ptx_param_types, unsigned
 
 E4M3 = torch.float8_e4m3fn
@@ -178,8 +179,8 @@ def test_fp8_call_path_on_cpu(monkeypatch):
         out.copy_(torch.where(torch.isnan(ref), out.to(ref.dtype), ref).to(out.dtype))
         ran.append((p, sb_step))
 
-    monkeypatch.setattr(grouped, "_runs_here", lambda a: True)
     monkeypatch.setattr(grouped, "launch", launch)
+    fakes.route_grouped_launches(monkeypatch)
     for per_group in (False, True):
         a, b, o, sa, sb = _ops(per_group=per_group)
         out = gemmlab.grouped_mm(a, b, o, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
@@ -424,8 +425,8 @@ def test_block_scaled_call_path_and_fake_impl_on_cpu(monkeypatch):
         out.copy_(torch.where(torch.isnan(ref), out.to(ref.dtype), ref).to(out.dtype))
         ran.append(p)
 
-    monkeypatch.setattr(grouped, "_runs_here", lambda a: True)
     monkeypatch.setattr(grouped, "launch", launch)
+    fakes.route_grouped_launches(monkeypatch)
     for layout in grouped.LAYOUTS:
         a, b, r, sa, sb = _block_ops(layout, T=100 if layout == "contiguous" else 40)
         kw = {"offsets": r} if layout == "contiguous" else {"counts": r}

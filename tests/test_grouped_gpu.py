@@ -492,3 +492,91 @@ def test_block_deep_k():
     out = gemmlab.grouped_mm(a, b, offs, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
     ref = grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb)
     assert rel_error(out.double(), ref) < 1e-3
+
+
+# The eager path (grouped.GroupedLaunch prepared per metadata key) ---------------------------------------
+
+def _eager_case(mode, layout, seed):
+    """Fresh grouped_mm arguments for ``mode`` ("bf16"; e4m3 "tensor" with a scale per expert; "block"
+    MN-major; "block_row": a's block scales row-major, re-laid every call) and ``layout``, their offsets
+    or counts changing with ``seed`` (uneven, an empty group)."""
+    G, T, N, K = 8, 600, 1536, 1024
+    rows = (T,) if layout == "contiguous" else (G, 96)
+    if mode == "bf16":
+        a, b = _operands(rows, G, N, K, seed=seed)
+        kw = {}
+    elif mode == "tensor":
+        a, b, sa, sb = _fp8_operands(rows, G, N, K, per_group=True, seed=seed)
+        kw = dict(scale_a=sa, scale_b=sb)
+    else:
+        a, b, sa, sb = _block_operands(rows, G, N, K, seed=seed)
+        kw = dict(scale_a=sa.contiguous() if mode == "block_row" else sa, scale_b=sb)
+    if layout == "contiguous":
+        kw["offsets"] = _uneven_offsets(G, T, seed=seed, empty=(seed % G,))
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        kw["counts"] = torch.randint(0, 97, (G,), generator=gen, dtype=torch.int32).cuda()
+    return dict(a=a, b=b, **kw)
+
+
+def _eager_check(y, c, odt="bf16"):
+    ref = grouped.reference_grouped_mm(**c)
+    _check(torch.where(torch.isnan(ref), float("nan"), y.double()), ref, odt)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "tensor", "block", "block_row"])
+@pytest.mark.parametrize("layout", grouped.LAYOUTS)
+def test_eager_fresh_tensors_every_call(mode, layout):
+    """Eager grouped_mm calls with fresh a, b, offsets / counts, scales and outputs every call (new
+    addresses, new group sizes): each matches the reference, from one prepared launch."""
+    grouped.clear_prepared_calls()
+    for seed in range(3):
+        c = _eager_case(mode, layout, seed)
+        _eager_check(gemmlab.grouped_mm(**c), c)
+    assert len(grouped._PREPARED) == 1
+
+
+def test_eager_out_keeps_rows_outside_the_groups():
+    c = _eager_case("bf16", "contiguous", 1)
+    c["offsets"][-1] = 500  # rows 500.. in no group
+    out = torch.full((600, 1536), float("nan"), device="cuda", dtype=torch.bfloat16)
+    _check(gemmlab.grouped_mm(**c, out=out), grouped.reference_grouped_mm(**c), "bf16")
+
+
+@pytest.mark.parametrize("mode", ["bf16", "block_row"])
+def test_eager_on_a_side_stream(mode):
+    """A call on a side stream launches there (its inputs made there too): the result is right after
+    that stream alone is synchronized."""
+    grouped.clear_prepared_calls()
+    c = _eager_case(mode, "contiguous", 0)
+    gemmlab.grouped_mm(**c)  # prepared on the default stream
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        c = _eager_case(mode, "contiguous", 1)
+        y = gemmlab.grouped_mm(**c)
+    side.synchronize()
+    _eager_check(y, c)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "tensor", "block_row"])
+def test_eager_call_captured_in_a_cuda_graph(mode):
+    """An eager call captured in a CUDA graph (prepared outside it; the capture keeps no preparation of
+    its own) replays with new offsets and inputs copied in, and eager calls after it still run."""
+    grouped.clear_prepared_calls()
+    c = _eager_case(mode, "contiguous", 0)
+    gemmlab.grouped_mm(**c)
+    torch.cuda.synchronize()
+    keys = len(grouped._PREPARED)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gemmlab.grouped_mm(**c)
+    assert len(grouped._PREPARED) == keys
+    for seed in (1, 2):
+        new = _eager_case(mode, "contiguous", seed)
+        for k, v in new.items():
+            c[k].copy_(v)
+        graph.replay()
+        _eager_check(y, c)
+    c2 = _eager_case(mode, "contiguous", 3)
+    _eager_check(gemmlab.grouped_mm(**c2), c2)

@@ -261,6 +261,32 @@ _F8_A, _F8_A_SHORT, _F8_B, _F8_C, _F8_C_TAIL, _F8_SA_MAP, _F8_SB_MAP = range(7)
 _F8_SA, _F8_SB, _F8_BIAS, _F8_OUT = 11, 12, 13, 14
 
 
+def scale_map(launcher: Launcher, index: int, scale: torch.Tensor, view: torch.Tensor,
+              box: tuple[int, int]) -> tuple[MapSlot, bool]:
+    """Parameter ``index``: the descriptor of block scales' MN-major ``view`` (``block_scales_mn_major``'s
+    or ``grouped.scale_rows_mn_major``'s of ``scale``), and whether that view is ``scale`` itself (else
+    the prepared launch re-lays it every call)."""
+    slot = MapSlot(launcher, index, view.data_ptr(), *view.shape, view.stride(0), torch.float32, box,
+                   swizzle_bytes=0)
+    return slot, view.data_ptr() == scale.data_ptr()
+
+
+def scale_views(launch, relay, scale_a: torch.Tensor, scale_b: torch.Tensor) -> tuple | None:
+    """A block-scaled prepared launch's (``block``) scale views for this call: each scale itself where
+    read in place (``sa_in_place`` / ``sb_in_place``), else ``relay``'s copy of it; None without block
+    scales. The caller keeps them until the launch is enqueued."""
+    if not launch.block:
+        return None
+    return (scale_a if launch.sa_in_place else relay(scale_a), scale_b if launch.sb_in_place else relay(scale_b))
+
+
+def point_scale_maps(launch, views: tuple | None) -> None:
+    """Point the launch's block-scale descriptors (``map_sa``, ``map_sb``) at ``scale_views``' views."""
+    if views is not None:
+        launch.map_sa.point_at(views[0].data_ptr())
+        launch.map_sb.point_at(views[1].data_ptr())
+
+
 class Fp8Launch:
     """``launch_fp8`` prepared once, as ``engine.Engine2Launch`` is for the bf16 kernel: the instantiation,
     the parameter block, descriptors that follow the tensors passed to ``run`` (address replacement,
@@ -309,28 +335,18 @@ class Fp8Launch:
             L.set_map(_F8_SB_MAP, self.map_a.tmap)
 
     def _scale_map(self, index: int, scale: torch.Tensor, box: tuple[int, int]) -> tuple[MapSlot, bool]:
-        """The descriptor of a block-scale tensor's MN-major view, and whether that view is the tensor
-        itself (else ``run`` re-lays it every call)."""
-        view = block_scales_mn_major(scale)
-        slot = MapSlot(self.launcher, index, view.data_ptr(), *view.shape, view.stride(0), torch.float32, box,
-                       swizzle_bytes=0)
-        return slot, view.data_ptr() == scale.data_ptr()
+        return scale_map(self.launcher, index, scale, block_scales_mn_major(scale), box)
 
     def run(self, stream: int, a: torch.Tensor, w: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
             out: torch.Tensor, bias: torch.Tensor | None) -> None:
         """Launch on ``stream`` (a raw handle) for tensors with the metadata this launch was built for;
         ``w`` is the (N, K) weight or ``b = w.t()`` (only its address is read)."""
-        sa = sb = None
-        if self.block:  # kept alive until the launch is enqueued
-            sa = scale_a if self.sa_in_place else block_scales_mn_major(scale_a)
-            sb = scale_b if self.sb_in_place else block_scales_mn_major(scale_b)
+        views = scale_views(self, block_scales_mn_major, scale_a, scale_b)  # kept alive until enqueued
         L = self.launcher
         with L.lock:
             po = out.data_ptr()
             point_maps(self, a.data_ptr(), w.data_ptr(), po)
-            if sa is not None:
-                self.map_sa.point_at(sa.data_ptr())
-                self.map_sb.point_at(sb.data_ptr())
+            point_scale_maps(self, views)
             L.set_ptr(_F8_SA, scale_a.data_ptr())
             L.set_ptr(_F8_SB, scale_b.data_ptr())
             L.set_ptr(_F8_BIAS, bias.data_ptr() if self.has_bias else po)

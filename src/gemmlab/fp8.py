@@ -242,12 +242,7 @@ class _Prepared:
         if self.launch is None:
             return gemm(a, b, scale_a, scale_b, out_dtype=self.out_dtype, bias=bias, activation=self.activation)
         out = torch.empty(*self.shape, dtype=self.out_dtype, device=self.device)
-        dev = self.dev
-        if dev >= 0 and dev != torch.cuda.current_device():
-            with torch.cuda.device(dev):
-                self.launch.run(ops._stream(dev), a, b, scale_a, scale_b, out, bias)
-        else:
-            self.launch.run(ops._stream(dev), a, b, scale_a, scale_b, out, bias)
+        ops.run_on(self.dev, self.launch, a, b, scale_a, scale_b, out, bias)
         return out
 
 
@@ -268,10 +263,7 @@ def _prepared(a, b, scale_a, scale_b, bias, out_dtype, activation) -> _Prepared:
         return call
     p = validate(a, b, scale_a, scale_b, out_dtype, bias, activation)
     call = _Prepared(p, a, b, scale_a, scale_b, bias, activation)
-    if key is not None and not (a.is_cuda and torch.cuda.is_current_stream_capturing()):
-        if len(_PREPARED) >= MAX_PREPARED:
-            _PREPARED.clear()
-        _PREPARED[key] = call
+    ops.keep_prepared(_PREPARED, key, call, a.device, MAX_PREPARED)
     return call
 
 

@@ -49,10 +49,12 @@ from typing import Optional
 
 import torch
 
-from . import plan_cost
+from . import ops, plan_cost
 from .devices import DeviceProfile
+from .engine import OutputMaps, _index, point_maps
 from .errors import UnsupportedProblem
 from .fp8 import check_scale_tensors
+from .jit.launch import Launcher, MapSlot
 from .planner import Warpgroups
 
 SOURCE = "engine/gemm_grouped.cu"
@@ -652,11 +654,16 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor]
     (G, C, K / 128)), one per row and 128 of K, and ``scale_b`` (G, ceil(N / 128), K / 128), one per
     128 x 128 block of b[g]: out[r, n] = sum_kb scale_a[r, kb] scale_b[g, n // 128, kb] (a_g @ b[g].T over
     k-block kb). Any strides; stored MN-major (``fp8.quantize_blocks`` on a, ``fp8.quantize_expert_blocks``)
-    they are read in place, else copied once per call. Both scales block-shaped or both per-tensor."""
-    validate(a, b, offsets, counts, out, out_dtype, scale_a=scale_a, scale_b=scale_b)
+    they are read in place, else copied once per call. Both scales block-shaped or both per-tensor.
+
+    Eager calls on plain CUDA tensors (outside tracing, torch modes, the profiler and autograd) skip the
+    op's dispatch and run the call prepared for their metadata key (``_key``): validated, planned and
+    built once (``GroupedLaunch``), then a repeat call allocates the output and launches."""
+    if ops.eager_mode(a, b, offsets, counts, scale_a, scale_b, out=out) is True:
+        return _prepared(a, b, offsets, counts, out, out_dtype, scale_a, scale_b)(a, b, offsets, counts, out,
+                                                                                 scale_a, scale_b)
+    _check_call(a, b, offsets, counts, out, out_dtype, scale_a, scale_b)
     if a.dtype == E4M3:
-        if out is not None:
-            raise UnsupportedProblem("FP8 grouped_mm returns a new tensor (out_dtype=...), it takes no out=")
         return _grouped_scaled_mm_op(a, b, offsets, counts, scale_a, scale_b, out_dtype)
     if out is not None:
         _grouped_mm_out_op(a, b, offsets, counts, out)
@@ -667,7 +674,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor]
 @torch.library.custom_op("gemmlab::grouped_mm", mutates_args=())
 def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor],
                    counts: Optional[torch.Tensor], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
-    return run(a, b, offsets, counts, out_dtype=out_dtype)
+    return _prepared(a, b, offsets, counts, None, out_dtype, None, None)(a, b, offsets, counts, None, None, None)
 
 
 @_grouped_mm_op.register_fake
@@ -680,7 +687,8 @@ def _grouped_mm_fake(a, b, offsets, counts, out_dtype):
 def _grouped_scaled_mm_op(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor],
                           counts: Optional[torch.Tensor], scale_a: torch.Tensor, scale_b: torch.Tensor,
                           out_dtype: Optional[torch.dtype]) -> torch.Tensor:
-    return run(a, b, offsets, counts, out_dtype=out_dtype, scale_a=scale_a, scale_b=scale_b)
+    call = _prepared(a, b, offsets, counts, None, out_dtype, scale_a, scale_b)
+    return call(a, b, offsets, counts, None, scale_a, scale_b)
 
 
 @_grouped_scaled_mm_op.register_fake
@@ -692,12 +700,171 @@ def _grouped_scaled_mm_fake(a, b, offsets, counts, scale_a, scale_b, out_dtype):
 @torch.library.custom_op("gemmlab::grouped_mm_out", mutates_args=("out",))
 def _grouped_mm_out_op(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor],
                        counts: Optional[torch.Tensor], out: torch.Tensor) -> None:
-    run(a, b, offsets, counts, out)
+    _prepared(a, b, offsets, counts, out, None, None, None)(a, b, offsets, counts, out, None, None)
 
 
 @_grouped_mm_out_op.register_fake
 def _grouped_mm_out_fake(a, b, offsets, counts, out):
     validate(a, b, offsets, counts, out, None)
+
+
+def _check_call(a, b, offsets, counts, out, out_dtype, scale_a, scale_b) -> GroupedProblem:
+    """``validate``, and what ``grouped_mm`` refuses on top of it (FP8 with ``out=``)."""
+    p = validate(a, b, offsets, counts, out, out_dtype, scale_a=scale_a, scale_b=scale_b)
+    if p.dtype == E4M3 and out is not None:
+        raise UnsupportedProblem("FP8 grouped_mm returns a new tensor (out_dtype=...), it takes no out=")
+    return p
+
+
+# Prepared calls: validated, planned and built once per metadata key --------------------------------------
+
+# The grouped kernel's parameters, in order (engine_gemm_grouped in kernels/engine/gemm_grouped.cu).
+PARAMS = ("tmap", "tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "ptr", "ptr", "i32",
+          "ptr", "i64")
+_P_A, _P_B, _P_C, _P_SA_MAP, _P_SB_MAP, _P_RANGES = range(6)
+_P_SA, _P_SB, _P_OUT = 12, 13, 15
+
+
+class GroupedLaunch:
+    """``launch`` prepared once, as ``engine2.Fp8Launch`` is for the dense FP8 kernel: the instantiation, a
+    ``Launcher`` whose parameter block is built once, and descriptors (``MapSlot``) that follow the
+    tensors passed to ``run`` (an address replaced only when it changed). ``grouped_mm`` keeps one per
+    metadata key (``_key``).
+
+    Built from tensors with the metadata of every later call's (shapes, strides, dtypes, device, 16-byte
+    alignment), arguments as ``launch``'s. The offsets / counts are a pointer: their values are read on
+    the device, never here. Block scales are read where they are when ``scale_rows_mn_major`` takes them
+    in place; otherwise each ``run`` re-lays them into a buffer from torch's allocator (stream-ordered,
+    and a CUDA graph's pool during capture: no buffer of this launch's own is shared between streams or
+    graphs)."""
+
+    def __init__(self, p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tensor, lead: int,
+                 out: torch.Tensor, scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None,
+                 sb_step: int = 0):
+        G, N, K = b.shape
+        rows = a.shape[0] if a.dim() == 2 else a.shape[1]
+        if (G, rows, N, K) != (p.groups, p.rows, p.N, p.K) or (a.dim() == 2) != (p.layout == "contiguous"):
+            raise UnsupportedProblem(f"plan is for {p.layout} {p.groups} x {p.rows} x {p.N} x {p.K}, the operands "
+                                     f"are a {tuple(a.shape)}, b {tuple(b.shape)}")
+        o2 = _rows2d(out)
+        if not p.direct and not tma_storable(out):
+            raise UnsupportedProblem("this plan TMA-stores out, whose rows or start are not 16-byte aligned: use "
+                                     "a plan with direct=True (plan_for picks one)")
+        self.plan = p
+        self.fp8 = p.dtype == "e4m3"
+        self.block = p.scale == "block"
+        la = p.launch_args()
+        L = self.launcher = Launcher(compile_plan(p), PARAMS, grid=la["grid"], block=la["block"], smem=la["smem"],
+                                     cluster=None, device_index=_index(a.device))
+        for i, v in ((6, lead), (7, G), (8, rows), (9, N), (10, K), (11, min(p.panel, 2**31 - 1)), (14, sb_step)):
+            L.set_i32(i, v)
+        L.set_i64(16, o2.stride(0))
+        a2, b2 = _rows2d(a), _rows2d(b)
+        dt = torch.uint8 if self.fp8 else a.dtype  # TMA moves FP8 as bytes; a k-step is one 128-byte row
+        row = 128 // a2.element_size()
+        self.map_a = self.map_a_short = MapSlot(L, _P_A, a2.data_ptr(), *a2.shape, a2.stride(0), dt, (p.bm, row))
+        self.map_b = MapSlot(L, _P_B, b2.data_ptr(), *b2.shape, b2.stride(0), dt, (p.bn, row))
+        # One output descriptor (no tail piece): its index doubles as OutputMaps' tail index.
+        box = (64, 128 // o2.element_size())
+        self.maps_c = OutputMaps(L, _P_C, _P_C, o2, (box, None, 0), p.direct, self.map_a)
+        self.map_sa = self.map_sb = None
+        if self.block:  # per k-step one box of each (from multiples of 4): A's bm + 4 row scales, B's 8 blocks
+            self.map_sa, self.sa_in_place = self._scale_map(_P_SA_MAP, scale_a, (1, p.bm + 4))
+            self.map_sb, self.sb_in_place = self._scale_map(_P_SB_MAP, scale_b, (1, 8))
+        else:
+            L.set_map(_P_SA_MAP, self.map_a.tmap)  # unread
+            L.set_map(_P_SB_MAP, self.map_a.tmap)
+
+    def _scale_map(self, index: int, scale: torch.Tensor, box: tuple[int, int]) -> tuple[MapSlot, bool]:
+        from .engine2 import scale_map
+
+        return scale_map(self.launcher, index, scale, scale_rows_mn_major(scale), box)
+
+    def run(self, stream: int, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tensor, out: torch.Tensor,
+            scale_a: torch.Tensor | None, scale_b: torch.Tensor | None) -> None:
+        """Launch on ``stream`` (a raw handle) for tensors with the metadata this launch was built for."""
+        from .engine2 import point_scale_maps, scale_views
+
+        views = scale_views(self, scale_rows_mn_major, scale_a, scale_b)  # kept alive until enqueued
+        L = self.launcher
+        with L.lock:
+            po = out.data_ptr()
+            point_maps(self, a.data_ptr(), b.data_ptr(), po)
+            point_scale_maps(self, views)
+            L.set_ptr(_P_RANGES, ranges.data_ptr())
+            L.set_ptr(_P_SA, scale_a.data_ptr() if self.fp8 else po)  # bf16 reads no scales
+            L.set_ptr(_P_SB, scale_b.data_ptr() if self.fp8 else po)
+            L.set_ptr(_P_OUT, po)
+            L.launch(stream)
+
+
+def _key(a, b, offsets, counts, out, out_dtype, scale_a, scale_b) -> tuple:
+    """Everything ``validate``, the plan and the launch depend on, except the tensors' addresses and the
+    offsets' / counts' values (read on the device; the plan is priced for evenly filled groups, from the
+    shapes alone): each tensor's shape, strides, dtype, device and 16-byte alignment (``ops._meta``: the
+    offsets' length says boundaries or ends; the scales' shapes say per-tensor, per-group or block, their
+    strides and alignment whether block scales are read in place; out's alignment whether TMA stores
+    it), which of offsets / counts (the layout), and the out dtype."""
+    m = ops._meta
+    return (m(a), m(b), None if offsets is None else m(offsets), None if counts is None else m(counts),
+            None if out is None else m(out), out_dtype, None if scale_a is None else m(scale_a),
+            None if scale_b is None else m(scale_b))
+
+
+class _Prepared:
+    """A validated ``grouped_mm`` call and its launch (``GroupedLaunch``), run for every call with the
+    same ``_key``. Problems without rows or columns keep no launch."""
+
+    __slots__ = ("shape", "out_dtype", "device", "dev", "launch")
+
+    def __init__(self, p: GroupedProblem, a, b, offsets, counts, out, scale_a, scale_b):
+        self.shape, self.out_dtype, self.device = p.out_shape, p.out_dtype, a.device
+        self.dev = a.get_device()
+        self.launch = None
+        if not _runs_here(a):
+            raise UnsupportedProblem(f"grouped_mm runs on a CUDA (Hopper) device; the operands are on {a.device}")
+        if p.rows and p.N:
+            if a.data_ptr() % 16 or b.data_ptr() % 16:
+                raise UnsupportedProblem("a and b must start 16-byte aligned (TMA)")
+            example = out if out is not None else torch.empty(p.out_shape, dtype=p.out_dtype, device=a.device)
+            pl = plan_for(a, b, offsets, counts, out_dtype=p.out_dtype, scale_a=scale_a, scale_b=scale_b)
+            if not pl.direct and not tma_storable(example):  # an out= view at an odd start: store directly
+                pl = dataclasses.replace(pl, direct=True)
+            ranges = offsets if offsets is not None else counts
+            with ops._on_device(a.device):  # the kernel loads and its smem limit is set on a's device
+                self.launch = GroupedLaunch(pl, a, b, ranges, p.lead, example, scale_a, scale_b, p.sb_step)
+
+    def __call__(self, a, b, offsets, counts, out, scale_a, scale_b) -> torch.Tensor:
+        if out is None:
+            out = torch.empty(*self.shape, dtype=self.out_dtype, device=self.device)
+        if self.launch is not None:
+            ops.run_on(self.dev, self.launch, a, b, offsets if offsets is not None else counts, out, scale_a, scale_b)
+        return out
+
+
+_PREPARED: dict[tuple, _Prepared] = {}
+MAX_PREPARED = 4096  # keys without end (e.g. every token count): start over
+
+
+def _prepared(a, b, offsets, counts, out, out_dtype, scale_a, scale_b) -> _Prepared:
+    """The prepared call for these arguments: from the cache, else validated (every error raised here,
+    before any device work) and prepared (``ops.keep_prepared``: not kept under CUDA graph capture)."""
+    try:
+        key = _key(a, b, offsets, counts, out, out_dtype, scale_a, scale_b)
+        call = _PREPARED.get(key)
+    except (RuntimeError, TypeError, AttributeError):  # unhashable arguments, lists for offsets...
+        key = call = None
+    if call is not None:
+        return call
+    p = _check_call(a, b, offsets, counts, out, out_dtype, scale_a, scale_b)
+    call = _Prepared(p, a, b, offsets, counts, out, scale_a, scale_b)
+    ops.keep_prepared(_PREPARED, key, call, a.device, MAX_PREPARED)
+    return call
+
+
+def clear_prepared_calls() -> None:
+    """Forget every prepared ``grouped_mm`` call (the next call of each key validates and prepares again)."""
+    _PREPARED.clear()
 
 
 # The reference (pure torch, any device) -----------------------------------------------------------------

@@ -432,6 +432,28 @@ def _stream(dev: int) -> int:
     return torch._C._cuda_getCurrentRawStream(dev)
 
 
+def keep_prepared(calls: dict, key, call, device: torch.device, limit: int) -> None:
+    """Keep a prepared call (``gemmlab.scaled_mm``'s, ``gemmlab.grouped_mm``'s) under its metadata ``key``
+    in ``calls``, emptied first when it holds ``limit`` keys (keys without end, e.g. every sequence
+    length: start over). Not kept without a key, nor when prepared during a CUDA graph capture: what it
+    allocated then belongs to the graph's pool, and its descriptors point at the capture's tensors."""
+    if key is None or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return
+    if len(calls) >= limit:
+        calls.clear()
+    calls[key] = call
+
+
+def run_on(dev: int, launch, *args) -> None:
+    """``launch.run(stream, *args)`` on device ``dev`` (-1: a CPU test's tensors) and its current stream,
+    making ``dev`` current first where it is not (a prepared launch's kernel is loaded on its device)."""
+    if dev >= 0 and dev != torch.cuda.current_device():
+        with torch.cuda.device(dev):
+            launch.run(_stream(dev), *args)
+    else:
+        launch.run(_stream(dev), *args)
+
+
 class _CallCache:
     """Prepared calls by key. A tuned plan saved after a call was prepared must reach the next call, so the
     engine's tuned-plan files are watched (``engine.tuned_plans_stamp``): a save in this process is seen
