@@ -44,6 +44,19 @@ def test_few_tokens_prefer_a_swapped_plan(M):
     assert not planner.plan(M, 14336, 4096, out_dtype="fp32").swap_ab  # none applies: the plain plan
 
 
+@pytest.mark.parametrize("M", [1, 16])
+def test_a_streamed_best_swapped_plan_is_not_preferred(M):
+    """Where the model's best swapped plan is stream-K (11008 weight rows: 172 swapped tiles, 1.3 waves) the
+    model ranks both kinds: the swapped stream-K plans ran 0.90-0.92x torch.mm there, the plain 64 x 144
+    data-parallel plan 0.99-1.01x (H200)."""
+    ps = planner.candidates(M, 11008, 4096)
+    assert _swapped(M, 11008, 4096)[0].schedule == "stream_k"
+    keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in ps]
+    assert keys == sorted(keys)
+    assert not planner.plan(M, 11008, 4096).swap_ab
+    assert planner.plan(M, 4096, 11008).swap_ab  # a split-K swapped plan is still preferred
+
+
 def test_past_the_preference_the_model_ranks_both():
     M = planner.SWAP_PREFER_M + 32
     ps = planner.candidates(M, 3072, 3072)
@@ -257,11 +270,13 @@ def _route(M, N, K):
                                      (1, 4096, 4096), (32, 8192, 8192), (8, 1024, 1024), (16, 3072, 1000)])
 def test_the_router_weighs_kernels_by_plain_prices_and_runs_the_swapped_plan(monkeypatch, M, N, K):
     """Up to SWAP_PREFER_M tokens the router picks decode / h11 / engine kernel exactly as without swapped
-    plans (the plain plans' prices), and where the engine kernel runs, it runs the swapped plan."""
+    plans (the plain plans' prices), and where the engine kernel runs, it runs the swapped plan unless the
+    best swapped plan is stream-K."""
     on = _route(M, N, K)
     monkeypatch.setattr(planner, "SWAP_AB", False)
     off = _route(M, N, K)
     assert on.kernel == off.kernel
     if on.kernel == "engine":
-        assert on.plan.swap_ab and not off.plan.swap_ab
-        assert on.plan == planner.candidates(M, N, K, a_mn=on.plan.a_mn, b_mn=on.plan.b_mn, swap_ab=True)[0]
+        best = planner.candidates(M, N, K, a_mn=on.plan.a_mn, b_mn=on.plan.b_mn, swap_ab=True)[0]
+        assert on.plan == best and not off.plan.swap_ab
+        assert on.plan.swap_ab == (_swapped(M, N, K)[0].schedule != "stream_k")

@@ -50,11 +50,15 @@ OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
 SWAP_AB = True
 SWAP_MAX_M = 64
 # Up to SWAP_PREFER_M tokens a swapped plan runs whenever one applies (the model ranks them among
-# themselves; the plain plans follow). Measured (H200, swap_probe.jsonl, the model's first swapped plan
-# against the router's plain one): M = 1..32 on 8 shapes 0.99-1.07x torch.mm against 0.86-1.03x (never
-# slower, 1x16384x16384 1.009 / 0.984, 16x4096x14336 1.067 / 0.944, 4x5120x4096 0.969 / 0.910); at
-# M = 64 even or worse (64x3072x3072 0.826 / 0.886). The model alone prices the swapped tiles' lone
-# consumer and extra epilogues too high to pick them: a rule from records until it is refitted.
+# themselves; the plain plans follow), unless the model's best swapped plan is stream-K: then the model
+# ranks both kinds. Measured (H200, swap_probe.jsonl, the model's first swapped plan against the router's
+# plain one): M = 1..32 on 8 shapes 0.99-1.07x torch.mm against 0.86-1.03x (1x16384x16384 1.009 / 0.984,
+# 16x4096x14336 1.067 / 0.944, 4x5120x4096 0.969 / 0.910); at M = 64 even or worse (64x3072x3072 0.826 /
+# 0.886). The swapped stream-K plans lost (swap_stack_probe.jsonl, 42a6e61): 1x11008x4096 0.916 against
+# the plain 64x144 data-parallel plan's 1.014, 16x11008x4096 0.904 / 0.990 (172 swapped tiles: 1.3 waves).
+# The model prices the swapped tiles' lone consumer and extra epilogues too high to pick them where they
+# win (4096x11008: split-K x2 swapped 1.13-1.15 against the plain 1.04): a rule from records until it is
+# refitted.
 SWAP_PREFER_M = 32
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
@@ -399,10 +403,19 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
                 continue
             plans += _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
                                  direct, heavy, out_bytes, prof, offered)
-    prefer_swap = swap and M <= SWAP_PREFER_M
+    prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab,
                               rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages)))
     return tuple(plans)
+
+
+def _best_swapped_not_streamed(plans) -> bool:
+    """Whether the model's best swapped plan among ``plans`` is not stream-K (``SWAP_PREFER_M``)."""
+    swapped = [p for p in plans if p.swap_ab]
+    if not swapped:
+        return False
+    best = min(swapped, key=lambda p: rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages))
+    return best.schedule != "stream_k"
 
 
 def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn, direct, heavy,
