@@ -3,6 +3,7 @@ kernel, the current engine (h11, ``gemmlab.engine``) and torch.mm, interleaved i
 
     PYTHONPATH=src python3 benchmarks/engine_broad.py --out $OUT/engine_broad.jsonl [--limit 40]
         [--shapes "2040,3584,3584;512,1024,4096"] [--classes mid,unaligned] [--budget-s 300]
+        [--tiles 64x160,64x208 --max-m 1536]
 
 Shapes come from ``benchmarks/shapes/broad.json`` (``gemmlab.broad_shapes``), spread over the set in a
 fixed order when ``--limit`` takes a subset. Per shape the candidates are: ``model`` (``plan()``'s pick),
@@ -64,11 +65,17 @@ def load_cases(args) -> list[dict]:
     return cases
 
 
-def candidate_plans(M: int, N: int, K: int, profile) -> dict[str, planner.Plan]:
-    """name -> plan: the model's pick, the best of each other schedule, the best of another tile height."""
+def candidate_plans(M: int, N: int, K: int, profile, tiles=()) -> dict[str, planner.Plan]:
+    """name -> plan: the model's pick, the best of each other schedule, the best of another tile height,
+    and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN")."""
     cands = planner.candidates(M, N, K, profile=profile, schedules=planner.SCHEDULES)
-    best = planner.candidates(M, N, K, profile=profile)[0]  # what the planner offers
+    offered = planner.candidates(M, N, K, profile=profile)
+    best = offered[0]  # what the planner offers
     out = {"model": best}
+    for bm, bn in tiles:
+        alt = next((c for c in offered if (c.bm, c.bn) == (bm, bn) and not c.swap_ab), None)
+        if alt is not None and alt != best:
+            out[f"tile {bm}x{bn}"] = alt
     for sched in planner.SCHEDULES:
         if sched != best.schedule:
             alt = next((c for c in cands if c.schedule == sched), None)
@@ -105,14 +112,17 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="stop starting shapes after this long")
     p.add_argument("--skip-measured", default=None, metavar="PATH@SHA",
                    help="skip shapes with an engine record of that git sha in PATH (finish a cut-short run)")
+    p.add_argument("--tiles", default="", help="BMxBN,...: also time the model's best plan of each of these tiles")
+    p.add_argument("--max-m", type=int, default=0, help="only shapes with M <= this")
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     args = p.parse_args()
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
     info = gpu_info()
     prof = engine2._profile(torch.device("cuda"))
-    cases = load_cases(args)
-    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof)) for c in cases]
+    cases = [c for c in load_cases(args) if not args.max_m or c["M"] <= args.max_m]
+    tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
+    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof, tiles)) for c in cases]
     precompile([pl for _, ps in per_case for pl in ps.values()], args.workers)
     sha = git_sha()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
