@@ -118,6 +118,11 @@ def _clock(r: dict) -> float:
     return r.get("kernel_sm_clock_mhz") or r["sm_clock_mhz"]
 
 
+def _kernel_problem(r: dict) -> tuple[int, int, int]:
+    """The problem the record's plan tiles: (N, M, K) for a swap-AB plan (out^T = W @ A^T), else (M, N, K)."""
+    return (r["N"], r["M"], r["K"]) if "swap AB" in (r.get("plan") or "") else (r["M"], r["N"], r["K"])
+
+
 def broad_eval(recs: list[dict], half: set, prof) -> dict:
     """Mean |log measured / predicted| (each record priced at its kernel's clock) and the pick's loss
     (geomean, worst) over the shapes in ``half``: the plan the planner would rank first among a shape's
@@ -129,9 +134,10 @@ def broad_eval(recs: list[dict], half: set, prof) -> dict:
             continue
         kw = dict(bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"], splits=r["splits"],
                   sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof, direct=(r["N"] * 2) % 16 != 0)
-        t = plan_cost.predict_s(*s, clock_mhz=_clock(r), **kw)
+        ks = _kernel_problem(r)  # a swapped plan tiles N x M x K
+        t = plan_cost.predict_s(*ks, clock_mhz=_clock(r), **kw)
         logs.append(abs(math.log(r["time_ms"] * 1e-3 / t)))
-        key = planner.rank_key(plan_cost.predict_s(*s, **kw), s[0], r["schedule"], r["splits"], r["bm"], r["bn"],
+        key = planner.rank_key(plan_cost.predict_s(*ks, **kw), ks[0], r["schedule"], r["splits"], r["bm"], r["bn"],
                                r["stages"])
         by[s].append((key, r["time_ms"]))
     loss = [min(v)[1] / min(m for _, m in v) for v in by.values()]
@@ -242,6 +248,8 @@ def halves(cases: dict) -> tuple[set, set]:
 
 
 def _price(s, r, prof) -> float:
+    if "swap AB" in (r.get("plan") or ""):  # a swap-AB plan tiles N x M x K
+        s = (s[1], s[0], s[2])
     return plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
                                splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
                                direct=(s[1] * 2) % 16 != 0)

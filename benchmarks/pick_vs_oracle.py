@@ -93,11 +93,14 @@ def halves(shapes) -> tuple[set, set]:
 def plan_key(p) -> tuple:
     """What identifies an engine-kernel plan (a ``planner.Plan`` or a record)."""
     get = (lambda k: getattr(p, k)) if isinstance(p, planner.Plan) else p.get
-    return tuple(get(k) for k in ("bm", "bn", "schedule", "splits", "sk_tiles", "sk_ctas", "stages"))
+    swapped = p.swap_ab if isinstance(p, planner.Plan) else "swap AB" in (p.get("plan") or "")
+    return tuple(get(k) for k in ("bm", "bn", "schedule", "splits", "sk_tiles", "sk_ctas", "stages")) + (swapped,)
 
 
 def price(s, r, prof) -> float:
-    """A record's plan priced by ``plan_cost`` at the planning clock."""
+    """A record's plan priced by ``plan_cost`` at the planning clock (a swap-AB plan tiles N x M x K)."""
+    if "swap AB" in (r.get("plan") or ""):
+        s = (s[1], s[0], s[2])
     return plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
                                splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
                                direct=(s[1] * 2) % 16 != 0)
@@ -116,9 +119,21 @@ def route(case: Case, prof, measured_only: bool = False) -> Choice:
     s = case.shape
     if measured_only:  # among the schedules the planner offers (global split-K is timed, not offered)
         offered = [r for r in case.plans.values() if r["schedule"] in planner.OFFERED_SCHEDULES]
-        rec = min(offered, key=lambda r: planner.rank_key(
-            price(s, r, prof), s[0], r["schedule"], r["splits"], r["bm"], r["bn"], r["stages"]))
+
+        def key(r):
+            swapped = "swap AB" in (r.get("plan") or "")
+            return planner.rank_key(price(s, r, prof), s[1] if swapped else s[0], r["schedule"], r["splits"],
+                                    r["bm"], r["bn"], r["stages"])
+
+        rec = min(offered, key=key)
         new_s, new = price(s, rec, prof), rec
+        # planner.SWAP_PREFER_M: at few tokens the best swapped plan runs unless it is stream-K, priced
+        # for the router as the best plain plan
+        swapped = sorted((r for r in offered if "swap AB" in (r.get("plan") or "")), key=key)
+        plain = sorted((r for r in offered if "swap AB" not in (r.get("plan") or "")), key=key)
+        if s[0] <= planner.SWAP_PREFER_M and swapped and swapped[0]["schedule"] != "stream_k":
+            new = rec = swapped[0]
+            new_s = price(s, plain[0], prof) if plain else price(s, rec, prof)
     else:
         new = planner.candidates(*s, profile=prof)[0]
         new_s = new.predicted_s
