@@ -20,6 +20,7 @@ import math
 import os
 import re
 import shlex
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -205,8 +206,12 @@ def eager_table(records: list[dict]) -> str:
         for dtype in sorted({r["dtype"] for r in kinds["per_call"] + kinds["stack"]}):
             rs = [r for r in kinds["per_call"] if r["dtype"] == dtype]
             stack_rs = [r for r in kinds["stack"] if r["dtype"] == dtype]
-            stack = {r["M"]: _wall_ratio(r) for r in stack_rs}
-            stack_cell = ", ".join(f"{stack[m]:.2f}x" for m in sorted(stack)) or "-"
+            stack: dict[int, list[float]] = {}
+            for r in stack_rs:  # a run may repeat the stack (separate processes): the median, and how many
+                stack.setdefault(r["M"], []).append(_wall_ratio(r))
+            stack_cell = ", ".join(f"{statistics.median(stack[m]):.2f}x" for m in sorted(stack)) or "-"
+            if any(len(v) > 1 for v in stack.values()):
+                stack_cell += f" (median of {max(map(len, stack.values()))})"
             clock = (rs or stack_rs)[0].get("sm_clock_mhz") or "-"
             if not rs:  # a stack-only run (eager_host.py --stack-only)
                 rows.append(f"| {sha[:7]} | {dtype} | - | - | - | - | {stack_cell} | {clock} |")
