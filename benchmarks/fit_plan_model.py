@@ -118,11 +118,6 @@ def _clock(r: dict) -> float:
     return r.get("kernel_sm_clock_mhz") or r["sm_clock_mhz"]
 
 
-def _kernel_problem(r: dict) -> tuple[int, int, int]:
-    """The problem the record's plan tiles: (N, M, K) for a swap-AB plan (out^T = W @ A^T), else (M, N, K)."""
-    return (r["N"], r["M"], r["K"]) if "swap AB" in (r.get("plan") or "") else (r["M"], r["N"], r["K"])
-
-
 def broad_eval(recs: list[dict], half: set, prof) -> dict:
     """Mean |log measured / predicted| (each record priced at its kernel's clock) and the pick's loss
     (geomean, worst) over the shapes in ``half``: the plan the planner would rank first among a shape's
@@ -134,7 +129,7 @@ def broad_eval(recs: list[dict], half: set, prof) -> dict:
             continue
         kw = dict(bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"], splits=r["splits"],
                   sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof, direct=(r["N"] * 2) % 16 != 0)
-        ks = _kernel_problem(r)  # a swapped plan tiles N x M x K
+        ks = pick_vs_oracle.kernel_problem(s, r)  # a swapped plan tiles N x M x K
         t = plan_cost.predict_s(*ks, clock_mhz=_clock(r), **kw)
         logs.append(abs(math.log(r["time_ms"] * 1e-3 / t)))
         key = planner.rank_key(plan_cost.predict_s(*ks, **kw), ks[0], r["schedule"], r["splits"], r["bm"], r["bn"],
@@ -247,12 +242,7 @@ def halves(cases: dict) -> tuple[set, set]:
     return fit, set(shapes) - fit
 
 
-def _price(s, r, prof) -> float:
-    if "swap AB" in (r.get("plan") or ""):  # a swap-AB plan tiles N x M x K
-        s = (s[1], s[0], s[2])
-    return plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
-                               splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
-                               direct=(s[1] * 2) % 16 != 0)
+_price = pick_vs_oracle.price  # a record priced at the planning clock
 
 
 def decode_rows(cases: dict, sm_count: int = 132):

@@ -97,10 +97,14 @@ def plan_key(p) -> tuple:
     return tuple(get(k) for k in ("bm", "bn", "schedule", "splits", "sk_tiles", "sk_ctas", "stages")) + (swapped,)
 
 
+def kernel_problem(s, r) -> tuple[int, int, int]:
+    """The problem a record's plan tiles: (N, M, K) for a swap-AB plan (out^T = W @ A^T), else ``s``."""
+    return (s[1], s[0], s[2]) if "swap AB" in (r.get("plan") or "") else tuple(s)
+
+
 def price(s, r, prof) -> float:
     """A record's plan priced by ``plan_cost`` at the planning clock (a swap-AB plan tiles N x M x K)."""
-    if "swap AB" in (r.get("plan") or ""):
-        s = (s[1], s[0], s[2])
+    s = kernel_problem(s, r)
     return plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
                                splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
                                direct=(s[1] * 2) % 16 != 0)
