@@ -22,9 +22,11 @@ def _pick(M, N, K, bm, bn, schedule, **kw) -> planner.Plan:
     the planner does not offer it (direct stores, rows of K not 32-byte aligned: slower, but the kernel
     runs them) is the data-parallel plan of the tile with ping-pong consumers."""
     prof = engine2._profile(torch.device("cuda"))
-    cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES, **kw)
+    kw = dict(kw)
+    mcast = 2 if kw.pop("mcast", False) else 1
+    cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES, mcast=mcast > 1, **kw)
     for c in cands:
-        if (c.bm, c.bn, c.schedule) == (bm, bn, schedule):
+        if (c.bm, c.bn, c.schedule, c.mcast) == (bm, bn, schedule, mcast):
             return c
     if schedule == "pingpong":
         for c in cands:
@@ -93,6 +95,17 @@ CASES = [
     ((1000, 2000, 3000), 128, 96, "split_k_global", {"dtype": "fp16", "out_dtype": "fp16", "activation": "relu",
                                                       "bias_dtype": "fp16"}),
     ((512, 1024, 4096), 128, 128, "split_k_global", {"a_mn": True, "b_mn": True}),
+    # B multicast: pairs of CTAs on vertically adjacent tiles share B's tile (each loads half)
+    ((3000, 3000, 3000), 128, 144, "data_parallel", {"mcast": True}),  # rows of K 16- not 32-byte aligned
+    ((2050, 3000, 1000), 128, 224, "data_parallel", {"mcast": True}),  # 17 rows of tiles: a padding tile
+    ((300, 2000, 777), 256, 128, "data_parallel", {"mcast": True}),  # short A box, ragged K
+    ((777, 3001, 1000), 128, 128, "data_parallel", {"mcast": True, "direct": True, "out_dtype": "fp32",
+                                                     "has_c": True}),  # padding tile with direct stores and C
+    ((1000, 2000, 1000), 64, 128, "data_parallel", {"mcast": True, "dtype": "fp16", "out_dtype": "fp16",
+                                                     "activation": "relu", "bias_dtype": "fp16"}),
+    ((1000, 2000, 1000), 128, 192, "data_parallel", {"mcast": True, "a_mn": True}),
+    ((4000, 1000, 2000), 128, 96, "data_parallel", {"mcast": True, "out_dtype": "fp32", "bias_dtype": "fp32",
+                                                     "activation": "gelu"}),  # more tiles than SMs
 ]
 
 
@@ -113,9 +126,9 @@ def test_plan_matches_float64_reference(shape, bm, bn, schedule, kw):
     ((1500, 3000, 2000), 128, 256, "stream_k"), ((128, 4096, 4096), 64, 112, "stream_k"),
     ((16, 4096, 4096), 64, 128, "split_k"), ((2000, 704, 1500), 256, 176, "data_parallel"),
     ((1000, 3000, 1000), 128, 128, "pingpong"), ((512, 1024, 4096), 128, 128, "split_k_global"),
-    ((700, 1920, 3000), 256, 112, "split_k_global")])
+    ((700, 1920, 3000), 256, 112, "split_k_global"), ((2050, 3000, 1000), 128, 224, "mcast")])
 def test_every_schedule_is_bitwise_deterministic(shape, bm, bn, schedule):
-    p = _pick(*shape, bm, bn, schedule)
+    p = _pick(*shape, bm, bn, "data_parallel", mcast=True) if schedule == "mcast" else _pick(*shape, bm, bn, schedule)
     first, _, _ = _run_case(p, seed=3)
     first = first.clone()
     for _ in range(4):

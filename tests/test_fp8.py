@@ -360,7 +360,8 @@ def test_launch_fp8_arguments_match_the_kernel_parameters(monkeypatch, scale):
     captured = {}
     monkeypatch.setattr(engine2, "compile_fp8_plan", lambda p: "compiled")
     monkeypatch.setattr(engine2, "tensor_map_2d", lambda t, box, swizzle_bytes=128: ("tmap", t.dtype, tuple(box)))
-    monkeypatch.setattr(engine2, "_order", lambda tm, tn, dev: torch.zeros(tm * tn, dtype=torch.int32))
+    monkeypatch.setattr(engine2, "device_order_table", lambda name, tm, tn, group, dev, pair_m=1:
+                        torch.zeros(tm * tn, dtype=torch.int32))
     monkeypatch.setattr(engine2, "_launch", lambda compiled, **kw: captured.update(kw))
     out = torch.empty(M, N, dtype=torch.bfloat16)
     engine2.launch_fp8(p, a, b.t(), sa, sb, out, bias=torch.zeros(N, dtype=torch.bfloat16))

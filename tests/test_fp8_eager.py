@@ -36,8 +36,7 @@ def driver(monkeypatch):
     captured = {}
     monkeypatch.setattr(engine2, "compile_fp8_plan", lambda p: "compiled")
     monkeypatch.setattr(engine2, "_index", lambda device: 0)
-    monkeypatch.setattr(engine2, "device_order_table", lambda name, tm, tn, group, dev: order)
-    monkeypatch.setattr(engine2, "_order", lambda tm, tn, dev: order)
+    monkeypatch.setattr(engine2, "device_order_table", lambda name, tm, tn, group, dev, pair_m=1: order)
     monkeypatch.setattr(engine2, "tensor_map_2d", lambda t, box, swizzle_bytes=128: FakeTmap(
         t.data_ptr(), *t.shape, t.stride(0), t.dtype, box, swizzle_bytes))
     monkeypatch.setattr(engine2, "_launch", lambda compiled, **kw: captured.update(kw))

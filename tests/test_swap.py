@@ -124,7 +124,7 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch):
     monkeypatch.setattr(engine2, "compile_plan", lambda p: "compiled")
     monkeypatch.setattr(engine2, "tensor_map_2d",
                         lambda t, box, swizzle_bytes=128: ("tmap", t.data_ptr(), tuple(t.shape), tuple(box), swizzle_bytes))
-    monkeypatch.setattr(engine2, "_order", lambda tm, tn, dev: torch.zeros(tm * tn, dtype=torch.int32))
+    monkeypatch.setattr(engine2, "plan_order", lambda p, dev: torch.zeros(p.tiles, dtype=torch.int32))
     monkeypatch.setattr(engine2, "_launch", lambda compiled, **kw: captured.update(kw))
     a, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
     out, c = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(N, M, dtype=torch.bfloat16).t()
@@ -179,7 +179,7 @@ class _Recorder:
         monkeypatch.setattr(engine, "compile_kernel", lambda *a, **k: None)
         monkeypatch.setattr(engine, "Launcher", Launcher)
         monkeypatch.setattr(engine, "MapSlot", MapSlot)
-        monkeypatch.setattr(engine, "device_order_table", lambda *a: torch.zeros(4, dtype=torch.int32))
+        monkeypatch.setattr(engine, "device_order_table", lambda *a, **k: torch.zeros(4, dtype=torch.int32))
         monkeypatch.setattr(engine, "_index", lambda device: 0)
 
 

@@ -831,7 +831,7 @@ class Engine2Launch:
         la = p.launch_args()
         L = self.launcher = Launcher(self.compiled, _E2_PARAMS, grid=la["grid"], block=la["block"], smem=la["smem"],
                                      cluster=la["cluster"], device_index=dev)
-        self.order = device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, a.device)
+        self.order = device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, a.device, pair_m=p.mcast)
         cin = c if p.has_c else out
         for i, v in ((5, self.order), (_E2_CIN, cin), (_E2_BIAS, bias if bias is not None else out), (_E2_OUT, out),
                      (_E2_WS, out), (_E2_FLAGS, out)):
@@ -846,7 +846,7 @@ class Engine2Launch:
         self.map_a_short = self.map_a if a_mn else MapSlot(L, _E2_A_SHORT, pa, *ta.shape, ta.stride(0), ta.dtype,
                                                            (p.a_rows, BK))
         L.set_map(_E2_A_SHORT, self.map_a_short.tmap)
-        self.map_b = MapSlot(L, _E2_B, pb, *tb.shape, tb.stride(0), tb.dtype, (BK, 64) if b_mn else (p.bn, BK))
+        self.map_b = MapSlot(L, _E2_B, pb, *tb.shape, tb.stride(0), tb.dtype, (BK, 64) if b_mn else (p.b_box_rows, BK))
         self.maps_c = OutputMaps(L, _E2_C, _E2_C_TAIL, out, p.store_boxes(), direct, self.map_a)
         self.stream_k = p.schedule in planner.STREAMED
         if self.stream_k:  # grown now, before any graph capture of a later call could need it to grow

@@ -55,19 +55,10 @@ def _profile(device: torch.device):
     return _PROFILES[idx]
 
 
-_ORDERS: dict = {}
-
-
-def _order(tiles_m: int, tiles_n: int, device) -> torch.Tensor:
-    """The Hilbert tile order as a device table of (m << 16 | n), built once per grid."""
-    from . import schedule
-
-    key = (tiles_m, tiles_n, device)
-    t = _ORDERS.get(key)
-    if t is None:
-        table = schedule.order_table(schedule.tile_order("hilbert", tiles_m, tiles_n))
-        t = _ORDERS[key] = torch.from_numpy(table).to(device)
-    return t
+def plan_order(p: planner.Plan, device) -> torch.Tensor:
+    """The Hilbert tile order of ``p`` as a device table of (m << 16 | n), built once per grid (with B
+    multicast, of tile pairs: ``schedule.paired_order``)."""
+    return device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, device, pair_m=p.mcast)
 
 
 def workspace(p: planner.Plan, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,11 +94,11 @@ def launch(p: planner.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     compiled = compile_plan(p)
     map_a = tensor_map_2d(ta, (planner.BK, 64) if a_mn else (p.bm, planner.BK))
     map_a_short = map_a if a_mn else tensor_map_2d(ta, (p.a_rows, planner.BK))
-    map_b = tensor_map_2d(tb, (planner.BK, 64) if b_mn else (p.bn, planner.BK))
+    map_b = tensor_map_2d(tb, (planner.BK, 64) if b_mn else (p.b_box_rows, planner.BK))
     box, tail, tail_swizzle = p.store_boxes()
     map_c = map_a if p.direct else tensor_map_2d(out, box)  # DIRECT never touches the C maps
     map_c_tail = tensor_map_2d(out, tail, swizzle_bytes=tail_swizzle) if tail and not p.direct else map_c
-    order = _order(p.tiles_m, p.tiles_n, a.device)
+    order = plan_order(p, a.device)
     ws, flags = workspace(p, a.device) if p.schedule in planner.STREAMED else (out, out)
     cin = c if c is not None else out
     ldc_row, ldc_col = c_strides(p, cin)
@@ -197,7 +188,7 @@ def launch_fp8(p: planner.Fp8Plan, a: torch.Tensor, w: torch.Tensor, scale_a: to
     tail = p.bn % piece
     map_c = map_a if p.direct else tensor_map_2d(out, (64, piece))
     map_c_tail = tensor_map_2d(out, (64, tail), swizzle_bytes=0) if tail and not p.direct else map_c
-    order = _order(p.tiles_m, p.tiles_n, a.device)
+    order = device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, a.device)
     if p.scale == "block":  # per k-step one TMA box of each scale tensor's (K / 128, rows) view
         map_sa = tensor_map_2d(block_scales_mn_major(scale_a), (1, p.bm), swizzle_bytes=0)
         map_sb = tensor_map_2d(block_scales_mn_major(scale_b), (1, 8), swizzle_bytes=0)

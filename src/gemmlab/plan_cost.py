@@ -99,16 +99,17 @@ def in_bytes(dtype: str) -> int:
 
 
 def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_share: float, prof: DeviceProfile,
-            clock_mhz: float, dtype: str = "bf16", one_consumer: bool | None = None) -> float:
+            clock_mhz: float, dtype: str = "bf16", one_consumer: bool | None = None, mcast: int = 1) -> float:
     """One 64-deep k-step of a bm x bn tile loading ``rows`` rows of A, on one of ``active_sms`` SMs.
-    ``one_consumer``: one consumer warpgroup runs the SM's wgmmas alone (default: 64-row tiles)."""
+    ``one_consumer``: one consumer warpgroup runs the SM's wgmmas alone (default: 64-row tiles).
+    ``mcast``: CTAs sharing B's tile by multicast (each loads bn / mcast of its rows from the L2)."""
     clock = clock_mhz * 1e6
     alone = bm == 64 if one_consumer is None else one_consumer
     eff = prof.engine_mma_efficiency * (prof.one_consumer_efficiency if alone else 1.0)
     t_mma = 2.0 * bm * bn * BK / (prof.flop_per_clk_sm[dtype] * clock * eff)
     bw = min(prof.sm_l2_bytes_per_s, prof.engine_l2_bytes_per_s / max(1, active_sms))
     stage = (rows + bn) * BK * in_bytes(dtype)
-    t_bytes = stage / bw
+    t_bytes = (rows + bn / mcast) * BK * in_bytes(dtype) / bw
     # Shared memory: every m64 wgmma reads its A block and all of B (16 deep per k16), and the TMA
     # writes the stage: 128 x 256 reads 80 KB + writes 48 KB per k-step, 256 x 128 96 KB + 48 KB.
     smem = 4 * (bm // 64) * (64 + bn) * 16 * in_bytes(dtype) + stage
@@ -119,7 +120,7 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     R = prof.l2_latency_s + hbm_share * (prof.hbm_latency_s - prof.l2_latency_s) + t_bytes
     S = max(2, stages)
     t_lat = max(R / (S - 1), (R + t_mma) / S)
-    return max(t_mma, t_bytes, t_smem, t_lat, stream_s(rows, bn, stages, active_sms, hbm_share, prof, dtype))
+    return max(t_mma, t_bytes, t_smem, t_lat, stream_s(rows, bn / mcast, stages, active_sms, hbm_share, prof, dtype))
 
 
 def stream_s(rows: float, bn: int, stages: int, active_sms: int, hbm_share: float, prof: DeviceProfile,
@@ -160,14 +161,18 @@ def _traffic(M: int, N: int, K: int, bm: int, bn: int, dtype: str, out_bytes: in
 
 def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages: int, splits: int = 1,
               sk_tiles: int = 0, sk_ctas: int = 0, prof: DeviceProfile, clock_mhz: float | None = None,
-              dtype: str = "bf16", out_bytes: int = 2, direct: bool = False, overlap: bool = False) -> float:
+              dtype: str = "bf16", out_bytes: int = 2, direct: bool = False, overlap: bool = False,
+              mcast: int = 1) -> float:
     """Modelled seconds of one plan (see the module docstring). ``overlap``: the epilogue's stores run
     under the next tile's k-steps (h11's overlapped epilogue, data-parallel only): a tile then costs its
-    SM only ``tile_fixed_s`` past its k-steps, except the SM's last."""
+    SM only ``tile_fixed_s`` past its k-steps, except the SM's last. ``mcast`` (data-parallel): clusters
+    of that many CTAs share B's tile by multicast; the rows of tiles are padded to whole clusters."""
     clock = clock_mhz or prof.plan_clock_mhz
     G = prof.sm_count
     k = math.ceil(K / BK)
-    tiles = math.ceil(M / bm) * math.ceil(N / bn)
+    tiles = math.ceil(math.ceil(M / bm) / mcast) * mcast * math.ceil(N / bn)
+    if mcast > 1:
+        G = min(G, mcast * prof.clusters(mcast))
     rows = _rows_loaded(M, bm)
     loaded, unique, hbm_share = _traffic(M, N, K, bm, bn, dtype, out_bytes)
     epi = tile_epilogue_s(bm, bn, out_bytes, prof, direct)
@@ -176,7 +181,7 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
         # Ping-pong: two consumers alternate, so a 64-row tile's k-steps do not pay the one-consumer
         # penalty (64-row ping-pong ran at 0.80x its price with it; 128-row 1.05x, data-parallel 1.04x).
         return kstep_s(bm, bn, rows, stages, active, hbm_share, prof, clock, dtype,
-                       one_consumer=False if schedule == "pingpong" else None)
+                       one_consumer=False if schedule == "pingpong" else None, mcast=mcast)
 
     if schedule == "data_parallel":
         full, rem = divmod(tiles, G)

@@ -60,6 +60,10 @@ SWAP_MAX_M = 64
 # win (4096x11008: split-K x2 swapped 1.13-1.15 against the plain 1.04): a rule from records until it is
 # refitted.
 SWAP_PREFER_M = 32
+# B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
+# load B's tile once between them (TMA multicast). Offered when MCAST_OFFERED is set or
+# ``candidates(mcast=True)`` asks; ``mcast_problem`` says where it cannot run.
+MCAST_OFFERED = False
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -154,6 +158,7 @@ class Plan(_Tiling):
     predicted_s: float = 0.0
     kernel: str = KERNEL
     swap_ab: bool = False
+    mcast: int = 1
 
     # Derived launch facts ------------------------------------------------------------------------
     BK = BK  # k elements per k-step (the _Tiling properties read it)
@@ -178,7 +183,8 @@ class Plan(_Tiling):
 
     @property
     def tiles_m(self) -> int:
-        return math.ceil(self.kernel_m / self.bm)
+        """Rows of tiles; with B multicast padded to whole pairs (``mcast``)."""
+        return math.ceil(math.ceil(self.kernel_m / self.bm) / self.mcast) * self.mcast
 
     @property
     def tiles_n(self) -> int:
@@ -186,7 +192,12 @@ class Plan(_Tiling):
 
     @property
     def cluster(self) -> int:
-        return self.splits if self.schedule == "split_k" else 1
+        return self.splits if self.schedule == "split_k" else self.mcast
+
+    @property
+    def b_box_rows(self) -> int:
+        """Rows of the kernel's K-major B box: the tile's width, or each CTA's share of it with multicast."""
+        return self.bn // self.mcast
 
     @property
     def smem_bytes(self) -> int:
@@ -196,7 +207,7 @@ class Plan(_Tiling):
     def a_rows(self) -> int:
         """Rows of the short A box (K-major A) for tiles whose rows run past M: the last row of tiles'
         rows rounded up to 8; bm when M is a multiple of it (the kernel's M: N when swapped)."""
-        left = self.kernel_m - (self.tiles_m - 1) * self.bm
+        left = self.kernel_m - (math.ceil(self.kernel_m / self.bm) - 1) * self.bm
         return min(self.bm, math.ceil(left / 8) * 8)
 
     @property
@@ -217,13 +228,13 @@ class Plan(_Tiling):
         return (64, piece), ((64, tail) if tail else None), 0
 
     def template_args(self) -> tuple[str, ...]:
-        """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE, TRANS_OUT>
-        (A_MN / B_MN: the kernel's operands, swapped with swap_ab)."""
+        """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE, TRANS_OUT
+        [, MCAST]> (A_MN / B_MN: the kernel's operands, swapped with swap_ab; MCAST only when > 1)."""
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm),
                 str(self.bn), str(self.stages), b(self.kernel_a_mn), b(self.kernel_b_mn), b(self.bias_dtype),
                 b(self.has_c), str(ACTIVATIONS[self.activation]), b(self.direct), str(SCHEDULES.index(self.schedule)),
-                b(self.swap_ab))
+                b(self.swap_ab)) + ((str(self.mcast),) if self.mcast > 1 else ())
 
     @property
     def name_expression(self) -> str:
@@ -241,7 +252,8 @@ class Plan(_Tiling):
                 "smem": self.smem_bytes, "splits": self.splits, "sk_tiles": self.sk_tiles, "sk_ctas": self.sk_ctas}
 
     def __repr__(self) -> str:
-        sched = {"data_parallel": "data-parallel", "pingpong": "data-parallel, ping-pong consumers",
+        sched = {"data_parallel": "data-parallel" + (f", B multicast to clusters of {self.mcast}" if self.mcast > 1
+                                                     else ""), "pingpong": "data-parallel, ping-pong consumers",
                  "split_k": f"split-K x{self.splits} (clusters of {self.splits})",
                  "stream_k": f"stream-K ({self.tiles - self.sk_tiles} tiles data-parallel, {self.sk_tiles} "
                              f"streamed over {self.sk_ctas} CTAs)",
@@ -349,10 +361,11 @@ def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, of
 def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: DeviceProfile | None = None,
                device=None, bias_dtype=None, has_c: bool = False, activation: str | None = None,
                a_mn: bool = False, b_mn: bool = False, direct: bool | None = None,
-               schedules=None, swap_ab: bool | None = None) -> list[Plan]:
+               schedules=None, swap_ab: bool | None = None, mcast: bool | None = None) -> list[Plan]:
     """Every plan the engine kernel can run for the problem, fastest first by the model. Arguments as
     for ``plan``; schedules: those to consider (default ``OFFERED_SCHEDULES``; ``SCHEDULES`` for all);
-    swap_ab: also offer swapped plans where they apply (``swap_problem``; None: the module's SWAP_AB)."""
+    swap_ab: also offer swapped plans where they apply (``swap_problem``; None: the module's SWAP_AB);
+    mcast: also offer data-parallel plans with B multicast (``mcast_problem``; None: MCAST_OFFERED)."""
     prof = _profile(profile, device)
     dt = dtype_name(dtype)
     if dt == "fp32":
@@ -367,13 +380,14 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
         direct = (N * plan_cost.in_bytes(odt)) % 16 != 0
     offered = OFFERED_SCHEDULES if schedules is None else tuple(schedules)
     swap = (SWAP_AB if swap_ab is None else swap_ab) and swap_problem(M, odt) is None
-    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap)
+    mc = MCAST_OFFERED if mcast is None else mcast
+    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
             _CACHE.clear()
         hit = _CACHE[key] = (prof, _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof,
-                                                      offered, swap))
+                                                      offered, swap, mc))
     return list(hit[1])
 
 
@@ -389,8 +403,21 @@ def swap_problem(M: int, out_dtype: str) -> str | None:
     return None
 
 
+def mcast_problem(tiles_m: int, bn: int, b_mn: bool, swapped: bool, prof: DeviceProfile) -> str | None:
+    """Why a data-parallel plan cannot share B by multicast in clusters of two, or None."""
+    if swapped:
+        return "swapped plans do not multicast"
+    if b_mn:
+        return "B multicast loads halves of a K-major B tile"
+    if tiles_m < 2:
+        return "one row of tiles: no vertical neighbour to share B with"
+    if bn % 16 or prof.clusters(2) < 1:
+        return "each half of B must be whole 8-row swizzle atoms, in clusters of two the GPU holds"
+    return None
+
+
 def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof, offered,
-                swap=False) -> tuple[Plan, ...]:
+                swap=False, mcast=False) -> tuple[Plan, ...]:
     heavy = heavy_epilogue(odt, bdt, has_c, activation, direct)
     out_bytes = plan_cost.in_bytes(odt)
     plans = []
@@ -402,7 +429,7 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
             if swapped and bn > math.ceil(M / 16) * 16:
                 continue
             plans += _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
-                                 direct, heavy, out_bytes, prof, offered)
+                                 direct, heavy, out_bytes, prof, offered, mcast)
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab,
                               rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages)))
@@ -419,9 +446,21 @@ def _best_swapped_not_streamed(plans) -> bool:
 
 
 def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn, direct, heavy,
-                out_bytes, prof, offered) -> list[Plan]:
+                out_bytes, prof, offered, mcast=False) -> list[Plan]:
     """The plans of one tile for the kernel's problem pm x pn x K (the transposed one when swapped)."""
     plans = []
+    if mcast and "data_parallel" in offered and not tile_problem(bm, bn, "data_parallel", dtype=dt, b_mn=kb_mn,
+                                                                  heavy=heavy):
+        tm = math.ceil(pm / bm)
+        if mcast_problem(tm, bn, kb_mn, swapped, prof) is None:
+            stages = stages_for(bm, bn, "data_parallel", dt)
+            tiles = math.ceil(tm / 2) * 2 * math.ceil(pn / bn)
+            t = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule="data_parallel", stages=stages, prof=prof,
+                                    dtype=dt, out_bytes=out_bytes, direct=direct, mcast=2)
+            plans.append(Plan(M=pm, N=pn, K=K, bm=bm, bn=bn, schedule="data_parallel", stages=stages,
+                              grid=min(2 * prof.clusters(2), tiles), dtype=dt, out_dtype=odt, bias_dtype=bdt,
+                              has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
+                              predicted_s=t, mcast=2))
     for sched, splits, sk_tiles, sk_ctas, grid in _schedules(pm, pn, K, bm, bn, prof, offered):
         if tile_problem(bm, bn, sched, dtype=dt, b_mn=kb_mn, heavy=heavy):
             continue

@@ -196,20 +196,30 @@ def tile_quantization(M: int, N: int, BM: int, BN: int) -> float:
 _DEVICE_TABLES: dict = {}
 
 
-def device_order_table(name: str, tiles_m: int, tiles_n: int, group_m: int, device):
+def paired_order(order: list[Tile], pair_m: int) -> list[Tile]:
+    """An order of tile pairs (rows of ``pair_m`` tiles, as ``tile_order`` gives them over tiles_m / pair_m
+    rows) as tiles: pair (p, n) becomes tiles (p pair_m, n), (p pair_m + 1, n), ... in turn. The engine
+    kernel's B multicast reads its tiles so: CTA rank r of a cluster takes entry pair_m i + r."""
+    return [(m * pair_m + r, n) for m, n in order for r in range(pair_m)]
+
+
+def device_order_table(name: str, tiles_m: int, tiles_n: int, group_m: int, device, pair_m: int = 1):
     """``order_table`` of ``tile_order(name, ...)`` as a device int32 tensor (torch), built once per grid,
-    order and device: what the persistent kernels read their tiles from."""
+    order and device: what the persistent kernels read their tiles from. ``pair_m`` > 1: the order of
+    ``paired_order`` (tiles_m a multiple of it)."""
     import torch
 
-    key = (name, tiles_m, tiles_n, group_m if name == "grouped" else 0, device)
+    key = (name, tiles_m, tiles_n, group_m if name == "grouped" else 0, device, pair_m)
     t = _DEVICE_TABLES.get(key)
     if t is None and torch.cuda.is_current_stream_capturing():
-        # A host-to-device copy cannot be captured in a CUDA graph: build row-major order on the
-        # device instead (not cached, so an uncaptured call later still gets the order asked for).
+        # A host-to-device copy cannot be captured in a CUDA graph: build row-major order (of pairs) on
+        # the device instead (not cached, so an uncaptured call later still gets the order asked for).
         idx = torch.arange(tiles_m * tiles_n, device=device, dtype=torch.int32)
-        return (idx // tiles_n) * 65536 + idx % tiles_n
+        pair, r = idx // pair_m, idx % pair_m
+        return ((pair // tiles_n) * pair_m + r) * 65536 + pair % tiles_n
     if t is None:
         kw = {"group_m": group_m} if name == "grouped" else {}
-        t = torch.from_numpy(order_table(tile_order(name, tiles_m, tiles_n, **kw))).to(device)
+        order = paired_order(tile_order(name, tiles_m // pair_m, tiles_n, **kw), pair_m)
+        t = torch.from_numpy(order_table(order)).to(device)
         _DEVICE_TABLES[key] = t
     return t

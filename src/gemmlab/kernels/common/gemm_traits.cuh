@@ -11,7 +11,8 @@ template <typename TIn, typename TOut, typename TBias,  // operand, output and b
           bool kDirect,                                 // output rows not 16-byte aligned: threads store
           int kSchedule,                                // Schedule: data-parallel, split-K, stream-K, ping-pong,
                                                         // global split-K
-          bool kTransOut = false>                       // swap AB: the tile is a block of out^T (see below)
+          bool kTransOut = false,                       // swap AB: the tile is a block of out^T (see below)
+          int kMcast = 1>                               // CTAs per cluster sharing B's tile by TMA multicast
 struct GemmTraits {
     using T = TIn;
     using TO = TOut;
@@ -25,6 +26,14 @@ struct GemmTraits {
     // (epilogue_store.cuh), bias per tile row, beta * C through swapped strides. At few tokens the weight
     // then fills the wgmma's 64 rows and the tokens its narrow n.
     static constexpr bool TRANS_OUT = kTransOut;
+    // MCAST = 2 (data-parallel, K-major B): clusters of two CTAs on vertically adjacent tiles (rows m and
+    // m + BM, the same columns) with the same B tile. Each CTA loads half of B's rows and multicasts
+    // them to both (PTX ISA "cp.async.bulk.tensor ... .multicast::cluster"), so the L2 supplies B once
+    // a pair: (BM + BN / 2) rows a k-step a CTA instead of BM + BN. A slot is then written by both
+    // CTAs' loads, so it is free only when the consumers of both have released it (each consumer
+    // arrives on its own CTA's and the peer's "empty" barrier). The tile rows are padded to whole pairs;
+    // a pair's second tile past M computes on zero-filled rows and stores nothing.
+    static constexpr int MCAST = kMcast;
 
     // 64-row tiles: one consumer warpgroup. 128: two, 64 rows each. 256: two, 128 rows each, every k16
     // step issuing two m64 wgmmas against the same B slab. PINGPONG (64 or 128 rows): two consumers, each
@@ -57,6 +66,8 @@ struct GemmTraits {
     static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "tile widths: wgmma n in steps of 16 up to 256");
     static_assert(!B_MN || BN % 64 == 0, "MN-major B is loaded in 64-column boxes");
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
+    static_assert(MCAST == 1 || (MCAST == 2 && SCHEDULE == DATA_PARALLEL && !B_MN && BN % (8 * MCAST) == 0),
+                  "B multicast: pairs of data-parallel CTAs, K-major B, each half whole 8-row swizzle atoms");
     static_assert(!TRANS_OUT || sizeof(TO) == 2, "transposed stores: 16-bit output (a 128-byte slab row = 64 rows)");
     static_assert(SCHEDULE != SPLIT_K || BM * LDP * 4 <= STAGES * STAGE_BYTES, "split-K partial must fit the stages");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");

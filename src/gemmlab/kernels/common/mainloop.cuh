@@ -53,6 +53,10 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
         if constexpr (Tr::B_MN) {  // B stored (K, N): BN / 64 boxes
 #pragma unroll
             for (int i = 0; i < BN / 64; ++i) tma_load_2d(b + i * 64 * BK, tmB, bar, n0 + 64 * i, kt * BK);
+        } else if constexpr (Tr::MCAST > 1) {  // this CTA's share of B's rows, to every CTA of the pair
+            constexpr int SHARE = BN / Tr::MCAST;
+            const int r = (int)cluster_ctarank();
+            tma_load_2d_multicast(b + r * SHARE * BK, tmB, bar, kt * BK, n0 + r * SHARE, (1u << Tr::MCAST) - 1);
         } else {
             tma_load_2d(b, tmB, bar, kt * BK, n0);
         }
@@ -111,11 +115,11 @@ __device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor&
         wgmma_commit();
         if (kt > k_begin) {
             wgmma_wait<1>();
-            if (t == 0) ring.release(prev);
+            if (t == 0) ring.template release<Tr::MCAST>(prev);
         }
         prev = cur.stage;
         cur.template advance<Tr::STAGES>();
     }
     wgmma_wait<0>();
-    if (t == 0) ring.release(prev);
+    if (t == 0) ring.template release<Tr::MCAST>(prev);
 }

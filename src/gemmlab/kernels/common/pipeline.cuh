@@ -56,7 +56,17 @@ struct Ring {
     __device__ __forceinline__ void wait_full(const RingCursor& c) { mbar_wait_parity(&full[c.stage], c.phase); }
 
     // Consumer: this warpgroup no longer reads the slot (its wgmmas on it completed: wgmma.wait_group).
-    __device__ __forceinline__ void release(int stage) { mbar_arrive_notoken(&empty[stage]); }
+    // With B multicast (CTAS = 2) both CTAs' loads write the slot, so the release goes to the "empty"
+    // barrier of every CTA of the cluster (whose counts are consumers x CTAS).
+    template <int CTAS = 1>
+    __device__ __forceinline__ void release(int stage) {
+        if constexpr (CTAS == 1) {
+            mbar_arrive_notoken(&empty[stage]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < CTAS; ++r) mbar_arrive_cluster(&empty[stage], r);
+        }
+    }
 };
 
 // Ping-pong consumers take turns at the ring: a consumer starts a unit's k-loop only after the other

@@ -32,13 +32,21 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     __shared__ Turns turns;  // PINGPONG only
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-    const int tiles_n = (N + BN - 1) / BN, num_tiles = ((M + BM - 1) / BM) * tiles_n;
+    // B multicast: the rows of tiles padded to whole pairs (the host's order table lists the pairs).
+    const int tiles_m = ((M + BM - 1) / BM + Tr::MCAST - 1) / Tr::MCAST * Tr::MCAST;
+    const int tiles_n = (N + BN - 1) / BN, num_tiles = tiles_m * tiles_n;
     const int k_iters = (K + BK - 1) / BK;
     if (threadIdx.x == 0) {
         if constexpr (Tr::PING_PONG) turns.init();
-        ring.init(Tr::SLOT_READERS);
+        ring.init(Tr::SLOT_READERS * Tr::MCAST);
     }
-    __syncthreads();
+    // B multicast: the peer's loads and releases land on this CTA's barriers, so both are initialised
+    // before either CTA starts (barrier.cluster orders the inits before the peer's first use).
+    if constexpr (Tr::MCAST > 1) {
+        cluster_sync();
+    } else {
+        __syncthreads();
+    }
 
     const ScheduleArgs sargs{splits, sk_tiles, sk_ctas};
     TileScheduler<Tr::SCHEDULE> sched(num_tiles, k_iters, sargs);
@@ -59,6 +67,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             cluster_sync();
             cluster_sync_relaxed();
         }
+        if constexpr (Tr::MCAST > 1) cluster_sync();  // the consumers' closing barrier (below)
         return;
     }
 
@@ -113,6 +122,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
                                         consumer, t, m0, M);
                 }
             }
+            if (Tr::MCAST > 1 && m0 >= M) continue;  // a pair's padding tile: nothing to store
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi)
                 store_block<Tr>(acc[mi], m0 + (Tr::first_block(consumer) + mi) * 64, n0, ep, slabs, pieces, &tmC,
@@ -120,4 +130,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
         }
     }
     if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();  // the slabs stay valid until the stores read them
+    // B multicast: neither CTA leaves while the other's releases or loads may still reach its barriers
+    // and shared memory.
+    if constexpr (Tr::MCAST > 1) cluster_sync();
 }
