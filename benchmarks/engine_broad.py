@@ -66,7 +66,8 @@ def load_cases(args) -> list[dict]:
 
 
 def candidate_plans(M: int, N: int, K: int, profile, tiles=()) -> dict[str, planner.Plan]:
-    """name -> plan: the model's pick, the best of each other schedule, the best of another tile height,
+    """name -> plan: the model's pick, the best of each other schedule (without B multicast), the best with
+    B multicast where it is offered, the best of another tile height,
     and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN")."""
     cands = planner.candidates(M, N, K, profile=profile, schedules=planner.SCHEDULES)
     offered = planner.candidates(M, N, K, profile=profile)
@@ -77,11 +78,15 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=()) -> dict[str, plan
         if alt is not None and alt != best:
             out[f"tile {bm}x{bn}"] = alt
     for sched in planner.SCHEDULES:
-        if sched != best.schedule:
-            alt = next((c for c in cands if c.schedule == sched), None)
+        if sched != best.schedule or best.mcast > 1:
+            alt = next((c for c in cands if c.schedule == sched and c.mcast == 1), None)
             if alt is not None:
                 out[f"best {sched}"] = alt
-    alt = next((c for c in cands if c.bm != best.bm and c.schedule == best.schedule), None)
+    # B multicast where the planner offers it: the best plan with it when the pick has none
+    alt = next((c for c in offered if c.mcast > 1), None)
+    if alt is not None and best.mcast == 1:
+        out["best mcast"] = alt
+    alt = next((c for c in cands if c.bm != best.bm and c.schedule == best.schedule and c.mcast == best.mcast), None)
     if alt is not None:
         out[f"best bm={alt.bm}"] = alt
     return out

@@ -3,7 +3,8 @@ claims (wgmma of the plan's shape, TMA, no local memory, no serialized wgmma). N
 
 The default run compiles a representative set (~25 instantiations: the model's plans on the broad set's
 shape classes, every epilogue / layout / dtype variant, tail widths); ``-m slow`` compiles every tile x
-schedule the planner may pick, with the plainest and the heaviest epilogue (~190 compiles, ~10 min here).
+schedule the planner may pick (B multicast included), with the plainest and the heaviest epilogue (~270
+compiles, ~15 min here).
 """
 
 import pytest
@@ -38,6 +39,8 @@ REPRESENTATIVE = [
     ((3000, 5000, 1000), {"dtype": "fp16"}),
     ((2048, 2048, 2048), {"a_mn": True, "b_mn": True}),
     ((512, 1024, 8192), {"b_mn": True, "dtype": "fp16", "out_dtype": "fp16"}),
+    ((3000, 3000, 3000), {}),  # rows of K 16- but not 32-byte aligned: B multicast
+    ((1000, 1000, 1000), {"out_dtype": "fp32", "has_c": True, "bias_dtype": "bf16", "activation": "gelu"}),
 ]
 
 
@@ -79,6 +82,7 @@ def test_representative_set_covers_the_space():
     assert {p.bm for p in ps} == {64, 128, 256} and {p.schedule for p in ps} == set(planner.SCHEDULES)
     assert {p.bn % 64 for p in ps} >= {0, 16, 32, 48}
     assert any(p.direct for p in ps) and any(p.a_mn and p.b_mn for p in ps) and any(p.dtype == "fp16" for p in ps)
+    assert {p.mcast for p in ps} == {1, 2}
 
 
 def _every_choice():
@@ -87,10 +91,12 @@ def _every_choice():
     out = []
     for heavy in (False, True):
         kw = dict(out_dtype="fp32", has_c=True, bias_dtype="bf16", activation="gelu", direct=True) if heavy else {}
-        want = {(bm, bn, s) for bm, bn in planner.TILES for s in planner.SCHEDULES}
-        for shape in ((4096, 4096, 8192), (8192, 8192, 8192), (64, 8192, 8192), (300, 3000, 6000)):
+        want = {(bm, bn, s, 1) for bm, bn in planner.TILES for s in planner.SCHEDULES}
+        want |= {(bm, bn, "data_parallel", 2) for bm, bn in planner.TILES}  # B multicast (misaligned rows)
+        for shape in ((4096, 4096, 8192), (8192, 8192, 8192), (64, 8192, 8192), (300, 3000, 6000),
+                      (4096, 4096, 8200), (300, 3000, 6008)):
             for c in planner.candidates(*shape, schedules=planner.SCHEDULES, **kw):
-                key = (c.bm, c.bn, c.schedule)
+                key = (c.bm, c.bn, c.schedule, c.mcast)
                 if key in want:
                     want.discard(key)
                     out.append(c)

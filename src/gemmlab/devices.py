@@ -111,6 +111,10 @@ class DeviceProfile:
     smem_bytes_per_clk: float = 201.0  # wgmma operand reads + TMA writes one SM's shared memory serves
     engine_l2_bytes_per_s: float = 11.6e12  # L2 -> SMEM over all SMs as the h11 plans draw it (ladder fit: 10)
     sm_l2_bytes_per_s: float = 112e9  # what one SM's TMA draws from L2 when few SMs share it
+    # K-major rows 16- but not 32-byte aligned (bf16 K % 16 == 8): the TMA's L2 -> SMEM rate divided by this.
+    # Measured (H200, tma_pitch.jsonl: 132 SMs loading 128 x 64 boxes of an L2-resident operand, 8 stages
+    # in flight): 5.06 TB/s at rows of 3000 elements against 8.83-8.89 TB/s at 3008 / 3024 / 3040 / 3072.
+    misaligned_l2_factor: float = 1.75
     l2_latency_s: float = 1.22e-6  # a TMA load's round trip when it hits L2 ...
     hbm_latency_s: float = 1.72e-6  # ... and when it streams from HBM (the stages in flight hide it)
     hbm_stream_bytes_per_s: float = 7.0e12  # an HBM stream's transfer rate past its round trip (plan_cost.stream_s)

@@ -123,7 +123,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, alpha: float = 
 def sass_expect(p: planner.Plan):
     """What the SASS of ``p``'s instantiation must show: wgmma (its shape: ``hgmma_shapes``), TMA loads,
     no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
-    cluster barriers; stream-K's flag release (RED); no GPU-wide fence inside a loop for data-parallel
+    cluster barriers; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED); no GPU-wide fence inside a loop for data-parallel
     plans (split-K's cluster barrier and stream-K's release are one, once per unit)."""
     from .sass import SassExpect
 
@@ -138,6 +138,8 @@ def sass_expect(p: planner.Plan):
         contains += [r"^UTMASTG"] + ([r"^STSM"] if p.out_dtype != "fp32" else [])
     if p.schedule in planner.STREAMED:
         contains += [r"^RED"]
+    if p.mcast > 1:  # B multicast: half of B's box to both CTAs, the cluster barriers at start and end
+        contains += [r"^UTMALDG\.2D\.MULTICAST", r"^UCGABAR_ARV", r"^UCGABAR_WAIT"]
     if p.consumers > 1:
         contains += [r"^USETMAXREG"]
     return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True,

@@ -99,15 +99,20 @@ def in_bytes(dtype: str) -> int:
 
 
 def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_share: float, prof: DeviceProfile,
-            clock_mhz: float, dtype: str = "bf16", one_consumer: bool | None = None, mcast: int = 1) -> float:
+            clock_mhz: float, dtype: str = "bf16", one_consumer: bool | None = None, mcast: int = 1,
+            misaligned: bool = False) -> float:
     """One 64-deep k-step of a bm x bn tile loading ``rows`` rows of A, on one of ``active_sms`` SMs.
     ``one_consumer``: one consumer warpgroup runs the SM's wgmmas alone (default: 64-row tiles).
-    ``mcast``: CTAs sharing B's tile by multicast (each loads bn / mcast of its rows from the L2)."""
+    ``mcast``: CTAs sharing B's tile by multicast (each loads bn / mcast of its rows from the L2).
+    ``misaligned``: the operands' rows are 16- but not 32-byte aligned (``misaligned_rows``): the TMA
+    draws them from the L2 ``misaligned_l2_factor`` times slower."""
     clock = clock_mhz * 1e6
     alone = bm == 64 if one_consumer is None else one_consumer
     eff = prof.engine_mma_efficiency * (prof.one_consumer_efficiency if alone else 1.0)
     t_mma = 2.0 * bm * bn * BK / (prof.flop_per_clk_sm[dtype] * clock * eff)
     bw = min(prof.sm_l2_bytes_per_s, prof.engine_l2_bytes_per_s / max(1, active_sms))
+    if misaligned:
+        bw /= prof.misaligned_l2_factor
     stage = (rows + bn) * BK * in_bytes(dtype)
     t_bytes = (rows + bn / mcast) * BK * in_bytes(dtype) / bw
     # Shared memory: every m64 wgmma reads its A block and all of B (16 deep per k16), and the TMA
@@ -133,6 +138,14 @@ def stream_s(rows: float, bn: int, stages: int, active_sms: int, hbm_share: floa
     stage = (rows + bn) * BK * in_bytes(dtype)
     return hbm_share * (stage * max(1, active_sms) / prof.hbm_stream_bytes_per_s
                         + prof.hbm_stream_latency_s / max(1, stages))
+
+
+def misaligned_rows(K: int, a_mn: bool, b_mn: bool, dtype: str = "bf16") -> bool:
+    """Whether a K-major operand's rows (K elements, contiguous) are 16- but not 32-byte aligned: each
+    128-byte box row then spans five L2 sectors every other row, and the TMA's L2 rate drops
+    (``misaligned_l2_factor``). Rows not 16-byte aligned are copied into 32-byte aligned ones
+    (``engine._aligned_empty``); MN-major operands' rows are M or N long: not judged here."""
+    return (not a_mn or not b_mn) and (K * in_bytes(dtype)) % 32 == 16
 
 
 def tile_epilogue_s(bm: int, bn: int, out_bytes: int, prof: DeviceProfile, direct: bool = False) -> float:
@@ -162,11 +175,12 @@ def _traffic(M: int, N: int, K: int, bm: int, bn: int, dtype: str, out_bytes: in
 def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages: int, splits: int = 1,
               sk_tiles: int = 0, sk_ctas: int = 0, prof: DeviceProfile, clock_mhz: float | None = None,
               dtype: str = "bf16", out_bytes: int = 2, direct: bool = False, overlap: bool = False,
-              mcast: int = 1) -> float:
+              mcast: int = 1, misaligned: bool = False) -> float:
     """Modelled seconds of one plan (see the module docstring). ``overlap``: the epilogue's stores run
     under the next tile's k-steps (h11's overlapped epilogue, data-parallel only): a tile then costs its
     SM only ``tile_fixed_s`` past its k-steps, except the SM's last. ``mcast`` (data-parallel): clusters
-    of that many CTAs share B's tile by multicast; the rows of tiles are padded to whole clusters."""
+    of that many CTAs share B's tile by multicast; the rows of tiles are padded to whole clusters.
+    ``misaligned``: K-major operand rows 16- but not 32-byte aligned (``misaligned_rows``)."""
     clock = clock_mhz or prof.plan_clock_mhz
     G = prof.sm_count
     k = math.ceil(K / BK)
@@ -181,7 +195,7 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
         # Ping-pong: two consumers alternate, so a 64-row tile's k-steps do not pay the one-consumer
         # penalty (64-row ping-pong ran at 0.80x its price with it; 128-row 1.05x, data-parallel 1.04x).
         return kstep_s(bm, bn, rows, stages, active, hbm_share, prof, clock, dtype,
-                       one_consumer=False if schedule == "pingpong" else None, mcast=mcast)
+                       one_consumer=False if schedule == "pingpong" else None, mcast=mcast, misaligned=misaligned)
 
     if schedule == "data_parallel":
         full, rem = divmod(tiles, G)

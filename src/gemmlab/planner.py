@@ -63,7 +63,13 @@ SWAP_PREFER_M = 32
 # B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
 # load B's tile once between them (TMA multicast). Offered when MCAST_OFFERED is set or
 # ``candidates(mcast=True)`` asks; ``mcast_problem`` says where it cannot run.
-MCAST_OFFERED = False
+# Measured (H200, mcast_probe.jsonl, e21783d: 20 shapes, each tile with and without): where K-major rows
+# are 16- but not 32-byte aligned (``plan_cost.misaligned_rows``) it ran 1.10-1.42x faster than the same
+# tile without (3000^3 128 x 192: 0.983x torch.mm against 0.789x; 3000x5000x1000 128 x 240 1.002 / 0.888;
+# 2050x3000x1000 128 x 224 0.887 / 0.715; 1000^3 64 x 144 0.927), where the L2 -> SMEM rate binds; on the
+# 16 aligned shapes it ran 0-20% slower than the same tile without. So it is offered on misaligned rows
+# only (MCAST_OFFERED None), everywhere with True, nowhere with False.
+MCAST_OFFERED: bool | None = None
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -365,7 +371,7 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
     """Every plan the engine kernel can run for the problem, fastest first by the model. Arguments as
     for ``plan``; schedules: those to consider (default ``OFFERED_SCHEDULES``; ``SCHEDULES`` for all);
     swap_ab: also offer swapped plans where they apply (``swap_problem``; None: the module's SWAP_AB);
-    mcast: also offer data-parallel plans with B multicast (``mcast_problem``; None: MCAST_OFFERED)."""
+    mcast: also offer data-parallel plans with B multicast (``mcast_problem``; None: MCAST_OFFERED's rule)."""
     prof = _profile(profile, device)
     dt = dtype_name(dtype)
     if dt == "fp32":
@@ -381,6 +387,8 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
     offered = OFFERED_SCHEDULES if schedules is None else tuple(schedules)
     swap = (SWAP_AB if swap_ab is None else swap_ab) and swap_problem(M, odt) is None
     mc = MCAST_OFFERED if mcast is None else mcast
+    if mc is None:
+        mc = plan_cost.misaligned_rows(K, a_mn, b_mn, dt)
     key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
@@ -403,8 +411,11 @@ def swap_problem(M: int, out_dtype: str) -> str | None:
     return None
 
 
-def mcast_problem(tiles_m: int, bn: int, b_mn: bool, swapped: bool, prof: DeviceProfile) -> str | None:
+def mcast_problem(tiles_m: int, bm: int, bn: int, b_mn: bool, swapped: bool, heavy: bool,
+                  prof: DeviceProfile) -> str | None:
     """Why a data-parallel plan cannot share B by multicast in clusters of two, or None."""
+    if heavy and bm == 256 and bn > 96:  # compile sweep (tests/test_engine2.py): 256 x 112 spills 12 bytes
+        return f"{bn} accumulators per thread spill with B multicast and this epilogue (limit 96)"
     if swapped:
         return "swapped plans do not multicast"
     if b_mn:
@@ -449,14 +460,15 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
                 out_bytes, prof, offered, mcast=False) -> list[Plan]:
     """The plans of one tile for the kernel's problem pm x pn x K (the transposed one when swapped)."""
     plans = []
+    misaligned = plan_cost.misaligned_rows(K, a_mn, b_mn, dt)
     if mcast and "data_parallel" in offered and not tile_problem(bm, bn, "data_parallel", dtype=dt, b_mn=kb_mn,
                                                                   heavy=heavy):
         tm = math.ceil(pm / bm)
-        if mcast_problem(tm, bn, kb_mn, swapped, prof) is None:
+        if mcast_problem(tm, bm, bn, kb_mn, swapped, heavy, prof) is None:
             stages = stages_for(bm, bn, "data_parallel", dt)
             tiles = math.ceil(tm / 2) * 2 * math.ceil(pn / bn)
             t = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule="data_parallel", stages=stages, prof=prof,
-                                    dtype=dt, out_bytes=out_bytes, direct=direct, mcast=2)
+                                    dtype=dt, out_bytes=out_bytes, direct=direct, mcast=2, misaligned=misaligned)
             plans.append(Plan(M=pm, N=pn, K=K, bm=bm, bn=bn, schedule="data_parallel", stages=stages,
                               grid=min(2 * prof.clusters(2), tiles), dtype=dt, out_dtype=odt, bias_dtype=bdt,
                               has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
@@ -472,7 +484,7 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
         stages = stages_for(bm, bn, sched, dt)
         t = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
                                 sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
-                                direct=direct)
+                                direct=direct, misaligned=misaligned)
         M, N = (pn, pm) if swapped else (pm, pn)
         plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
                           sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
