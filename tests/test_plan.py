@@ -37,9 +37,10 @@ def test_plan_is_the_fastest_candidate_and_reads_well():
     with pytest.raises(AttributeError):
         p.bn = 64  # frozen
     # The issue's example class: h11's one plan (128 x 256, data-parallel) leaves 1.7 waves; the model finds
-    # a plan it prices at least 5% faster (on the H200, sha ac16df0: 128 x 224 ran 79.0 us, h11 88.5).
+    # a plan it prices at least 4% faster (on the H200, sha ac16df0: 128 x 224 ran 79.0 us, h11 88.5; the model
+    # said 5% before the per-SM L2 rate became 88 GB/s, 4.9% since).
     h11 = next(c for c in cands if (c.bm, c.bn, c.schedule) == (128, 256, "data_parallel"))
-    assert p.predicted_s < 0.95 * h11.predicted_s
+    assert p.predicted_s < 0.96 * h11.predicted_s
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

@@ -110,7 +110,12 @@ class DeviceProfile:
     hbm_read_bytes_per_s: float = 3.895e12  # the floor: a weight streamed once at the best rate the engine reached
     smem_bytes_per_clk: float = 201.0  # wgmma operand reads + TMA writes one SM's shared memory serves
     engine_l2_bytes_per_s: float = 11.6e12  # L2 -> SMEM over all SMs as the h11 plans draw it (ladder fit: 10)
-    sm_l2_bytes_per_s: float = 112e9  # what one SM's TMA draws from L2 when few SMs share it
+    # What one SM's TMA draws from L2 when few SMs share it: 112 GB/s as fitted, 88 GB/s (= 11.6 TB/s / 132)
+    # since the multicast probe (mcast_probe.jsonl): a partial grid of larger tiles ran as slow per tile as
+    # its area says, not faster per byte (1536x1024x4096: 128 x 128 on 96 SMs 0.794x torch.mm, 128 x 96 on
+    # 132 SMs 1.004x; 512x3072x3072 0.894 / 0.991x; 1024^3 0.880 / 0.951x), and with 88 the model picks the
+    # fuller grid on those three and changes no other pick of the 16 aligned probe shapes.
+    sm_l2_bytes_per_s: float = 88e9
     # K-major rows 16- but not 32-byte aligned (bf16 K % 16 == 8): the TMA's L2 -> SMEM rate divided by this.
     # Measured (H200, tma_pitch.jsonl: 132 SMs loading 128 x 64 boxes of an L2-resident operand, 8 stages
     # in flight): 5.06 TB/s at rows of 3000 elements against 8.83-8.89 TB/s at 3008 / 3024 / 3040 / 3072.
