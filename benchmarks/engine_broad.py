@@ -171,7 +171,7 @@ def main() -> None:
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, schedule=pl.schedule, splits=pl.splits,
                                sk_tiles=pl.sk_tiles, sk_ctas=pl.sk_ctas, stages=pl.stages, grid=pl.grid,
-                               predicted_ms=pl.predicted_s * 1e3)
+                               mcast=pl.mcast, predicted_ms=pl.predicted_s * 1e3)
                 f.write(json.dumps(rec) + "\n")
                 line += f" | {name} " + (f"x{base / t:.3f}" if t else "WRONG")
                 if t:

@@ -127,12 +127,10 @@ def broad_eval(recs: list[dict], half: set, prof) -> dict:
         s = (r["M"], r["N"], r["K"])
         if s not in half or r.get("bm") is None:
             continue
-        kw = dict(bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"], splits=r["splits"],
-                  sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof, direct=(r["N"] * 2) % 16 != 0)
         ks = pick_vs_oracle.kernel_problem(s, r)  # a swapped plan tiles N x M x K
-        t = plan_cost.predict_s(*ks, clock_mhz=_clock(r), **kw)
+        t = pick_vs_oracle.price(s, r, prof, _clock(r))
         logs.append(abs(math.log(r["time_ms"] * 1e-3 / t)))
-        key = planner.rank_key(plan_cost.predict_s(*ks, **kw), ks[0], r["schedule"], r["splits"], r["bm"], r["bn"],
+        key = planner.rank_key(pick_vs_oracle.price(s, r, prof), ks[0], r["schedule"], r["splits"], r["bm"], r["bn"],
                                r["stages"])
         by[s].append((key, r["time_ms"]))
     loss = [min(v)[1] / min(m for _, m in v) for v in by.values()]

@@ -94,7 +94,8 @@ def plan_key(p) -> tuple:
     """What identifies an engine-kernel plan (a ``planner.Plan`` or a record)."""
     get = (lambda k: getattr(p, k)) if isinstance(p, planner.Plan) else p.get
     swapped = p.swap_ab if isinstance(p, planner.Plan) else "swap AB" in (p.get("plan") or "")
-    return tuple(get(k) for k in ("bm", "bn", "schedule", "splits", "sk_tiles", "sk_ctas", "stages")) + (swapped,)
+    mcast = p.mcast if isinstance(p, planner.Plan) else mcast_of(p)
+    return tuple(get(k) for k in ("bm", "bn", "schedule", "splits", "sk_tiles", "sk_ctas", "stages")) + (swapped, mcast)
 
 
 def kernel_problem(s, r) -> tuple[int, int, int]:
@@ -102,12 +103,20 @@ def kernel_problem(s, r) -> tuple[int, int, int]:
     return (s[1], s[0], s[2]) if "swap AB" in (r.get("plan") or "") else tuple(s)
 
 
-def price(s, r, prof) -> float:
-    """A record's plan priced by ``plan_cost`` at the planning clock (a swap-AB plan tiles N x M x K)."""
+def mcast_of(r) -> int:
+    """A record's B multicast (``Plan.mcast``; records before the field say it in the plan's repr)."""
+    return r.get("mcast") or (2 if "B multicast" in (r.get("plan") or "") else 1)
+
+
+def price(s, r, prof, clock_mhz: float | None = None) -> float:
+    """A record's plan priced by ``plan_cost`` at ``clock_mhz`` (default: the planning clock; a swap-AB plan
+    tiles N x M x K; the broad set's operands are contiguous and K-major, so their rows are K long)."""
+    K = s[2]
     s = kernel_problem(s, r)
     return plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
                                splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
-                               direct=(s[1] * 2) % 16 != 0)
+                               clock_mhz=clock_mhz, direct=(s[1] * 2) % 16 != 0, mcast=mcast_of(r),
+                               misaligned=plan_cost.misaligned_rows(K, False, False))
 
 
 @dataclasses.dataclass
