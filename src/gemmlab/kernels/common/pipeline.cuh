@@ -60,11 +60,11 @@ struct Ring {
     // barrier of every CTA of the cluster (whose counts are consumers x CTAS).
     template <int CTAS = 1>
     __device__ __forceinline__ void release(int stage) {
-        if constexpr (CTAS == 1) {
-            mbar_arrive_notoken(&empty[stage]);
-        } else {
+        mbar_arrive_notoken(&empty[stage]);
+        if constexpr (CTAS > 1) {  // the peers' barriers through the cluster (mapa), this CTA's directly
+            const u32 me = cluster_ctarank();
 #pragma unroll
-            for (int r = 0; r < CTAS; ++r) mbar_arrive_cluster(&empty[stage], r);
+            for (u32 r = 1; r < CTAS; ++r) mbar_arrive_cluster(&empty[stage], (me + r) % CTAS);
         }
     }
 };
