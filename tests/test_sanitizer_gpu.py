@@ -7,8 +7,8 @@ unaligned operands and outputs; the engine kernel (``kernels/engine/gemm.cu``) t
 ``planner.Plan``s: data-parallel with 64- (a 16-wide tail piece), 128- and 256-row tiles, cluster split-K
 with 64- and 128-row tiles, stream-K all streamed (64 and 128 rows) and hybrid (full data-parallel wave +
 streamed tiles), copies + direct stores under each schedule, epilogues (bias + relu, silu, fp32 output
-with beta * C), and one call the router itself sends to the engine kernel; the decode kernel (forced)
-unsplit and split-K.
+with beta * C), B multicast (64- and 128-row tiles, a padding tile), and calls the router itself sends to
+the engine kernel (one with B multicast); the decode kernel (forced) unsplit and split-K.
 """
 
 import os
@@ -55,9 +55,9 @@ def r(*shape, dtype=torch.bfloat16):
 sm = torch.cuda.get_device_properties(0).multi_processor_count
 prof = engine.plan_profile(sm)
 
-def engine_plan(schedule, bm=None, hybrid=False):
-    # The best plan of the engine kernel with this schedule (and tile height) for the call's tensors: the
-    # same dtypes, operand majors, output alignment and epilogue as Engine2Launch checks.
+def engine_plan(schedule, bm=None, hybrid=False, mcast=1):
+    # The best plan of the engine kernel with this schedule (and tile height, and B multicast) for the
+    # call's tensors: the same dtypes, operand majors, output alignment and epilogue as Engine2Launch checks.
     def pick(a, b, out, bias=None, activation=None, c=None, beta=0.0, alpha=1.0):
         M, K = a.shape
         has_c = c is not None and beta != 0.0
@@ -65,8 +65,8 @@ def engine_plan(schedule, bm=None, hybrid=False):
                                    bias_dtype=engine._DT[bias.dtype] if bias is not None else None,
                                    has_c=has_c, activation=activation, a_mn=engine._operand_mn(a, 1),
                                    b_mn=engine._operand_mn(b, 0), direct=not engine._tma_ok(out), profile=prof,
-                                   schedules=planner.SCHEDULES)
-        ok = [p for p in cands if p.schedule == schedule and (bm is None or p.bm == bm)
+                                   schedules=planner.SCHEDULES, mcast=mcast > 1)
+        ok = [p for p in cands if p.schedule == schedule and (bm is None or p.bm == bm) and p.mcast == mcast
               and (not hybrid or 0 < p.sk_tiles < p.tiles)]
         assert ok, f"no {schedule} plan with bm={bm} hybrid={hybrid} for {M}x{b.shape[1]}x{K}"
         return ok[0]
@@ -94,6 +94,14 @@ for sched in ("data_parallel", "split_k", "stream_k"):
     a, b = r(67, 1031)[:, :1027], r(1027, 131)  # A's and B's rows not 16-byte aligned: copies
     run(f"engine {sched} copies + direct store", a, b, plan=engine_plan(sched), out=out_for(67, 131, 133),
         bias=r(131))
+# B multicast: pairs of CTAs share B's tile (rows of K = 1000: 16- but not 32-byte aligned, where it is offered)
+run("engine B multicast 128-row, padding tile, bias", r(300, 1000), r(640, 1000).t(),
+    plan=engine_plan("data_parallel", 128, mcast=2), bias=r(640))
+run("engine B multicast 64-row", r(200, 1000), r(512, 1000).t(), plan=engine_plan("data_parallel", 64, mcast=2))
+x, wx = r(512, 3000), r(1024, 3000)
+route = engine.route(x, wx.t(), out_for(512, 1024), bias=None, activation=None, has_c=False, sm_count=sm)
+assert route.kernel == "engine" and route.plan.mcast == 2, route
+run("engine routed, B multicast", x, wx.t())
 x, wx = r(256, 2048), r(512, 2048)
 route = engine.route(x, wx.t(), out_for(256, 512), bias=None, activation=None, has_c=False, sm_count=sm)
 assert route.kernel == "engine", route
