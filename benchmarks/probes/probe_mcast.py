@@ -1,11 +1,12 @@
 """Probe: B multicast (Plan.mcast = 2) against the same tile without it, the model's pick (no multicast) and
 torch.mm, graph replay, interleaved. Records one line per shape under argv[1]."""
-import dataclasses, json, os, sys, time
+import os, sys, time
 import torch
 sys.path.insert(0, "benchmarks")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_broad import precompile  # noqa: E402
 from gemmlab import engine2, planner  # noqa: E402
-from gemmlab.timer import time_interleaved  # noqa: E402
+from plans_vs_torch import report, time_plans  # noqa: E402
 from gemmlab.gpu import gpu_info  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -56,33 +57,8 @@ def main():
     for (M, N, K), plans in all_plans.items():
         if time.perf_counter() - t0 > float(os.environ.get("BUDGET_S", 240)):
             break
-        sets = []
-        for i in range(3):
-            a = torch.randn(M, K, device="cuda").bfloat16()
-            w = torch.randn(N, K, device="cuda").bfloat16()
-            sets.append((a, w, torch.empty(M, N, device="cuda", dtype=torch.bfloat16)))
-        ref = sets[0][0].float() @ sets[0][1].float().t()
-        cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1].t(), out=sets[i][2])}
-        for name, p in plans.items():
-            cands[name] = (lambda p: lambda i: engine2.launch(p, sets[i][0], sets[i][1].t(), sets[i][2]))(p)
-        bad = []
-        for name, fn in cands.items():
-            sets[0][2].fill_(float("nan")); fn(0); torch.cuda.synchronize()
-            err = ((sets[0][2].float() - ref).norm() / ref.norm()).item()
-            if not err < 1e-2:
-                bad.append((name, err))
-        res = time_interleaved(cands, 3, rounds=5, replay_ms=3.0)
-        base = res.timings["torch"].median_ms
-        ratios = {k: round(base / t.median_ms, 4) for k, t in res.timings.items()}
-        print(f"{M}x{N}x{K} torch {base*1e3:.1f} us, {res.clocks.sm_mhz} MHz, bad {bad}", flush=True)
-        for k, v in sorted(ratios.items(), key=lambda kv: -kv[1]):
-            pr = plans.get(k)
-            print(f"   {v:.3f}  {k}" + (f"  (predicted {pr.predicted_s*1e6:.1f} us, grid {pr.grid})" if pr else ""), flush=True)
-        out.write(json.dumps({"suite": "mcast-probe", "M": M, "N": N, "K": K, "torch_ms": base, "ratios": ratios,
-                              "plans": {k: repr(p) for k, p in plans.items()}, "bad": bad,
-                              "sm_clock_mhz": res.clocks.sm_mhz, "gpu": info.name,
-                              "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}) + "\n")
-        out.flush()
+        r = time_plans(M, N, K, plans)
+        report(out, "mcast-probe", M, N, K, plans, r, info.name)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""The part the plan probes share (probe_mcast.py, probe_stages.py): engine-kernel plans of one nn.Linear-shaped
+bf16 problem against torch.mm, each result checked against an fp32 product (outputs poisoned with NaN first),
+then timed interleaved in graph replay with the project's timer."""
+import torch
+
+from gemmlab import engine, engine2
+from gemmlab.timer import time_interleaved
+
+
+def time_plans(M: int, N: int, K: int, plans: dict, *, routed: bool = False) -> dict:
+    """{name: plan} -> {"torch_ms", "ratios" (torch time / each one's; "torch", and "routed" if asked: what
+    gemmlab.matmul runs), "bad" ([(name, relative error)] of results off by 1e-2 or more), "sm_clock_mhz"}."""
+    sets = []
+    for _ in range(3):
+        a = torch.randn(M, K, device="cuda").bfloat16()
+        w = torch.randn(N, K, device="cuda").bfloat16()
+        sets.append((a, w, torch.empty(M, N, device="cuda", dtype=torch.bfloat16)))
+    ref = sets[0][0].float() @ sets[0][1].float().t()
+    cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1].t(), out=sets[i][2])}
+    if routed:
+        cands["routed"] = lambda i: engine.gemm(sets[i][0], sets[i][1].t(), sets[i][2])
+    for name, p in plans.items():
+        cands[name] = (lambda p: lambda i: engine2.launch(p, sets[i][0], sets[i][1].t(), sets[i][2]))(p)
+    bad = []
+    for name, fn in cands.items():
+        sets[0][2].fill_(float("nan"))
+        fn(0)
+        torch.cuda.synchronize()
+        err = ((sets[0][2].float() - ref).norm() / ref.norm()).item()
+        if not err < 1e-2:
+            bad.append((name, err))
+    res = time_interleaved(cands, 3, rounds=5, replay_ms=3.0)
+    base = res.timings["torch"].median_ms
+    return {"torch_ms": base, "ratios": {k: round(base / t.median_ms, 4) for k, t in res.timings.items()},
+            "bad": bad, "sm_clock_mhz": res.clocks.sm_mhz}
+
+
+def report(out, suite: str, M: int, N: int, K: int, plans: dict, r: dict, gpu: str, note: str = "") -> None:
+    """Print ``time_plans``' result (best first, with each plan's predicted time) and append its record."""
+    import json
+    import os
+
+    print(f"{M}x{N}x{K} torch {r['torch_ms'] * 1e3:.1f} us, {r['sm_clock_mhz']} MHz, bad {r['bad']}{note}"[:300],
+          flush=True)
+    for k, v in sorted(r["ratios"].items(), key=lambda kv: -kv[1]):
+        p = plans.get(k)
+        print(f"   {v:.3f}  {k}" + (f"  (predicted {p.predicted_s * 1e6:.1f} us, grid {p.grid})" if p else ""),
+              flush=True)
+    out.write(json.dumps({"suite": suite, "M": M, "N": N, "K": K, **r, "plans": {k: repr(p) for k, p in plans.items()},
+                          "gpu": gpu, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}) + "\n")
+    out.flush()
