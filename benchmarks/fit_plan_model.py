@@ -121,7 +121,8 @@ def _clock(r: dict) -> float:
 def broad_eval(recs: list[dict], half: set, prof) -> dict:
     """Mean |log measured / predicted| (each record priced at its kernel's clock) and the pick's loss
     (geomean, worst) over the shapes in ``half``: the plan the planner would rank first among a shape's
-    measured plans (priced at the planning clock, ties broken as ``planner.rank_key``) against the best."""
+    measured plans of the schedules it offers (priced at the planning clock, ties broken as
+    ``planner.rank_key``) against the best of them."""
     logs, by = [], defaultdict(list)
     for r in recs:
         s = (r["M"], r["N"], r["K"])
@@ -130,6 +131,8 @@ def broad_eval(recs: list[dict], half: set, prof) -> dict:
         ks = pick_vs_oracle.kernel_problem(s, r)  # a swapped plan tiles N x M x K
         t = pick_vs_oracle.price(s, r, prof, _clock(r))
         logs.append(abs(math.log(r["time_ms"] * 1e-3 / t)))
+        if r["schedule"] not in planner.OFFERED_SCHEDULES:  # timed beside, never picked: not a candidate
+            continue
         key = planner.rank_key(pick_vs_oracle.price(s, r, prof), ks[0], r["schedule"], r["splits"], r["bm"], r["bn"],
                                r["stages"])
         by[s].append((key, r["time_ms"]))
