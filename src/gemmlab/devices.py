@@ -113,8 +113,8 @@ class DeviceProfile:
     # What one SM's TMA draws from L2 when few SMs share it: 112 GB/s as fitted, 88 GB/s (= 11.6 TB/s / 132)
     # since the multicast probe (mcast_probe.jsonl): a partial grid of larger tiles ran as slow per tile as
     # its area says, not faster per byte (1536x1024x4096: 128 x 128 on 96 SMs 0.794x torch.mm, 128 x 96 on
-    # 132 SMs 1.004x; 512x3072x3072 0.894 / 0.991x; 1024^3 0.880 / 0.951x), and with 88 the model picks the
-    # fuller grid on those three and changes no other pick of the 16 aligned probe shapes.
+    # 132 SMs 1.004x; 512x3072x3072 0.894 / 0.991x; 1024^3 0.880 / 0.951x). On the broad set (3e08f7d) it
+    # moved the pick on 30 aligned shapes, which then ran 1.045x their earlier ratio (24 faster, 6 slower).
     sm_l2_bytes_per_s: float = 88e9
     # K-major rows 16- but not 32-byte aligned (bf16 K % 16 == 8): the TMA's L2 -> SMEM rate divided by this.
     # Measured (H200, tma_pitch.jsonl: 132 SMs loading 128 x 64 boxes of an L2-resident operand, 8 stages

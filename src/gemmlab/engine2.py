@@ -123,8 +123,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, alpha: float = 
 def sass_expect(p: planner.Plan):
     """What the SASS of ``p``'s instantiation must show: wgmma (its shape: ``hgmma_shapes``), TMA loads,
     no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
-    cluster barriers; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED); no GPU-wide fence inside a loop for data-parallel
-    plans (split-K's cluster barrier and stream-K's release are one, once per unit)."""
+    cluster barriers; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED);
+    no GPU-wide fence inside a loop for data-parallel plans (split-K's cluster barrier and stream-K's
+    release are one, once per unit)."""
     from .sass import SassExpect
 
     contains = [r"^HGMMA", r"^UTMALDG"]

@@ -86,6 +86,10 @@ records (the engine kernel limited to its measured plans; its measured ratio to 
 1.071 -> 1.082 (oracle 1.100), held out 1.039 -> 1.046 (oracle 1.059); decode class 1.029 -> 1.062
 (oracle 1.072). ``h11_factor`` refitted to 1.073 (fit half's h11 records, now 145 of them; held out
 1.084).
+Since (session 9, not a fit): ``sm_l2_bytes_per_s`` 112 -> 88 GB/s (the all-SM rate over 132 SMs: partial
+grids of larger tiles ran as slow as their area says; the broad set's 30 changed picks ran 1.045x their
+earlier ratio) and ``misaligned_l2_factor`` 1.75 (the TMA's L2 rate at K-major rows 16- but not 32-byte
+aligned, measured by ``benchmarks/probes/probe_tma_pitch.py``), with B multicast priced as half of B's bytes.
 h11 is priced as the engine kernel's 128-row plan with h11's ring depth and its overlapped epilogue
 (``engine.h11_cost``), times ``h11_factor`` = 1.085 (the geomean of measured / priced over the fit half's
 128 h11 records; held-out half: 1.103, mean |log| 0.109 / 0.119). The older h11 records this model was
