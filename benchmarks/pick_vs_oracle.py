@@ -4,7 +4,8 @@
 
 Records: the broad runs in ``SHAS`` (240cc15, 180 shapes, and 6417c0c, the other 117, time all 297 shapes
 with the same bf16 code; dc8faff, d107e97 and dd13e41, 290, 249 and 241 shapes, with ping-pong and global
-split-K plans beside; plans pooled over the runs, the router's choice from the newest). Per shape they hold a few engine-kernel plans
+split-K plans beside; 1b32f41 (swap AB, 64-row tiles 128..256 wide beside on the mid class) and 3e08f7d (B
+multicast on misaligned rows), all 297 each; plans pooled over the runs, the router's choice from the newest). Per shape they hold a few engine-kernel plans
 (``model``: the pick then, ``best split_k`` / ``best stream_k`` / ``best data_parallel`` / ``best bm=..``),
 ``engine`` (what the router ran), ``h11`` and ``decode`` where timed beside. Every number is a measured
 ratio to torch.mm (torch time / ours, > 1: we win), split into the fit half (even positions of the sorted
@@ -39,7 +40,7 @@ from gemmlab import decode, engine, plan_cost, planner
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SHAS = ("240cc1560ab0", "6417c0cb0f7a", "dc8faff37bbc", "d107e9759599", "dd13e41")
+SHAS = ("240cc1560ab0", "6417c0cb0f7a", "dc8faff37bbc", "d107e9759599", "dd13e41", "1b32f41", "3e08f7d")
 CLASSES = ("decode", "mid", "prefill", "square", "unaligned")
 
 
@@ -54,6 +55,7 @@ class Case:
     h11: dict | None
     decode: dict | None
     ran: dict
+    model: dict | None = None  # the newest run's record of the model's pick
 
 
 def load(shas=SHAS) -> dict[tuple, Case]:
@@ -79,7 +81,7 @@ def load(shas=SHAS) -> dict[tuple, Case]:
                     pooled[plan_key(r)] = (f"{k}@{sha[:7]}", r)
         plans = dict(pooled.values())
         cls = next(r["cls"] for r in c.values() if r.get("cls"))
-        cases[s] = Case(s, cls, plans, h11, dec, ran)
+        cases[s] = Case(s, cls, plans, h11, dec, ran, c.get("model"))
     return cases
 
 
@@ -213,7 +215,8 @@ def report(cases: dict, prof, worst: int = 6, changed: bool = False) -> dict:
         print("shapes whose route differs from the recorded one:")
         for s in sorted(cases):
             ch, ran = ev[s]["choice"], cases[s].ran
-            same_plan = ch.kernel != "engine" or plan_key(ch.plan) == plan_key(cases[s].plans["model"])
+            model = cases[s].model
+            same_plan = ch.kernel != "engine" or (model is not None and plan_key(ch.plan) == plan_key(model))
             if ch.kernel != ran.get("kernel") or not same_plan:
                 got = f"{ev[s]['route']:.3f}" if ev[s]["route"] else "unmeasured"
                 print(f"    {s[0]}x{s[1]}x{s[2]}: {describe(ch)} {got} (as run {ran['ratio']:.3f})")
