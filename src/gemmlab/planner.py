@@ -66,8 +66,8 @@ SWAP_PREFER_M = 32
 # Measured (H200, mcast_probe.jsonl, e21783d: 20 shapes, each tile with and without): where K-major rows
 # are 16- but not 32-byte aligned (``plan_cost.misaligned_rows``) it ran 1.10-1.42x faster than the same
 # tile without (3000^3 128 x 192: 0.983x torch.mm against 0.789x; 3000x5000x1000 128 x 240 1.002 / 0.888;
-# 2050x3000x1000 128 x 224 0.887 / 0.715; 1000^3 64 x 144 0.927), where the L2 -> SMEM rate binds; on the
-# 16 aligned shapes it ran 0-20% slower than the same tile without. So it is offered on misaligned rows
+# 2050x3000x1000 128 x 224 0.887 / 0.715; 1000^3 64 x 144 0.927), where the L2 -> SMEM rate binds; on 16
+# aligned shapes 45 of 48 tiles ran slower with it (by up to 28%), 3 within 1%. So it is offered on misaligned rows
 # only (MCAST_OFFERED None), everywhere with True, nowhere with False.
 MCAST_OFFERED: bool | None = None
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
