@@ -1,0 +1,77 @@
+"""Probe: which part of B multicast costs time on aligned rows. The engine kernel's multicast plans are timed
+in three builds (PROBE_MC_VARIANT), each against the same tile without multicast and torch.mm (graph replay,
+interleaved; one process a build, so the ratios to torch compare across builds):
+  mc      the kernel as it is: clusters of two, each CTA loads half of B and multicasts it, releases to both;
+  nocast  clusters of two and releases to both (the CTAs' k-loops in lockstep), but each CTA loads all of
+          its B itself, as without multicast: the protocol's cost without the multicast delivery;
+  indep   clusters of two launched, but each CTA loads its own B and releases only its own ring: what the
+          cluster launch and its two cluster barriers cost alone.
+The builds patch a copy of the kernel sources (gemmlab.jit.compiler.KERNEL_ROOT), not the package.
+Multicast plans also run with deeper rings where shared memory allows."""
+import dataclasses, os, shutil, sys, tempfile
+from pathlib import Path
+import torch
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gemmlab import planner  # noqa: E402
+from gemmlab.jit import compiler  # noqa: E402
+
+SHAPES = [(200, 4096, 4096), (128, 4096, 4096), (1000, 1152, 6912), (1536, 1024, 4096), (200, 8192, 5376),
+          (256, 5120, 5120), (4096, 4096, 4096), (3000, 3000, 3000)]
+MULTICAST = "tma_load_2d_multicast(b + r * SHARE * BK, tmB, bar, kt * BK, n0 + r * SHARE, (1u << Tr::MCAST) - 1);"
+PATCHES = {
+    "mc": [],
+    "nocast": [("common/mainloop.cuh", MULTICAST, "(void)r; tma_load_2d(b, tmB, bar, kt * BK, n0);")],
+    "indep": [("common/mainloop.cuh", MULTICAST, "(void)r; tma_load_2d(b, tmB, bar, kt * BK, n0);"),
+              ("common/mainloop.cuh", "ring.template release<Tr::MCAST>(prev);", "ring.template release<1>(prev);"),
+              ("engine/gemm.cu", "ring.init(Tr::SLOT_READERS * Tr::MCAST);", "ring.init(Tr::SLOT_READERS);")],
+}
+
+
+def patched_root(variant: str) -> Path:
+    root = Path(tempfile.mkdtemp(prefix=f"kern-{variant}-")) / "kernels"
+    shutil.copytree(Path(compiler.__file__).resolve().parent.parent / "kernels", root)
+    for rel, old, new in PATCHES[variant]:
+        text = (root / rel).read_text()
+        n = text.count(old)
+        assert n >= 1, (rel, old)
+        (root / rel).write_text(text.replace(old, new))
+    return root
+
+
+def plans_for(M, N, K, prof):
+    cands = planner.candidates(M, N, K, profile=prof, mcast=True)
+    out, seen = {}, set()
+    for c in cands:
+        if c.mcast < 2 or (c.bm, c.bn) in seen or len(seen) == 2:
+            continue
+        seen.add((c.bm, c.bn))
+        dp = [d for d in cands if d.mcast == 1 and d.schedule == "data_parallel" and (d.bm, d.bn) == (c.bm, c.bn)]
+        if dp:
+            out[f"dp {c.bm}x{c.bn}/{dp[0].stages}"] = dp[0]
+        out[f"mc {c.bm}x{c.bn}/{c.stages}"] = c
+        for st in (c.stages + 2, c.stages + 4):
+            q = dataclasses.replace(c, stages=st)
+            if q.smem_bytes <= planner.SMEM_LIMIT:
+                out[f"mc {c.bm}x{c.bn}/{st}"] = q
+    return out
+
+
+def main():
+    variant = os.environ.get("PROBE_MC_VARIANT", "mc")
+    compiler.KERNEL_ROOT = patched_root(variant)
+    from engine_broad import precompile
+    from gemmlab import engine2
+    from gemmlab.gpu import gpu_info
+    from plans_vs_torch import report, time_plans
+    prof = engine2._profile(torch.device("cuda"))
+    plans = {s: plans_for(*s, prof) for s in SHAPES}
+    precompile([p for d in plans.values() for p in d.values()], 16)
+    out = open(sys.argv[1], "a")
+    for (M, N, K), vs in plans.items():
+        r = time_plans(M, N, K, vs)
+        report(out, f"mc-parts-{variant}", M, N, K, vs, r, gpu_info().name)
+
+
+if __name__ == "__main__":
+    main()
