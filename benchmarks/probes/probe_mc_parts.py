@@ -28,6 +28,9 @@ PATCHES = {
 }
 
 
+DEEPER = os.environ.get("PROBE_DEEPER", "1") == "1"
+
+
 def patched_root(variant: str) -> Path:
     root = Path(tempfile.mkdtemp(prefix=f"kern-{variant}-")) / "kernels"
     shutil.copytree(Path(compiler.__file__).resolve().parent.parent / "kernels", root)
@@ -50,23 +53,42 @@ def plans_for(M, N, K, prof):
         if dp:
             out[f"dp {c.bm}x{c.bn}/{dp[0].stages}"] = dp[0]
         out[f"mc {c.bm}x{c.bn}/{c.stages}"] = c
-        for st in (c.stages + 2, c.stages + 4):
+        for st in (c.stages + 2, c.stages + 4) if DEEPER else ():
             q = dataclasses.replace(c, stages=st)
             if q.smem_bytes <= planner.SMEM_LIMIT:
                 out[f"mc {c.bm}x{c.bn}/{st}"] = q
     return out
 
 
+def _use_root(root: str) -> None:
+    compiler.KERNEL_ROOT = Path(root)
+
+
+def _compile(p) -> None:
+    from gemmlab import engine2
+    engine2.compile_plan(p)
+
+
+def precompile(plans, root: Path, workers: int = 16) -> None:
+    """engine_broad.precompile with the patched sources in the workers too."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    unique = {p.name_expression: p for p in plans}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_use_root, initargs=(str(root),)) as pool:
+        list(pool.map(_compile, unique.values()))
+
+
 def main():
     variant = os.environ.get("PROBE_MC_VARIANT", "mc")
-    compiler.KERNEL_ROOT = patched_root(variant)
-    from engine_broad import precompile
+    root = patched_root(variant)
+    compiler.KERNEL_ROOT = root
     from gemmlab import engine2
     from gemmlab.gpu import gpu_info
     from plans_vs_torch import report, time_plans
     prof = engine2._profile(torch.device("cuda"))
     plans = {s: plans_for(*s, prof) for s in SHAPES}
-    precompile([p for d in plans.values() for p in d.values()], 16)
+    precompile([p for d in plans.values() for p in d.values()], root)
     out = open(sys.argv[1], "a")
     for (M, N, K), vs in plans.items():
         r = time_plans(M, N, K, vs)
