@@ -5,7 +5,9 @@ interleaved; one process a build, so the ratios to torch compare across builds):
   nocast  clusters of two and releases to both (the CTAs' k-loops in lockstep), but each CTA loads all of
           its B itself, as without multicast: the protocol's cost without the multicast delivery;
   indep   clusters of two launched, but each CTA loads its own B and releases only its own ring: what the
-          cluster launch and its two cluster barriers cost alone.
+          cluster launch and its two cluster barriers cost alone;
+  launch  indep without the cluster barriers: the cluster launch alone;
+  mcrelax mc with the closing cluster barriers relaxed.
 The builds patch a copy of the kernel sources (gemmlab.jit.compiler.KERNEL_ROOT), not the package.
 Multicast plans also run with deeper rings where shared memory allows."""
 import dataclasses, os, shutil, sys, tempfile
@@ -28,6 +30,13 @@ PATCHES = {
               ("common/mainloop.cuh", "ring.template release<Tr::MCAST>(prev);", "ring.template release<1>(prev);"),
               ("engine/gemm.cu", "ring.init(Tr::SLOT_READERS * Tr::MCAST);", "ring.init(Tr::SLOT_READERS);")],
 }
+# launch: as indep, without the two cluster barriers (nothing crosses CTAs any more): the cluster launch alone.
+PATCHES["launch"] = PATCHES["indep"] + [
+    ("engine/gemm.cu", "        cluster_sync();\n    } else {", "        __syncthreads();\n    } else {"),
+    ("engine/gemm.cu", "if constexpr (Tr::MCAST > 1) cluster_sync();", "if constexpr (Tr::MCAST > 1) {}")]
+# mcrelax: multicast as it is, the closing cluster barrier without release semantics (no MEMBAR.GPU before it).
+PATCHES["mcrelax"] = [("engine/gemm.cu", "if constexpr (Tr::MCAST > 1) cluster_sync();",
+                       "if constexpr (Tr::MCAST > 1) cluster_sync_relaxed();")]
 
 
 DEEPER = os.environ.get("PROBE_DEEPER", "1") == "1"
