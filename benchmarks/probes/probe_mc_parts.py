@@ -8,6 +8,8 @@ interleaved; one process a build, so the ratios to torch compare across builds):
           cluster launch and its two cluster barriers cost alone;
   launch  indep without the cluster barriers: the cluster launch alone;
   mcrelax mc with the closing cluster barriers relaxed.
+PROBE_SWAP_ORDER=1 (launch build only): the multicast plans take the Hilbert order of tiles, the others the
+order of pairs, to tell the cluster launch from the tile order.
 The builds patch a copy of the kernel sources (gemmlab.jit.compiler.KERNEL_ROOT), not the package.
 Multicast plans also run with deeper rings where shared memory allows."""
 import dataclasses, os, shutil, sys, tempfile
@@ -97,6 +99,17 @@ def main():
     from gemmlab import engine2
     from gemmlab.gpu import gpu_info
     from plans_vs_torch import report, time_plans
+    if os.environ.get("PROBE_SWAP_ORDER") == "1":  # only sound with the launch build: nothing crosses CTAs
+        assert variant == "launch"
+        from gemmlab.schedule import device_order_table
+
+        def swapped_order(p, device):  # multicast plans in Hilbert order of tiles, the others in pairs
+            if p.mcast > 1:
+                return device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, device)
+            pair = 2 if p.tiles_m % 2 == 0 else 1
+            return device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, device, pair_m=pair)
+        engine2.plan_order = swapped_order
+        variant += "-swapped-order"
     prof = engine2._profile(torch.device("cuda"))
     plans = {s: plans_for(*s, prof) for s in SHAPES}
     precompile([p for d in plans.values() for p in d.values()], root)
