@@ -55,6 +55,24 @@ def patched_root(variant: str) -> Path:
     return root
 
 
+def spread_pairs(table, clusters: int, pair: int, groups: int):
+    """The order table with each wave's pairs permuted: a clustered launch places consecutive clusters on
+    consecutive SMs of one GPC (probe_cluster_timeline.py), a plain one spreads consecutive CTAs over the
+    GPCs. Cluster c of a wave takes the pair at the rank of (c % groups, c // groups), so that the clusters
+    one GPC holds take pairs from `groups` places of the order, and pairs next in the order go to
+    different GPCs."""
+    pairs = table.view(-1, pair)
+    out = pairs.clone()
+    for w0 in range(0, pairs.shape[0], clusters):
+        n = min(clusters, pairs.shape[0] - w0)
+        rank = sorted(range(n), key=lambda c: (c % groups, c // groups))
+        pos = [0] * n
+        for r, c in enumerate(rank):
+            pos[c] = r
+        out[w0:w0 + n] = pairs[w0:w0 + n][torch.tensor(pos, device=table.device)]
+    return out.view(-1).contiguous()
+
+
 def plans_for(M, N, K, prof):
     cands = planner.candidates(M, N, K, profile=prof, mcast=True)
     out, seen = {}, set()
@@ -110,6 +128,22 @@ def main():
             return device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, device, pair_m=pair)
         engine2.plan_order = swapped_order
         variant += "-swapped-order"
+    if os.environ.get("PROBE_SPREAD"):  # multicast plans: a wave's pairs spread over the GPCs (see spread_pairs)
+        groups = int(os.environ["PROBE_SPREAD"])
+        plain_order = engine2.plan_order
+
+        spread = {}  # built once, before the graph captures (a host-to-device copy cannot be captured)
+
+        def spread_order(p, device):
+            t = plain_order(p, device)
+            if p.mcast < 2:
+                return t
+            key = (t.data_ptr(), p.grid)
+            if key not in spread:
+                spread[key] = spread_pairs(t, p.grid // p.mcast, p.mcast, groups)
+            return spread[key]
+        engine2.plan_order = spread_order
+        variant += f"-spread{groups}"
     prof = engine2._profile(torch.device("cuda"))
     plans = {s: plans_for(*s, prof) for s in SHAPES}
     precompile([p for d in plans.values() for p in d.values()], root)
