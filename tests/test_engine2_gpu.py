@@ -68,6 +68,8 @@ CASES = [
     ((16, 4096, 4096), 64, 128, "split_k", {}),
     ((200, 1000, 4096), 128, 80, "split_k", {}),
     ((300, 1000, 8192), 256, 128, "split_k", {}),
+    ((3, 1024, 2560), 128, 80, "split_k", {}),  # 3 rows of 128 over 8 ranks: some ranks reduce none
+    ((16, 1024, 2560), 128, 80, "split_k", {"has_c": True, "bias_dtype": "fp32"}),  # 2 rows a rank
     ((1500, 3000, 2000), 128, 256, "stream_k", {}),  # data-parallel wave + streamed tail
     ((128, 4096, 4096), 64, 112, "stream_k", {}),  # all streamed, owners with several contributors
     ((700, 1920, 3000), 256, 144, "stream_k", {}),
@@ -124,7 +126,8 @@ def test_plan_matches_float64_reference(shape, bm, bn, schedule, kw):
 
 @pytest.mark.parametrize("shape, bm, bn, schedule", [
     ((1500, 3000, 2000), 128, 256, "stream_k"), ((128, 4096, 4096), 64, 112, "stream_k"),
-    ((16, 4096, 4096), 64, 128, "split_k"), ((2000, 704, 1500), 256, 176, "data_parallel"),
+    ((16, 4096, 4096), 64, 128, "split_k"), ((16, 1024, 2560), 128, 80, "split_k"),
+    ((2000, 704, 1500), 256, 176, "data_parallel"),
     ((1000, 3000, 1000), 128, 128, "pingpong"), ((512, 1024, 4096), 128, 128, "split_k_global"),
     ((700, 1920, 3000), 256, 112, "split_k_global"), ((2050, 3000, 1000), 128, 224, "mcast")])
 def test_every_schedule_is_bitwise_deterministic(shape, bm, bn, schedule):

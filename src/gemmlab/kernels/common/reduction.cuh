@@ -152,8 +152,9 @@ __device__ __forceinline__ void store_out4(TO* dst, const float (&v)[4], int val
     }
 }
 
-// Split-K: after the cluster barrier, CTA `rank` of `splits` reduces its share of the tile's rows
-// (rows rank * ceil(BM / splits) ..), four columns per item, over the consumer threads (ct = 0 ..
+// Split-K: after the cluster barrier, CTA `rank` of `splits` reduces its share of the tile's rows inside
+// the tensor (rows rank * ceil(valid / splits) .., valid = min(BM, M - m0): a tile hanging over M, as at
+// few tokens, shares out only the rows it has, so the ranks' DSMEM reads stay even), four columns per item, over the consumer threads (ct = 0 ..
 // CONSUMERS x 128 - 1), applies the epilogue and stores. Each element is summed by one CTA in one order.
 // Consecutive threads take consecutive columns (one 16-byte store each); under TRANS_OUT consecutive
 // rows, so that each of the item's four stores (one per out row) is a contiguous run across the warp.
@@ -161,7 +162,8 @@ template <class Tr>
 __device__ __forceinline__ void split_reduce_store(u32 part, int rank, int splits, int m0, int n0,
                                                    const EpilogueArgs<Tr>& ep, int ct) {
     constexpr int C4 = Tr::BN / 4;
-    const int rows_per = (Tr::BM + splits - 1) / splits, r0 = rank * rows_per, r1 = min(Tr::BM, r0 + rows_per);
+    const int valid = min(Tr::BM, ep.M - m0);
+    const int rows_per = (valid + splits - 1) / splits, r0 = rank * rows_per, r1 = min(valid, r0 + rows_per);
     const int rows = max(0, r1 - r0), items = rows * C4;
     for (int i = ct; i < items; i += Tr::CONSUMERS * 128) {
         const int rr = r0 + (kTransOut<Tr> ? i % rows : i / C4), c4 = (kTransOut<Tr> ? i / rows : i % C4) * 4;
