@@ -129,44 +129,6 @@ def test_device_order_table_pairs_and_its_capture_fallback(monkeypatch):
     assert all(tiles[i][1] == tiles[i + 1][1] and tiles[i + 1][0] == tiles[i][0] + 1 for i in range(0, 20, 2))
 
 
-def test_spread_positions_spread_consecutive_clusters_over_the_groups():
-    for n, g in ((66, 8), (64, 8), (10, 4), (7, 8), (1, 8)):
-        pos = schedule.spread_positions(n, g)
-        assert sorted(pos) == list(range(n))  # a permutation of the wave's pairs
-        for c in range(n - 1):
-            if c % g != g - 1:  # the next cluster (next SMs of one GPC) takes a pair ~n / g further on
-                assert pos[c + 1] - pos[c] in (n // g, -(-n // g))
-        for c in range(n - g):  # a cluster g further on (another GPC) takes the next pair
-            assert pos[c + g] == pos[c] + 1
-
-
-def test_spread_pairs_keeps_pairs_whole_and_in_their_wave():
-    tm, tn, clusters = 8, 9, 10
-    order = schedule.paired_order(schedule.tile_order("hilbert", tm // 2, tn), 2)
-    spread = schedule.spread_pairs(order, 2, clusters, 4)
-    assert sorted(spread) == sorted(order) and spread != order
-    for i in range(0, len(spread), 2):
-        (m0, n0), (m1, n1) = spread[i], spread[i + 1]
-        assert n0 == n1 and m0 % 2 == 0 and m1 == m0 + 1
-    for w0 in range(0, len(order), 2 * clusters):  # each wave holds the pairs it held
-        assert sorted(spread[w0:w0 + 2 * clusters]) == sorted(order[w0:w0 + 2 * clusters])
-
-
-def test_spread_table_and_its_capture_fallback(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    tm, tn, clusters, groups = 6, 7, 10, 4
-    table = schedule.device_order_table("hilbert", tm, tn, 8, "cpu", pair_m=2, clusters=clusters, groups=groups)
-    tiles = [(int(v) >> 16, int(v) & 0xFFFF) for v in table]
-    assert tiles == schedule.spread_pairs(schedule.paired_order(schedule.tile_order("hilbert", tm // 2, tn), 2),
-                                          2, clusters, groups)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    for tm, tn, clusters, groups in ((4, 7, 10, 4), (12, 11, 66, 8), (2, 64, 64, 8), (8, 9, 33, 8)):
-        cap = schedule.device_order_table("hilbert", tm, tn, 8, "cpu", pair_m=2, clusters=clusters, groups=groups)
-        tiles = [(int(v) >> 16, int(v) & 0xFFFF) for v in cap]
-        row_major = [(2 * m + r, n) for m in range(tm // 2) for n in range(tn) for r in range(2)]
-        assert tiles == schedule.spread_pairs(row_major, 2, clusters, groups)
-
-
 # The launch ----------------------------------------------------------------------------------------------------
 
 def test_launch_builds_half_b_boxes_a_cluster_and_the_paired_order(monkeypatch):
@@ -176,9 +138,8 @@ def test_launch_builds_half_b_boxes_a_cluster_and_the_paired_order(monkeypatch):
     monkeypatch.setattr(engine2, "compile_plan", lambda p: "compiled")
     monkeypatch.setattr(engine2, "tensor_map_2d",
                         lambda t, box, swizzle_bytes=128: ("tmap", t.data_ptr(), tuple(t.shape), tuple(box)))
-    monkeypatch.setattr(engine2, "device_order_table", lambda name, tm, tn, group, dev, pair_m=1, clusters=0,
-                        groups=0: orders.append((tm, tn, pair_m, clusters, groups)) or torch.zeros(tm * tn,
-                                                                                               dtype=torch.int32))
+    monkeypatch.setattr(engine2, "device_order_table", lambda name, tm, tn, group, dev, pair_m=1:
+                        orders.append((tm, tn, pair_m)) or torch.zeros(tm * tn, dtype=torch.int32))
     monkeypatch.setattr(engine2, "_launch", lambda compiled, **kw: captured.update(kw))
     a, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
     out = torch.empty(M, N, dtype=torch.bfloat16)
@@ -187,4 +148,4 @@ def test_launch_builds_half_b_boxes_a_cluster_and_the_paired_order(monkeypatch):
     assert launch_arg_types(args) == unsigned(ptx_param_types(planner.SOURCE, p.name_expression))
     assert args[2] == ("tmap", w.data_ptr(), (N, K), (112, 64))  # each CTA loads half of B's 224 rows
     assert captured["cluster"] == 2 and captured["grid"] == p.grid and p.grid % 2 == 0
-    assert orders == [(18, p.tiles_n, 2, p.grid // 2, planner.CLUSTER_SPREAD)]
+    assert orders == [(18, p.tiles_n, 2)]

@@ -75,13 +75,6 @@ def spread_pairs(table, clusters: int, pair: int, groups: int):
     return out.view(-1).contiguous()
 
 
-def unspread(p):
-    """``p`` launched with its pairs in the plain order of pairs (``Plan.order_args`` without the spread)."""
-    cls = type("Unspread" + type(p).__name__, (type(p),),
-               {"order_args": lambda self: {"pair_m": self.mcast} if self.mcast > 1 else {}})
-    return cls(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})
-
-
 def plans_for(M, N, K, prof):
     cands = planner.candidates(M, N, K, profile=prof, mcast=True)
     out, seen = {}, set()
@@ -93,8 +86,6 @@ def plans_for(M, N, K, prof):
         if dp:
             out[f"dp {c.bm}x{c.bn}/{dp[0].stages}"] = dp[0]
         out[f"mc {c.bm}x{c.bn}/{c.stages}"] = c
-        if os.environ.get("PROBE_UNSPREAD") == "1":  # the library's order spreads the pairs (CLUSTER_SPREAD)
-            out[f"mc unspread {c.bm}x{c.bn}/{c.stages}"] = unspread(c)
         for st in (c.stages + 2, c.stages + 4) if DEEPER else ():
             q = dataclasses.replace(c, stages=st)
             if q.smem_bytes <= planner.SMEM_LIMIT:
@@ -115,7 +106,7 @@ def precompile(plans, root: Path, workers: int = 16) -> None:
     """engine_broad.precompile with the patched sources in the workers too."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    unique = {p.name_expression: p for p in plans if type(p) is planner.Plan}  # (an Unspread plan: same kernel)
+    unique = {p.name_expression: p for p in plans}
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_use_root, initargs=(str(root),)) as pool:
         list(pool.map(_compile, unique.values()))

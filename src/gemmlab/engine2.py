@@ -57,8 +57,8 @@ def _profile(device: torch.device):
 
 def plan_order(p: planner.Plan, device) -> torch.Tensor:
     """The Hilbert tile order of ``p`` as a device table of (m << 16 | n), built once per grid (with B
-    multicast, of tile pairs spread over the GPCs: ``Plan.order_args``)."""
-    return device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, device, **p.order_args())
+    multicast, of tile pairs: ``schedule.paired_order``)."""
+    return device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, device, pair_m=p.mcast)
 
 
 def workspace(p: planner.Plan, device) -> tuple[torch.Tensor, torch.Tensor]:

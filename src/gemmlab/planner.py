@@ -70,10 +70,6 @@ SWAP_PREFER_M = 32
 # aligned shapes 45 of 48 tiles ran slower with it (by up to 28%), 3 within 1%. So it is offered on misaligned rows
 # only (MCAST_OFFERED None), everywhere with True, nowhere with False.
 MCAST_OFFERED: bool | None = None
-# A clustered launch fills one GPC's SMs with consecutive clusters, where a plain launch spreads consecutive
-# CTAs over the GPCs (H200, probe_cluster_timeline.py): the pairs of each wave are spread over this many GPCs
-# (``schedule.spread_pairs``; H200: 8 GPCs). 0: the order of pairs as it is.
-CLUSTER_SPREAD = 8
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -260,13 +256,6 @@ class Plan(_Tiling):
         arguments (splits, sk_tiles, sk_ctas)."""
         return {"grid": self.grid, "cluster": self.cluster if self.cluster > 1 else None, "block": self.threads,
                 "smem": self.smem_bytes, "splits": self.splits, "sk_tiles": self.sk_tiles, "sk_ctas": self.sk_ctas}
-
-    def order_args(self) -> dict:
-        """``schedule.device_order_table``'s pairing arguments for this plan: with B multicast, pairs of
-        tiles, each wave's clusters spread over ``CLUSTER_SPREAD`` GPCs."""
-        if self.mcast < 2:
-            return {}
-        return {"pair_m": self.mcast, "clusters": self.grid // self.mcast, "groups": CLUSTER_SPREAD}
 
     def __repr__(self) -> str:
         sched = {"data_parallel": "data-parallel" + (f", B multicast to clusters of {self.mcast}" if self.mcast > 1

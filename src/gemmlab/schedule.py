@@ -203,63 +203,23 @@ def paired_order(order: list[Tile], pair_m: int) -> list[Tile]:
     return [(m * pair_m + r, n) for m, n in order for r in range(pair_m)]
 
 
-def spread_positions(n: int, groups: int) -> list[int]:
-    """pos[c]: the pair of a wave of ``n`` that cluster c of the wave takes: the rank of (c % groups,
-    c // groups). A clustered launch places consecutive clusters on consecutive SMs, filling one GPC
-    before the next (H200, ``probe_cluster_timeline.py``), where a plain launch spreads consecutive CTAs
-    over the GPCs. With these positions the clusters one GPC holds take pairs from ``groups`` places of
-    the order, and pairs next to each other in the order run in different GPCs, as in a plain launch."""
-    rank = sorted(range(n), key=lambda c: (c % groups, c // groups))
-    pos = [0] * n
-    for r, c in enumerate(rank):
-        pos[c] = r
-    return pos
-
-
-def spread_pairs(order: list[Tile], pair_m: int, clusters: int, groups: int) -> list[Tile]:
-    """``order`` (of ``paired_order``) with each wave's pairs permuted by ``spread_positions``: wave w is
-    pairs [w clusters, (w + 1) clusters), the last one shorter. Pairs stay whole and in their wave."""
-    pairs = [order[i:i + pair_m] for i in range(0, len(order), pair_m)]
-    out: list[Tile] = []
-    for w0 in range(0, len(pairs), clusters):
-        wave = pairs[w0:w0 + clusters]
-        for q in spread_positions(len(wave), groups):
-            out += wave[q]
-    return out
-
-
-def device_order_table(name: str, tiles_m: int, tiles_n: int, group_m: int, device, pair_m: int = 1,
-                       clusters: int = 0, groups: int = 0):
+def device_order_table(name: str, tiles_m: int, tiles_n: int, group_m: int, device, pair_m: int = 1):
     """``order_table`` of ``tile_order(name, ...)`` as a device int32 tensor (torch), built once per grid,
     order and device: what the persistent kernels read their tiles from. ``pair_m`` > 1: the order of
-    ``paired_order`` (tiles_m a multiple of it), each wave of ``clusters`` pairs spread over ``groups``
-    GPCs (``spread_pairs``) when both are given."""
+    ``paired_order`` (tiles_m a multiple of it)."""
     import torch
 
-    spread = pair_m > 1 and clusters > 0 and groups > 1
-    key = (name, tiles_m, tiles_n, group_m if name == "grouped" else 0, device, pair_m,
-           (clusters, groups) if spread else None)
+    key = (name, tiles_m, tiles_n, group_m if name == "grouped" else 0, device, pair_m)
     t = _DEVICE_TABLES.get(key)
     if t is None and torch.cuda.is_current_stream_capturing():
         # A host-to-device copy cannot be captured in a CUDA graph: build row-major order (of pairs) on
-        # the device instead (not cached, so an uncaptured call later still gets the order asked for),
-        # spread as spread_positions says, from arithmetic on the device only.
+        # the device instead (not cached, so an uncaptured call later still gets the order asked for).
         idx = torch.arange(tiles_m * tiles_n, device=device, dtype=torch.int32)
-        j, r = idx // pair_m, idx % pair_m
-        if spread:
-            n_pairs = tiles_m * tiles_n // pair_m
-            w, c = j // clusters, j % clusters
-            n = torch.clamp(n_pairs - w * clusters, max=clusters)  # this wave's pairs
-            g = c % groups
-            j = w * clusters + c // groups
-            for h in range(groups - 1):  # the pairs of the columns before c's: ceil((n - h) / groups) each
-                j = j + (h < g).int() * torch.div(n - h + groups - 1, groups, rounding_mode="floor")
-        return ((j // tiles_n) * pair_m + r) * 65536 + j % tiles_n
+        pair, r = idx // pair_m, idx % pair_m
+        return ((pair // tiles_n) * pair_m + r) * 65536 + pair % tiles_n
     if t is None:
         kw = {"group_m": group_m} if name == "grouped" else {}
         order = paired_order(tile_order(name, tiles_m // pair_m, tiles_n, **kw), pair_m)
-        if spread:
-            order = spread_pairs(order, pair_m, clusters, groups)
         t = torch.from_numpy(order_table(order)).to(device)
         _DEVICE_TABLES[key] = t
     return t
