@@ -118,7 +118,7 @@ def price(s, r, prof, clock_mhz: float | None = None) -> float:
     return plan_cost.predict_s(*s, bm=r["bm"], bn=r["bn"], schedule=r["schedule"], stages=r["stages"],
                                splits=r["splits"], sk_tiles=r["sk_tiles"], sk_ctas=r["sk_ctas"], prof=prof,
                                clock_mhz=clock_mhz, direct=(s[1] * 2) % 16 != 0, mcast=mcast_of(r),
-                               misaligned=plan_cost.misaligned_rows(K, False, False))
+                               misaligned=plan_cost.misaligned_pitch(K))
 
 
 @dataclasses.dataclass

@@ -16,17 +16,37 @@ from fakes import launch_arg_types, ptx_param_types, unsigned
 
 # Where rows are misaligned --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("K, a_mn, b_mn, want", [
-    (3000, False, False, True),   # 6000-byte rows: 16- but not 32-byte aligned
-    (1000, False, False, True),
-    (3008, False, False, False),  # 32-byte aligned
-    (4096, False, False, False),
-    (3000, True, True, False),    # both MN-major: their rows are M and N long, not judged
-    (3000, True, False, True),    # B still K-major
-    (4095, False, False, False),  # not 16-byte aligned: copied into 32-byte aligned rows
+@pytest.mark.parametrize("M, N, K, a_mn, b_mn, a_pitch, b_pitch, want", [
+    (512, 512, 3000, False, False, None, None, (True, True)),  # 6000-byte rows: 16- but not 32-byte aligned
+    (512, 512, 1000, False, False, None, None, (True, True)),
+    (512, 512, 3008, False, False, None, None, (False, False)),  # 32-byte aligned
+    (512, 512, 4096, False, False, None, None, (False, False)),
+    (3072, 3072, 3000, True, True, None, None, (False, False)),  # MN-major: rows of M and N
+    (3000, 3000, 3072, True, True, None, None, (True, True)),
+    (512, 3000, 3000, True, False, None, None, (False, True)),  # B still K-major
+    (512, 512, 4096, False, False, 4104, None, (True, False)),  # a view: A's rows 4104 apart
+    (512, 512, 3000, False, False, 3008, 3008, (False, False)),  # padded rows: aligned whatever K is
+    (512, 512, 4095, False, False, None, None, (False, False)),  # not 16-byte aligned: a 32-byte aligned copy
 ])
-def test_misaligned_rows_is_the_16_not_32_byte_class(K, a_mn, b_mn, want):
-    assert plan_cost.misaligned_rows(K, a_mn, b_mn) is want
+def test_misaligned_operands_are_the_16_not_32_byte_class(M, N, K, a_mn, b_mn, a_pitch, b_pitch, want):
+    assert plan_cost.misaligned_operands(M, N, K, a_mn, b_mn, "bf16", a_pitch, b_pitch) == want
+
+
+def test_each_operand_pays_for_its_own_rows():
+    kw = dict(bm=128, bn=128, rows=128, stages=6, active_sms=132, hbm_share=0.0, prof=H200, clock_mhz=1755.0)
+    t = {m: plan_cost.kstep_s(misaligned=m, **kw) for m in (False, (True, False), (False, True), True)}
+    assert t[False] < t[(True, False)] == t[(False, True)] < t[True]  # square tile: A's bytes weigh as B's
+    assert plan_cost.kstep_s(misaligned=(True, True), **kw) == t[True]
+
+
+def test_the_engine_judges_the_rows_tma_reads():
+    a = torch.empty(64, 4104, dtype=torch.bfloat16)[:, :4096]  # a view of wider rows
+    assert engine._operand_layout(a, 1) == (False, 4104)
+    w = torch.empty(1000, 3000, dtype=torch.bfloat16)
+    assert engine._operand_layout(w.t(), 0) == (False, 3000)  # B = w.t(): K-major rows of K
+    assert engine._operand_layout(torch.empty(3000, 1000, dtype=torch.bfloat16), 0) == (True, 1000)  # N-major
+    odd = torch.empty(64, 4100, dtype=torch.bfloat16)[:, 1:4096]  # base not 16-byte aligned: copied
+    assert engine._operand_layout(odd, 1) == (False, None)
 
 
 def test_operand_copies_get_32_byte_rows():
@@ -45,7 +65,10 @@ def _mc(plans):
 def test_offered_on_misaligned_rows_only():
     assert _mc(planner.candidates(3000, 3000, 3000)) and planner.plan(3000, 3000, 3000).mcast == 2
     assert not _mc(planner.candidates(3072, 3072, 3072))
-    assert not _mc(planner.candidates(3000, 3000, 3000, a_mn=True, b_mn=True))
+    assert not _mc(planner.candidates(3000, 3000, 3000, a_mn=True, b_mn=True))  # (MN-major B: no multicast)
+    assert _mc(planner.candidates(3072, 3072, 3072, b_pitch=3080))  # B's rows misaligned: the bytes it halves
+    assert not _mc(planner.candidates(3072, 3072, 3072, a_pitch=3080))  # only A's
+    assert not _mc(planner.candidates(3000, 3000, 3000, a_pitch=3008, b_pitch=3008))  # padded rows
     assert _mc(planner.candidates(4096, 4096, 4096, mcast=True))  # asked for: everywhere it can run
     assert not _mc(planner.candidates(3000, 3000, 3000, mcast=False))
 

@@ -56,7 +56,7 @@ def test_every_candidate_is_a_launch_the_kernel_accepts(shape):
         if p.schedule == "data_parallel" and p.mcast > 1:  # pairs of CTAs on pairs of tiles
             assert p.cluster == p.mcast == 2 and p.tiles_m % 2 == 0 and p.grid % 2 == 0
             assert p.grid == min(2 * prof.clusters(2), p.tiles) and not p.b_mn and not p.swap_ab
-            assert planner.plan_cost.misaligned_rows(K, p.a_mn, p.b_mn)  # offered there only
+            assert planner.plan_cost.misaligned_operands(M, N, K, p.a_mn, p.b_mn)[1]  # offered there only
         elif p.schedule == "data_parallel":
             assert p.grid == min(prof.sm_count, p.tiles) and p.cluster == 1
         elif p.schedule == "pingpong":  # whole tiles in turn: more tiles than CTAs, 64 or 128 rows

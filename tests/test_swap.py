@@ -96,7 +96,8 @@ def test_swapped_plans_tile_the_transposed_problem(M):
         # Priced as the transposed problem.
         t = planner.plan_cost.predict_s(N, M, K, bm=p.bm, bn=p.bn, schedule=p.schedule, stages=p.stages,
                                         splits=p.splits, sk_tiles=p.sk_tiles, sk_ctas=p.sk_ctas, prof=planner.H200,
-                                        misaligned=planner.plan_cost.misaligned_rows(K, p.a_mn, p.b_mn))
+                                        misaligned=planner.plan_cost.misaligned_operands(M, N, K, p.a_mn,
+                                                                                         p.b_mn)[::-1])
         assert p.predicted_s == t
     plain = [p for p in planner.candidates(M, N, K) if not p.swap_ab]
     assert all(p.template_args()[-1] == "false" for p in plain)

@@ -499,7 +499,7 @@ def h11_cost(M: int, N: int, K: int, *, prof: DeviceProfile = H200, plan: tuple[
                                stages=_qsize(bn, 2, split=splits > 1), splits=splits, prof=prof, clock_mhz=clock_mhz,
                                out_bytes=out_bytes, direct=direct,
                                overlap=out_bytes == 2 and not direct and splits == 1,
-                               misaligned=plan_cost.misaligned_rows(K, False, False))
+                               misaligned=plan_cost.misaligned_pitch(K))
 
 
 def decode_shape(M: int, N: int, K: int) -> bool:
@@ -567,9 +567,10 @@ def _engine_plan(a, b, out, bias, has_c: bool, activation, direct: bool,
     the model's best swapped one (it runs faster than the model says, H200 records), priced as the best
     plain plan: the router's choice of kernel stays what the model's prices of plain plans decide."""
     M, K = a.shape
+    (a_mn, a_pitch), (b_mn, b_pitch) = _operand_layout(a, 1), _operand_layout(b, 0)
     kw = dict(dtype=_DT[a.dtype], out_dtype=_DT[out.dtype], bias_dtype=_DT[bias.dtype] if bias is not None else None,
-              has_c=has_c, activation=activation, a_mn=_operand_mn(a, 1), b_mn=_operand_mn(b, 0), direct=direct,
-              profile=prof)
+              has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct, profile=prof,
+              a_pitch=a_pitch, b_pitch=b_pitch)
     run = planner.plan(M, b.shape[1], K, **kw)
     if run.swap_ab and M <= planner.SWAP_PREFER_M:
         return run, planner.plan(M, b.shape[1], K, swap_ab=False, **kw).predicted_s
@@ -601,13 +602,20 @@ def plan(M: int, N: int, K: int, *, dtype=torch.bfloat16, out_dtype=None, bias_d
 
 def _operand_mn(x: torch.Tensor, k_dim: int) -> bool:
     """Whether TMA reads the operand MN-major (``_operand_plan``'s choice, from metadata alone)."""
+    return _operand_layout(x, k_dim)[0]
+
+
+def _operand_layout(x: torch.Tensor, k_dim: int) -> tuple[bool, int | None]:
+    """``_operand_plan``'s choice from metadata alone: whether TMA reads the operand MN-major, and the
+    elements between the rows it reads where it reads ``x`` itself (None where it reads a copy, whose rows
+    are 32-byte aligned): what ``planner.candidates`` judges the rows' alignment by (a_pitch / b_pitch)."""
     k_major = x.t() if k_dim == 0 else x
     mn_major = x if k_dim == 0 else x.t()
     if k_major.stride(1) == 1 and _tma_ok(k_major):
-        return False
+        return False, k_major.stride(0)
     if mn_major.stride(1) == 1 and _tma_ok(mn_major):
-        return True
-    return mn_major.stride(1) == 1 and k_major.stride(1) != 1
+        return True, mn_major.stride(0)
+    return mn_major.stride(1) == 1 and k_major.stride(1) != 1, None
 
 
 class _OperandCopy:

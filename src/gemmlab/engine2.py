@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import planner
-from .engine import (OutputMaps, _index, _operand, _operand_mn, _tma_ok, c_strides, kernel_operands, point_maps,
+from .engine import (OutputMaps, _index, _operand, _operand_layout, _tma_ok, c_strides, kernel_operands, point_maps,
                      store_boxes, stream_k_workspace)
 from .errors import UnsupportedProblem
 from .jit.compiler import compile_kernel
@@ -38,11 +38,11 @@ def plan_for(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch
     layouts (a: (M, K), b: (K, N), out: (M, N))."""
     M, K = a.shape
     N = b.shape[1]
-    a_mn, b_mn = _operand_mn(a, 1), _operand_mn(b, 0)
+    (a_mn, a_pitch), (b_mn, b_pitch) = _operand_layout(a, 1), _operand_layout(b, 0)
     return planner.plan(M, N, K, dtype=_NAMES[a.dtype], out_dtype=_NAMES[out.dtype],
                         bias_dtype=_NAMES[bias.dtype] if bias is not None else None, has_c=has_c,
                         activation=activation, a_mn=a_mn, b_mn=b_mn, direct=not _tma_ok(out),
-                        profile=_profile(a.device))
+                        profile=_profile(a.device), a_pitch=a_pitch, b_pitch=b_pitch)
 
 
 _PROFILES: dict[int, object] = {}

@@ -104,21 +104,21 @@ def in_bytes(dtype: str) -> int:
 
 def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_share: float, prof: DeviceProfile,
             clock_mhz: float, dtype: str = "bf16", one_consumer: bool | None = None, mcast: int = 1,
-            misaligned: bool = False) -> float:
+            misaligned: bool | tuple[bool, bool] = False) -> float:
     """One 64-deep k-step of a bm x bn tile loading ``rows`` rows of A, on one of ``active_sms`` SMs.
     ``one_consumer``: one consumer warpgroup runs the SM's wgmmas alone (default: 64-row tiles).
     ``mcast``: CTAs sharing B's tile by multicast (each loads bn / mcast of its rows from the L2).
-    ``misaligned``: the operands' rows are 16- but not 32-byte aligned (``misaligned_rows``): the TMA
-    draws them from the L2 ``misaligned_l2_factor`` times slower."""
+    ``misaligned``: (A, B) or both: the operand's rows are 16- but not 32-byte aligned
+    (``misaligned_operands``): the TMA draws its bytes from the L2 ``misaligned_l2_factor`` times slower."""
     clock = clock_mhz * 1e6
     alone = bm == 64 if one_consumer is None else one_consumer
     eff = prof.engine_mma_efficiency * (prof.one_consumer_efficiency if alone else 1.0)
     t_mma = 2.0 * bm * bn * BK / (prof.flop_per_clk_sm[dtype] * clock * eff)
     bw = min(prof.sm_l2_bytes_per_s, prof.engine_l2_bytes_per_s / max(1, active_sms))
-    if misaligned:
-        bw /= prof.misaligned_l2_factor
+    mis_a, mis_b = misaligned if isinstance(misaligned, tuple) else (misaligned, misaligned)
+    fa, fb = (prof.misaligned_l2_factor if m else 1.0 for m in (mis_a, mis_b))
     stage = (rows + bn) * BK * in_bytes(dtype)
-    t_bytes = (rows + bn / mcast) * BK * in_bytes(dtype) / bw
+    t_bytes = (rows * fa + bn / mcast * fb) * BK * in_bytes(dtype) / bw
     # Shared memory: every m64 wgmma reads its A block and all of B (16 deep per k16), and the TMA
     # writes the stage: 128 x 256 reads 80 KB + writes 48 KB per k-step, 256 x 128 96 KB + 48 KB.
     smem = 4 * (bm // 64) * (64 + bn) * 16 * in_bytes(dtype) + stage
@@ -144,12 +144,22 @@ def stream_s(rows: float, bn: int, stages: int, active_sms: int, hbm_share: floa
                         + prof.hbm_stream_latency_s / max(1, stages))
 
 
-def misaligned_rows(K: int, a_mn: bool, b_mn: bool, dtype: str = "bf16") -> bool:
-    """Whether a K-major operand's rows (K elements, contiguous) are 16- but not 32-byte aligned: each
-    128-byte box row then spans five L2 sectors every other row, and the TMA's L2 rate drops
-    (``misaligned_l2_factor``). Rows not 16-byte aligned are copied into 32-byte aligned ones
-    (``engine._aligned_empty``); MN-major operands' rows are M or N long: not judged here."""
-    return (not a_mn or not b_mn) and (K * in_bytes(dtype)) % 32 == 16
+def misaligned_pitch(pitch: int, dtype: str = "bf16") -> bool:
+    """Whether rows ``pitch`` elements apart are 16- but not 32-byte aligned: each 128-byte box row then
+    spans five L2 sectors every other row, and the TMA's L2 rate drops (``misaligned_l2_factor``; measured
+    on K-major rows, ``probe_tma_pitch.py``; an MN-major box row is 128 bytes of a row as well)."""
+    return (pitch * in_bytes(dtype)) % 32 == 16
+
+
+def misaligned_operands(M: int, N: int, K: int, a_mn: bool, b_mn: bool, dtype: str = "bf16",
+                        a_pitch: int | None = None, b_pitch: int | None = None) -> tuple[bool, bool]:
+    """(A, B): whether the rows the TMA reads of each operand are 16- but not 32-byte aligned
+    (``misaligned_pitch``). a_pitch / b_pitch: elements between those rows (A's: K-major rows of K, or
+    MN-major ones of M; B's of K or N); None: contiguous (K, or M / N when MN-major). Rows not 16-byte
+    aligned are copied into 32-byte aligned ones (``engine._aligned_empty``): pass None for them."""
+    ap = a_pitch if a_pitch is not None else (M if a_mn else K)
+    bp = b_pitch if b_pitch is not None else (N if b_mn else K)
+    return misaligned_pitch(ap, dtype), misaligned_pitch(bp, dtype)
 
 
 def tile_epilogue_s(bm: int, bn: int, out_bytes: int, prof: DeviceProfile, direct: bool = False) -> float:
@@ -179,12 +189,13 @@ def _traffic(M: int, N: int, K: int, bm: int, bn: int, dtype: str, out_bytes: in
 def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages: int, splits: int = 1,
               sk_tiles: int = 0, sk_ctas: int = 0, prof: DeviceProfile, clock_mhz: float | None = None,
               dtype: str = "bf16", out_bytes: int = 2, direct: bool = False, overlap: bool = False,
-              mcast: int = 1, misaligned: bool = False) -> float:
+              mcast: int = 1, misaligned: bool | tuple[bool, bool] = False) -> float:
     """Modelled seconds of one plan (see the module docstring). ``overlap``: the epilogue's stores run
     under the next tile's k-steps (h11's overlapped epilogue, data-parallel only): a tile then costs its
     SM only ``tile_fixed_s`` past its k-steps, except the SM's last. ``mcast`` (data-parallel): clusters
     of that many CTAs share B's tile by multicast; the rows of tiles are padded to whole clusters.
-    ``misaligned``: K-major operand rows 16- but not 32-byte aligned (``misaligned_rows``)."""
+    ``misaligned``: (A, B) or both: the operand's rows 16- but not 32-byte aligned (``misaligned_operands``;
+    A and B as the kernel sees them: a swapped plan's A is the weight)."""
     clock = clock_mhz or prof.plan_clock_mhz
     G = prof.sm_count
     k = math.ceil(K / BK)

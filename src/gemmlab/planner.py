@@ -64,11 +64,12 @@ SWAP_PREFER_M = 32
 # load B's tile once between them (TMA multicast). Offered when MCAST_OFFERED is set or
 # ``candidates(mcast=True)`` asks; ``mcast_problem`` says where it cannot run.
 # Measured (H200, mcast_probe.jsonl, e21783d: 20 shapes, each tile with and without): where K-major rows
-# are 16- but not 32-byte aligned (``plan_cost.misaligned_rows``) it ran 1.10-1.42x faster than the same
+# are 16- but not 32-byte aligned (``plan_cost.misaligned_operands``) it ran 1.10-1.42x faster than the same
 # tile without (3000^3 128 x 192: 0.983x torch.mm against 0.789x; 3000x5000x1000 128 x 240 1.002 / 0.888;
 # 2050x3000x1000 128 x 224 0.887 / 0.715; 1000^3 64 x 144 0.927), where the L2 -> SMEM rate binds; on 16
-# aligned shapes 45 of 48 tiles ran slower with it (by up to 28%), 3 within 1%. So it is offered on misaligned rows
-# only (MCAST_OFFERED None), everywhere with True, nowhere with False.
+# aligned shapes 45 of 48 tiles ran slower with it (by up to 28%), 3 within 1%: a clustered launch of these
+# tiles costs 5-20% even with nothing shared (mc_parts_probe.jsonl, worklog session 10). So it is offered
+# where B's rows are misaligned only (MCAST_OFFERED None), everywhere with True, nowhere with False.
 MCAST_OFFERED: bool | None = None
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
@@ -367,7 +368,8 @@ def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, of
 def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: DeviceProfile | None = None,
                device=None, bias_dtype=None, has_c: bool = False, activation: str | None = None,
                a_mn: bool = False, b_mn: bool = False, direct: bool | None = None,
-               schedules=None, swap_ab: bool | None = None, mcast: bool | None = None) -> list[Plan]:
+               schedules=None, swap_ab: bool | None = None, mcast: bool | None = None,
+               a_pitch: int | None = None, b_pitch: int | None = None) -> list[Plan]:
     """Every plan the engine kernel can run for the problem, fastest first by the model. Arguments as
     for ``plan``; schedules: those to consider (default ``OFFERED_SCHEDULES``; ``SCHEDULES`` for all);
     swap_ab: also offer swapped plans where they apply (``swap_problem``; None: the module's SWAP_AB);
@@ -386,16 +388,17 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
         direct = (N * plan_cost.in_bytes(odt)) % 16 != 0
     offered = OFFERED_SCHEDULES if schedules is None else tuple(schedules)
     swap = (SWAP_AB if swap_ab is None else swap_ab) and swap_problem(M, odt) is None
+    mis = plan_cost.misaligned_operands(M, N, K, a_mn, b_mn, dt, a_pitch, b_pitch)
     mc = MCAST_OFFERED if mcast is None else mcast
-    if mc is None:
-        mc = plan_cost.misaligned_rows(K, a_mn, b_mn, dt)
-    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc)
+    if mc is None:  # where B's rows load slowly (the bytes multicast halves): measured on K % 16 == 8
+        mc = mis[1]
+    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc, mis)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
             _CACHE.clear()
         hit = _CACHE[key] = (prof, _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof,
-                                                      offered, swap, mc))
+                                                      offered, swap, mc, mis))
     return list(hit[1])
 
 
@@ -428,7 +431,7 @@ def mcast_problem(tiles_m: int, bm: int, bn: int, b_mn: bool, swapped: bool, hea
 
 
 def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof, offered,
-                swap=False, mcast=False) -> tuple[Plan, ...]:
+                swap=False, mcast=False, mis=(False, False)) -> tuple[Plan, ...]:
     heavy = heavy_epilogue(odt, bdt, has_c, activation, direct)
     out_bytes = plan_cost.in_bytes(odt)
     plans = []
@@ -440,7 +443,7 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
             if swapped and bn > math.ceil(M / 16) * 16:
                 continue
             plans += _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
-                                 direct, heavy, out_bytes, prof, offered, mcast)
+                                 direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab,
                               rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages)))
@@ -457,10 +460,10 @@ def _best_swapped_not_streamed(plans) -> bool:
 
 
 def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn, direct, heavy,
-                out_bytes, prof, offered, mcast=False) -> list[Plan]:
-    """The plans of one tile for the kernel's problem pm x pn x K (the transposed one when swapped)."""
+                out_bytes, prof, offered, mcast=False, misaligned=(False, False)) -> list[Plan]:
+    """The plans of one tile for the kernel's problem pm x pn x K (the transposed one when swapped);
+    misaligned: (A, B) of that problem (``plan_cost.misaligned_operands``)."""
     plans = []
-    misaligned = plan_cost.misaligned_rows(K, a_mn, b_mn, dt)
     if mcast and "data_parallel" in offered and not tile_problem(bm, bn, "data_parallel", dtype=dt, b_mn=kb_mn,
                                                                   heavy=heavy):
         tm = math.ceil(pm / bm)
@@ -504,7 +507,8 @@ def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn
 
 def plan(M: int, N: int, K: int, *, dtype=None, out_dtype=None, device=None, profile: DeviceProfile | None = None,
          bias_dtype=None, has_c: bool = False, activation: str | None = None, a_mn: bool = False,
-         b_mn: bool = False, direct: bool | None = None, swap_ab: bool | None = None) -> Plan:
+         b_mn: bool = False, direct: bool | None = None, swap_ab: bool | None = None,
+         a_pitch: int | None = None, b_pitch: int | None = None) -> Plan:
     """The plan the engine kernel would run for out (M x N) = act(alpha A (M x K) @ B (K x N) + beta C + bias).
 
     dtype: the operands' (torch.bfloat16 (default) or torch.float16, or 'bf16' / 'fp16'); out_dtype: the
@@ -513,10 +517,12 @@ def plan(M: int, N: int, K: int, *, dtype=None, out_dtype=None, device=None, pro
     bias), has_c (beta != 0), activation: the fused epilogue. a_mn / b_mn: the operand is MN-major (A
     stored K x M, B stored N x K... i.e. its M or N dimension contiguous). direct: the output's rows are
     not 16-byte aligned (None: decided from N for a contiguous output). swap_ab: also weigh swapped plans
-    (out^T = W @ A^T, at M <= SWAP_MAX_M; None: the module's SWAP_AB). Pure Python; no GPU needed."""
+    (out^T = W @ A^T, at M <= SWAP_MAX_M; None: the module's SWAP_AB). a_pitch / b_pitch: elements between
+    the rows the TMA reads of A / B where they are not contiguous (a view's leading stride; rows 16- but
+    not 32-byte aligned load slower, ``plan_cost.misaligned_operands``). Pure Python; no GPU needed."""
     return candidates(M, N, K, dtype=dtype, out_dtype=out_dtype, profile=profile, device=device,
                       bias_dtype=bias_dtype, has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn,
-                      direct=direct, swap_ab=swap_ab)[0]
+                      direct=direct, swap_ab=swap_ab, a_pitch=a_pitch, b_pitch=b_pitch)[0]
 
 
 def _profile(profile: DeviceProfile | None, device) -> DeviceProfile:
