@@ -5,7 +5,7 @@ probe_mc_parts (clusters launched, no multicast, no cluster barriers) with a per
 its tiles): for the same tile with and without clusters, the spread of the CTAs' starts, how long each
 CTA ran and at which SM clock (clock64 over %globaltimer), when its first k-step landed, the span, and on
 which SMs the pairs ran. Eager launches; records one line per plan to argv[1]. PROBE_VARIANT: the build
-(default launch; mc: multicast as shipped)."""
+(default launch; mc: multicast as shipped); PROBE_CLUSTER_POLICY as in probe_mc_parts."""
 import json, os, sys
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,6 +50,8 @@ def main():
         ref = a.float() @ w.float().t()
         for mc in (1, 2):
             p = next(c for c in cands if (c.bm, c.bn, c.mcast) == (bm, bn, mc) and c.schedule == "data_parallel")
+            if os.environ.get("PROBE_CLUSTER_POLICY"):
+                parts.set_cluster_policy([p], int(os.environ["PROBE_CLUSTER_POLICY"]))
             runs = []
             for i in range(30):
                 buf.zero_()
@@ -71,7 +73,8 @@ def main():
                 first.append(((r[:, 2, 0].double() - st) / 1e3).median().item())
             med = lambda xs: sorted(xs)[len(xs) // 2]
             last = runs[-1]
-            rec = {"suite": "cluster-timeline", "M": M, "N": N, "K": K, "bm": bm, "bn": bn, "mcast": mc,
+            rec = {"suite": "cluster-timeline", "variant": os.environ.get("PROBE_VARIANT", "launch"),
+                   "policy": int(os.environ.get("PROBE_CLUSTER_POLICY", 0)), "M": M, "N": N, "K": K, "bm": bm, "bn": bn, "mcast": mc,
                    "grid": p.grid, "rel_error": err, "span_us": med(span), "start_spread_us": med(spread),
                    "cta_us_median": med(dur_med), "cta_us_max": med(dur_max), "cta_sm_mhz": med(mhz),
                    "first_data_us": med(first),

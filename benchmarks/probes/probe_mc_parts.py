@@ -8,7 +8,8 @@ interleaved; one process a build, so the ratios to torch compare across builds):
           cluster launch and its two cluster barriers cost alone;
   launch  indep without the cluster barriers: the cluster launch alone;
   mcrelax mc with the closing cluster barriers relaxed.
-PROBE_SWAP_ORDER=1 (launch build only): the multicast plans take the Hilbert order of tiles, the others the
+PROBE_CLUSTER_POLICY=1 / 2: the clustered kernels launched with the spread / load-balancing cluster
+scheduling policy (a function attribute). PROBE_SWAP_ORDER=1 (launch build only): the multicast plans take the Hilbert order of tiles, the others the
 order of pairs, to tell the cluster launch from the tile order.
 The builds patch a copy of the kernel sources (gemmlab.jit.compiler.KERNEL_ROOT), not the package.
 Multicast plans also run with deeper rings where shared memory allows."""
@@ -73,6 +74,26 @@ def spread_pairs(table, clusters: int, pair: int, groups: int):
             pos[c] = r
         out[w0:w0 + n] = pairs[w0:w0 + n][torch.tensor(pos, device=table.device)]
     return out.view(-1).contiguous()
+
+
+def set_cluster_policy(plans, policy: int) -> None:
+    """The clustered plans' kernels get CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = ``policy``
+    (0 default, 1 spread: "spread the blocks within a cluster to the SMs", 2 load balancing): a preference
+    the driver may ignore, read at each launch of the function."""
+    from cuda.bindings import driver
+    from gemmlab import engine2
+    from gemmlab.jit.launch import prepare
+    dev = torch.cuda.current_device()
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+    for p in plans:
+        if p.cluster < 2:
+            continue
+        handle = prepare(engine2.compile_plan(p), p.smem_bytes, dev).handle
+        if isinstance(handle, driver.CUkernel):
+            (err,) = driver.cuKernelSetAttribute(attr, policy, handle, driver.CUdevice(dev))
+        else:
+            (err,) = driver.cuFuncSetAttribute(handle, attr, policy)
+        assert err == driver.CUresult.CUDA_SUCCESS, err
 
 
 def plans_for(M, N, K, prof):
@@ -149,6 +170,9 @@ def main():
     prof = engine2._profile(torch.device("cuda"))
     plans = {s: plans_for(*s, prof) for s in SHAPES}
     precompile([p for d in plans.values() for p in d.values()], root)
+    if os.environ.get("PROBE_CLUSTER_POLICY"):  # 1: spread, 2: load balancing (set_cluster_policy)
+        set_cluster_policy([p for d in plans.values() for p in d.values()], int(os.environ["PROBE_CLUSTER_POLICY"]))
+        variant += f"-policy{os.environ['PROBE_CLUSTER_POLICY']}"
     out = open(sys.argv[1], "a")
     for (M, N, K), vs in plans.items():
         r = time_plans(M, N, K, vs)
