@@ -7,6 +7,8 @@ schedule the planner may pick (B multicast included), with the plainest and the 
 compiles, ~15 min here).
 """
 
+import dataclasses
+
 import pytest
 
 from gemmlab import engine2, sass
@@ -69,6 +71,12 @@ def _representative():
         p = next(c for c in planner.candidates(*shape, schedules=planner.SCHEDULES, **kw)
                  if (c.bm, c.bn, c.schedule) == (bm, bn, "split_k_global"))
         seen.setdefault(p.name_expression, p)
+    # L2 prefetch (Plan.prefetch, not offered: a probe's knob): a swapped weight stream, split-K, stream-K.
+    for shape, sched, d in (((16, 14336, 4096), "data_parallel", 8), ((1, 4096, 4096), "split_k", 4),
+                            ((128, 4096, 4096), "stream_k", 16)):
+        p = next(c for c in planner.candidates(*shape, schedules=planner.SCHEDULES) if c.schedule == sched)
+        p = dataclasses.replace(p, prefetch=d)
+        seen.setdefault(p.name_expression, p)
     return list(seen.values())
 
 
@@ -82,7 +90,7 @@ def test_representative_set_covers_the_space():
     assert {p.bm for p in ps} == {64, 128, 256} and {p.schedule for p in ps} == set(planner.SCHEDULES)
     assert {p.bn % 64 for p in ps} >= {0, 16, 32, 48}
     assert any(p.direct for p in ps) and any(p.a_mn and p.b_mn for p in ps) and any(p.dtype == "fp16" for p in ps)
-    assert {p.mcast for p in ps} == {1, 2}
+    assert {p.mcast for p in ps} == {1, 2} and {p.prefetch > 0 for p in ps} == {False, True}
 
 
 def _every_choice():
@@ -131,3 +139,11 @@ def _routed_broad_plans():
 @pytest.mark.parametrize("p", _routed_broad_plans(), ids=lambda p: p.compiled_name)
 def test_plans_the_router_runs_on_the_broad_set_compile_clean(p):
     _check(p)
+
+
+def test_prefetch_is_a_template_argument_after_mcast():
+    p = planner.plan(16, 14336, 4096)
+    q = dataclasses.replace(p, prefetch=8)
+    assert p.template_args()[-1] in ("true", "false") and q.template_args()[-2:] == ("1", "8")
+    assert q.name_expression != p.name_expression and "L2 prefetch 8 k-steps ahead" in repr(q)
+    assert r"^UTMAPF" in engine2.sass_expect(q).contains and r"^UTMAPF" not in engine2.sass_expect(p).contains

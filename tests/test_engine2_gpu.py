@@ -24,10 +24,11 @@ def _pick(M, N, K, bm, bn, schedule, **kw) -> planner.Plan:
     prof = engine2._profile(torch.device("cuda"))
     kw = dict(kw)
     mcast = 2 if kw.pop("mcast", False) else 1
+    prefetch = kw.pop("prefetch", 0)  # Plan.prefetch: not offered by the planner, set on its plan
     cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES, mcast=mcast > 1, **kw)
     for c in cands:
         if (c.bm, c.bn, c.schedule, c.mcast) == (bm, bn, schedule, mcast):
-            return c
+            return dataclasses.replace(c, prefetch=prefetch) if prefetch else c
     if schedule == "pingpong":
         for c in cands:
             if (c.bm, c.bn, c.schedule) == (bm, bn, "data_parallel") and c.tiles > prof.sm_count:
@@ -69,6 +70,10 @@ CASES = [
     ((200, 1000, 4096), 128, 80, "split_k", {}),
     ((300, 1000, 8192), 256, 128, "split_k", {}),
     ((3, 1024, 2560), 128, 80, "split_k", {}),  # 3 rows of 128 over 8 ranks: some ranks reduce none
+    ((16, 14336, 4096), 64, 16, "data_parallel", {"prefetch": 8}),  # L2 prefetch of the weight stream
+    ((1000, 3000, 1000), 128, 256, "data_parallel", {"prefetch": 4}),  # the last 4 k-steps prefetch none
+    ((300, 1000, 8192), 128, 96, "split_k", {"prefetch": 16}),  # within each split's k-range
+    ((1500, 3000, 2000), 128, 256, "stream_k", {"prefetch": 8}),
     ((16, 1024, 2560), 128, 80, "split_k", {"has_c": True, "bias_dtype": "fp32"}),  # 2 rows a rank
     ((1500, 3000, 2000), 128, 256, "stream_k", {}),  # data-parallel wave + streamed tail
     ((128, 4096, 4096), 64, 112, "stream_k", {}),  # all streamed, owners with several contributors

@@ -141,6 +141,8 @@ def sass_expect(p: planner.Plan):
         contains += [r"^RED"]
     if p.mcast > 1:  # B multicast: half of B's box to both CTAs, the cluster barriers at start and end
         contains += [r"^UTMALDG\.2D\.MULTICAST", r"^UCGABAR_ARV", r"^UCGABAR_WAIT"]
+    if p.prefetch:  # the L2 prefetch of the boxes further on
+        contains += [r"^UTMAPF"]
     if p.consumers > 1:
         contains += [r"^USETMAXREG"]
     return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True,

@@ -166,6 +166,9 @@ class Plan(_Tiling):
     kernel: str = KERNEL
     swap_ab: bool = False
     mcast: int = 1
+    # L2 prefetch distance (GemmTraits::PREFETCH): the producer asks the L2 for the boxes this many k-steps
+    # past the ones it loads (K-major operands, no multicast). Not offered by the planner yet: a probe's knob.
+    prefetch: int = 0
 
     # Derived launch facts ------------------------------------------------------------------------
     BK = BK  # k elements per k-step (the _Tiling properties read it)
@@ -236,12 +239,14 @@ class Plan(_Tiling):
 
     def template_args(self) -> tuple[str, ...]:
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE, TRANS_OUT
-        [, MCAST]> (A_MN / B_MN: the kernel's operands, swapped with swap_ab; MCAST only when > 1)."""
+        [, MCAST [, PREFETCH]]> (A_MN / B_MN: the kernel's operands, swapped with swap_ab; MCAST only when > 1
+        or PREFETCH follows, PREFETCH only when > 0)."""
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm),
                 str(self.bn), str(self.stages), b(self.kernel_a_mn), b(self.kernel_b_mn), b(self.bias_dtype),
                 b(self.has_c), str(ACTIVATIONS[self.activation]), b(self.direct), str(SCHEDULES.index(self.schedule)),
-                b(self.swap_ab)) + ((str(self.mcast),) if self.mcast > 1 else ())
+                b(self.swap_ab)) + ((str(self.mcast),) if self.mcast > 1 or self.prefetch else ()) + (
+                    (str(self.prefetch),) if self.prefetch else ())
 
     @property
     def name_expression(self) -> str:
@@ -270,7 +275,8 @@ class Plan(_Tiling):
                              self.bias_dtype and "bias", self.has_c and "beta*C", self.activation) if x]
         swap = " swap AB (out^T = W @ A^T: weight rows x tokens)," if self.swap_ab else ""
         return (f"Plan({self.M}x{self.N}x{self.K} {self.dtype}->{self.out_dtype}: {self.kernel}{swap} {self.bm}x{self.bn} "
-                f"tiles ({self.tiles}), {sched}, {self.stages} stages, grid {self.grid}"
+                f"tiles ({self.tiles}), {sched}, {self.stages} stages"
+                + (f", L2 prefetch {self.prefetch} k-steps ahead" if self.prefetch else "") + f", grid {self.grid}"
                 + (f", {', '.join(extra)}" if extra else "") + f"; predicted {self.predicted_s * 1e6:.1f} us)")
 
 

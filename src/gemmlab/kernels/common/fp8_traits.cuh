@@ -1,6 +1,6 @@
 // Everything fixed when the FP8 engine kernel (engine/gemm_fp8.cu) is instantiated, by name: the FP8
 // sibling of GemmTraits. gemmlab.planner.Fp8Plan writes the template arguments. The names the shared
-// parts read (T, BM, BN, BK, STAGES, A_MN, B_MN, B_STAGE, MCAST for mainloop.cuh's producer; TO, TBIAS,
+// parts read (T, BM, BN, BK, STAGES, A_MN, B_MN, B_STAGE, MCAST, PREFETCH for mainloop.cuh's producer; TO, TBIAS,
 // HAS_BIAS, HAS_C, ACT, DIRECT, PIECE, FULL_PIECES, TAIL, SLAB_BYTES for epilogue_store.cuh) mean what
 // they mean in GemmTraits.
 #pragma once
@@ -31,6 +31,7 @@ struct Fp8GemmTraits {
     static constexpr bool HAS_BIAS = kBias, HAS_C = false, DIRECT = kDirect;
     static constexpr int ACT = kAct, SCHEDULE = DATA_PARALLEL, SCALE = kScale, PROMOTE = kPromote;
     static constexpr int MCAST = 1;  // no B multicast (GemmTraits::MCAST)
+    static constexpr int PREFETCH = 0;  // no L2 prefetch (GemmTraits::PREFETCH)
 
     static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
     static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer

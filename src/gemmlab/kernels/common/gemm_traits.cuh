@@ -12,7 +12,8 @@ template <typename TIn, typename TOut, typename TBias,  // operand, output and b
           int kSchedule,                                // Schedule: data-parallel, split-K, stream-K, ping-pong,
                                                         // global split-K
           bool kTransOut = false,                       // swap AB: the tile is a block of out^T (see below)
-          int kMcast = 1>                               // CTAs per cluster sharing B's tile by TMA multicast
+          int kMcast = 1,                               // CTAs per cluster sharing B's tile by TMA multicast
+          int kPrefetch = 0>                            // L2 prefetch distance in k-steps (0: none)
 struct GemmTraits {
     using T = TIn;
     using TO = TOut;
@@ -34,6 +35,10 @@ struct GemmTraits {
     // arrives on its own CTA's and the peer's "empty" barrier). The tile rows are padded to whole pairs;
     // a pair's second tile past M computes on zero-filled rows and stores nothing.
     static constexpr int MCAST = kMcast;
+    // PREFETCH = d > 0 (K-major operands, no multicast): with the loads of k-step kt the producer asks the
+    // L2 for both boxes of k-step kt + d (cp.async.bulk.prefetch.tensor), so a weight streaming from HBM
+    // has d more k-steps of requests in flight than the ring's shared memory holds.
+    static constexpr int PREFETCH = kPrefetch;
 
     // 64-row tiles: one consumer warpgroup. 128: two, 64 rows each. 256: two, 128 rows each, every k16
     // step issuing two m64 wgmmas against the same B slab. PINGPONG (64 or 128 rows): two consumers, each
@@ -68,6 +73,8 @@ struct GemmTraits {
     static_assert(TAIL % 16 == 0, "tail pieces are whole 16-column stmatrix blocks");
     static_assert(MCAST == 1 || (MCAST == 2 && SCHEDULE == DATA_PARALLEL && !B_MN && BN % (8 * MCAST) == 0),
                   "B multicast: pairs of data-parallel CTAs, K-major B, each half whole 8-row swizzle atoms");
+    static_assert(PREFETCH == 0 || (PREFETCH > 0 && MCAST == 1 && !A_MN && !B_MN),
+                  "L2 prefetch: K-major operands (one box each), no multicast");
     static_assert(!TRANS_OUT || sizeof(TO) == 2, "transposed stores: 16-bit output (a 128-byte slab row = 64 rows)");
     static_assert(SCHEDULE != SPLIT_K || BM * LDP * 4 <= STAGES * STAGE_BYTES, "split-K partial must fit the stages");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");

@@ -61,6 +61,12 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
             tma_load_2d(b, tmB, bar, kt * BK, n0);
         }
         extra(bar, cur.stage, kt);
+        if constexpr (Tr::PREFETCH > 0) {  // the boxes of a k-step further on, into the L2 only
+            if (kt + Tr::PREFETCH < k_end) {
+                tma_prefetch_2d(tmA, (kt + Tr::PREFETCH) * BK, m0);
+                tma_prefetch_2d(tmB, (kt + Tr::PREFETCH) * BK, n0);
+            }
+        }
         cur.template advance<Tr::STAGES>();
     }
 }

@@ -23,6 +23,13 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
         : "memory");
 }
 
+// "cp.async.bulk.prefetch.tensor": bring the box at (c0, c1) into the L2 without a destination in shared
+// memory or a barrier (a hint: nothing waits for it).
+__device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap* map, int c0, int c1) {
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];"
+                 ::"l"(map), "r"(c0), "r"(c1) : "memory");
+}
+
 // Shared -> global bulk tensor store. Writes made by ordinary stores (st.shared, stmatrix) must be
 // fenced with fence.proxy.async by the writing threads first.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {

@@ -1,0 +1,46 @@
+"""Probe: the engine kernel's L2 prefetch (Plan.prefetch, GemmTraits::PREFETCH: with the loads of k-step kt the
+producer asks the L2 for the boxes of k-step kt + d). Where a weight streams from HBM (decode shapes, swapped or
+not; mid shapes with deep K) more requests in flight than the ring holds should stream it faster; where the
+operands sit in L2 it should cost nothing. Each shape: the model's pick and its two runners-up at d = 0, 4, 8,
+16, against torch.mm and the routed call (graph replay, interleaved). Records one line per shape to argv[1]."""
+import dataclasses, os, sys
+import torch
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_broad import precompile  # noqa: E402
+from gemmlab import engine2, planner  # noqa: E402
+from gemmlab.gpu import gpu_info  # noqa: E402
+from plans_vs_torch import report, time_plans  # noqa: E402
+
+SHAPES = [(1, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (16, 8192, 8192), (1, 16384, 16384),
+          (8, 28672, 4096), (16, 4096, 4096), (128, 4096, 4096), (300, 5120, 27648), (200, 8192, 5376),
+          (64, 4096, 3584), (4096, 4096, 4096)]
+if os.environ.get("PROBE_SHAPES"):
+    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+DISTANCES = (4, 8, 16)
+
+
+def variants(M, N, K, prof):
+    out = {}
+    for p in planner.candidates(M, N, K, profile=prof)[:3]:
+        if p.mcast > 1 or p.a_mn or p.b_mn:
+            continue
+        tag = f"{'swap ' if p.swap_ab else ''}{p.bm}x{p.bn} {p.schedule} s{p.splits}/{p.stages}"
+        out[tag] = p
+        for d in DISTANCES:
+            out[f"{tag} pf{d}"] = dataclasses.replace(p, prefetch=d)
+    return out
+
+
+def main():
+    prof = engine2._profile(torch.device("cuda"))
+    plans = {s: variants(*s, prof) for s in SHAPES}
+    precompile([p for d in plans.values() for p in d.values()], 16)
+    out = open(sys.argv[1], "a")
+    for (M, N, K), vs in plans.items():
+        r = time_plans(M, N, K, vs, routed=True)
+        report(out, "prefetch-probe", M, N, K, vs, r, gpu_info().name)
+
+
+if __name__ == "__main__":
+    main()
