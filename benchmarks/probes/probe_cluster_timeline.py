@@ -74,7 +74,8 @@ def main():
             med = lambda xs: sorted(xs)[len(xs) // 2]
             last = runs[-1]
             rec = {"suite": "cluster-timeline", "variant": os.environ.get("PROBE_VARIANT", "launch"),
-                   "policy": int(os.environ.get("PROBE_CLUSTER_POLICY", 0)), "M": M, "N": N, "K": K, "bm": bm, "bn": bn, "mcast": mc,
+                   "policy": int(os.environ.get("PROBE_CLUSTER_POLICY", 0)), "M": M, "N": N, "K": K,
+                   "bm": bm, "bn": bn, "mcast": mc,
                    "grid": p.grid, "rel_error": err, "span_us": med(span), "start_spread_us": med(spread),
                    "cta_us_median": med(dur_med), "cta_us_max": med(dur_max), "cta_sm_mhz": med(mhz),
                    "first_data_us": med(first),

@@ -9,8 +9,8 @@ interleaved; one process a build, so the ratios to torch compare across builds):
   launch  indep without the cluster barriers: the cluster launch alone;
   mcrelax mc with the closing cluster barriers relaxed.
 PROBE_CLUSTER_POLICY=1 / 2: the clustered kernels launched with the spread / load-balancing cluster
-scheduling policy (a function attribute). PROBE_SWAP_ORDER=1 (launch build only): the multicast plans take the Hilbert order of tiles, the others the
-order of pairs, to tell the cluster launch from the tile order.
+scheduling policy (a function attribute). PROBE_SWAP_ORDER=1 (launch build only): the multicast plans take
+the Hilbert order of tiles, the others the order of pairs, to tell the cluster launch from the tile order.
 The builds patch a copy of the kernel sources (gemmlab.jit.compiler.KERNEL_ROOT), not the package.
 Multicast plans also run with deeper rings where shared memory allows."""
 import dataclasses, os, shutil, sys, tempfile
@@ -27,7 +27,8 @@ if os.environ.get("PROBE_SHAPES"):
     SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
 MULTICAST = "tma_load_2d_multicast(b + r * SHARE * BK, tmB, bar, kt * BK, n0 + r * SHARE, (1u << Tr::MCAST) - 1);"
 # B's tensor map has boxes of BN / MCAST rows: a CTA loading all of B itself loads every share.
-OWN_LOADS = "(void)r; for (int h = 0; h < Tr::MCAST; ++h) tma_load_2d(b + h * SHARE * BK, tmB, bar, kt * BK, n0 + h * SHARE);"
+OWN_LOADS = ("(void)r; for (int h = 0; h < Tr::MCAST; ++h) "
+             "tma_load_2d(b + h * SHARE * BK, tmB, bar, kt * BK, n0 + h * SHARE);")
 PATCHES = {
     "mc": [],
     "nocast": [("common/mainloop.cuh", MULTICAST, OWN_LOADS)],

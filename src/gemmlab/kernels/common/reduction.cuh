@@ -154,10 +154,11 @@ __device__ __forceinline__ void store_out4(TO* dst, const float (&v)[4], int val
 
 // Split-K: after the cluster barrier, CTA `rank` of `splits` reduces its share of the tile's rows inside
 // the tensor (rows rank * ceil(valid / splits) .., valid = min(BM, M - m0): a tile hanging over M, as at
-// few tokens, shares out only the rows it has, so the ranks' DSMEM reads stay even), four columns per item, over the consumer threads (ct = 0 ..
-// CONSUMERS x 128 - 1), applies the epilogue and stores. Each element is summed by one CTA in one order.
-// Consecutive threads take consecutive columns (one 16-byte store each); under TRANS_OUT consecutive
-// rows, so that each of the item's four stores (one per out row) is a contiguous run across the warp.
+// few tokens, shares out only the rows it has, so the ranks' DSMEM reads stay even), four columns per
+// item, over the consumer threads (ct = 0 .. CONSUMERS x 128 - 1), applies the epilogue and stores. Each
+// element is summed by one CTA in one order. Consecutive threads take consecutive columns (one 16-byte
+// store each); under TRANS_OUT consecutive rows, so that each of the item's four stores (one per out
+// row) is a contiguous run across the warp.
 template <class Tr>
 __device__ __forceinline__ void split_reduce_store(u32 part, int rank, int splits, int m0, int n0,
                                                    const EpilogueArgs<Tr>& ep, int ct) {
