@@ -313,9 +313,17 @@ def register_problem(bm: int, bn: int, schedule: str, heavy: bool) -> str | None
     split-K 256 x 160, stream-K (the partial's adds live beside the accumulators) 256 x 144, and with
     a heavy epilogue 256 x 112 (stream-K 256 x 96); 64- and 128-row tiles fit every width. Ping-pong
     consumers hold whole tiles: a 128-row one has a 256-row tile's accumulators per thread (heavy: up to
-    128 x 96, as stream-K's; 128 x 112 spills 12 bytes)."""
+    128 x 96, as stream-K's; 128 x 112 spills 12 bytes). Global split-K (not offered): see below."""
     two_blocks = bm == 256 or (bm == 128 and schedule == "pingpong")  # m64 blocks per consumer: 2
     acc = (2 if two_blocks else 1) * bn // 2
+    if schedule == "split_k_global" and not two_blocks:
+        # Its reduction's float4 loads sit beside the accumulators of one-block tiles too (compile sweep,
+        # NVRTC 13.5): 128 rows spill past 120 accumulators (128 x 256: 56 bytes), past 80 with a heavy
+        # epilogue (128 x 176); 64 rows (one consumer, no setmaxnreg) past 112 heavy (64 x 240).
+        limit = (80 if heavy else 120) if bm == 128 else (112 if heavy else 128)
+        if acc > limit:
+            return f"{acc} accumulators per thread spill with global split-K and this epilogue (limit {limit})"
+        return None
     if heavy:
         # global split-K: its reduction holds 16 float4 loads beside the accumulators; 256 x 80 spills
         limit = {"stream_k": 96, "pingpong": 96, "split_k_global": 0}.get(schedule, 112)
