@@ -3,6 +3,7 @@ operand, the tokens as its n), without a GPU: what the planner offers and when, 
 launch arguments against the kernel's PTX parameters, the prepared launch's parameter block, and that every
 swapped instantiation the planner can offer compiles clean with a transposed stmatrix."""
 
+import math
 import re
 
 import pytest
@@ -23,7 +24,9 @@ def test_swapped_plans_are_offered_where_they_apply(monkeypatch):
     assert planner.SWAP_AB is True  # on by default since the H200 timed them (swap_probe.jsonl)
     assert any(p.swap_ab for p in planner.candidates(16, 14336, 4096))
     assert _swapped(16, 14336, 4096)
-    assert not _swapped(planner.SWAP_MAX_M + 1, 14336, 4096)  # past SWAP_MAX_M tokens
+    past = _swapped(planner.SWAP_MAX_M + 1, 14336, 4096)  # past SWAP_MAX_M tokens: one column of tiles
+    assert past and all(p.bn >= p.M and p.schedule == "data_parallel" for p in past)
+    assert not _swapped(planner.SWAP_ONE_TILE_MAX_M + 1, 14336, 4096)
     assert not _swapped(16, 14336, 4096, out_dtype="fp32")  # the transposed store writes 16-bit output
     assert planner.swap_problem(16, "bf16") is None and "16-bit" in planner.swap_problem(16, "fp32")
     monkeypatch.setattr(planner, "SWAP_AB", False)
@@ -63,6 +66,33 @@ def test_past_the_preference_the_model_ranks_both():
     assert any(p.swap_ab for p in ps) and any(not p.swap_ab for p in ps)
     keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in ps]
     assert keys == sorted(keys)
+
+
+@pytest.mark.parametrize("M, N, K, swapped", [
+    (200, 8192, 5376, True),  # plain 128 x 128 pads 200 tokens to 256; swapped 64 x 208 (H200: 0.965 / 0.836)
+    (200, 8192, 3072, True), (77, 6144, 4096, True), (150, 14336, 4096, True),
+    (128, 5120, 5120, False),  # no padding to gain (swapped 0.854 / plain 0.922)
+    (256, 5120, 5120, False), (100, 4096, 4096, False),  # swapped: 64 tiles only (0.858 / 0.895)
+    (160, 5120, 5120, False), (200, 5376, 4096, False),
+    (77, 2560, 10240, False)])  # the plain pick is split-K: the rule does not apply (1.046 / 1.006)
+def test_past_swap_max_m_the_padding_rule_ranks_one_column_of_swapped_tiles(M, N, K, swapped):
+    """SWAP_ONE_TILE_MAX_M: the best one-column swapped plan goes first where the best plain plan is data-
+    parallel and the swapped price is below the plain one x (plain padded rows / swapped width) ** 0.75;
+    the shapes are the probe's (swap_mid_probe.jsonl), each on the side it measured faster."""
+    ps = planner.candidates(M, N, K)
+    first = ps[0]
+    assert first.swap_ab == swapped, first
+    plain = next(p for p in ps if not p.swap_ab)
+    rest = [p for p in ps if p is not first]
+    keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in rest]
+    assert keys == sorted(keys)  # only the rule's pick moves
+    if swapped:
+        assert first.bn >= M and first.schedule == "data_parallel" and plain.schedule == "data_parallel"
+        padded = math.ceil(M / plain.bm) * plain.bm / first.bn
+        assert first.predicted_s < plain.predicted_s * padded ** planner.SWAP_PAD_EXPONENT
+        r = _route(M, N, K)  # gemmlab.matmul runs it, weighed against h11 at the plain plan's price
+        assert r.kernel == "engine" and r.plan == first
+    assert planner.candidates(M, N, K, swap_ab=False)[0] == plain
 
 
 def test_the_module_flag_and_the_cache_keep_the_two_apart(monkeypatch):
@@ -232,7 +262,7 @@ def _offered(heavy_too: bool):
         variants.append(dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True, dtype="fp16"))
     seen = {}
     for kw in variants:
-        for M in (1, 16, 33, 48, 64):
+        for M in (1, 16, 33, 48, 64, 65, 97, 129, 161, 193, 225, 256):  # past 64: one column of tiles
             for N, K in ((4104, 4096), (14336, 4096), (1000, 14336)):
                 for p in _swapped(M, N, K, schedules=planner.SCHEDULES, **kw):
                     seen.setdefault((p.bm, p.bn, p.schedule, tuple(sorted(kw))), p)
@@ -242,13 +272,15 @@ def _offered(heavy_too: bool):
 REPRESENTATIVE = [(64, 16, "data_parallel", {}), (64, 48, "stream_k", {}), (64, 32, "split_k", {}),
                   (64, 64, "pingpong", {}), (128, 64, "data_parallel", {}), (64, 16, "split_k_global", {}),
                   (64, 48, "data_parallel", dict(has_c=True, bias_dtype="bf16", activation="silu", direct=True)),
-                  (64, 16, "data_parallel", dict(dtype="fp16", direct=True))]
+                  (64, 16, "data_parallel", dict(dtype="fp16", direct=True)), (64, 208, "data_parallel", {}),
+                  (128, 256, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True)),
+                  (256, 96, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True))]
 
 
 @pytest.mark.parametrize("bm, bn, schedule, kw", REPRESENTATIVE,
                          ids=[f"{r[0]}x{r[1]}-{r[2]}-{'-'.join(r[3])}" for r in REPRESENTATIVE])
 def test_representative_swapped_plans_compile_clean(bm, bn, schedule, kw):
-    M = {16: 16, 32: 32, 48: 33, 64: 64}[bn]
+    M = {16: 16, 32: 32, 48: 33, 64: 64, 96: 90, 208: 200, 256: 256}[bn]
     N = 14336 if schedule == "pingpong" else 4104  # ping-pong needs more tiles than SMs
     p = next(c for c in _swapped(M, N, 4096, schedules=planner.SCHEDULES, **kw)
              if (c.bm, c.bn, c.schedule) == (bm, bn, schedule))

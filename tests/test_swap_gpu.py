@@ -70,6 +70,13 @@ CASES = [
                                                 "dtype": "fp16", "out_dtype": "fp16"}),
     ((64, 1001, 4096), 64, 64, "split_k", {"direct": True}),
     ((16, 4097, 4096), 64, 16, "stream_k", {"direct": True, "activation": "gelu_tanh"}),
+    # past SWAP_MAX_M: one column of tiles holds every token (SWAP_ONE_TILE_MAX_M's rule)
+    ((200, 8192, 5376), 64, 208, "data_parallel", {}),  # the rule's pick; 8 token rows of padding
+    ((77, 6144, 1000), 64, 80, "data_parallel", {"bias_dtype": "bf16", "activation": "gelu"}),
+    ((150, 4104, 2000), 128, 160, "data_parallel", {"has_c": True, "dtype": "fp16", "out_dtype": "fp16"}),
+    ((256, 3000, 1000), 128, 256, "data_parallel", {}),
+    ((97, 4104, 1000), 256, 112, "data_parallel", {}),
+    ((233, 1001, 1000), 64, 240, "data_parallel", {"direct": True, "bias_dtype": "fp32"}),
 ]
 
 
@@ -97,7 +104,7 @@ def test_beta_c_reads_a_column_major_c():
 @pytest.mark.parametrize("shape, bm, bn, schedule", [
     ((16, 14336, 4096), 64, 16, "data_parallel"), ((1, 4096, 4096), 64, 16, "split_k"),
     ((16, 4104, 14336), 64, 16, "stream_k"), ((16, 1000, 8192), 64, 16, "split_k_global"),
-    ((64, 14336, 1024), 64, 64, "pingpong")])
+    ((64, 14336, 1024), 64, 64, "pingpong"), ((200, 8192, 5376), 64, 208, "data_parallel")])
 def test_swapped_plans_are_bitwise_deterministic(shape, bm, bn, schedule):
     p = _pick(*shape, bm, bn, schedule)
     first = _run(p, seed=3)[0].clone()

@@ -60,6 +60,20 @@ SWAP_MAX_M = 64
 # win (4096x11008: split-K x2 swapped 1.13-1.15 against the plain 1.04): a rule from records until it is
 # refitted.
 SWAP_PREFER_M = 32
+# Past SWAP_MAX_M and up to SWAP_ONE_TILE_MAX_M tokens the swapped plans offered are the data-parallel ones
+# whose one column of tiles holds every token (bn >= M): a plain tile pads the tokens to whole 64- or
+# 128-row tiles (M = 200 to 256: 22% of its MMAs on padding), the swapped one to 16 (208). The model does
+# not see what that padding costs (its k-steps are bound by bytes there, the MMAs next to them), so a rule
+# from records ranks them: the best such plan goes first where the best plain plan is data-parallel and
+# swapped / plain price < (plain plan's padded rows / the swapped tile's width) ** SWAP_PAD_EXPONENT.
+# Measured (H200, swap_mid_probe.jsonl, fc23a2c: 20 shapes, M = 77..256): 200x8192x5376 0.965x torch.mm
+# against the plain 128 x 128's 0.836, 200x8192x3072 0.968 / 0.849, 77x6144x4096 0.986 / 0.959,
+# 150x14336x4096 0.991 / 0.965 (h11); where the plain tiles pad little or the swapped ones fill fewer SMs
+# they lose (128x5120x5120 0.854 / 0.922, 160x5120x5120 0.966 / 1.033, 100x4096x4096 0.858 / 0.895), and
+# so do swapped plans with more than one column of tiles (100x4096x4096 64 x 80: 0.558). The exponent
+# (0.75) ranks all 20 shapes' best kind first.
+SWAP_ONE_TILE_MAX_M = 256
+SWAP_PAD_EXPONENT = 0.75
 # B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
 # load B's tile once between them (TMA multicast). Offered when MCAST_OFFERED is set or
 # ``candidates(mcast=True)`` asks; ``mcast_problem`` says where it cannot run.
@@ -421,8 +435,8 @@ _CACHE: dict = {}
 
 def swap_problem(M: int, out_dtype: str) -> str | None:
     """Why no swapped plan is offered for M tokens and this output dtype, or None."""
-    if M > SWAP_MAX_M:
-        return f"swap AB is offered up to M = {SWAP_MAX_M} tokens"
+    if M > SWAP_ONE_TILE_MAX_M:
+        return f"swap AB is offered up to M = {SWAP_ONE_TILE_MAX_M} tokens"
     if out_dtype == "fp32":
         return "the transposed store writes 16-bit output only"
     return None
@@ -452,16 +466,35 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
     # Swapped plans tile the transposed problem (N x M x K: the weight's rows by the tokens), the kernel's
     # B operand then being A (so A's layout limits its boxes), at widths up to the tokens rounded to 16.
     problems = [(False, M, N, b_mn)] + ([(True, N, M, a_mn)] if swap else [])
+    one_tile = M > SWAP_MAX_M  # past it only one column of data-parallel swapped tiles (SWAP_ONE_TILE_MAX_M)
     for swapped, pm, pn, kb_mn in problems:
         for bm, bn in TILES:
-            if swapped and bn > math.ceil(M / 16) * 16:
+            if swapped and (bn > math.ceil(M / 16) * 16 or (one_tile and bn < M)):
                 continue
-            plans += _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
-                                 direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
+            if swapped and heavy and bm == 256 and bn > 96:  # its transposed epilogue: 256 x 112 spills 16 bytes
+                continue
+            tile = _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
+                               direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
+            plans += [p for p in tile if not (swapped and one_tile and p.schedule != "data_parallel")]
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab,
                               rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages)))
+    if swap and one_tile and plans and not plans[0].swap_ab and _padding_prefers_swap(M, plans):
+        first = next(p for p in plans if p.swap_ab)
+        plans.remove(first)
+        plans.insert(0, first)
     return tuple(plans)
+
+
+def _padding_prefers_swap(M: int, plans) -> bool:
+    """SWAP_ONE_TILE_MAX_M's rule: whether the model's best one-column swapped plan among ``plans`` (ranked,
+    a plain one first) goes before the best plain plan, by the rows the plain tile pads the tokens to."""
+    plain = plans[0]
+    swapped = next((p for p in plans if p.swap_ab), None)
+    if swapped is None or plain.schedule != "data_parallel":
+        return False
+    padded = math.ceil(M / plain.bm) * plain.bm / swapped.bn
+    return swapped.predicted_s < plain.predicted_s * padded ** SWAP_PAD_EXPONENT
 
 
 def _best_swapped_not_streamed(plans) -> bool:
