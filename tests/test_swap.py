@@ -74,7 +74,9 @@ def test_past_the_preference_the_model_ranks_both():
     (128, 5120, 5120, False),  # no padding to gain (swapped 0.854 / plain 0.922)
     (256, 5120, 5120, False), (100, 4096, 4096, False),  # swapped: 64 tiles only (0.858 / 0.895)
     (160, 5120, 5120, False), (200, 5376, 4096, False),
-    (77, 2560, 10240, False)])  # the plain pick is split-K: the rule does not apply (1.046 / 1.006)
+    (77, 2560, 10240, False),  # the plain pick is split-K: the rule does not apply (1.046 / 1.006)
+    (77, 32000, 4096, True),  # 128-row swapped tiles over 1.9 waves (broad set: 1.059 / 0.994)
+    (77, 17920, 5120, False)])  # 64-row swapped tiles over 2.1 waves: one consumer, not in one wave (0.851 / 1.049)  # the plain pick is split-K: the rule does not apply (1.046 / 1.006)
 def test_past_swap_max_m_the_padding_rule_ranks_one_column_of_swapped_tiles(M, N, K, swapped):
     """SWAP_ONE_TILE_MAX_M: the best one-column swapped plan goes first where the best plain plan is data-
     parallel and the swapped price is below the plain one x (plain padded rows / swapped width) ** 0.75;

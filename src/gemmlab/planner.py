@@ -71,7 +71,11 @@ SWAP_PREFER_M = 32
 # 150x14336x4096 0.991 / 0.965 (h11); where the plain tiles pad little or the swapped ones fill fewer SMs
 # they lose (128x5120x5120 0.854 / 0.922, 160x5120x5120 0.966 / 1.033, 100x4096x4096 0.858 / 0.895), and
 # so do swapped plans with more than one column of tiles (100x4096x4096 64 x 80: 0.558). The exponent
-# (0.75) ranks all 20 shapes' best kind first.
+# (0.75) ranks all 20 shapes' best kind first. Checked on the broad set's 9 shapes it moved (1bd031d,
+# engine_broad.jsonl): 200x8192x5376 0.830 -> 0.978, 77x32000x4096 0.994 -> 1.059, 77x50257x768 3.41 ->
+# 4.26; one lost, 77x17920x5120 1.049 -> 0.851, its 64 x 80 swapped tiles over 2.1 waves: a swapped tile
+# of one consumer warpgroup goes first only where its tiles fit one wave (every such winner did; the
+# 128-row ones won over 2-8 waves).
 SWAP_ONE_TILE_MAX_M = 256
 SWAP_PAD_EXPONENT = 0.75
 # B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
@@ -492,6 +496,8 @@ def _padding_prefers_swap(M: int, plans) -> bool:
     plain = plans[0]
     swapped = next((p for p in plans if p.swap_ab), None)
     if swapped is None or plain.schedule != "data_parallel":
+        return False
+    if swapped.bm == 64 and swapped.tiles > swapped.grid:  # one consumer over several waves (see the rule)
         return False
     padded = math.ceil(M / plain.bm) * plain.bm / swapped.bn
     return swapped.predicted_s < plain.predicted_s * padded ** SWAP_PAD_EXPONENT
