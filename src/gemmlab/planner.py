@@ -185,7 +185,8 @@ class Plan(_Tiling):
     swap_ab: bool = False
     mcast: int = 1
     # L2 prefetch distance (GemmTraits::PREFETCH): the producer asks the L2 for the boxes this many k-steps
-    # past the ones it loads (K-major operands, no multicast). Not offered by the planner yet: a probe's knob.
+    # past the ones it loads (K-major operands, no multicast). A probe's knob, never offered: it measured slower
+    # at every distance on every shape timed (prefetch_probe.jsonl, 63407ef).
     prefetch: int = 0
 
     # Derived launch facts ------------------------------------------------------------------------
