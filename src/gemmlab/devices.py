@@ -109,13 +109,13 @@ class DeviceProfile:
     plan_clock_mhz: float = 1755.0  # the clock planned for: median of those records' sustained clocks
     hbm_read_bytes_per_s: float = 3.895e12  # the floor: a weight streamed once at the best rate the engine reached
     smem_bytes_per_clk: float = 201.0  # wgmma operand reads + TMA writes one SM's shared memory serves
-    engine_l2_bytes_per_s: float = 14.65e12  # L2 -> SMEM over all SMs as the h11 plans draw it (ladder fit: 10)
+    engine_l2_bytes_per_s: float = 11.6e12  # L2 -> SMEM over all SMs as the h11 plans draw it (ladder fit: 10)
     # What one SM's TMA draws from L2 when few SMs share it: 112 GB/s as fitted, 88 GB/s (= 11.6 TB/s / 132)
     # since the multicast probe (mcast_probe.jsonl): a partial grid of larger tiles ran as slow per tile as
     # its area says, not faster per byte (1536x1024x4096: 128 x 128 on 96 SMs 0.794x torch.mm, 128 x 96 on
     # 132 SMs 1.004x; 512x3072x3072 0.894 / 0.991x; 1024^3 0.880 / 0.951x). On the broad set (3e08f7d) it
     # moved the pick on 30 aligned shapes, which then ran 1.045x their earlier ratio (24 faster, 6 slower).
-    sm_l2_bytes_per_s: float = 118.9e9
+    sm_l2_bytes_per_s: float = 88e9
     # K-major rows 16- but not 32-byte aligned (bf16 K % 16 == 8): the TMA's L2 -> SMEM rate divided by this.
     # Measured (H200, tma_pitch.jsonl: 132 SMs loading 128 x 64 boxes of an L2-resident operand, 8 stages
     # in flight): 5.06 TB/s at rows of 3000 elements against 8.83-8.89 TB/s at 3008 / 3024 / 3040 / 3072.
@@ -135,7 +135,7 @@ class DeviceProfile:
     # gone the same plans ran 1.0-1.5 us faster (H200, 3278dd1). Kept until a broad run re-times the set: set
     # to 0 against the older records, the pick's worst loss on the fit half went 1.22x -> 1.92x.
     stream_k_fixed_s: float = 1.04e-6
-    engine_mma_efficiency: float = 0.8742  # mma_efficiency as the engine kernel's plans keep it (fitted)
+    engine_mma_efficiency: float = 0.94  # mma_efficiency as the engine kernel's plans keep it (fitted)
     h11_factor: float = 1.073  # h11's measured / modelled time (its plan priced as the engine kernel's)
     split_k_kstep_factor: float = 1.225  # a split-K CTA's k-step against a data-parallel one's (fitted)
     stream_k_kstep_factor: float = 1.35  # a streamed k-step against a data-parallel one's (fitted)
@@ -143,7 +143,7 @@ class DeviceProfile:
     gsk_kstep_factor: float = 1.0  # its k-step against a data-parallel one's
     gsk_partial_bytes_per_s: float = 100e9  # one SM writing (and reading) its share of fp32 partials (L2)
     gsk_fixed_s: float = 1.0e-6  # the flags' round trip and the slower ranks' wait
-    one_consumer_efficiency: float = 0.9187  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
+    one_consumer_efficiency: float = 0.68  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit
     # half of the shapes; benchmarks/fit_plan_model.py --route --decode). ``decode.plan_time`` (which picks the
