@@ -49,3 +49,19 @@ def report(out, suite: str, M: int, N: int, K: int, plans: dict, r: dict, gpu: s
     out.write(json.dumps({"suite": suite, "M": M, "N": N, "K": K, **r, "plans": {k: repr(p) for k, p in plans.items()},
                           "gpu": gpu, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}) + "\n")
     out.flush()
+
+
+def run_probe(suite: str, shapes, variants, path: str, note=None) -> None:
+    """The probes' main loop: ``variants(M, N, K) -> {name: plan}`` per shape, every instantiation compiled
+    up front in a process pool, then each shape's plans timed with ``time_plans`` (routed too) and reported
+    (appended to ``path``); ``note(M, N, K) -> str`` adds to each shape's printed line."""
+    from engine_broad import precompile
+    from gemmlab.gpu import gpu_info
+
+    plans = {s: variants(*s) for s in shapes}
+    precompile([p for d in plans.values() for p in d.values()], 16)
+    gpu = gpu_info().name
+    with open(path, "a") as out:
+        for (M, N, K), vs in plans.items():
+            r = time_plans(M, N, K, vs, routed=True)
+            report(out, suite, M, N, K, vs, r, gpu, note=note(M, N, K) if note else "")

@@ -7,10 +7,8 @@ import dataclasses, os, sys
 import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_broad import precompile  # noqa: E402
 from gemmlab import engine2, planner  # noqa: E402
-from gemmlab.gpu import gpu_info  # noqa: E402
-from plans_vs_torch import report, time_plans  # noqa: E402
+from plans_vs_torch import run_probe  # noqa: E402
 
 SHAPES = [(1, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (16, 8192, 8192), (1, 16384, 16384),
           (8, 28672, 4096), (16, 4096, 4096), (128, 4096, 4096), (300, 5120, 27648), (200, 8192, 5376),
@@ -34,12 +32,7 @@ def variants(M, N, K, prof):
 
 def main():
     prof = engine2._profile(torch.device("cuda"))
-    plans = {s: variants(*s, prof) for s in SHAPES}
-    precompile([p for d in plans.values() for p in d.values()], 16)
-    out = open(sys.argv[1], "a")
-    for (M, N, K), vs in plans.items():
-        r = time_plans(M, N, K, vs, routed=True)
-        report(out, "prefetch-probe", M, N, K, vs, r, gpu_info().name)
+    run_probe("prefetch-probe", SHAPES, lambda M, N, K: variants(M, N, K, prof), sys.argv[1])
 
 
 if __name__ == "__main__":

@@ -4,10 +4,8 @@ import dataclasses, os, sys
 import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_broad import precompile  # noqa: E402
 from gemmlab import engine, engine2, planner  # noqa: E402
-from plans_vs_torch import report, time_plans  # noqa: E402
-from gemmlab.gpu import gpu_info  # noqa: E402
+from plans_vs_torch import run_probe  # noqa: E402
 
 SHAPES = [(1, 14336, 4096), (8, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (16, 8192, 8192),
           (32, 8192, 8192), (1, 16384, 16384), (16, 4096, 14336), (16, 11008, 4096), (128, 4096, 4096)]
@@ -26,13 +24,7 @@ def variants(M, N, K):
 
 
 def main():
-    info = gpu_info()
-    plans = {s: variants(*s) for s in SHAPES}
-    precompile([p for d in plans.values() for p in d.values()], 16)
-    out = open(sys.argv[1], "a")
-    for (M, N, K), vs in plans.items():
-        r = time_plans(M, N, K, vs, routed=True)
-        report(out, "stages-probe", M, N, K, vs, r, info.name, note=f"; route {engine.plan(M, N, K)!r}")
+    run_probe("stages-probe", SHAPES, variants, sys.argv[1], note=lambda M, N, K: f"; route {engine.plan(M, N, K)!r}")
 
 
 if __name__ == "__main__":

@@ -4,14 +4,12 @@ tokens to 128 / 256 rows (40% / 22% of the MMAs wasted); a swapped tile pads the
 the model's two best plain plans, its four best swapped ones (SWAP_MAX_M raised to 256 here only) and the
 swapped 64-row tile as wide as the tokens, against torch.mm and the routed call (graph replay, interleaved;
 every result checked against an fp32 product first). Records one line per shape to argv[1]."""
-import dataclasses, math, os, sys
+import math, os, sys
 import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_broad import precompile  # noqa: E402
 from gemmlab import engine2, planner  # noqa: E402
-from plans_vs_torch import report, time_plans  # noqa: E402
-from gemmlab.gpu import gpu_info  # noqa: E402
+from plans_vs_torch import run_probe  # noqa: E402
 
 SHAPES = [(77, 5120, 5120), (77, 12288, 4096), (77, 6144, 4096), (77, 2560, 10240), (200, 8192, 5376),
           (200, 8192, 3072), (200, 4096, 4096), (200, 1024, 2048), (200, 4608, 36864), (200, 5376, 4096),
@@ -42,12 +40,7 @@ def variants(M, N, K, prof):
 
 def main():
     prof = engine2._profile(torch.device("cuda"))
-    plans = {s: variants(*s, prof) for s in SHAPES}
-    precompile([p for d in plans.values() for p in d.values()], 16)
-    out = open(sys.argv[1], "a")
-    for (M, N, K), vs in plans.items():
-        r = time_plans(M, N, K, vs, routed=True)
-        report(out, "swap-mid-probe", M, N, K, vs, r, gpu_info().name)
+    run_probe("swap-mid-probe", SHAPES, lambda M, N, K: variants(M, N, K, prof), sys.argv[1])
 
 
 if __name__ == "__main__":
