@@ -44,7 +44,8 @@ MAX_GLOBAL_SPLITS = 4  # global split-K: ranks per tile (its reduction keeps 4 i
 OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
 # Swap AB (``Plan.swap_ab``): at few tokens the kernel may compute out^T = W @ A^T, the weight as the
 # wgmma's 64-row operand and the tokens as its narrow n (cuBLAS's sm90 kernels do at decode shapes, e.g.
-# 64 weight rows x 16 tokens per tile at 16x14336x4096). Offered where M <= SWAP_MAX_M, with 16-bit
+# 64 weight rows x 16 tokens per tile at 16x14336x4096). Offered where M <= SWAP_MAX_M (and one column of
+# tiles up to SWAP_ONE_TILE_MAX_M, below), with 16-bit
 # output (the transposed store writes 64 tile rows as one 128-byte row of out), when SWAP_AB is set (the
 # default) or ``candidates(swap_ab=True)`` asks.
 SWAP_AB = True
