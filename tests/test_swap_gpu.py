@@ -113,21 +113,23 @@ def test_swapped_plans_are_bitwise_deterministic(shape, bm, bn, schedule):
         assert torch.equal(again.view(torch.int16), first.view(torch.int16)), p
 
 
-def test_matmul_runs_a_routed_swapped_plan_prepared_in_a_graph_and_as_the_custom_op(monkeypatch):
-    """With planner.SWAP_AB set, 16x8192x1024 routes to a swapped plan (the model prices it ahead):
-    gemmlab.matmul's prepared call (twice: the second reuses it), a CUDA graph of it, and the custom op
-    all match float64 and each other bit for bit."""
+@pytest.mark.parametrize("M, N, K", [(16, 8192, 1024), (200, 6144, 1024)])
+def test_matmul_runs_a_routed_swapped_plan_prepared_in_a_graph_and_as_the_custom_op(monkeypatch, M, N, K):
+    """With planner.SWAP_AB set, 16x8192x1024 routes to a swapped plan (the model prices it ahead), and
+    200x6144x1024 to one column of 64 x 208 swapped tiles (SWAP_ONE_TILE_MAX_M's rule): gemmlab.matmul's
+    prepared call (twice: the second reuses it), a CUDA graph of it, and the custom op all match float64
+    and each other bit for bit."""
     import gemmlab
     from gemmlab import ops
 
     monkeypatch.setattr(planner, "SWAP_AB", True)
     ops.clear_prepared_calls()
     try:
-        assert gemmlab.plan(16, 8192, 1024).plan.swap_ab
+        assert gemmlab.plan(M, N, K).plan.swap_ab
         g = torch.Generator(device="cuda").manual_seed(11)
-        a = torch.randn(16, 1024, device="cuda", generator=g).bfloat16()
-        w = torch.randn(8192, 1024, device="cuda", generator=g).bfloat16()
-        bias = torch.randn(8192, device="cuda", generator=g).bfloat16()
+        a = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        w = torch.randn(N, K, device="cuda", generator=g).bfloat16()
+        bias = torch.randn(N, device="cuda", generator=g).bfloat16()
         ref = reference(a, w.t(), bias=bias, activation="silu")
         first = gemmlab.matmul(a, w.t(), bias=bias, activation="silu")
         assert not torch.isnan(first).any() and rel_error(first, ref) <= 1e-2
