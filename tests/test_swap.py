@@ -41,30 +41,32 @@ def test_few_tokens_prefer_a_swapped_plan(M):
     n_swapped = sum(p.swap_ab for p in ps)
     assert n_swapped and all(p.swap_ab for p in ps[:n_swapped])  # every swapped plan first
     swapped = [p for p in ps if p.swap_ab]
-    assert swapped == sorted(swapped, key=lambda p: planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits,
-                                                                     p.bm, p.bn, p.stages))
+    assert swapped == sorted(swapped, key=planner.plan_key)
     assert planner.plan(M, 14336, 4096).swap_ab
     assert not planner.plan(M, 14336, 4096, out_dtype="fp32").swap_ab  # none applies: the plain plan
 
 
 @pytest.mark.parametrize("M", [1, 16])
 def test_a_streamed_best_swapped_plan_is_not_preferred(M):
-    """Where the model's best swapped plan is stream-K (11008 weight rows: 172 swapped tiles, 1.3 waves) the
-    model ranks both kinds: the swapped stream-K plans ran 0.90-0.92x torch.mm there, the plain 64 x 144
-    data-parallel plan 0.99-1.01x (H200)."""
-    ps = planner.candidates(M, 11008, 4096)
-    assert _swapped(M, 11008, 4096)[0].schedule == "stream_k"
-    keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in ps]
+    """Where the model's best swapped plan is stream-K the model ranks both kinds: at 11008 weight rows (172
+    swapped 64-row tiles, 1.3 waves) the swapped stream-K plans ran 0.90-0.92x torch.mm, the plain 64 x 144
+    data-parallel plan 0.99-1.01x (H200). There a one-wave 128-row swapped tile (NARROW_TALL) is now the
+    best swapped plan; 3072 weight rows still have a streamed one first."""
+    ps = planner.candidates(M, 3072, 4096)
+    assert _swapped(M, 3072, 4096)[0].schedule == "stream_k"
+    keys = [planner.plan_key(p) for p in ps]
     assert keys == sorted(keys)
-    assert not planner.plan(M, 11008, 4096).swap_ab
+    assert not planner.plan(M, 3072, 4096).swap_ab
     assert planner.plan(M, 4096, 11008).swap_ab  # a split-K swapped plan is still preferred
+    best = _swapped(M, 11008, 4096)[0]
+    assert (best.bm, best.schedule) == (128, "data_parallel") and planner.plan(M, 11008, 4096) == best
 
 
 def test_past_the_preference_the_model_ranks_both():
     M = planner.SWAP_PREFER_M + 32
     ps = planner.candidates(M, 3072, 3072)
     assert any(p.swap_ab for p in ps) and any(not p.swap_ab for p in ps)
-    keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in ps]
+    keys = [planner.plan_key(p) for p in ps]
     assert keys == sorted(keys)
 
 
@@ -276,7 +278,9 @@ REPRESENTATIVE = [(64, 16, "data_parallel", {}), (64, 48, "stream_k", {}), (64, 
                   (64, 48, "data_parallel", dict(has_c=True, bias_dtype="bf16", activation="silu", direct=True)),
                   (64, 16, "data_parallel", dict(dtype="fp16", direct=True)), (64, 208, "data_parallel", {}),
                   (128, 256, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True)),
-                  (256, 96, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True))]
+                  (256, 96, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True)),
+                  (128, 16, "data_parallel", {}),  # NARROW_TALL: one column of tokens under many weight rows
+                  (256, 32, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True))]
 
 
 @pytest.mark.parametrize("bm, bn, schedule, kw", REPRESENTATIVE,

@@ -77,6 +77,12 @@ CASES = [
     ((256, 3000, 1000), 128, 256, "data_parallel", {}),
     ((97, 4104, 1000), 256, 112, "data_parallel", {}),
     ((233, 1001, 1000), 64, 240, "data_parallel", {"direct": True, "bias_dtype": "fp32"}),
+    # NARROW_TALL: 128 / 256 weight rows over one column of few tokens (ragged rows and tokens too)
+    ((16, 14336, 4096), 128, 16, "data_parallel", {}),
+    ((32, 43008, 1024), 128, 32, "data_parallel", {"bias_dtype": "bf16", "activation": "silu"}),
+    ((8, 28672, 1000), 256, 16, "data_parallel", {}),
+    ((5, 4097, 2000), 256, 16, "data_parallel", {"direct": True, "has_c": True, "bias_dtype": "fp32"}),
+    ((27, 3001, 1000), 128, 32, "data_parallel", {"direct": True, "dtype": "fp16", "out_dtype": "fp16"}),
 ]
 
 
@@ -104,7 +110,8 @@ def test_beta_c_reads_a_column_major_c():
 @pytest.mark.parametrize("shape, bm, bn, schedule", [
     ((16, 14336, 4096), 64, 16, "data_parallel"), ((1, 4096, 4096), 64, 16, "split_k"),
     ((16, 4104, 14336), 64, 16, "stream_k"), ((16, 1000, 8192), 64, 16, "split_k_global"),
-    ((64, 14336, 1024), 64, 64, "pingpong"), ((200, 8192, 5376), 64, 208, "data_parallel")])
+    ((64, 14336, 1024), 64, 64, "pingpong"), ((200, 8192, 5376), 64, 208, "data_parallel"),
+    ((8, 28672, 4096), 256, 16, "data_parallel"), ((32, 14336, 4096), 128, 32, "data_parallel")])
 def test_swapped_plans_are_bitwise_deterministic(shape, bm, bn, schedule):
     p = _pick(*shape, bm, bn, schedule)
     first = _run(p, seed=3)[0].clone()

@@ -189,13 +189,15 @@ def _traffic(M: int, N: int, K: int, bm: int, bn: int, dtype: str, out_bytes: in
 def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages: int, splits: int = 1,
               sk_tiles: int = 0, sk_ctas: int = 0, prof: DeviceProfile, clock_mhz: float | None = None,
               dtype: str = "bf16", out_bytes: int = 2, direct: bool = False, overlap: bool = False,
-              mcast: int = 1, misaligned: bool | tuple[bool, bool] = False) -> float:
+              mcast: int = 1, misaligned: bool | tuple[bool, bool] = False, floor: bool = True) -> float:
     """Modelled seconds of one plan (see the module docstring). ``overlap``: the epilogue's stores run
     under the next tile's k-steps (h11's overlapped epilogue, data-parallel only): a tile then costs its
     SM only ``tile_fixed_s`` past its k-steps, except the SM's last. ``mcast`` (data-parallel): clusters
     of that many CTAs share B's tile by multicast; the rows of tiles are padded to whole clusters.
     ``misaligned``: (A, B) or both: the operand's rows 16- but not 32-byte aligned (``misaligned_operands``;
-    A and B as the kernel sees them: a swapped plan's A is the weight)."""
+    A and B as the kernel sees them: a swapped plan's A is the weight). ``floor=False``: without the HBM
+    floor, i.e. the SMs' own time (waves, tiles, k-steps), which ranks the swapped plans the floor ties
+    (``planner.rank_key``)."""
     clock = clock_mhz or prof.plan_clock_mhz
     G = prof.sm_count
     k = math.ceil(K / BK)
@@ -255,5 +257,5 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
              + prof.tile_fixed_s + exchange + tile_bytes * out_bytes / s / prof.store_bytes_per_s + prof.gsk_fixed_s)
     else:
         raise ValueError(f"unknown schedule {schedule!r}")
-    hbm = unique / prof.hbm_read_bytes_per_s
+    hbm = unique / prof.hbm_read_bytes_per_s if floor else 0.0
     return prof.launch_s + max(t, hbm)

@@ -96,10 +96,14 @@ _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "
                 "float32": "fp32", "float": "fp32", "fp32": "fp32"}
 
 # The tile space: 64-row tiles (one consumer) for small M, 128 (two consumers, h11's) and 256 (two
-# consumers of 128 rows each), widths in steps of 16, the wgmma n sizes.
+# consumers of 128 rows each), widths in steps of 16, the wgmma n sizes. The 128- and 256-row tiles
+# narrower than 64 (NARROW_TALL) are offered to swapped plans only: a few tokens on the n side of many
+# weight rows (cuBLAS runs 128 x 8, 128 x 32 and 192 x 32 there; Nsight Compute, probe_ncu.py), with one
+# column of token tiles (bn >= M) and data-parallel: what swap_tall_probe.jsonl measured (``rank_key``).
+NARROW_TALL: tuple[tuple[int, int], ...] = tuple((bm, n) for bm in (128, 256) for n in range(16, 64, 16))
 TILES: tuple[tuple[int, int], ...] = (tuple((64, n) for n in range(16, 257, 16))
                                       + tuple((128, n) for n in range(64, 257, 16))
-                                      + tuple((256, n) for n in range(64, 193, 16)))
+                                      + tuple((256, n) for n in range(64, 193, 16)) + NARROW_TALL)
 
 
 def dtype_name(dtype) -> str:
@@ -185,6 +189,9 @@ class Plan(_Tiling):
     kernel: str = KERNEL
     swap_ab: bool = False
     mcast: int = 1
+    # What ranks plans the HBM floor ties (``rank_key``): for swapped plans of up to SWAP_PREFER_M tokens the
+    # model's time without the floor (``plan_cost.predict_s(floor=False)``), else ``predicted_s`` (0: the same).
+    tie_s: float = 0.0
     # L2 prefetch distance (GemmTraits::PREFETCH): the producer asks the L2 for the boxes this many k-steps
     # past the ones it loads (K-major operands, no multicast). A probe's knob, never offered: it measured slower
     # at every distance on every shape timed (prefetch_probe.jsonl, 63407ef).
@@ -477,14 +484,16 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
         for bm, bn in TILES:
             if swapped and (bn > math.ceil(M / 16) * 16 or (one_tile and bn < M)):
                 continue
+            narrow_tall = (bm, bn) in NARROW_TALL
+            if narrow_tall and (not swapped or bn < M):  # one column of token tiles, as measured
+                continue
             if swapped and heavy and bm == 256 and bn > 96:  # its transposed epilogue: 256 x 112 spills 16 bytes
                 continue
             tile = _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
                                direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
-            plans += [p for p in tile if not (swapped and one_tile and p.schedule != "data_parallel")]
+            plans += [p for p in tile if not ((narrow_tall or (swapped and one_tile)) and p.schedule != "data_parallel")]
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
-    plans.sort(key=lambda p: (prefer_swap and not p.swap_ab,
-                              rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages)))
+    plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
     if swap and one_tile and plans and not plans[0].swap_ab and _padding_prefers_swap(M, plans):
         first = next(p for p in plans if p.swap_ab)
         plans.remove(first)
@@ -510,7 +519,7 @@ def _best_swapped_not_streamed(plans) -> bool:
     swapped = [p for p in plans if p.swap_ab]
     if not swapped:
         return False
-    best = min(swapped, key=lambda p: rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages))
+    best = min(swapped, key=plan_key)
     return best.schedule != "stream_k"
 
 
@@ -530,7 +539,7 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
             plans.append(Plan(M=pm, N=pn, K=K, bm=bm, bn=bn, schedule="data_parallel", stages=stages,
                               grid=min(2 * prof.clusters(2), tiles), dtype=dt, out_dtype=odt, bias_dtype=bdt,
                               has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
-                              predicted_s=t, mcast=2))
+                              predicted_s=t, tie_s=t, mcast=2))
     for sched, splits, sk_tiles, sk_ctas, grid in _schedules(pm, pn, K, bm, bn, prof, offered):
         if tile_problem(bm, bn, sched, dtype=dt, b_mn=kb_mn, heavy=heavy):
             continue
@@ -543,21 +552,39 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
         t = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
                                 sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
                                 direct=direct, misaligned=misaligned)
+        u = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
+                                sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
+                                direct=direct, misaligned=misaligned, floor=False) if swapped and pn <= SWAP_PREFER_M else t
         M, N = (pn, pm) if swapped else (pm, pn)
         plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
                           sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
                           has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
-                          predicted_s=t, swap_ab=swapped))
+                          predicted_s=t, swap_ab=swapped, tie_s=u))
     return plans
 
 
-def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn: int, stages: int) -> tuple:
+def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn: int, stages: int,
+             tie_s: float | None = None) -> tuple:
     """How candidates are ordered: by predicted time, ties (at the HBM floor) broken for data-parallel
-    before split or streamed, then the deeper ring in bytes (stages x (A rows loaded + bn): a weight
-    streamed from HBM runs faster with more bytes in flight; 64 x 256 with 5 stages ran 3-7% faster than
-    128 x 256 with 4 at M <= 32, broad set), then the larger tile."""
+    before split or streamed, then by ``tie_s`` (``Plan.tie_s``: for swapped plans of up to SWAP_PREFER_M
+    tokens the model's time without the floor, else the price), then the deeper ring in bytes (stages x
+    (A rows loaded + bn): a weight streamed from HBM runs faster with more bytes in flight; 64 x 256 with
+    5 stages ran 3-7% faster than 128 x 256 with 4 at M <= 32, broad set), then the larger tile.
+
+    The swapped plans' ``tie_s``: at the decode weight streams every swapped tile height is priced at the
+    floor, but taller tiles re-read the tokens less and run fewer tiles a SM. Measured (H200,
+    swap_tall_probe.jsonl, 16 shapes): 128 weight rows a tile against 64 at 32x14336x4096 1.014x torch.mm
+    against 0.926, 8x28672x4096 0.994 / 0.934, 32x43008x5376 0.965 / 0.906 (its 256-row tiles, 1.27
+    waves: 0.883); 64 rows where taller tiles leave SMs idle (32x8192x8192 0.991 / 0.973). The unfloored
+    time ranks those the same way on 14 of the 16 shapes (the two others within 1%)."""
     rows = min(bm, math.ceil((M - (math.ceil(M / bm) - 1) * bm) / 8) * 8)
-    return (round(predicted_s, 9), SCHEDULES.index(schedule), splits, -stages * (rows + bn), -bm * bn)
+    tie = predicted_s if tie_s is None else tie_s
+    return (round(predicted_s, 9), SCHEDULES.index(schedule), splits, round(tie, 9), -stages * (rows + bn), -bm * bn)
+
+
+def plan_key(p: Plan) -> tuple:
+    """``rank_key`` of a plan."""
+    return rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages, p.tie_s or None)
 
 
 def plan(M: int, N: int, K: int, *, dtype=None, out_dtype=None, device=None, profile: DeviceProfile | None = None,
