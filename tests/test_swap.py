@@ -48,18 +48,34 @@ def test_few_tokens_prefer_a_swapped_plan(M):
 
 @pytest.mark.parametrize("M", [1, 16])
 def test_a_streamed_best_swapped_plan_is_not_preferred(M):
-    """Where the model's best swapped plan is stream-K the model ranks both kinds: at 11008 weight rows (172
-    swapped 64-row tiles, 1.3 waves) the swapped stream-K plans ran 0.90-0.92x torch.mm, the plain 64 x 144
-    data-parallel plan 0.99-1.01x (H200). There a one-wave 128-row swapped tile (NARROW_TALL) is now the
-    best swapped plan; 3072 weight rows still have a streamed one first."""
-    ps = planner.candidates(M, 3072, 4096)
-    assert _swapped(M, 3072, 4096)[0].schedule == "stream_k"
+    """Where the model's best swapped plan is stream-K (11008 weight rows: 172 swapped tiles, 1.3 waves) the
+    model ranks both kinds: the swapped stream-K plans ran 0.90-0.92x torch.mm there, the plain 64 x 144
+    data-parallel plan 0.99-1.01x (H200). A 128-row swapped tile would fill 86 of 132 SMs (_tall_fills: no)."""
+    ps = planner.candidates(M, 11008, 4096)
+    assert _swapped(M, 11008, 4096)[0].schedule == "stream_k"
+    assert not any(p.bm > 64 for p in _swapped(M, 11008, 4096))
     keys = [planner.plan_key(p) for p in ps]
     assert keys == sorted(keys)
-    assert not planner.plan(M, 3072, 4096).swap_ab
+    assert not planner.plan(M, 11008, 4096).swap_ab
     assert planner.plan(M, 4096, 11008).swap_ab  # a split-K swapped plan is still preferred
-    best = _swapped(M, 11008, 4096)[0]
-    assert (best.bm, best.schedule) == (128, "data_parallel") and planner.plan(M, 11008, 4096) == best
+
+
+@pytest.mark.parametrize("M, N, K, bm", [
+    (1, 14336, 4096, 128), (16, 14336, 4096, 128), (32, 14336, 4096, 128),  # 112 tiles: 0.85 of the SMs
+    (32, 43008, 5376, 128),  # 336 tiles (the 256-row ones: 168, 1.27 waves)
+    (8, 28672, 4096, 256), (8, 152064, 3584, 128),
+    (32, 8192, 8192, 64), (1, 24576, 1536, 64)])  # taller tiles would idle SMs
+def test_decode_weight_streams_take_the_tallest_tile_that_fills_the_sms(M, N, K, bm):
+    """NARROW_TALL swapped tiles at the HBM floor: ranked by the model's unfloored time (fewer re-reads of
+    the tokens, fewer tiles), offered where their waves fill the SMs (_tall_fills). Measured (H200,
+    swap_tall_probe.jsonl, engine_broad.jsonl at 4188a14): 32x14336x4096 128 x 32 1.014x torch.mm against
+    64 x 32's 0.926; 32x43008x5376 0.978 / 0.905; 1x24576x1536 256 x 16 (96 tiles) 0.969 / 1.044."""
+    p = planner.plan(M, N, K)
+    assert p.swap_ab and p.bm == bm and p.schedule == "data_parallel" and p.bn >= M, p
+    tall = [c for c in _swapped(M, N, K) if (c.bm, c.bn) in planner.NARROW_TALL]
+    assert all(planner._tall_fills(N, M, c.bm, c.bn, 132) for c in tall)
+    assert not any(c.schedule != "data_parallel" or c.bn < M for c in tall)
+    assert not any(c.bm > 64 for c in _swapped(16, 12288, 4096))  # 96 tall tiles: 0.73 of the SMs
 
 
 def test_past_the_preference_the_model_ranks_both():
@@ -288,6 +304,8 @@ REPRESENTATIVE = [(64, 16, "data_parallel", {}), (64, 48, "stream_k", {}), (64, 
 def test_representative_swapped_plans_compile_clean(bm, bn, schedule, kw):
     M = {16: 16, 32: 32, 48: 33, 64: 64, 96: 90, 208: 200, 256: 256}[bn]
     N = 14336 if schedule == "pingpong" else 4104  # ping-pong needs more tiles than SMs
+    if (bm, bn) in planner.NARROW_TALL:
+        N = 28672  # tall tiles are offered where they fill the SMs (_tall_fills)
     p = next(c for c in _swapped(M, N, 4096, schedules=planner.SCHEDULES, **kw)
              if (c.bm, c.bn, c.schedule) == (bm, bn, schedule))
     _check(p)

@@ -81,8 +81,8 @@ CASES = [
     ((16, 14336, 4096), 128, 16, "data_parallel", {}),
     ((32, 43008, 1024), 128, 32, "data_parallel", {"bias_dtype": "bf16", "activation": "silu"}),
     ((8, 28672, 1000), 256, 16, "data_parallel", {}),
-    ((5, 4097, 2000), 256, 16, "data_parallel", {"direct": True, "has_c": True, "bias_dtype": "fp32"}),
-    ((27, 3001, 1000), 128, 32, "data_parallel", {"direct": True, "dtype": "fp16", "out_dtype": "fp16"}),
+    ((5, 28417, 2000), 256, 16, "data_parallel", {"direct": True, "has_c": True, "bias_dtype": "fp32"}),
+    ((27, 14335, 1000), 128, 32, "data_parallel", {"direct": True, "dtype": "fp16", "out_dtype": "fp16"}),
 ]
 
 

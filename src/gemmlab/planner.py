@@ -99,8 +99,10 @@ _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "
 # consumers of 128 rows each), widths in steps of 16, the wgmma n sizes. The 128- and 256-row tiles
 # narrower than 64 (NARROW_TALL) are offered to swapped plans only: a few tokens on the n side of many
 # weight rows (cuBLAS runs 128 x 8, 128 x 32 and 192 x 32 there; Nsight Compute, probe_ncu.py), with one
-# column of token tiles (bn >= M) and data-parallel: what swap_tall_probe.jsonl measured (``rank_key``).
+# column of token tiles (bn >= M), data-parallel, and where their waves fill the SMs (``_tall_fills``): what
+# swap_tall_probe.jsonl and the broad set measured (``rank_key``).
 NARROW_TALL: tuple[tuple[int, int], ...] = tuple((bm, n) for bm in (128, 256) for n in range(16, 64, 16))
+TALL_MIN_FILL = 0.8  # _tall_fills
 TILES: tuple[tuple[int, int], ...] = (tuple((64, n) for n in range(16, 257, 16))
                                       + tuple((128, n) for n in range(64, 257, 16))
                                       + tuple((256, n) for n in range(64, 193, 16)) + NARROW_TALL)
@@ -485,7 +487,7 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
             if swapped and (bn > math.ceil(M / 16) * 16 or (one_tile and bn < M)):
                 continue
             narrow_tall = (bm, bn) in NARROW_TALL
-            if narrow_tall and (not swapped or bn < M):  # one column of token tiles, as measured
+            if narrow_tall and (not swapped or bn < M or not _tall_fills(pm, pn, bm, bn, prof.sm_count)):
                 continue
             if swapped and heavy and bm == 256 and bn > 96:  # its transposed epilogue: 256 x 112 spills 16 bytes
                 continue
@@ -499,6 +501,24 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
         plans.remove(first)
         plans.insert(0, first)
     return tuple(plans)
+
+
+def _wave_fill(tiles: int, sms: int) -> float:
+    """The share of the SMs' tile slots a data-parallel launch fills: tiles / (waves x SMs)."""
+    return tiles / (math.ceil(tiles / sms) * sms)
+
+
+def _tall_fills(pm: int, pn: int, bm: int, bn: int, sms: int) -> bool:
+    """Whether a NARROW_TALL swapped tile (pm weight rows x pn tokens) keeps the SMs as busy as a weight
+    stream needs: its waves filled to TALL_MIN_FILL at least, and no less than the 64-row tile's of the same
+    width. Measured (H200, engine_broad.jsonl at 4188a14, the 21 decode shapes the tall tiles moved): where
+    they filled 0.85-1.0 they ran even or faster (32x43008x5376 128 x 32 0.905 -> 0.978x torch.mm,
+    8x28672x4096 256 x 16 0.921 -> 0.954); at 0.73 or less they lost where the 64-row tile filled more
+    (1x24576x1536 256 x 16, 96 tiles: 1.044 -> 0.969; 32x24576x1536 0.994 -> 0.937; 16x12288x4096 128 x 16
+    0.969 -> 0.947)."""
+    tiles = math.ceil(pm / bm) * math.ceil(pn / bn)
+    fill = _wave_fill(tiles, sms)
+    return fill >= TALL_MIN_FILL and fill >= _wave_fill(math.ceil(pm / 64) * math.ceil(pn / bn), sms) - 1e-9
 
 
 def _padding_prefers_swap(M: int, plans) -> bool:
