@@ -9,8 +9,7 @@ Per shape (default: squares 4096 / 8192 / 16384 and LLM prefill projections at M
 * ``ours_tensor``: ``gemmlab.scaled_mm``'s plan with per-tensor scales (and ``ours_tensor_p<k>`` for each
   other ``--promote`` interval);
 * ``cublas_tensor``: ``torch._scaled_mm`` on the same operands and scales (cuBLAS FP8, per-tensor);
-* ``ours_block``: 1 x 128 / 128 x 128 block scales (``--stagger``: and ``ours_block_stagger``, the same plan
-  with consumer 1 one column part behind consumer 0, ``Fp8Plan.stagger``);
+* ``ours_block``: 1 x 128 / 128 x 128 block scales;
 * ``ours_tensor_<BM>x<BN>`` / ``ours_block_<BM>x<BN>``: each ``--tiles`` tile in both modes (where the
   plan space has it; block scales also forced onto widths the planner does not offer them on), to tell
   the scales' cost from the tile's;
@@ -63,16 +62,13 @@ def _dequant_bf16(x: torch.Tensor, scale: torch.Tensor, rows: int) -> torch.Tens
     return (x.float().view(R, K // 128, 128) * s[:, :, None]).view(R, K).to(torch.bfloat16)
 
 
-def plans_for(M: int, N: int, K: int, tiles: str, promotes: list[int], prof,
-              stagger: bool = False) -> dict[str, planner.Fp8Plan]:
+def plans_for(M: int, N: int, K: int, tiles: str, promotes: list[int], prof) -> dict[str, planner.Fp8Plan]:
     """The candidates' plans for one shape, by candidate name (the planner's picks, then each ``--tiles``
     tile in both scale modes where the plan space has it; block scales also forced onto tiles the planner
     does not offer them on)."""
     plans = {f"ours_tensor{'' if p == promotes[0] else f'_p{p}'}":
              planner.plan_fp8(M, N, K, scale="tensor", promote=p, profile=prof) for p in promotes}
     plans["ours_block"] = planner.plan_fp8(M, N, K, scale="block", profile=prof)
-    if stagger and plans["ours_block"].bm > 64:  # --stagger: the same block plan, consumer 1 a part behind
-        plans["ours_block_stagger"] = dataclasses.replace(plans["ours_block"], stagger=True)
     for tile in filter(None, tiles.split(",")):  # --tiles: the same tile in both modes, side by side
         bm, bn = (int(v) for v in tile.split("x"))
         tensor = [p for p in planner.fp8_candidates(M, N, K, profile=prof) if (p.bm, p.bn) == (bm, bn)]
@@ -110,7 +106,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--replay-ms", type=float, default=20.0)
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop between shapes after this long")
-    ap.add_argument("--stagger", action="store_true", help="also the block plan with its consumers staggered")
     ap.add_argument("--compile-only", action="store_true", help="compile the plans (in parallel), time nothing")
     args = ap.parse_args()
     t_start = time.perf_counter()
@@ -146,7 +141,7 @@ def main() -> None:
         s0 = sets[0]
         refs = {"tensor": fp8.reference_scaled_mm(s0["at"], s0["wt"].t(), s0["sat"], s0["sbt"], dtype=torch.float32),
                 "block": fp8.reference_scaled_mm(s0["ab"], s0["wb"].t(), s0["sab"], s0["sbb"], dtype=torch.float32)}
-        plans = plans_for(M, N, K, args.tiles, promotes, prof, stagger=args.stagger)
+        plans = plans_for(M, N, K, args.tiles, promotes, prof)
 
         def ours(name, pl):
             key = "t" if pl.scale == "tensor" else "b"
@@ -197,10 +192,9 @@ def main() -> None:
                        "sm_clock_mhz": res.clocks.sm_mhz,
                        "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
                        "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__}
-                if name in ("ours_block", "ours_block_stagger") and t and times.get("ours_tensor"):
+                if name == "ours_block" and t and times.get("ours_tensor"):
                     rec["vs_ours_tensor"] = times["ours_tensor"] / t  # bar: >= 0.9 (scaling nearly free)
-                    key = "block_vs_ours_tensor" + name.removeprefix("ours_block")
-                    ratios.setdefault(key, []).append(rec["vs_ours_tensor"])
+                    ratios.setdefault("block_vs_ours_tensor", []).append(rec["vs_ours_tensor"])
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, stages=pl.stages, grid=pl.grid, scale=pl.scale,
                                promote=pl.promote, predicted_ms=pl.predicted_s * 1e3)

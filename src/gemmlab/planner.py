@@ -754,9 +754,6 @@ class Fp8Plan(_Tiling):
     scale: str = "tensor"
     promote: int = FP8_PROMOTE
     part_split: int = 1
-    # Block scales: consumer 1 starts one column part behind consumer 0 (Fp8GemmTraits::STAGGER). A probe's
-    # knob until measured.
-    stagger: bool = False
     out_dtype: str = "bf16"
     bias_dtype: str | None = None
     activation: str | None = None
@@ -779,12 +776,11 @@ class Fp8Plan(_Tiling):
         return min(self.bm, math.ceil(left / 8) * 8)
 
     def template_args(self) -> tuple[str, ...]:
-        """Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE, PROMOTE, BIAS, ACT, DIRECT, PART_SPLIT[, STAGGER]>."""
+        """Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE, PROMOTE, BIAS, ACT, DIRECT, PART_SPLIT>."""
         b = lambda x: "true" if x else "false"  # noqa: E731
         return (_CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm), str(self.bn),
                 str(self.stages), str(FP8_SCALES.index(self.scale)), str(self.promote), b(self.bias_dtype),
-                str(ACTIVATIONS[self.activation]), b(self.direct), str(self.part_split)) + (
-                    ("true",) if self.stagger else ())
+                str(ACTIVATIONS[self.activation]), b(self.direct), str(self.part_split))
 
     @property
     def name_expression(self) -> str:
@@ -799,8 +795,6 @@ class Fp8Plan(_Tiling):
         promo = f"promoted every {self.promote * FP8_BK} of K" if self.promote else "promoted once per tile"
         if self.part_split > 1:
             promo += f" in {self.part_split} column parts"
-        if self.stagger:
-            promo += ", consumers staggered"
         extra = [x for x in (self.direct and "direct stores", self.bias_dtype and "bias", self.activation) if x]
         return (f"Fp8Plan({self.M}x{self.N}x{self.K} e4m3->{self.out_dtype}: {self.kernel} {self.bm}x{self.bn} "
                 f"tiles ({self.tiles}), {scale}, {promo}, data-parallel, {self.stages} stages, grid {self.grid}"

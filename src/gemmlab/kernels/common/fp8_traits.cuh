@@ -20,8 +20,7 @@ template <typename TOut, typename TBias,  // output and bias element types
           int kPromote,                   // k-steps (of 128) per promotion; 0: once, at the end of the tile
           bool kBias, int kAct,           // epilogue: + bias[n], activation
           bool kDirect,                   // output rows not 16-byte aligned: threads store
-          int kPartSplit = 1,             // wgmma partial sums over BN / kPartSplit columns at a time
-          bool kStagger = false>          // block scales: consumer 1 starts one column part behind consumer 0
+          int kPartSplit = 1>             // wgmma partial sums over BN / kPartSplit columns at a time
 struct Fp8GemmTraits {
     using T = unsigned char;  // e4m3 bytes: only the wgmma reads them as numbers
     using TO = TOut;
@@ -43,12 +42,6 @@ struct Fp8GemmTraits {
     // registers (two full sets would be 256: no room for anything else); the price is one more wgmma drain
     // per k-step, which the other consumer's wgmmas cover.
     static constexpr int PART_SPLIT = kPartSplit, PART_N = BN / kPartSplit;
-    // STAGGER (block scales, two consumers): consumer 1 issues its first wgmmas only once consumer 0's
-    // first column part has drained (named barrier STAGGER_BAR), so that from then on each one's
-    // promotion can run while the other's wgmmas keep the tensor cores busy, instead of both draining
-    // and promoting at once. A one-time offset: nothing orders them afterwards.
-    static constexpr bool STAGGER = kStagger;
-    static constexpr u32 STAGGER_BAR = 6;  // epilogue_store.cuh uses 1 + consumer, reduction.cuh 3
     // Two consumers: setmaxnreg moves the producer's registers to them. The registers come from the CTA's
     // own pool (PTX ISA "setmaxnreg": setmaxnreg.inc blocks until the pool has them), i.e. the launch's
     // LAUNCH_REGS (168 a thread at 384 threads): PRODUCER + 2 x CONSUMER <= 3 x 168 = 504, else the
@@ -92,7 +85,6 @@ struct Fp8GemmTraits {
     static_assert(kPartSplit == 1 || kPromote == 1, "split promotion: each part is promoted every k-step");
     static_assert(CONSUMERS == 1 || PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (CONSUMERS + 1) * LAUNCH_REGS,
                   "setmaxnreg: the consumers take no more registers than the CTA was launched with");
-    static_assert(!kStagger || (kScale == SCALE_BLOCK && CONSUMERS == 2), "stagger: two block-scaled consumers");
     static_assert(SB_BLOCKS <= 4, "a tile's column-block scales fit the slot's box of 8 (from a multiple of 4)");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES + SCALE_BYTES <= 227 * 1024 - 256, "shared memory");
 };

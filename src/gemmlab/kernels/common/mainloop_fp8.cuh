@@ -48,10 +48,7 @@ __device__ __forceinline__ void block_scaled_part(Ring<Tr::STAGES>& ring, RingCu
                                                   float (&acc)[Tr::MI][Tr::BN / 2],
                                                   float (&part)[Tr::MI][Tr::PART_N / 2], const float* s_scales,
                                                   int first_row, int nb, const BlockScaleRegs<Tr>& sc,
-                                                  BlockScaleRegs<Tr>& next, bool stagger = false) {
-    if constexpr (Tr::STAGGER && H == 0) {  // consumer 1's first k-step waits for consumer 0's first part
-        if (stagger && consumer == 1) named_barrier_sync(Tr::STAGGER_BAR, 256);
-    }
+                                                  BlockScaleRegs<Tr>& next) {
     issue_kstep_fp8<Tr, H>(sA, sB, stage, consumer, part, true);
     if constexpr (H == 0) {
         cur.template advance<Tr::STAGES>();
@@ -61,9 +58,6 @@ __device__ __forceinline__ void block_scaled_part(Ring<Tr::STAGES>& ring, RingCu
         }
     }
     wgmma_wait<0>();
-    if constexpr (Tr::STAGGER && H == 0) {
-        if (stagger && consumer == 0) named_barrier_arrive(Tr::STAGGER_BAR, 256);
-    }
 #pragma unroll
     for (int mi = 0; mi < Tr::MI; ++mi) fence_regs(part[mi]);  // no read of part before the wait
     if (H + 1 == Tr::PART_SPLIT && t == 0) ring.release(stage);
@@ -79,7 +73,7 @@ __device__ __forceinline__ void consume_block_scaled(Ring<Tr::STAGES>& ring, Rin
                                                      const unsigned char* sB, int consumer, int t,
                                                      float (&acc)[Tr::MI][Tr::BN / 2],
                                                      float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
-                                                     const float* s_scales, int nb, int sa_row, bool stagger) {
+                                                     const float* s_scales, int nb, int sa_row) {
     static_assert(Tr::PART_SPLIT == 1 || Tr::PART_SPLIT == 2, "one or two column parts");
     const int first_row = sa_row + consumer * Tr::MI * 64;
     ring.wait_full(cur);
@@ -89,7 +83,7 @@ __device__ __forceinline__ void consume_block_scaled(Ring<Tr::STAGES>& ring, Rin
         const int stage = cur.stage;
         BlockScaleRegs<Tr> next = sc;
         block_scaled_part<Tr, OFF, 0>(ring, cur, sA, sB, consumer, t, stage, kt + 1 < k_end, acc, part, s_scales,
-                                      first_row, nb, sc, next, stagger && kt == k_begin);
+                                      first_row, nb, sc, next);
         if constexpr (Tr::PART_SPLIT == 2)
             block_scaled_part<Tr, OFF, 1>(ring, cur, sA, sB, consumer, t, stage, kt + 1 < k_end, acc, part, s_scales,
                                           first_row, nb, sc, next);
@@ -107,16 +101,16 @@ __device__ __forceinline__ void consume_block_phase(Ring<Tr::STAGES>& ring, Ring
                                                     const unsigned char* sB, int consumer, int t,
                                                     float (&acc)[Tr::MI][Tr::BN / 2],
                                                     float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
-                                                    const float* s_scales, int n0, int nb, int sa_row, bool stagger) {
+                                                    const float* s_scales, int n0, int nb, int sa_row) {
     if constexpr (Tr::SB_ALIGNED || P + 1 == Tr::SB_PHASES) {
         consume_block_scaled<Tr, Tr::SB_ALIGNED ? 0 : P * Tr::SB_STEP>(ring, cur, sA, sB, consumer, t, acc, part,
-                                                                      k_begin, k_end, s_scales, nb, sa_row, stagger);
+                                                                      k_begin, k_end, s_scales, nb, sa_row);
     } else if (n0 % 128 == P * Tr::SB_STEP) {
         consume_block_scaled<Tr, P * Tr::SB_STEP>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end, s_scales,
-                                                  nb, sa_row, stagger);
+                                                  nb, sa_row);
     } else {
         consume_block_phase<Tr, P + 1>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end, s_scales, n0, nb,
-                                       sa_row, stagger);
+                                       sa_row);
     }
 }
 
@@ -158,7 +152,7 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
                                                  float (&acc)[Tr::MI][Tr::BN / 2],
                                                  float (&part)[Tr::MI][Tr::PART_N / 2], int k_begin, int k_end,
                                                  const float* s_scales, int n0, int sb_block = -1,
-                                                 int sa_row = 0, bool stagger = false) {
+                                                 int sa_row = 0) {
 #pragma unroll
     for (int mi = 0; mi < Tr::MI; ++mi)
 #pragma unroll
@@ -169,9 +163,7 @@ __device__ __forceinline__ void consume_unit_fp8(Ring<Tr::STAGES>& ring, RingCur
         // follow the ones before it, sb_block = g x blocks per expert + n0 / 128); its first row's place in
         // the slot (grouped: the row box starts at a multiple of 4 rows, sa_row < 4).
         const int nb = sb_block >= 0 ? sb_block : n0 / 128;
-        // stagger: this consumer's first unit (Tr::STAGGER): the one-time offset between the consumers.
-        consume_block_phase<Tr>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end, s_scales, n0, nb, sa_row,
-                                stagger);
+        consume_block_phase<Tr>(ring, cur, sA, sB, consumer, t, acc, part, k_begin, k_end, s_scales, n0, nb, sa_row);
         return;
     }
     if constexpr (Tr::PART_SPLIT > 1) {

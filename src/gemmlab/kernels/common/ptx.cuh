@@ -29,11 +29,6 @@ __device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// "bar.arrive": count this thread's warp in barrier `id` without waiting (the waiters use bar.sync).
-__device__ __forceinline__ void named_barrier_arrive(u32 id, u32 threads) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Special registers %cluster_ctarank / %cluster_nctarank (PTX "Special Registers").
 __device__ __forceinline__ u32 cluster_ctarank() {
     u32 r;

@@ -67,14 +67,11 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     int pieces = 0;
     float acc[Tr::MI][BN / 2];
     float part[Tr::MI][Tr::PART_N / 2];  // the wgmmas' partial sums (split promotion: a part of the columns)
-    bool first = true;  // Tr::STAGGER: the consumers' offset is set up in the first unit only
     while (sched.next(u)) {
         const int packed = order[u.tile];
         const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
         const int row0 = m0 + consumer * Tr::MI * 64;
-        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, s_scales, n0, -1, 0,
-                             Tr::STAGGER && first);
-        first = false;
+        consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, s_scales, n0);
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi)
             store_block<Tr>(acc[mi], row0 + mi * 64, n0, ep, slabs, pieces, &tmC, &tmC_tail, t, consumer);
