@@ -1,8 +1,9 @@
 """Probe: taller swapped tiles for the decode weight streams. The planner's swapped plans at M <= 64 tokens
 use 64 weight rows a tile (one consumer); cuBLAS runs 128 x 8, 128 x 32 and 192 x 32 tiles there (Nsight
 Compute, probe_ncu.py), i.e. fewer tiles, fewer waves and fewer re-reads of the tokens. Here the tile space
-gets narrow 128- and 256-row tiles (widths 16..64) for this process only; per shape the model's best
-swapped plan of each height and schedule (data-parallel, stream-K), against torch.mm and the routed call
+gets narrow 128- and 256-row tiles (widths 16..64; since c996141 the planner's NARROW_TALL); per shape the
+model's best plain plan and its best swapped plan of each height and schedule (data-parallel, stream-K),
+against torch.mm and the routed call
 (graph replay, interleaved; every result checked against an fp32 product first). One line per shape to
 argv[1]."""
 import os
@@ -31,8 +32,10 @@ def tag(p):
 def variants(M, N, K, prof):
     planner.TILES = tuple(sorted(set(planner.TILES) | {(bm, n) for bm in (128, 256) for n in range(16, 65, 16)}))
     planner._CACHE.clear()
-    cands = [p for p in planner.candidates(M, N, K, profile=prof, swap_ab=True) if p.swap_ab]
-    out = {}
+    every = planner.candidates(M, N, K, profile=prof, swap_ab=True)
+    cands = [p for p in every if p.swap_ab]
+    plain = next((p for p in every if not p.swap_ab), None)
+    out = {tag(plain): plain} if plain is not None else {}  # the model's best plain plan, for the router's choice
     for bm in (64, 128, 256):
         for sched in ("data_parallel", "stream_k"):
             best = next((p for p in cands if p.bm == bm and p.schedule == sched), None)
