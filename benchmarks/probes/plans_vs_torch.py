@@ -7,6 +7,12 @@ from gemmlab import engine, engine2
 from gemmlab.timer import time_interleaved
 
 
+def plan_tag(p) -> str:
+    """A plan's short name in the probes' records: [swap ]BMxBN schedule[ sSPLITS]/STAGES."""
+    sk = f" s{p.splits}" if p.splits > 1 else ""
+    return f"{'swap ' if p.swap_ab else ''}{p.bm}x{p.bn} {p.schedule}{sk}/{p.stages}"
+
+
 def time_plans(M: int, N: int, K: int, plans: dict, *, routed: bool = False) -> dict:
     """{name: plan} -> {"torch_ms", "ratios" (torch time / each one's; "torch", and "routed" if asked: what
     gemmlab.matmul runs), "bad" ([(name, relative error)] of results off by 1e-2 or more), "sm_clock_mhz"}."""

@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import engine2, planner  # noqa: E402
-from plans_vs_torch import run_probe  # noqa: E402
+from plans_vs_torch import plan_tag as tag, run_probe  # noqa: E402
 
 SHAPES = [(77, 5120, 5120), (77, 12288, 4096), (77, 6144, 4096), (77, 2560, 10240), (200, 8192, 5376),
           (200, 8192, 3072), (200, 4096, 4096), (200, 1024, 2048), (200, 4608, 36864), (200, 5376, 4096),
@@ -17,11 +17,6 @@ SHAPES = [(77, 5120, 5120), (77, 12288, 4096), (77, 6144, 4096), (77, 2560, 1024
           (250, 3584, 3584), (128, 5120, 5120), (256, 5120, 5120), (256, 1536, 7168), (180, 2048, 8192)]
 if os.environ.get("PROBE_SHAPES"):
     SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
-
-
-def tag(p):
-    sk = f" s{p.splits}" if p.splits > 1 else ""
-    return f"{'swap ' if p.swap_ab else ''}{p.bm}x{p.bn} {p.schedule}{sk}/{p.stages}"
 
 
 def variants(M, N, K, prof):

@@ -1,11 +1,10 @@
-"""Probe: taller swapped tiles for the decode weight streams. The planner's swapped plans at M <= 64 tokens
-use 64 weight rows a tile (one consumer); cuBLAS runs 128 x 8, 128 x 32 and 192 x 32 tiles there (Nsight
-Compute, probe_ncu.py), i.e. fewer tiles, fewer waves and fewer re-reads of the tokens. Here the tile space
-gets narrow 128- and 256-row tiles (widths 16..64; since c996141 the planner's NARROW_TALL); per shape the
-model's best plain plan and its best swapped plan of each height and schedule (data-parallel, stream-K),
-against torch.mm and the routed call
-(graph replay, interleaved; every result checked against an fp32 product first). One line per shape to
-argv[1]."""
+"""Probe: taller swapped tiles for the decode weight streams. Until c996141 the planner's swapped plans at
+M <= 64 tokens used 64 weight rows a tile (one consumer); cuBLAS runs 128 x 8, 128 x 32 and 192 x 32 tiles
+there (Nsight Compute, probe_ncu.py): fewer tiles, fewer waves and fewer re-reads of the tokens. The first
+run (swap_tall_probe.jsonl) widened the tile space in its own process; the planner now has those tiles
+(NARROW_TALL, where they fill the SMs). Per shape: the model's best plain plan and its best swapped plan of
+each height and schedule (data-parallel, stream-K), against torch.mm and the routed call (graph replay,
+interleaved; every result checked against an fp32 product first). One line per shape to argv[1]."""
 import os
 import sys
 
@@ -14,7 +13,7 @@ import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import engine2, planner  # noqa: E402
-from plans_vs_torch import run_probe  # noqa: E402
+from plans_vs_torch import plan_tag as tag, run_probe  # noqa: E402
 
 SHAPES = [(1, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (8, 28672, 4096), (32, 28672, 4096),
           (32, 43008, 5376), (16, 4096, 14336), (32, 8192, 8192), (1, 16384, 16384), (16, 16384, 16384),
@@ -24,14 +23,7 @@ if os.environ.get("PROBE_SHAPES"):
     SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
 
 
-def tag(p):
-    sk = f" s{p.splits}" if p.splits > 1 else ""
-    return f"{'swap ' if p.swap_ab else ''}{p.bm}x{p.bn} {p.schedule}{sk}/{p.stages}"
-
-
 def variants(M, N, K, prof):
-    planner.TILES = tuple(sorted(set(planner.TILES) | {(bm, n) for bm in (128, 256) for n in range(16, 65, 16)}))
-    planner._CACHE.clear()
     every = planner.candidates(M, N, K, profile=prof, swap_ab=True)
     cands = [p for p in every if p.swap_ab]
     plain = next((p for p in every if not p.swap_ab), None)
