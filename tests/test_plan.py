@@ -259,3 +259,25 @@ def test_scheduler_covers_every_k_step_once_and_owners_find_their_contributors(w
                 assert [(u[2], u[3], u[4]) for u in units] == [(3, first + r, r) for r in range(p.splits)], (p, tile)
             else:
                 assert len(units) == 1 and units[0][2] == 0
+
+
+def test_the_unfloored_price_is_the_sms_own_time():
+    """``predict_s(floor=False)`` drops only the HBM floor: below it a weight stream's tiles are told apart
+    (the tie-break of swapped plans, ``Plan.tie_s``); where the floor does not bind both prices agree."""
+    prof = devices.H200
+    kw = dict(prof=prof, schedule="data_parallel")
+    for bm, stages in ((64, 9), (128, 9), (256, 5)):  # 14336 weight rows x 16 tokens, swapped
+        floored = plan_cost.predict_s(14336, 16, 4096, bm=bm, bn=16, stages=stages, **kw)
+        unfloored = plan_cost.predict_s(14336, 16, 4096, bm=bm, bn=16, stages=stages, floor=False, **kw)
+        assert unfloored <= floored
+        assert floored >= 2 * 14336 * 4096 / prof.hbm_read_bytes_per_s  # the weight's bytes bind all three
+    big = dict(bm=128, bn=256, stages=4, **kw)  # an MMA-bound square: no floor to drop
+    assert plan_cost.predict_s(8192, 8192, 8192, **big) == plan_cost.predict_s(8192, 8192, 8192, floor=False, **big)
+    p = planner.plan(16, 14336, 4096)
+    assert p.swap_ab and 0 < p.tie_s < p.predicted_s  # ranked below the floor by its own time
+    assert planner.plan(4096, 4096, 4096).tie_s == planner.plan(4096, 4096, 4096).predicted_s
+
+
+def test_wave_fill():
+    assert planner._wave_fill(132, 132) == 1.0 and planner._wave_fill(133, 132) == 133 / 264
+    assert planner._wave_fill(112, 132) == 112 / 132
