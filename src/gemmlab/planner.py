@@ -493,7 +493,8 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
                 continue
             tile = _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
                                direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
-            plans += [p for p in tile if not ((narrow_tall or (swapped and one_tile)) and p.schedule != "data_parallel")]
+            dp_only = narrow_tall or (swapped and one_tile)
+            plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")]
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
     if swap and one_tile and plans and not plans[0].swap_ab and _padding_prefers_swap(M, plans):
@@ -511,8 +512,8 @@ def _wave_fill(tiles: int, sms: int) -> float:
 def _tall_fills(pm: int, pn: int, bm: int, bn: int, sms: int) -> bool:
     """Whether a NARROW_TALL swapped tile (pm weight rows x pn tokens) keeps the SMs as busy as a weight
     stream needs: its waves filled to TALL_MIN_FILL at least, and no less than the 64-row tile's of the same
-    width. Measured (H200, engine_broad.jsonl at 4188a14, the 21 decode shapes the tall tiles moved): where
-    they filled 0.85-1.0 they ran even or faster (32x43008x5376 128 x 32 0.905 -> 0.978x torch.mm,
+    width. Measured (H200, engine_broad_tall.jsonl at 4188a14, the 21 decode shapes the tall tiles moved):
+    where they filled 0.85-1.0 they ran even or faster (32x43008x5376 128 x 32 0.905 -> 0.978x torch.mm,
     8x28672x4096 256 x 16 0.921 -> 0.954); at 0.73 or less they lost where the 64-row tile filled more
     (1x24576x1536 256 x 16, 96 tiles: 1.044 -> 0.969; 32x24576x1536 0.994 -> 0.937; 16x12288x4096 128 x 16
     0.969 -> 0.947)."""
@@ -572,9 +573,11 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
         t = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
                                 sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
                                 direct=direct, misaligned=misaligned)
-        u = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
-                                sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
-                                direct=direct, misaligned=misaligned, floor=False) if swapped and pn <= SWAP_PREFER_M else t
+        u = t
+        if swapped and pn <= SWAP_PREFER_M:  # few tokens: floor ties ranked by the SMs' own time (rank_key)
+            u = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
+                                    sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
+                                    direct=direct, misaligned=misaligned, floor=False)
         M, N = (pn, pm) if swapped else (pm, pn)
         plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
                           sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
