@@ -75,7 +75,9 @@ def main() -> None:
         st = " ".join(f"{k[:4]} {v:.2f}" for k, v in r["stalls"].items() if v)
         print(f"{r['id']:>2} {r['kernel'][:60]:<60} {r['us']:8.1f} us {r['sm_mhz']:5.0f} MHz grid {r['grid']:4.0f} "
               f"cl {r['cluster'] or 0:.0f} tensor {r['tensor_pct']:5.1f} dram {r['dram_read_pct']:5.1f} "
-              f"L2 {r['l2_pct']:5.1f} hit {r['l2_hit_pct']:5.1f} active {r['sm_active_pct']:5.1f} | {st}")
+              f"L2 {r['l2_pct']:5.1f} hit {r['l2_hit_pct']:5.1f} active {r['sm_active_pct']:5.1f} dram MB "
+              f"{(r['dram_read_bytes'] or 0) / 1e6:6.1f} L2 rd Msect {(r['l2_read_sectors'] or 0) / 1e6:5.2f} | {st}"
+              + (f"\n   {label[:120]}" if label else ""))
     if args.out:
         with open(args.out, "a") as f:
             for r in recs:
