@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import engine2, planner, schedule  # noqa: E402
 from plans_vs_torch import plan_tag as tag, run_probe  # noqa: E402
 
-# (M, N, K): the swapped (bm, bn) tiles to run; "r" / "c" after a tile: also in row- / column-major order.
+# (M, N, K): the swapped (bm, bn) tiles to run ("p" before one: the plain tile); "r" / "c" after a tile: also
+# in row- / column-major order.
 SHAPES = {
     (100, 4096, 4096): ["64x64", "64x80", "64x96", "64x112", "128x112"],
     (200, 4096, 4096): ["64x64", "64x80", "64x96", "64x112rc", "64x128rc", "64x208"],
@@ -28,6 +29,7 @@ SHAPES = {
     (256, 4096, 4096): ["64x128", "64x256"],
     (200, 5376, 4096): ["128x80", "128x96rc", "128x112", "128x128", "64x112"],
     (256, 5120, 5120): ["64x128", "128x96", "128x128", "128x256"],
+    (1000, 1152, 6912): ["p128x80", "p128x96", "p128x128"],  # plain tiles over a ragged last column
 }
 # Orders other than Hilbert travel in predicted_s (a launch never reads it): the probe's own lookup below.
 _ORDER_TAG = {-1.0: "row_major", -2.0: "column_major"}
@@ -44,15 +46,15 @@ def variants(M, N, K, prof):
     planner.SWAP_MAX_M = 512
     planner.SWAP_ONE_TILE_MAX_M = 512
     planner._CACHE.clear()
-    cands = [p for p in planner.candidates(M, N, K, profile=prof, swap_ab=True)
-             if p.swap_ab and p.schedule == "data_parallel"]
+    cands = [p for p in planner.candidates(M, N, K, profile=prof, swap_ab=True) if p.schedule == "data_parallel"]
     out = {}
     for spec in SHAPES[(M, N, K)]:
         size = spec.rstrip("rc")
-        bm, bn = (int(x) for x in size.split("x"))
-        p = next((c for c in cands if (c.bm, c.bn) == (bm, bn)), None)
+        swap = not size.startswith("p")
+        bm, bn = (int(x) for x in size.lstrip("p").split("x"))
+        p = next((c for c in cands if (c.bm, c.bn, c.swap_ab, c.mcast) == (bm, bn, swap, 1)), None)
         if p is None:
-            print(f"{M}x{N}x{K}: no swapped data-parallel {size} plan", flush=True)
+            print(f"{M}x{N}x{K}: no data-parallel {size} plan", flush=True)
             continue
         out[tag(p)] = p
         for flag, mark in (("r", -1.0), ("c", -2.0)):

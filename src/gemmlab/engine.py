@@ -798,13 +798,15 @@ def point_maps(launch, pa: int, pb: int, po: int) -> None:
     if launch.map_a_short is not launch.map_a:
         launch.map_a_short.point_at(pa)
     launch.map_b.point_at(pb)
+    if getattr(launch, "map_b_short", launch.map_b) is not launch.map_b:
+        launch.map_b_short.point_at(pb)
     launch.maps_c.point_at(po)
 
 
 # The engine kernel's parameters, in order (engine_gemm in kernels/engine/gemm.cu).
 _E2_PARAMS = ("tmap", "tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "f32", "f32", "ptr", "i64", "i64",
-              "ptr", "ptr", "i64", "i32", "i32", "i32", "i32", "ptr", "ptr")
-_E2_A, _E2_A_SHORT, _E2_B, _E2_C, _E2_C_TAIL = 0, 1, 2, 3, 4
+              "ptr", "ptr", "i64", "i32", "i32", "i32", "i32", "ptr", "ptr", "tmap", "i32")
+_E2_A, _E2_A_SHORT, _E2_B, _E2_C, _E2_C_TAIL, _E2_B_SHORT = 0, 1, 2, 3, 4, 23
 _E2_ALPHA, _E2_BETA, _E2_CIN, _E2_BIAS, _E2_OUT, _E2_WS, _E2_FLAGS = 9, 10, 11, 14, 15, 21, 22
 
 
@@ -848,7 +850,7 @@ class Engine2Launch:
                      (_E2_WS, out), (_E2_FLAGS, out)):
             L.set_ptr(i, v.data_ptr())
         for i, v in ((6, M), (7, N), (8, K), (17, p.a_rows), (18, la["splits"]), (19, la["sk_tiles"]),
-                     (20, la["sk_ctas"])):
+                     (20, la["sk_ctas"]), (24, p.b_rows)):
             L.set_i32(i, v)
         for i, v in zip((12, 13, 16), (*c_strides(p, cin), out.stride(0))):
             L.set_i64(i, v)
@@ -858,6 +860,10 @@ class Engine2Launch:
                                                            (p.a_rows, BK))
         L.set_map(_E2_A_SHORT, self.map_a_short.tmap)
         self.map_b = MapSlot(L, _E2_B, pb, *tb.shape, tb.stride(0), tb.dtype, (BK, 64) if b_mn else (p.b_box_rows, BK))
+        # K-major B: the last column of tiles loads the columns it has (Plan.b_rows; mainloop.cuh's BEdge).
+        self.map_b_short = self.map_b if b_mn or p.b_rows == p.b_box_rows else MapSlot(
+            L, _E2_B_SHORT, pb, *tb.shape, tb.stride(0), tb.dtype, (p.b_rows, BK))
+        L.set_map(_E2_B_SHORT, self.map_b_short.tmap)
         self.maps_c = OutputMaps(L, _E2_C, _E2_C_TAIL, out, p.store_boxes(), direct, self.map_a)
         self.stream_k = p.schedule in planner.STREAMED
         if self.stream_k:  # grown now, before any graph capture of a later call could need it to grow

@@ -95,6 +95,7 @@ def launch(p: planner.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     map_a = tensor_map_2d(ta, (planner.BK, 64) if a_mn else (p.bm, planner.BK))
     map_a_short = map_a if a_mn else tensor_map_2d(ta, (p.a_rows, planner.BK))
     map_b = tensor_map_2d(tb, (planner.BK, 64) if b_mn else (p.b_box_rows, planner.BK))
+    map_b_short = map_b if b_mn or p.b_rows == p.b_box_rows else tensor_map_2d(tb, (p.b_rows, planner.BK))
     box, tail, tail_swizzle = p.store_boxes()
     map_c = map_a if p.direct else tensor_map_2d(out, box)  # DIRECT never touches the C maps
     map_c_tail = tensor_map_2d(out, tail, swizzle_bytes=tail_swizzle) if tail and not p.direct else map_c
@@ -106,7 +107,8 @@ def launch(p: planner.Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
     args = (map_a, map_a_short, map_b, map_c, map_c_tail, order, np.int32(M), np.int32(N), np.int32(K),
             np.float32(alpha), np.float32(beta), cin, np.int64(ldc_row), np.int64(ldc_col),
             bias if bias is not None else out, out, np.int64(out.stride(0)), np.int32(p.a_rows),
-            np.int32(la["splits"]), np.int32(la["sk_tiles"]), np.int32(la["sk_ctas"]), ws, flags)
+            np.int32(la["splits"]), np.int32(la["sk_tiles"]), np.int32(la["sk_ctas"]), ws, flags, map_b_short,
+            np.int32(p.b_rows))
     _launch(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=la["cluster"])
 
 

@@ -250,6 +250,14 @@ class Plan(_Tiling):
         return min(self.bm, math.ceil(left / 8) * 8)
 
     @property
+    def b_rows(self) -> int:
+        """Rows of the short B box (K-major B) for the last column of tiles when its columns run past the
+        kernel's N (the tokens when swapped): the columns left rounded up to 8; b_box_rows otherwise and
+        with multicast (each CTA loads a share of whole tiles)."""
+        left = self.kernel_n - (math.ceil(self.kernel_n / self.bn) - 1) * self.bn
+        return self.b_box_rows if self.mcast > 1 else min(self.bn, math.ceil(left / 8) * 8)
+
+    @property
     def workspace_floats(self) -> int:
         """Stream-K and global split-K: one bm x bn fp32 partial slot per streamed CTA (flags: 2 ints per
         slot)."""

@@ -21,6 +21,11 @@ __device__ __forceinline__ u64 desc_sw128_mn(const void* smem) {
 // boxes as hold rows. Zero-filled bytes cost the TMA what read ones do (h11, worklog "Short A boxes").
 // The slot's other rows keep stale data: each output row depends on its own A row only, so they make
 // output rows past M, which nothing stores and no reduction reads into a stored row.
+// The same for B's last column of tiles when `bedge` says so (BEdge: N > 0): K-major B through its short
+// box of b_rows rows (the columns left, rounded up to 8), MN-major B in as many 64-column boxes as hold
+// columns. Zero fill past the tensor's rows costs the TMA more than reading: a swapped tile whose token box
+// hung 56 of its 128 rows past M took 26.3 us where the same tile with every row real took 17.3 (H200,
+// probe_swap_cols.py). Stale rows of B make only output columns past N, which nothing stores.
 // `extra`: more loads into each stage, on the same barrier (FP8 block scales): extra.bytes more
 // transaction bytes, extra(bar, stage, kt) issues them.
 struct NoExtraLoads {
@@ -28,11 +33,18 @@ struct NoExtraLoads {
     __device__ __forceinline__ void operator()(u64*, int, int) const {}
 };
 
+// B's edge (produce_unit): N = 0 loads whole B boxes everywhere (multicast, and kernels that pass none).
+struct BEdge {
+    const CUtensorMap* short_map = nullptr;  // K-major B: a box of b_rows rows
+    int N = 0, b_rows = 0;
+};
+
 template <class Tr, class Extra = NoExtraLoads>
 __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, typename Tr::T* sA,
                                              typename Tr::T* sB, const CUtensorMap* tmA,
                                              const CUtensorMap* tmA_short, const CUtensorMap* tmB, int m0, int n0,
-                                             int k_begin, int k_end, int M, int a_rows, Extra extra = {}) {
+                                             int k_begin, int k_end, int M, int a_rows, Extra extra = {},
+                                             BEdge bedge = {}) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     const int left = M - m0;
@@ -40,9 +52,15 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
     const int a_boxes = Tr::A_MN ? (whole ? BM / 64 : (left + 63) / 64) : 1;
     const u32 a_bytes = Tr::A_MN ? u32(a_boxes) * 64 * BK * sizeof(T)
                                  : u32(whole ? BM : a_rows) * BK * sizeof(T);
+    const int b_left = bedge.N - n0;
+    const bool b_whole = Tr::MCAST > 1 || bedge.N == 0 || b_left >= BN;
+    const int b_boxes = Tr::B_MN ? (b_whole ? BN / 64 : (b_left + 63) / 64) : 1;
+    const u32 b_bytes = Tr::B_MN ? u32(b_boxes) * 64 * BK * sizeof(T)
+                                 : (b_whole ? Tr::B_STAGE : u32(bedge.b_rows) * BK * sizeof(T));
+    const CUtensorMap* b_map = b_whole ? tmB : bedge.short_map;
     for (int kt = k_begin; kt < k_end; ++kt) {
         // Every box's full bytes arrive, also where it hangs over the tensor's edge (zero fill).
-        u64* bar = ring.acquire(cur, a_bytes + Tr::B_STAGE + Extra::bytes);
+        u64* bar = ring.acquire(cur, a_bytes + b_bytes + Extra::bytes);
         T* a = sA + cur.stage * BM * BK;
         T* b = sB + cur.stage * BN * BK;
         if constexpr (Tr::A_MN) {  // A stored (K, M): 64 x 64 boxes at (m, k)
@@ -50,15 +68,14 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
         } else {  // A stored (M, K)
             tma_load_2d(a, whole ? tmA : tmA_short, bar, kt * BK, m0);
         }
-        if constexpr (Tr::B_MN) {  // B stored (K, N): BN / 64 boxes
-#pragma unroll
-            for (int i = 0; i < BN / 64; ++i) tma_load_2d(b + i * 64 * BK, tmB, bar, n0 + 64 * i, kt * BK);
+        if constexpr (Tr::B_MN) {  // B stored (K, N): BN / 64 boxes, those that hold columns
+            for (int i = 0; i < b_boxes; ++i) tma_load_2d(b + i * 64 * BK, tmB, bar, n0 + 64 * i, kt * BK);
         } else if constexpr (Tr::MCAST > 1) {  // this CTA's share of B's rows, to every CTA of the pair
             constexpr int SHARE = BN / Tr::MCAST;
             const int r = (int)cluster_ctarank();
             tma_load_2d_multicast(b + r * SHARE * BK, tmB, bar, kt * BK, n0 + r * SHARE, (1u << Tr::MCAST) - 1);
         } else {
-            tma_load_2d(b, tmB, bar, kt * BK, n0);
+            tma_load_2d(b, b_map, bar, kt * BK, n0);
         }
         extra(bar, cur.stage, kt);
         if constexpr (Tr::PREFETCH > 0) {  // the boxes of a k-step further on, into the L2 only

@@ -5,7 +5,7 @@
 //   mainloop.cuh        the producer's TMA loads and the consumers' wgmmas of one unit
 //   epilogue_store.cuh  fused epilogue and stores (TMA pieces, an unswizzled tail, DIRECT rows)
 //   reduction.cuh       stream-K and global split-K partials through a global workspace, split-K through DSMEM
-// h11's logic (any M, N, K via TMA bounds and short A boxes; K- or MN-major operands; alpha / beta * C /
+// h11's logic (any M, N, K via TMA bounds and short A and B boxes; K- or MN-major operands; alpha / beta * C /
 // bias / activation in fp32; bf16 / fp16 / fp32 output; fp16 or bf16 inputs) over a wider tile space:
 // 64, 128 or 256 rows (one or two consumer warpgroups, one or two m64 wgmmas each per k16) by 16 .. 256
 // columns, or ping-pong: two consumers with whole 64- or 128-row tiles each, in turn. One CTA per SM
@@ -21,7 +21,8 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             const __grid_constant__ CUtensorMap tmC_tail, const int* __restrict__ order, int M, int N, int K,
             float alpha, float beta, const typename Tr::TO* __restrict__ Cin, long long ldc_row,
             long long ldc_col, const typename Tr::TBIAS* __restrict__ bias, typename Tr::TO* __restrict__ Out,
-            long long ldo, int a_rows, int splits, int sk_tiles, int sk_ctas, float* workspace, int* flags) {
+            long long ldo, int a_rows, int splits, int sk_tiles, int sk_ctas, float* workspace, int* flags,
+            const __grid_constant__ CUtensorMap tmB_short, int b_rows) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     extern __shared__ unsigned char smem_raw[];
@@ -60,7 +61,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             while (sched.next(u)) {
                 const int packed = order[u.tile];
                 produce_unit<Tr>(ring, cur, sA, sB, &tmA, &tmA_short, &tmB, (packed >> 16) * BM, (packed & 0xffff) * BN,
-                                 u.k_begin, u.k_end, M, a_rows);
+                                 u.k_begin, u.k_end, M, a_rows, NoExtraLoads{}, BEdge{&tmB_short, N, b_rows});
             }
         }
         if constexpr (Tr::SCHEDULE == SPLIT_K) {  // the consumers' two cluster barriers count every thread
