@@ -24,9 +24,11 @@ def test_swapped_plans_are_offered_where_they_apply(monkeypatch):
     assert planner.SWAP_AB is True  # on by default since the H200 timed them (swap_probe.jsonl)
     assert any(p.swap_ab for p in planner.candidates(16, 14336, 4096))
     assert _swapped(16, 14336, 4096)
-    past = _swapped(planner.SWAP_MAX_M + 1, 14336, 4096)  # past SWAP_MAX_M tokens: one column of tiles
-    assert past and all(p.bn >= p.M and p.schedule == "data_parallel" for p in past)
-    assert not _swapped(planner.SWAP_ONE_TILE_MAX_M + 1, 14336, 4096)
+    past = _swapped(planner.SWAP_MAX_M + 1, 14336, 4096)  # past SWAP_MAX_M tokens: few columns of tiles
+    assert past and all(math.ceil(p.M / p.bn) <= planner.SWAP_PAD_COLUMNS and p.schedule == "data_parallel"
+                        for p in past)
+    assert any(p.bn < p.M for p in past) and any(p.bn >= p.M for p in past)
+    assert not _swapped(planner.SWAP_PAD_MAX_M + 1, 14336, 4096)
     assert not _swapped(16, 14336, 4096, out_dtype="fp32")  # the transposed store writes 16-bit output
     assert planner.swap_problem(16, "bf16") is None and "16-bit" in planner.swap_problem(16, "fp32")
     monkeypatch.setattr(planner, "SWAP_AB", False)
@@ -91,14 +93,20 @@ def test_past_the_preference_the_model_ranks_both():
     (200, 8192, 3072, True), (77, 6144, 4096, True), (150, 14336, 4096, True),
     (128, 5120, 5120, False),  # no padding to gain (swapped 0.854 / plain 0.922)
     (256, 5120, 5120, False), (100, 4096, 4096, False),  # swapped: 64 tiles only (0.858 / 0.895)
-    (160, 5120, 5120, False), (200, 5376, 4096, False),
+    (160, 5120, 5120, False),
     (77, 2560, 10240, False),  # the plain pick is split-K: the rule does not apply (1.046 / 1.006)
     (77, 32000, 4096, True),  # 128-row swapped tiles over 1.9 waves (broad set: 1.059 / 0.994)
-    (77, 17920, 5120, False)])  # 64-row swapped tiles over 2.1 waves: one consumer, not in one wave (0.851 / 1.049)  # the plain pick is split-K: the rule does not apply (1.046 / 1.006)
-def test_past_swap_max_m_the_padding_rule_ranks_one_column_of_swapped_tiles(M, N, K, swapped):
-    """SWAP_ONE_TILE_MAX_M: the best one-column swapped plan goes first where the best plain plan is data-
-    parallel and the swapped price is below the plain one x (plain padded rows / swapped width) ** 0.75;
-    the shapes are the probe's (swap_mid_probe.jsonl), each on the side it measured faster."""
+    (77, 17920, 5120, False),  # 64-row swapped tiles over 2.1 waves: one consumer, not in one wave (0.851 / 1.049)
+    # several columns of token tiles (swap_multi_probe.jsonl: swapped / plain)
+    (200, 5376, 4096, True),  # 128 x 80 over 3 columns (240 tokens): 1.219 / 1.114
+    (200, 4096, 4096, True),  # 64 x 112 over 2 (224): 1.080 / 0.986
+    (300, 5120, 27648, True),  # 128 x 112 over 3 (336): 1.018 / 0.889
+    (300, 7168, 16384, True)])  # 128 x 160 over 2 (320): 0.964 / 0.878
+def test_past_swap_max_m_the_padding_rule_ranks_swapped_tiles_of_few_columns(M, N, K, swapped):
+    """SWAP_PAD_MAX_M: the best swapped plan of up to SWAP_PAD_COLUMNS token columns goes first where the best
+    plain plan is data-parallel and the swapped price is below the plain one x (plain padded rows / swapped
+    padded tokens) ** 0.75; the shapes are the probes' (swap_mid_probe.jsonl, swap_multi_probe.jsonl), each
+    on the side it measured faster."""
     ps = planner.candidates(M, N, K)
     first = ps[0]
     assert first.swap_ab == swapped, first
@@ -107,8 +115,8 @@ def test_past_swap_max_m_the_padding_rule_ranks_one_column_of_swapped_tiles(M, N
     keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in rest]
     assert keys == sorted(keys)  # only the rule's pick moves
     if swapped:
-        assert first.bn >= M and first.schedule == "data_parallel" and plain.schedule == "data_parallel"
-        padded = math.ceil(M / plain.bm) * plain.bm / first.bn
+        assert first.tiles_n <= planner.SWAP_PAD_COLUMNS and first.schedule == plain.schedule == "data_parallel"
+        padded = math.ceil(M / plain.bm) * plain.bm / (first.tiles_n * first.bn)
         assert first.predicted_s < plain.predicted_s * padded ** planner.SWAP_PAD_EXPONENT
         r = _route(M, N, K)  # gemmlab.matmul runs it, weighed against h11 at the plain plan's price
         assert r.kernel == "engine" and r.plan == first

@@ -70,13 +70,19 @@ CASES = [
                                                 "dtype": "fp16", "out_dtype": "fp16"}),
     ((64, 1001, 4096), 64, 64, "split_k", {"direct": True}),
     ((16, 4097, 4096), 64, 16, "stream_k", {"direct": True, "activation": "gelu_tanh"}),
-    # past SWAP_MAX_M: one column of tiles holds every token (SWAP_ONE_TILE_MAX_M's rule)
+    # past SWAP_MAX_M: data-parallel tiles over up to SWAP_PAD_COLUMNS columns of tokens (SWAP_PAD_MAX_M's rule)
     ((200, 8192, 5376), 64, 208, "data_parallel", {}),  # the rule's pick; 8 token rows of padding
     ((77, 6144, 1000), 64, 80, "data_parallel", {"bias_dtype": "bf16", "activation": "gelu"}),
     ((150, 4104, 2000), 128, 160, "data_parallel", {"has_c": True, "dtype": "fp16", "out_dtype": "fp16"}),
     ((256, 3000, 1000), 128, 256, "data_parallel", {}),
     ((97, 4104, 1000), 256, 112, "data_parallel", {}),
     ((233, 1001, 1000), 64, 240, "data_parallel", {"direct": True, "bias_dtype": "fp32"}),
+    # several token columns, the last one's token box short (mainloop.cuh's BEdge): 88, 8, 80, 138, 2 tokens
+    ((200, 4096, 4096), 64, 112, "data_parallel", {}),
+    ((200, 5376, 1000), 128, 96, "data_parallel", {"bias_dtype": "bf16", "activation": "silu"}),
+    ((300, 4104, 2000), 128, 112, "data_parallel", {"has_c": True, "dtype": "fp16", "out_dtype": "fp16"}),
+    ((490, 1001, 1000), 128, 176, "data_parallel", {"direct": True, "bias_dtype": "fp32"}),
+    ((130, 4104, 777), 64, 64, "data_parallel", {}),
     # NARROW_TALL: 128 / 256 weight rows over one column of few tokens (ragged rows and tokens too)
     ((16, 14336, 4096), 128, 16, "data_parallel", {}),
     ((32, 43008, 1024), 128, 32, "data_parallel", {"bias_dtype": "bf16", "activation": "silu"}),
@@ -111,7 +117,8 @@ def test_beta_c_reads_a_column_major_c():
     ((16, 14336, 4096), 64, 16, "data_parallel"), ((1, 4096, 4096), 64, 16, "split_k"),
     ((16, 4104, 14336), 64, 16, "stream_k"), ((16, 1000, 8192), 64, 16, "split_k_global"),
     ((64, 14336, 1024), 64, 64, "pingpong"), ((200, 8192, 5376), 64, 208, "data_parallel"),
-    ((8, 28672, 4096), 256, 16, "data_parallel"), ((32, 14336, 4096), 128, 32, "data_parallel")])
+    ((8, 28672, 4096), 256, 16, "data_parallel"), ((32, 14336, 4096), 128, 32, "data_parallel"),
+    ((300, 5120, 2048), 128, 112, "data_parallel")])
 def test_swapped_plans_are_bitwise_deterministic(shape, bm, bn, schedule):
     p = _pick(*shape, bm, bn, schedule)
     first = _run(p, seed=3)[0].clone()
@@ -123,7 +130,7 @@ def test_swapped_plans_are_bitwise_deterministic(shape, bm, bn, schedule):
 @pytest.mark.parametrize("M, N, K", [(16, 8192, 1024), (200, 6144, 1024)])
 def test_matmul_runs_a_routed_swapped_plan_prepared_in_a_graph_and_as_the_custom_op(monkeypatch, M, N, K):
     """With planner.SWAP_AB set, 16x8192x1024 routes to a swapped plan (the model prices it ahead), and
-    200x6144x1024 to one column of 64 x 208 swapped tiles (SWAP_ONE_TILE_MAX_M's rule): gemmlab.matmul's
+    200x6144x1024 to 128 x 112 swapped tiles over two token columns (SWAP_PAD_MAX_M's rule): gemmlab.matmul's
     prepared call (twice: the second reuses it), a CUDA graph of it, and the custom op all match float64
     and each other bit for bit."""
     import gemmlab

@@ -44,8 +44,8 @@ MAX_GLOBAL_SPLITS = 4  # global split-K: ranks per tile (its reduction keeps 4 i
 OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
 # Swap AB (``Plan.swap_ab``): at few tokens the kernel may compute out^T = W @ A^T, the weight as the
 # wgmma's 64-row operand and the tokens as its narrow n (cuBLAS's sm90 kernels do at decode shapes, e.g.
-# 64 weight rows x 16 tokens per tile at 16x14336x4096). Offered where M <= SWAP_MAX_M (and one column of
-# tiles up to SWAP_ONE_TILE_MAX_M, below), with 16-bit
+# 64 weight rows x 16 tokens per tile at 16x14336x4096). Offered where M <= SWAP_MAX_M (and data-parallel
+# over up to SWAP_PAD_COLUMNS columns of token tiles up to SWAP_PAD_MAX_M, below), with 16-bit
 # output (the transposed store writes 64 tile rows as one 128-byte row of out), when SWAP_AB is set (the
 # default) or ``candidates(swap_ab=True)`` asks.
 SWAP_AB = True
@@ -61,23 +61,30 @@ SWAP_MAX_M = 64
 # win (4096x11008: split-K x2 swapped 1.13-1.15 against the plain 1.04): a rule from records until it is
 # refitted.
 SWAP_PREFER_M = 32
-# Past SWAP_MAX_M and up to SWAP_ONE_TILE_MAX_M tokens the swapped plans offered are the data-parallel ones
-# whose one column of tiles holds every token (bn >= M): a plain tile pads the tokens to whole 64- or
-# 128-row tiles (M = 200 to 256: 22% of its MMAs on padding), the swapped one to 16 (208). The model does
-# not see what that padding costs (its k-steps are bound by bytes there, the MMAs next to them), so a rule
-# from records ranks them: the best such plan goes first where the best plain plan is data-parallel and
-# swapped / plain price < (plain plan's padded rows / the swapped tile's width) ** SWAP_PAD_EXPONENT.
-# Measured (H200, swap_mid_probe.jsonl, fc23a2c: 20 shapes, M = 77..256): 200x8192x5376 0.965x torch.mm
-# against the plain 128 x 128's 0.836, 200x8192x3072 0.968 / 0.849, 77x6144x4096 0.986 / 0.959,
-# 150x14336x4096 0.991 / 0.965 (h11); where the plain tiles pad little or the swapped ones fill fewer SMs
-# they lose (128x5120x5120 0.854 / 0.922, 160x5120x5120 0.966 / 1.033, 100x4096x4096 0.858 / 0.895), and
-# so do swapped plans with more than one column of tiles (100x4096x4096 64 x 80: 0.558). The exponent
-# (0.75) ranks all 20 shapes' best kind first. Checked on the broad set's 9 shapes it moved (1bd031d,
-# engine_broad.jsonl): 200x8192x5376 0.830 -> 0.978, 77x32000x4096 0.994 -> 1.059, 77x50257x768 3.41 ->
-# 4.26; one lost, 77x17920x5120 1.049 -> 0.851, its 64 x 80 swapped tiles over 2.1 waves: a swapped tile
-# of one consumer warpgroup goes first only where its tiles fit one wave (every such winner did; the
+# Past SWAP_MAX_M and up to SWAP_PAD_MAX_M tokens the swapped plans offered are the data-parallel ones over
+# at most SWAP_PAD_COLUMNS columns of token tiles: a plain tile pads the tokens to whole 64- or 128-row
+# tiles (M = 200 to 256: 22% of its MMAs on padding; 300: 28%), a swapped one to its width in steps of 16
+# (200 in two columns of 112: 224). The model does not see what that padding costs (its k-steps are bound by
+# bytes there, the MMAs next to them), so a rule from records ranks them: the best such plan goes first where
+# the best plain plan is data-parallel and swapped / plain price < (plain plan's padded rows / the swapped
+# plan's padded tokens) ** SWAP_PAD_EXPONENT. Measured (H200, swap_mid_probe.jsonl, fc23a2c: 20 shapes,
+# M = 77..256): 200x8192x5376 0.965x torch.mm against the plain 128 x 128's 0.836, 200x8192x3072 0.968 /
+# 0.849, 77x6144x4096 0.986 / 0.959, 150x14336x4096 0.991 / 0.965 (h11); where the plain tiles pad little
+# or the swapped ones fill fewer SMs they lose (128x5120x5120 0.854 / 0.922, 160x5120x5120 0.966 / 1.033).
+# The exponent (0.75) ranks all 20 shapes' best kind first. Checked on the broad set's 9 shapes it moved
+# (1bd031d, engine_broad.jsonl): 200x8192x5376 0.830 -> 0.978, 77x32000x4096 0.994 -> 1.059, 77x50257x768
+# 3.41 -> 4.26; one lost, 77x17920x5120 1.049 -> 0.851, its 64 x 80 swapped tiles over 2.1 waves: a swapped
+# tile of one consumer warpgroup goes first only where its tiles fit one wave (every such winner did; the
 # 128-row ones won over 2-8 waves).
-SWAP_ONE_TILE_MAX_M = 256
+# Until d769bef the rule offered one column of tiles only (bn >= M): a second column's token box hung past M
+# and its zero fill made those plans 1.5-2x slower (100x4096x4096 64 x 96: 0.455x torch.mm). With short B
+# boxes (mainloop.cuh's BEdge) they run as their area says (0.886), and swap_multi_probe.jsonl (H200, 65
+# shapes, M = 77..512) measured the rule over 1, 2 and 3 columns: geomean 1.059 / 1.060 / 1.065 over the
+# shapes (the plain plans alone 1.048); 300x5120x27648 0.889 -> 1.018 (128 x 112, 3 columns), 300x7168x16384
+# 0.878 -> 0.964 (128 x 160), 200x4096x4096 0.986 -> 1.080 (64 x 112, 2 columns); one lost 7%
+# (320x6144x4096 1.165 -> 1.086). No 512-token shape moved.
+SWAP_PAD_MAX_M = 512
+SWAP_PAD_COLUMNS = 3
 SWAP_PAD_EXPONENT = 0.75
 # B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
 # load B's tile once between them (TMA multicast). Offered when MCAST_OFFERED is set or
@@ -458,8 +465,8 @@ _CACHE: dict = {}
 
 def swap_problem(M: int, out_dtype: str) -> str | None:
     """Why no swapped plan is offered for M tokens and this output dtype, or None."""
-    if M > SWAP_ONE_TILE_MAX_M:
-        return f"swap AB is offered up to M = {SWAP_ONE_TILE_MAX_M} tokens"
+    if M > SWAP_PAD_MAX_M:
+        return f"swap AB is offered up to M = {SWAP_PAD_MAX_M} tokens"
     if out_dtype == "fp32":
         return "the transposed store writes 16-bit output only"
     return None
@@ -489,10 +496,10 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
     # Swapped plans tile the transposed problem (N x M x K: the weight's rows by the tokens), the kernel's
     # B operand then being A (so A's layout limits its boxes), at widths up to the tokens rounded to 16.
     problems = [(False, M, N, b_mn)] + ([(True, N, M, a_mn)] if swap else [])
-    one_tile = M > SWAP_MAX_M  # past it only one column of data-parallel swapped tiles (SWAP_ONE_TILE_MAX_M)
+    padded = M > SWAP_MAX_M  # past it data-parallel swapped plans of few token columns only (SWAP_PAD_MAX_M)
     for swapped, pm, pn, kb_mn in problems:
         for bm, bn in TILES:
-            if swapped and (bn > math.ceil(M / 16) * 16 or (one_tile and bn < M)):
+            if swapped and (bn > math.ceil(M / 16) * 16 or (padded and math.ceil(M / bn) > SWAP_PAD_COLUMNS)):
                 continue
             narrow_tall = (bm, bn) in NARROW_TALL
             if narrow_tall and (not swapped or bn < M or not _tall_fills(pm, pn, bm, bn, prof.sm_count)):
@@ -501,11 +508,11 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
                 continue
             tile = _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
                                direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
-            dp_only = narrow_tall or (swapped and one_tile)
+            dp_only = narrow_tall or (swapped and padded)
             plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")]
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
-    if swap and one_tile and plans and not plans[0].swap_ab and _padding_prefers_swap(M, plans):
+    if swap and padded and plans and not plans[0].swap_ab and _padding_prefers_swap(M, plans):
         first = next(p for p in plans if p.swap_ab)
         plans.remove(first)
         plans.insert(0, first)
@@ -531,15 +538,15 @@ def _tall_fills(pm: int, pn: int, bm: int, bn: int, sms: int) -> bool:
 
 
 def _padding_prefers_swap(M: int, plans) -> bool:
-    """SWAP_ONE_TILE_MAX_M's rule: whether the model's best one-column swapped plan among ``plans`` (ranked,
-    a plain one first) goes before the best plain plan, by the rows the plain tile pads the tokens to."""
+    """SWAP_PAD_MAX_M's rule: whether the model's best swapped plan among ``plans`` (ranked, a plain one
+    first) goes before the best plain plan, by the rows each pads the tokens to."""
     plain = plans[0]
     swapped = next((p for p in plans if p.swap_ab), None)
     if swapped is None or plain.schedule != "data_parallel":
         return False
     if swapped.bm == 64 and swapped.tiles > swapped.grid:  # one consumer over several waves (see the rule)
         return False
-    padded = math.ceil(M / plain.bm) * plain.bm / swapped.bn
+    padded = math.ceil(M / plain.bm) * plain.bm / (math.ceil(M / swapped.bn) * swapped.bn)
     return swapped.predicted_s < plain.predicted_s * padded ** SWAP_PAD_EXPONENT
 
 
