@@ -25,9 +25,12 @@ def _pick(M, N, K, bm, bn, schedule, **kw) -> planner.Plan:
     kw = dict(kw)
     mcast = 2 if kw.pop("mcast", False) else 1
     prefetch = kw.pop("prefetch", 0)  # Plan.prefetch: not offered by the planner, set on its plan
+    col_split = kw.pop("col_split", False)  # Plan.col_split: set on the planner's one-consumer plan
     cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES, mcast=mcast > 1, **kw)
     for c in cands:
-        if (c.bm, c.bn, c.schedule, c.mcast) == (bm, bn, schedule, mcast):
+        if (c.bm, c.bn, c.schedule, c.mcast) == (bm, bn, schedule, mcast) and not c.swap_ab:
+            if col_split:
+                return dataclasses.replace(c, col_split=True, stages=planner.stages_for(bm, bn, schedule, c.dtype, True))
             return dataclasses.replace(c, prefetch=prefetch) if prefetch else c
     if schedule == "pingpong":
         for c in cands:
@@ -102,6 +105,14 @@ CASES = [
     ((1000, 2000, 3000), 128, 96, "split_k_global", {"dtype": "fp16", "out_dtype": "fp16", "activation": "relu",
                                                       "bias_dtype": "fp16"}),
     ((512, 1024, 4096), 128, 128, "split_k_global", {"a_mn": True, "b_mn": True}),
+    # column split: a 64-row tile's two consumers take half its columns each (tails of 48 / 32 a consumer)
+    ((1000, 3000, 1000), 64, 128, "data_parallel", {"col_split": True}),
+    ((777, 1000, 2000), 64, 96, "data_parallel", {"col_split": True}),  # ragged M, N, short B box
+    ((1000, 3001, 1000), 64, 192, "data_parallel", {"col_split": True, "direct": True, "out_dtype": "fp32",
+                                                    "has_c": True, "bias_dtype": "fp32", "activation": "gelu"}),
+    ((40, 3000, 2000), 64, 224, "data_parallel", {"col_split": True, "dtype": "fp16", "out_dtype": "fp16",
+                                                  "activation": "relu", "a_mn": True}),
+    ((300, 2000, 777), 64, 64, "data_parallel", {"col_split": True, "bias_dtype": "bf16", "has_c": True}),
     # B multicast: pairs of CTAs on vertically adjacent tiles share B's tile (each loads half)
     ((3000, 3000, 3000), 128, 144, "data_parallel", {"mcast": True}),  # rows of K 16- not 32-byte aligned
     ((2050, 3000, 1000), 128, 224, "data_parallel", {"mcast": True}),  # 17 rows of tiles: a padding tile
@@ -134,9 +145,11 @@ def test_plan_matches_float64_reference(shape, bm, bn, schedule, kw):
     ((16, 4096, 4096), 64, 128, "split_k"), ((16, 1024, 2560), 128, 80, "split_k"),
     ((2000, 704, 1500), 256, 176, "data_parallel"),
     ((1000, 3000, 1000), 128, 128, "pingpong"), ((512, 1024, 4096), 128, 128, "split_k_global"),
-    ((700, 1920, 3000), 256, 112, "split_k_global"), ((2050, 3000, 1000), 128, 224, "mcast")])
+    ((700, 1920, 3000), 256, 112, "split_k_global"), ((2050, 3000, 1000), 128, 224, "mcast"),
+    ((777, 1000, 2000), 64, 96, "col_split")])
 def test_every_schedule_is_bitwise_deterministic(shape, bm, bn, schedule):
-    p = _pick(*shape, bm, bn, "data_parallel", mcast=True) if schedule == "mcast" else _pick(*shape, bm, bn, schedule)
+    variant = {"mcast": {"mcast": True}, "col_split": {"col_split": True}}.get(schedule)
+    p = _pick(*shape, bm, bn, "data_parallel", **variant) if variant else _pick(*shape, bm, bn, schedule)
     first, _, _ = _run_case(p, seed=3)
     first = first.clone()
     for _ in range(4):

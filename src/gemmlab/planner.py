@@ -132,7 +132,8 @@ class Warpgroups:
 
     @property
     def consumers(self) -> int:
-        return 1 if self.bm == 64 and getattr(self, "schedule", None) != "pingpong" else 2
+        return 1 if self.bm == 64 and getattr(self, "schedule", None) != "pingpong" and not getattr(
+            self, "col_split", False) else 2
 
     @property
     def threads(self) -> int:
@@ -205,6 +206,9 @@ class Plan(_Tiling):
     # past the ones it loads (K-major operands, no multicast). A probe's knob, never offered: it measured slower
     # at every distance on every shape timed (prefetch_probe.jsonl, 63407ef).
     prefetch: int = 0
+    # Column split (GemmTraits::COL_SPLIT): a 64-row data-parallel tile's two consumers take half its columns
+    # each (64 x bn / 2), where one consumer alone runs one chain of dependent wgmmas.
+    col_split: bool = False
 
     # Derived launch facts ------------------------------------------------------------------------
     BK = BK  # k elements per k-step (the _Tiling properties read it)
@@ -247,7 +251,7 @@ class Plan(_Tiling):
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.bm, self.bn, self.stages, self.schedule, self.dtype)
+        return smem_bytes(self.bm, self.bn, self.stages, self.schedule, self.dtype, self.col_split)
 
     @property
     def a_rows(self) -> int:
@@ -276,21 +280,23 @@ class Plan(_Tiling):
         (64 16-bit or 32 fp32 columns); the tail is unswizzled. Swapped: a piece of 64 tile rows x W tile
         columns is W rows x 64 columns of out, the tail too in the 128-byte swizzle (its rows are 128 bytes)."""
         piece = 32 if self.out_dtype == "fp32" else 64
-        tail = self.bn % piece
+        tail = (self.bn // 2 if self.col_split else self.bn) % piece  # a consumer's columns
         if self.swap_ab:
             return (piece, 64), ((tail, 64) if tail else None), 128
         return (64, piece), ((64, tail) if tail else None), 0
 
     def template_args(self) -> tuple[str, ...]:
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE, TRANS_OUT
-        [, MCAST [, PREFETCH]]> (A_MN / B_MN: the kernel's operands, swapped with swap_ab; MCAST only when > 1
-        or PREFETCH follows, PREFETCH only when > 0)."""
+        [, MCAST [, PREFETCH [, COL_SPLIT]]]> (A_MN / B_MN: the kernel's operands, swapped with swap_ab; each
+        optional one written when it is not its default or one after it is)."""
         b = lambda x: "true" if x else "false"  # noqa: E731
+        optional, defaults = [str(self.mcast), str(self.prefetch), b(self.col_split)], ("1", "0", "false")
+        while optional and optional[-1] == defaults[len(optional) - 1]:
+            optional.pop()
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm),
                 str(self.bn), str(self.stages), b(self.kernel_a_mn), b(self.kernel_b_mn), b(self.bias_dtype),
                 b(self.has_c), str(ACTIVATIONS[self.activation]), b(self.direct), str(SCHEDULES.index(self.schedule)),
-                b(self.swap_ab)) + ((str(self.mcast),) if self.mcast > 1 or self.prefetch else ()) + (
-                    (str(self.prefetch),) if self.prefetch else ())
+                b(self.swap_ab)) + tuple(optional)
 
     @property
     def name_expression(self) -> str:
@@ -309,7 +315,8 @@ class Plan(_Tiling):
 
     def __repr__(self) -> str:
         sched = {"data_parallel": "data-parallel" + (f", B multicast to clusters of {self.mcast}" if self.mcast > 1
-                                                     else ""), "pingpong": "data-parallel, ping-pong consumers",
+                                                     else "") + (", two consumers of half the columns"
+                                                                 if self.col_split else ""), "pingpong": "data-parallel, ping-pong consumers",
                  "split_k": f"split-K x{self.splits} (clusters of {self.splits})",
                  "stream_k": f"stream-K ({self.tiles - self.sk_tiles} tiles data-parallel, {self.sk_tiles} "
                              f"streamed over {self.sk_ctas} CTAs)",
@@ -324,20 +331,20 @@ class Plan(_Tiling):
                 + (f", {', '.join(extra)}" if extra else "") + f"; predicted {self.predicted_s * 1e6:.1f} us)")
 
 
-def smem_bytes(bm: int, bn: int, stages: int, schedule: str, dtype: str = "bf16") -> int:
+def smem_bytes(bm: int, bn: int, stages: int, schedule: str, dtype: str = "bf16", col_split: bool = False) -> int:
     """Dynamic shared memory: 1 KB to align the stages to the swizzle atoms, the stages, and two 8 KB
     output slabs per consumer (not split-K: it stores from its reduction)."""
-    consumers = 1 if bm == 64 and schedule != "pingpong" else 2
+    consumers = 1 if bm == 64 and schedule != "pingpong" and not col_split else 2
     slabs = 0 if schedule == "split_k" else consumers * 2 * SLAB_BYTES
     return 1024 + stages * (bm + bn) * BK * plan_cost.in_bytes(dtype) + slabs
 
 
-def stages_for(bm: int, bn: int, schedule: str, dtype: str = "bf16") -> int:
+def stages_for(bm: int, bn: int, schedule: str, dtype: str = "bf16", col_split: bool = False) -> int:
     """The deepest ring that fits (up to MAX_STAGES); split-K also needs its bm x (bn + 8) fp32 partial
     to fit over the stages. 0 if none fits."""
     stage = (bm + bn) * BK * plan_cost.in_bytes(dtype)
     for q in range(MAX_STAGES, 1, -1):
-        if smem_bytes(bm, bn, q, schedule, dtype) <= SMEM_LIMIT and (
+        if smem_bytes(bm, bn, q, schedule, dtype, col_split) <= SMEM_LIMIT and (
                 schedule != "split_k" or bm * (bn + 8) * 4 <= q * stage):
             return q
     return 0

@@ -149,8 +149,8 @@ __device__ __forceinline__ void store_piece_transposed(const float (&v)[W / 2], 
 // One piece: columns [col0, col0 + W) of the block (fragment values from index col0 / 2 on) at tile
 // column n0, rows row0 .. row0 + 63. `pieces` counts this consumer's pieces: its parity picks the slab,
 // and the store two pieces back (same slab) must have finished reading it (wait_group.read 1).
-template <class Tr, int W, bool SWZ>
-__device__ __forceinline__ void store_piece(const float (&d)[Tr::BN / 2], int col0, int row0, int n0,
+template <class Tr, int W, bool SWZ, int V>
+__device__ __forceinline__ void store_piece(const float (&d)[V], int col0, int row0, int n0,
                                             const EpilogueArgs<Tr>& ep, unsigned char* slabs, int& pieces,
                                             const CUtensorMap* tm, int t, int consumer) {
     using TO = typename Tr::TO;
@@ -207,15 +207,16 @@ __device__ __forceinline__ void store_piece(const float (&d)[Tr::BN / 2], int co
     ++pieces;
 }
 
-// A consumer's 64-row block (rows row0 ..) of the tile at column n0: full pieces, then the tail.
-template <class Tr>
-__device__ __forceinline__ void store_block(const float (&d)[Tr::BN / 2], int row0, int n0, const EpilogueArgs<Tr>& ep,
+// A consumer's 64-row block (rows row0 ..) of 2 V columns at tile column n0 (the tile's BN, or a column
+// split's half): full pieces, then the tail.
+template <class Tr, int V>
+__device__ __forceinline__ void store_block(const float (&d)[V], int row0, int n0, const EpilogueArgs<Tr>& ep,
                                             unsigned char* slabs, int& pieces, const CUtensorMap* tmC,
                                             const CUtensorMap* tmC_tail, int t, int consumer) {
+    constexpr int FULL = 2 * V / Tr::PIECE, TAIL = 2 * V % Tr::PIECE;
 #pragma unroll
-    for (int p = 0; p < Tr::FULL_PIECES; ++p)
+    for (int p = 0; p < FULL; ++p)
         store_piece<Tr, Tr::PIECE, true>(d, p * Tr::PIECE, row0, n0, ep, slabs, pieces, tmC, t, consumer);
-    if constexpr (Tr::TAIL > 0)
-        store_piece<Tr, Tr::TAIL, false>(d, Tr::FULL_PIECES * Tr::PIECE, row0, n0, ep, slabs, pieces, tmC_tail, t,
-                                         consumer);
+    if constexpr (TAIL > 0)
+        store_piece<Tr, TAIL, false>(d, FULL * Tr::PIECE, row0, n0, ep, slabs, pieces, tmC_tail, t, consumer);
 }

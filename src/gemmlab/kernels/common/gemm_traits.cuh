@@ -13,7 +13,8 @@ template <typename TIn, typename TOut, typename TBias,  // operand, output and b
                                                         // global split-K
           bool kTransOut = false,                       // swap AB: the tile is a block of out^T (see below)
           int kMcast = 1,                               // CTAs per cluster sharing B's tile by TMA multicast
-          int kPrefetch = 0>                            // L2 prefetch distance in k-steps (0: none)
+          int kPrefetch = 0,                            // L2 prefetch distance in k-steps (0: none)
+          bool kColSplit = false>                       // 64-row tiles: two consumers, half the columns each
 struct GemmTraits {
     using T = TIn;
     using TO = TOut;
@@ -43,13 +44,22 @@ struct GemmTraits {
     // 64-row tiles: one consumer warpgroup. 128: two, 64 rows each. 256: two, 128 rows each, every k16
     // step issuing two m64 wgmmas against the same B slab. PINGPONG (64 or 128 rows): two consumers, each
     // with whole tiles of its own, in turn (one's epilogue runs under the other's k-loop).
+    // COL_SPLIT (64-row data-parallel tiles, K-major B, BN a multiple of 32, no multicast): two consumers
+    // share the tile's 64 rows, each with the wgmmas and the epilogue of half its columns (64 x BN / 2 from
+    // B's rows consumer x BN / 2 ..): two chains of dependent wgmmas in flight instead of one. cuBLAS's
+    // 64-row tiles run three warpgroups, one tile a CTA (64 x 96 at 1024x768x3072: 384 threads at 168
+    // registers, grid = tiles; Nsight Compute, probe_ncu.py), where ours left the tensor pipe idler (40.9%
+    // against 47.0% active).
     static constexpr bool PING_PONG = kSchedule == PINGPONG;
-    static constexpr int CONSUMERS = BM == 64 && !PING_PONG ? 1 : 2;
-    static constexpr int MI = PING_PONG ? BM / 64 : BM / (64 * CONSUMERS);  // m64 blocks per consumer
+    static constexpr bool COL_SPLIT = kColSplit;
+    static constexpr int CONSUMERS = BM == 64 && !PING_PONG && !COL_SPLIT ? 1 : 2;
+    static constexpr int MI = PING_PONG || COL_SPLIT ? BM / 64 : BM / (64 * CONSUMERS);  // m64 blocks per consumer
+    static constexpr int CN = COL_SPLIT ? BN / 2 : BN;  // a consumer's columns
     // Arrivals that free a ring slot: every consumer reads every slot, except in ping-pong (its owner).
     static constexpr int SLOT_READERS = PING_PONG ? 1 : CONSUMERS;
-    // The first of a consumer's m64 blocks in its tile.
-    __device__ static constexpr int first_block(int consumer) { return PING_PONG ? 0 : consumer * MI; }
+    // The first of a consumer's m64 blocks in its tile, and its first column.
+    __device__ static constexpr int first_block(int consumer) { return PING_PONG || COL_SPLIT ? 0 : consumer * MI; }
+    __device__ static constexpr int first_col(int consumer) { return COL_SPLIT ? consumer * CN : 0; }
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     static constexpr int CONSUMER_REGS = 232;  // two consumers: setmaxnreg, 128 x (40 + 2 x 232) <= 64 K
 
@@ -59,7 +69,7 @@ struct GemmTraits {
     // Output pieces: 64 rows x PIECE columns (one 128-byte swizzle row) through two slabs per consumer;
     // the last TAIL = BN % PIECE columns go through an unswizzled piece of their own width.
     static constexpr int PIECE = sizeof(TO) == 4 ? 32 : 64;
-    static constexpr int FULL_PIECES = BN / PIECE, TAIL = BN % PIECE;
+    static constexpr int FULL_PIECES = CN / PIECE, TAIL = CN % PIECE;  // per consumer
     static constexpr u32 SLAB_BYTES = 64 * 128;
     static constexpr u32 SLABS_BYTES = SCHEDULE == SPLIT_K ? 0 : CONSUMERS * 2 * SLAB_BYTES;
 
@@ -75,6 +85,8 @@ struct GemmTraits {
                   "B multicast: pairs of data-parallel CTAs, K-major B, each half whole 8-row swizzle atoms");
     static_assert(PREFETCH == 0 || (PREFETCH > 0 && MCAST == 1 && !A_MN && !B_MN),
                   "L2 prefetch: K-major operands (one box each), no multicast");
+    static_assert(!COL_SPLIT || (BM == 64 && SCHEDULE == DATA_PARALLEL && !B_MN && BN % 32 == 0 && MCAST == 1),
+                  "column split: 64-row data-parallel tiles, K-major B, halves of whole 16-column wgmmas");
     static_assert(!TRANS_OUT || sizeof(TO) == 2, "transposed stores: 16-bit output (a 128-byte slab row = 64 rows)");
     static_assert(SCHEDULE != SPLIT_K || BM * LDP * 4 <= STAGES * STAGE_BYTES, "split-K partial must fit the stages");
     static_assert(1024 + STAGES * STAGE_BYTES + SLABS_BYTES <= 227 * 1024 - 256, "shared memory");

@@ -108,14 +108,14 @@ __device__ __forceinline__ void produce_all(Ring<Tr::STAGES>& ring, Sched& sched
     }
 }
 
-// Consumer warpgroup `consumer`: k-steps [k_begin, k_end) into acc (its MI blocks of 64 rows x BN).
+// Consumer warpgroup `consumer`: k-steps [k_begin, k_end) into acc (its MI blocks of 64 rows x CN).
 // One wgmma group stays in flight: a slot is released once the group after it was issued and the
 // group reading it has completed (wgmma.wait_group 1), as in h06 on. The first k16 step of the unit
 // overwrites the accumulators (scale-d = 0). k_end > k_begin always (the schedulers make no empty unit).
 template <class Tr>
 __device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
                                              const typename Tr::T* sB, int consumer, int t,
-                                             float (&acc)[Tr::MI][Tr::BN / 2], int k_begin, int k_end) {
+                                             float (&acc)[Tr::MI][Tr::CN / 2], int k_begin, int k_end) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     int prev = 0;
@@ -123,7 +123,7 @@ __device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor&
         ring.wait_full(cur);
         // This consumer's rows: blocks consumer * MI .. of 64 rows (one 64 x 64 box each if MN-major).
         const T* a = sA + cur.stage * BM * BK + Tr::first_block(consumer) * 64 * BK;
-        const T* b = sB + cur.stage * BN * BK;
+        const T* b = sB + cur.stage * BN * BK + Tr::first_col(consumer) * BK;  // COL_SPLIT: its rows of B
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -132,7 +132,7 @@ __device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor&
             for (int mi = 0; mi < Tr::MI; ++mi) {
                 const T* am = a + mi * 64 * BK;
                 const u64 da = Tr::A_MN ? desc_sw128_mn(am + 16 * 64 * k) : desc_sw128(am + 16 * k);
-                Wgmma<BN, T>::template mma_t<Tr::A_MN, Tr::B_MN>(acc[mi], da, db, (kt == k_begin && k == 0) ? 0 : 1);
+                Wgmma<Tr::CN, T>::template mma_t<Tr::A_MN, Tr::B_MN>(acc[mi], da, db, (kt == k_begin && k == 0) ? 0 : 1);
             }
         }
         wgmma_commit();

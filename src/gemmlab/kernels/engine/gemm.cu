@@ -8,7 +8,8 @@
 // h11's logic (any M, N, K via TMA bounds and short A and B boxes; K- or MN-major operands; alpha / beta * C /
 // bias / activation in fp32; bf16 / fp16 / fp32 output; fp16 or bf16 inputs) over a wider tile space:
 // 64, 128 or 256 rows (one or two consumer warpgroups, one or two m64 wgmmas each per k16) by 16 .. 256
-// columns, or ping-pong: two consumers with whole 64- or 128-row tiles each, in turn. One CTA per SM
+// columns, or ping-pong: two consumers with whole 64- or 128-row tiles each, in turn, or (64-row tiles)
+// two consumers with half the columns each. One CTA per SM
 // (persistent), a producer warpgroup of which one thread issues the loads.
 #include "common/gemm_traits.cuh"
 #include "common/mainloop.cuh"
@@ -78,7 +79,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
     RingCursor cur;
     int pieces = 0;
-    float acc[Tr::MI][BN / 2];
+    float acc[Tr::MI][Tr::CN / 2];
     int unit = 0;        // PINGPONG: this CTA's units go to consumer 0, 1, 0, 1, ...
     u32 turn_parity = 0;
     while (sched.next(u)) {
@@ -126,8 +127,8 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             if (Tr::MCAST > 1 && m0 >= M) continue;  // a pair's padding tile: nothing to store
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi)
-                store_block<Tr>(acc[mi], m0 + (Tr::first_block(consumer) + mi) * 64, n0, ep, slabs, pieces, &tmC,
-                                &tmC_tail, t, consumer);
+                store_block<Tr>(acc[mi], m0 + (Tr::first_block(consumer) + mi) * 64, n0 + Tr::first_col(consumer), ep,
+                                slabs, pieces, &tmC, &tmC_tail, t, consumer);
         }
     }
     if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();  // the slabs stay valid until the stores read them
