@@ -189,7 +189,8 @@ def _traffic(M: int, N: int, K: int, bm: int, bn: int, dtype: str, out_bytes: in
 def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages: int, splits: int = 1,
               sk_tiles: int = 0, sk_ctas: int = 0, prof: DeviceProfile, clock_mhz: float | None = None,
               dtype: str = "bf16", out_bytes: int = 2, direct: bool = False, overlap: bool = False,
-              mcast: int = 1, misaligned: bool | tuple[bool, bool] = False, floor: bool = True) -> float:
+              mcast: int = 1, misaligned: bool | tuple[bool, bool] = False, floor: bool = True,
+              col_split: bool = False) -> float:
     """Modelled seconds of one plan (see the module docstring). ``overlap``: the epilogue's stores run
     under the next tile's k-steps (h11's overlapped epilogue, data-parallel only): a tile then costs its
     SM only ``tile_fixed_s`` past its k-steps, except the SM's last. ``mcast`` (data-parallel): clusters
@@ -197,7 +198,8 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
     ``misaligned``: (A, B) or both: the operand's rows 16- but not 32-byte aligned (``misaligned_operands``;
     A and B as the kernel sees them: a swapped plan's A is the weight). ``floor=False``: without the HBM
     floor, i.e. the SMs' own time (waves, tiles, k-steps), which ranks the swapped plans the floor ties
-    (``planner.rank_key``)."""
+    (``planner.rank_key``). ``col_split``: a 64-row tile's two consumers take half its columns each, so its
+    k-steps do not pay the lone consumer's penalty."""
     clock = clock_mhz or prof.plan_clock_mhz
     G = prof.sm_count
     k = math.ceil(K / BK)
@@ -212,7 +214,8 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
         # Ping-pong: two consumers alternate, so a 64-row tile's k-steps do not pay the one-consumer
         # penalty (64-row ping-pong ran at 0.80x its price with it; 128-row 1.05x, data-parallel 1.04x).
         return kstep_s(bm, bn, rows, stages, active, hbm_share, prof, clock, dtype,
-                       one_consumer=False if schedule == "pingpong" else None, mcast=mcast, misaligned=misaligned)
+                       one_consumer=False if schedule == "pingpong" or col_split else None, mcast=mcast,
+                       misaligned=misaligned)
 
     if schedule == "data_parallel":
         full, rem = divmod(tiles, G)

@@ -97,6 +97,9 @@ SWAP_PAD_EXPONENT = 0.75
 # tiles costs 5-20% even with nothing shared (mc_parts_probe.jsonl, worklog session 10). So it is offered
 # where B's rows are misaligned only (MCAST_OFFERED None), everywhere with True, nowhere with False.
 MCAST_OFFERED: bool | None = None
+# Column split (``Plan.col_split``): the plain 64-row data-parallel plans whose width splits into whole
+# 16-column halves (``col_split_problem``) run two consumers of half the columns instead of one of all.
+COL_SPLIT_OFFERED = False
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -495,6 +498,17 @@ def mcast_problem(tiles_m: int, bm: int, bn: int, b_mn: bool, swapped: bool, hea
     return None
 
 
+def col_split_problem(bm: int, bn: int, schedule: str, b_mn: bool, swapped: bool, mcast: int = 1) -> str | None:
+    """Why a plan cannot split its tile's columns between two consumers (GemmTraits::COL_SPLIT), or None."""
+    if bm != 64 or schedule != "data_parallel" or mcast > 1:
+        return "the column split is for 64-row data-parallel tiles without multicast"
+    if bn % 32:
+        return "each consumer's half must be whole 16-column wgmmas"
+    if b_mn or swapped:
+        return "the column split reads a K-major B's rows and stores plain (not transposed) tiles"
+    return None
+
+
 def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof, offered,
                 swap=False, mcast=False, mis=(False, False)) -> tuple[Plan, ...]:
     heavy = heavy_epilogue(odt, bdt, has_c, activation, direct)
@@ -591,10 +605,11 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
             # 2.5% (29 of 31 shapes faster); with direct stores or rows of K not 32-byte aligned it
             # lost 9% (6 of 7 slower; its smaller tiles pay the misaligned sectors more often).
             continue
-        stages = stages_for(bm, bn, sched, dt)
+        split = COL_SPLIT_OFFERED and col_split_problem(bm, bn, sched, kb_mn, swapped) is None
+        stages = stages_for(bm, bn, sched, dt, split)
         t = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
                                 sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
-                                direct=direct, misaligned=misaligned)
+                                direct=direct, misaligned=misaligned, col_split=split)
         u = t
         if swapped and pn <= SWAP_PREFER_M:  # few tokens: floor ties ranked by the SMs' own time (rank_key)
             u = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
@@ -604,7 +619,7 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
         plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
                           sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
                           has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
-                          predicted_s=t, swap_ab=swapped, tie_s=u))
+                          predicted_s=t, swap_ab=swapped, tie_s=u, col_split=split))
     return plans
 
 
