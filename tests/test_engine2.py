@@ -20,7 +20,8 @@ def _check(p: planner.Plan) -> None:
     assert ck.cubin[:4] == b"\x7fELF"
     summary = sass.kernel_summary(ck)
     assert sass.check(engine2.sass_expect(p), summary, ck.resources) == [], p
-    assert engine2.hgmma_shapes(ck) == {f"64x{p.bn}x16.F32" + (".BF16" if p.dtype == "bf16" else "")}, p
+    width = p.bn // 2 if p.col_split else p.bn  # a column split's consumers each run half the tile's width
+    assert engine2.hgmma_shapes(ck) == {f"64x{width}x16.F32" + (".BF16" if p.dtype == "bf16" else "")}, p
     assert not ck.resources.spills and ck.resources.stack_frame == 0, (p, ck.resources)
     for needle in ("serialized", "C7510", "C7519"):  # ptxas's warnings that wgmma was serialized
         assert needle not in ck.log, f"{p}:\n{ck.log}"
@@ -77,6 +78,13 @@ def _representative():
         p = next(c for c in planner.candidates(*shape, schedules=planner.SCHEDULES) if c.schedule == sched)
         p = dataclasses.replace(p, prefetch=d)
         seen.setdefault(p.name_expression, p)
+    # Column split (Plan.col_split): two consumers of half a 64-row tile's columns, plain and heavy epilogue.
+    for shape, bn, kw in (((1024, 768, 3072), 96, {}), ((1000, 3001, 1000), 192, {
+            "out_dtype": "fp32", "has_c": True, "activation": "gelu", "bias_dtype": "bf16", "direct": True})):
+        p = next(c for c in planner.candidates(*shape, **kw)
+                 if (c.bm, c.bn, c.schedule, c.mcast, c.swap_ab) == (64, bn, "data_parallel", 1, False))
+        p = dataclasses.replace(p, col_split=True, stages=planner.stages_for(64, bn, "data_parallel", p.dtype, True))
+        seen.setdefault(p.name_expression, p)
     return list(seen.values())
 
 
@@ -91,6 +99,7 @@ def test_representative_set_covers_the_space():
     assert {p.bn % 64 for p in ps} >= {0, 16, 32, 48}
     assert any(p.direct for p in ps) and any(p.a_mn and p.b_mn for p in ps) and any(p.dtype == "fp16" for p in ps)
     assert {p.mcast for p in ps} == {1, 2} and {p.prefetch > 0 for p in ps} == {False, True}
+    assert {p.col_split for p in ps} == {False, True}
 
 
 def _every_choice():

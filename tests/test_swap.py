@@ -290,7 +290,7 @@ def _offered(heavy_too: bool):
         variants.append(dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True, dtype="fp16"))
     seen = {}
     for kw in variants:
-        for M in (1, 16, 33, 48, 64, 65, 97, 129, 161, 193, 225, 256):  # past 64: one column of tiles
+        for M in (1, 16, 33, 48, 64, 65, 97, 129, 161, 193, 225, 256, 300, 384, 512):  # past 64: few columns
             for N, K in ((4104, 4096), (14336, 4096), (1000, 14336)):
                 for p in _swapped(M, N, K, schedules=planner.SCHEDULES, **kw):
                     seen.setdefault((p.bm, p.bn, p.schedule, tuple(sorted(kw))), p)
@@ -304,13 +304,14 @@ REPRESENTATIVE = [(64, 16, "data_parallel", {}), (64, 48, "stream_k", {}), (64, 
                   (128, 256, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True)),
                   (256, 96, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True)),
                   (128, 16, "data_parallel", {}),  # NARROW_TALL: one column of tokens under many weight rows
-                  (256, 32, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True))]
+                  (256, 32, "data_parallel", dict(has_c=True, bias_dtype="fp32", activation="gelu", direct=True)),
+                  (128, 112, "data_parallel", {})]  # three columns of tokens (300), the last one's box short
 
 
 @pytest.mark.parametrize("bm, bn, schedule, kw", REPRESENTATIVE,
                          ids=[f"{r[0]}x{r[1]}-{r[2]}-{'-'.join(r[3])}" for r in REPRESENTATIVE])
 def test_representative_swapped_plans_compile_clean(bm, bn, schedule, kw):
-    M = {16: 16, 32: 32, 48: 33, 64: 64, 96: 90, 208: 200, 256: 256}[bn]
+    M = {16: 16, 32: 32, 48: 33, 64: 64, 96: 90, 112: 300, 208: 200, 256: 256}[bn]
     N = 14336 if schedule == "pingpong" else 4104  # ping-pong needs more tiles than SMs
     if (bm, bn) in planner.NARROW_TALL:
         N = 28672  # tall tiles are offered where they fill the SMs (_tall_fills)
