@@ -95,6 +95,33 @@ def test_template_args_name_every_choice():
         planner.plan(64, 64, 64, activation="tanh")
 
 
+def test_optional_template_args_and_the_short_boxes():
+    import dataclasses
+
+    p = next(c for c in planner.candidates(777, 1000, 2000)
+             if (c.bm, c.bn, c.schedule, c.mcast, c.swap_ab) == (64, 96, "data_parallel", 1, False))
+    assert len(p.template_args()) == 14  # MCAST, PREFETCH, COL_SPLIT at their defaults: not written
+    split = dataclasses.replace(p, col_split=True)
+    assert split.template_args()[14:] == ("1", "0", "true") and split.consumers == 2 and p.consumers == 1
+    assert split.store_boxes() == ((64, 64), (64, 48), 0)  # each consumer's 48 columns: a tail piece
+    assert dataclasses.replace(p, prefetch=4).template_args()[14:] == ("1", "4")
+    assert planner.smem_bytes(64, 96, 9, "data_parallel", col_split=True) == planner.smem_bytes(
+        64, 96, 9, "data_parallel") + 2 * planner.SLAB_BYTES  # the second consumer's two output slabs
+    assert planner.col_split_problem(64, 96, "data_parallel", False, False) is None
+    assert planner.col_split_problem(64, 80, "data_parallel", False, False)  # 40-column halves
+    assert planner.col_split_problem(128, 96, "data_parallel", False, False)
+    assert planner.col_split_problem(64, 96, "stream_k", False, False)
+    assert not any(c.col_split for c in planner.candidates(1024, 768, 3072))  # not offered (COL_SPLIT_OFFERED)
+    # Short boxes: the last row / column of tiles loads what it has, rounded up to 8.
+    assert (p.a_rows, p.b_rows) == (16, 40)  # 777 - 12 x 64 = 9 rows to 16; 1000 - 10 x 96 = 40 columns
+    whole = next(c for c in planner.candidates(1024, 1024, 1024) if c.bn == 128 and c.mcast == 1)
+    assert whole.b_rows == whole.b_box_rows == 128
+    swapped = next(c for c in planner.candidates(200, 4096, 4096) if c.swap_ab and c.bn == 112)
+    assert swapped.b_rows == 88  # the tokens' second column: 200 - 112
+    mc = next((c for c in planner.candidates(2050, 3000, 1000, mcast=True) if c.mcast == 2), None)
+    assert mc is not None and mc.b_rows == mc.b_box_rows == mc.bn // 2  # multicast shares stay whole
+
+
 def test_stages_fill_shared_memory():
     for bm, bn in planner.TILES:
         for sched in planner.SCHEDULES:

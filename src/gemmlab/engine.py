@@ -793,12 +793,13 @@ def store_boxes(bn: int, out: torch.Tensor) -> tuple:
 
 def point_maps(launch, pa: int, pb: int, po: int) -> None:
     """Point a prepared engine-kernel launch's operand descriptors (``map_a``, ``map_a_short``, ``map_b``,
-    ``maps_c``: ``Engine2Launch``'s and ``engine2.Fp8Launch``'s) at A, B and the output's addresses."""
+    ``map_b_short``, ``maps_c``: ``Engine2Launch``'s and ``engine2.Fp8Launch``'s) at A, B and the output's
+    addresses."""
     launch.map_a.point_at(pa)
     if launch.map_a_short is not launch.map_a:
         launch.map_a_short.point_at(pa)
     launch.map_b.point_at(pb)
-    if getattr(launch, "map_b_short", launch.map_b) is not launch.map_b:
+    if launch.map_b_short is not launch.map_b:
         launch.map_b_short.point_at(pb)
     launch.maps_c.point_at(po)
 

@@ -323,6 +323,7 @@ class Fp8Launch:
                                                                      u8, (p.a_rows, planner.FP8_BK))
         L.set_map(_F8_A_SHORT, self.map_a_short.tmap)
         self.map_b = MapSlot(L, _F8_B, w.data_ptr(), N, K, w.stride(0), u8, (p.bn, planner.FP8_BK))
+        self.map_b_short = self.map_b  # the FP8 kernel loads whole B boxes (no short one)
         self.maps_c = OutputMaps(L, _F8_C, _F8_C_TAIL, out, store_boxes(p.bn, out), p.direct, self.map_a)
         self.map_sa = self.map_sb = None
         if self.block:  # per k-step one TMA box of each scale tensor's (K / 128, rows) view

@@ -763,7 +763,7 @@ class GroupedLaunch:
         dt = torch.uint8 if self.fp8 else a.dtype  # TMA moves FP8 as bytes; a k-step is one 128-byte row
         row = 128 // a2.element_size()
         self.map_a = self.map_a_short = MapSlot(L, _P_A, a2.data_ptr(), *a2.shape, a2.stride(0), dt, (p.bm, row))
-        self.map_b = MapSlot(L, _P_B, b2.data_ptr(), *b2.shape, b2.stride(0), dt, (p.bn, row))
+        self.map_b = self.map_b_short = MapSlot(L, _P_B, b2.data_ptr(), *b2.shape, b2.stride(0), dt, (p.bn, row))
         # One output descriptor (no tail piece): its index doubles as OutputMaps' tail index.
         box = (64, 128 // o2.element_size())
         self.maps_c = OutputMaps(L, _P_C, _P_C, o2, (box, None, 0), p.direct, self.map_a)
