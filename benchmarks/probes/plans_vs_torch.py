@@ -71,3 +71,23 @@ def run_probe(suite: str, shapes, variants, path: str, note=None) -> None:
         for (M, N, K), vs in plans.items():
             r = time_plans(M, N, K, vs, routed=True)
             report(out, suite, M, N, K, vs, r, gpu, note=note(M, N, K) if note else "")
+
+
+def profile_launches(calls, plans, path: str) -> None:
+    """For Nsight Compute (``ncu --profile-from-start off``): compile ``plans`` (a process pool), warm every
+    one of ``calls`` ([(name, fn)]) up, then launch each once between cudaProfilerStart and cudaProfilerStop
+    (a synchronize after each) and write their names to ``path``, one per line, in the report's order."""
+    from engine_broad import precompile
+
+    precompile(plans, 16)
+    for _, fn in calls:  # compile and warm up outside the profiled range
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for _, fn in calls:
+        fn()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    with open(path, "w") as f:
+        f.write("\n".join(name for name, _ in calls) + "\n")

@@ -12,7 +12,8 @@ import sys
 import torch
 
 sys.path.insert(0, "benchmarks")
-from engine_broad import precompile  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plans_vs_torch import profile_launches  # noqa: E402
 import gemmlab  # noqa: E402
 from gemmlab import engine, engine2, fp8, planner  # noqa: E402
 
@@ -24,7 +25,7 @@ FP8 = [(4096, 4096, 4096)]
 
 def main():
     prof = engine2._profile(torch.device("cuda"))
-    order, calls, plans = [], [], []
+    calls, plans = [], []
     for M, N, K in MID + DECODE:
         a = torch.randn(M, K, device="cuda").bfloat16()
         w = torch.randn(N, K, device="cuda").bfloat16()
@@ -51,21 +52,8 @@ def main():
                       lambda: torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)))
         calls.append((f"{M}x{N}x{K} fp8 ours tensor", lambda: fp8.scaled_mm(qa, qb.t(), sa, sb)))
         calls.append((f"{M}x{N}x{K} fp8 ours block", lambda: fp8.scaled_mm(ba, bb.t(), bsa, bsb)))
-    precompile(plans, 16)
-    for _, fn in calls:  # compile and warm up outside the profiled range
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for name, fn in calls:
-        fn()
-        torch.cuda.synchronize()
-        order.append(name)
-    torch.cuda.cudart().cudaProfilerStop()
-    with open(sys.argv[1], "w") as f:
-        f.write("\n".join(order) + "\n")
-    print("\n".join(order))
-
+    profile_launches(calls, plans, sys.argv[1])
+    print("\n".join(name for name, _ in calls))
 
 if __name__ == "__main__":
     main()

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import engine2, planner, schedule  # noqa: E402
-from plans_vs_torch import plan_tag as tag, run_probe  # noqa: E402
+from plans_vs_torch import plan_tag as tag, profile_launches, run_probe  # noqa: E402
 
 # (M, N, K): the swapped (bm, bn) tiles to run ("p" before one: the plain tile); "r" / "c" after a tile: also
 # in row- / column-major order.
@@ -69,8 +69,6 @@ def main():
     if sys.argv[1] != "--ncu":
         run_probe("swap-cols-probe", list(SHAPES), lambda M, N, K: variants(M, N, K, prof), sys.argv[1])
         return
-    from engine_broad import precompile
-
     calls, plans = [], []
     for M, N, K in SHAPES:
         a = torch.randn(M, K, device="cuda").bfloat16()
@@ -80,18 +78,7 @@ def main():
         for name, p in variants(M, N, K, prof).items():
             plans.append(p)
             calls.append((f"{M}x{N}x{K} {name}", lambda a=a, w=w, out=out, p=p: engine2.launch(p, a, w.t(), out)))
-    precompile(plans, 16)
-    for _, fn in calls:
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for _, fn in calls:
-        fn()
-        torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-    with open(sys.argv[2], "w") as f:
-        f.write("\n".join(n for n, _ in calls) + "\n")
+    profile_launches(calls, plans, sys.argv[2])
 
 
 if __name__ == "__main__":
