@@ -49,7 +49,8 @@ struct GemmTraits {
     // B's rows consumer x BN / 2 ..): two chains of dependent wgmmas in flight instead of one. cuBLAS's
     // 64-row tiles run three warpgroups, one tile a CTA (64 x 96 at 1024x768x3072: 384 threads at 168
     // registers, grid = tiles; Nsight Compute, probe_ncu.py), where ours left the tensor pipe idler (40.9%
-    // against 47.0% active).
+    // against 47.0% active). Measured 0.97x the one-consumer tile's speed (col_split_probe.jsonl): a probe's
+    // knob, not offered (gemmlab.planner.COL_SPLIT_OFFERED).
     static constexpr bool PING_PONG = kSchedule == PINGPONG;
     static constexpr bool COL_SPLIT = kColSplit;
     static constexpr int CONSUMERS = BM == 64 && !PING_PONG && !COL_SPLIT ? 1 : 2;
