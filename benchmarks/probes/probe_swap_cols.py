@@ -44,7 +44,7 @@ def variants(M, N, K, prof):
     import dataclasses
 
     planner.SWAP_MAX_M = 512
-    planner.SWAP_ONE_TILE_MAX_M = 512
+    planner.SWAP_PAD_MAX_M = 512
     planner._CACHE.clear()
     cands = [p for p in planner.candidates(M, N, K, profile=prof, swap_ab=True) if p.schedule == "data_parallel"]
     out = {}

@@ -1,7 +1,7 @@
 """Probe: swapped plans over several columns of token tiles at M = 65..512, now that the last column loads
 only the tokens it has (short B boxes, d769bef). The broad set's shapes of that M (56) and held-out ones of
 other M: per shape the router's plan, the model's best plain plan, the model's best swapped plan (every
-swapped data-parallel / split-K / stream-K plan offered, SWAP_MAX_M and SWAP_ONE_TILE_MAX_M raised to 512
+swapped data-parallel / split-K / stream-K plan offered, SWAP_MAX_M (and SWAP_ONE_TILE_MAX_M, now SWAP_PAD_MAX_M) raised to 512
 in this process only) and, per tile height, the model's best swapped data-parallel plan that pads the tokens
 by at most 8% over at most four columns, against torch.mm (graph replay, interleaved; every result checked against an fp32
 product first). One line per shape to argv[1]."""
@@ -29,7 +29,7 @@ def padded(p) -> int:
 
 
 def variants(M, N, K, prof):
-    planner.SWAP_MAX_M = planner.SWAP_ONE_TILE_MAX_M = 512
+    planner.SWAP_MAX_M = planner.SWAP_PAD_MAX_M = 512
     planner._CACHE.clear()
     cands = planner.candidates(M, N, K, profile=prof, swap_ab=True)
     plain = next((p for p in cands if not p.swap_ab), None)
