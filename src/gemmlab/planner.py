@@ -131,14 +131,19 @@ def dtype_name(dtype) -> str:
         raise ValueError(f"unsupported dtype {dtype!r}: bf16 or fp16 operands, bf16 / fp16 / fp32 output") from None
 
 
+def consumer_count(bm: int, schedule: str | None, col_split: bool = False) -> int:
+    """Consumer warpgroups of an engine-part kernel (GemmTraits::CONSUMERS): one for 64-row tiles, two for
+    taller ones, with ping-pong consumers and with a column split."""
+    return 1 if bm == 64 and schedule != "pingpong" and not col_split else 2
+
+
 class Warpgroups:
     """A tile's warpgroups (every engine-part kernel): one consumer for 64-row tiles, two otherwise (and
     with ping-pong consumers, which take whole tiles in turn), and the producer's warpgroup."""
 
     @property
     def consumers(self) -> int:
-        return 1 if self.bm == 64 and getattr(self, "schedule", None) != "pingpong" and not getattr(
-            self, "col_split", False) else 2
+        return consumer_count(self.bm, getattr(self, "schedule", None), getattr(self, "col_split", False))
 
     @property
     def threads(self) -> int:
@@ -319,9 +324,9 @@ class Plan(_Tiling):
                 "smem": self.smem_bytes, "splits": self.splits, "sk_tiles": self.sk_tiles, "sk_ctas": self.sk_ctas}
 
     def __repr__(self) -> str:
-        sched = {"data_parallel": "data-parallel" + (f", B multicast to clusters of {self.mcast}" if self.mcast > 1
-                                                     else "") + (", two consumers of half the columns"
-                                                                 if self.col_split else ""), "pingpong": "data-parallel, ping-pong consumers",
+        dp = "data-parallel" + (f", B multicast to clusters of {self.mcast}" if self.mcast > 1 else "") + (
+            ", two consumers of half the columns" if self.col_split else "")
+        sched = {"data_parallel": dp, "pingpong": "data-parallel, ping-pong consumers",
                  "split_k": f"split-K x{self.splits} (clusters of {self.splits})",
                  "stream_k": f"stream-K ({self.tiles - self.sk_tiles} tiles data-parallel, {self.sk_tiles} "
                              f"streamed over {self.sk_ctas} CTAs)",
@@ -339,8 +344,7 @@ class Plan(_Tiling):
 def smem_bytes(bm: int, bn: int, stages: int, schedule: str, dtype: str = "bf16", col_split: bool = False) -> int:
     """Dynamic shared memory: 1 KB to align the stages to the swizzle atoms, the stages, and two 8 KB
     output slabs per consumer (not split-K: it stores from its reduction)."""
-    consumers = 1 if bm == 64 and schedule != "pingpong" and not col_split else 2
-    slabs = 0 if schedule == "split_k" else consumers * 2 * SLAB_BYTES
+    slabs = 0 if schedule == "split_k" else consumer_count(bm, schedule, col_split) * 2 * SLAB_BYTES
     return 1024 + stages * (bm + bn) * BK * plan_cost.in_bytes(dtype) + slabs
 
 
