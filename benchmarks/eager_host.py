@@ -50,6 +50,8 @@ sys.path.insert(0, os.environ.get("GEMMLAB_SRC") or str(Path(__file__).resolve()
 import gemmlab  # noqa: E402
 from gemmlab.bench import append_records, git_sha  # noqa: E402
 from gemmlab.gpu import gpu_info, sample_clocks  # noqa: E402
+from gemmlab.jit import launch  # noqa: E402
+
 
 def _median_us(fn, reps: int, inner: int = 1) -> float:
     """Median over ``reps`` of the wall time of ``inner`` calls, per call, in microseconds."""
@@ -78,7 +80,7 @@ def _common(kind: str) -> dict:
     info = gpu_info()
     return {"time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "git_sha": git_sha(),
             "gpu": info.name, "driver": info.driver, "torch": info.torch, "suite": "eager", "kind": kind,
-            "sm_clock_mhz": sample_clocks().sm_mhz}
+            "sm_clock_mhz": sample_clocks().sm_mhz, "pdl": launch.PDL}
 
 
 def _rand(*shape, dtype=torch.bfloat16):

@@ -186,10 +186,11 @@ def matmul_table(records: list[dict]) -> str:
 
 def eager_runs(records: list[dict]) -> dict[str, dict[str, list[dict]]]:
     """git sha -> {"per_call": [...], "stack": [...]} of the eager records (``gemmlab bench --suite
-    matmul-eager``, benchmarks/eager_host.py), in file order."""
+    matmul-eager``, benchmarks/eager_host.py), in file order. Runs with programmatic dependent launch
+    turned off (``GEMMLAB_PDL=0``, an A/B's other side: ``"pdl": false``) are not the library's default."""
     runs: dict[str, dict[str, list[dict]]] = {}
     for r in records:
-        if r.get("kind") in ("per_call", "stack") and "baseline_host_us" in r:
+        if r.get("kind") in ("per_call", "stack") and "baseline_host_us" in r and r.get("pdl", True):
             runs.setdefault(r["git_sha"], {"per_call": [], "stack": []})[r["kind"]].append(r)
     return runs
 

@@ -281,11 +281,11 @@ class FakeLauncher:
     records (stream, the parameters then: ("tmap", geometry, address) for descriptors, (kind, value) for
     the rest) in ``launches``."""
 
-    def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index):
+    def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index, pdl=False):
         import threading
 
         self.compiled, self.kinds = compiled, tuple(kinds)
-        self.config = dict(grid=grid, block=block, smem=smem, cluster=cluster)
+        self.config = dict(grid=grid, block=block, smem=smem, cluster=cluster, pdl=pdl)
         self.values = [None] * len(self.kinds)
         self.lock = threading.Lock()
         self.launches = []

@@ -280,7 +280,7 @@ def test_sass_of_every_instantiation(case):
     summary = sass.kernel_summary(ck)
     mma = r"^HMMA\.16816\.F32\.BF16$" if tin == "bf16" else r"^HMMA\.16816\.F32$"
     expect = sass.SassExpect(
-        contains=(mma, r"^LDG\.E\.NA\.128\.CONSTANT$", r"^LDG\.E\.128\.CONSTANT$"),
+        contains=(mma, r"^LDG\.E\.NA\.128\.CONSTANT$", r"^LDG\.E\.128\.CONSTANT$", *sass.PDL_OPCODES),
         absent=(r"^LDL", r"^STL"), no_local_memory=True, max_registers=v.max_registers(nt))
     assert sass.check(expect, summary, ck.resources) == []
     # The main loop (both halves of it at depth 2): 2 U RPW weight loads and 2 NT U RPW HMMA per
@@ -315,7 +315,7 @@ def test_default_variant_issues_its_weight_loads_before_the_mmas(nt):
 class _Launcher:
     """jit.launch.Launcher's interface, recording the parameter block's pointers and the launches."""
 
-    def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0):
+    def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0, pdl=False):
         import threading
 
         self.kinds, self.ptrs, self.launches, self.lock = kinds, {}, [], threading.Lock()

@@ -74,7 +74,7 @@ def test_prepared_launch_passes_what_launch_fp8_passes(driver, case):
     L = driver.launchers[-1]
     stream, got = L.launches[-1]
     assert stream == 11 and len(got) == len(want) == len(engine2.FP8_PARAMS)
-    assert L.config == dict(grid=p.grid, block=p.threads, smem=p.smem_bytes, cluster=None)
+    assert L.config == dict(grid=p.grid, block=p.threads, smem=p.smem_bytes, cluster=None, pdl=True)
     for i, (g, w) in enumerate(zip(got, want)):
         if i == 5 and case[6] == "row":  # A's scales re-laid: launch_fp8's copy and this call's differ
             assert g[1] == w[1] and g[2] == driver.relaid[-1].data_ptr() != sa.data_ptr()

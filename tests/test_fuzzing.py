@@ -317,7 +317,7 @@ class HostOnly:
         host = self
 
         class Launcher:  # jit.launch.Launcher's interface, checking the launch shape instead of launching
-            def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0):
+            def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0, pdl=False):
                 grid = grid if isinstance(grid, tuple) else (grid,)
                 assert all(g >= 1 for g in grid) and grid[0] < 2**31 and all(g < 2**16 for g in grid[1:]), grid
                 assert 32 <= block <= 1024 and 0 <= smem <= 227 * 1024, (block, smem)

@@ -111,7 +111,7 @@ def test_prepared_launch_passes_what_launch_passes(driver, case):
     L = driver.launchers[-1]
     stream, got = L.launches[-1]
     assert stream == 11 and len(got) == len(want) == len(grouped.PARAMS)
-    assert L.config == dict(grid=p.grid, block=p.threads, smem=p.smem_bytes, cluster=None)
+    assert L.config == dict(grid=p.grid, block=p.threads, smem=p.smem_bytes, cluster=None, pdl=True)
     assert (got[2] == got[0]) == p.direct  # DIRECT: A's descriptor stands in for out's
     for i, (g, w) in enumerate(zip(got, want)):
         if i == 3 and mode == "block-row":  # launch's copy and this call's differ

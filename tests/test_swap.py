@@ -209,7 +209,7 @@ class _Recorder:
         self.values, self.maps = {}, {}
 
         class Launcher:
-            def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0):
+            def __init__(self, compiled, kinds, *, grid, block, smem=0, cluster=None, device_index=0, pdl=False):
                 self.kinds = kinds
                 self.lock = __import__("threading").Lock()
                 rec.launches = 0

@@ -13,6 +13,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import gemmlab
+from gemmlab.jit import launch
 
 SHAPES = [(16, 14336, 4096), (32, 14336, 4096), (8, 14336, 4096), (32, 8192, 8192)]
 CALLS = 60
@@ -47,7 +48,7 @@ def main():
                    "mode": "queued" if queued else "free", "kernels": len(dur),
                    "kernel_us_median": statistics.median(dur), "gap_us_median": statistics.median(gaps),
                    "gap_us_mean": statistics.fmean(gaps), "names": names,
-                   "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}
+                   "git_sha": os.environ.get("GEMMLAB_GIT_SHA"), "pdl": launch.PDL}
             print(json.dumps(rec), flush=True)
             out.write(json.dumps(rec) + "\n")
 

@@ -342,7 +342,7 @@ class DecodeLaunch:
         ldw = b.stride(1) if N > 1 else K
         cin = c if self.has_c else out
         L = self.launcher = Launcher(compiled, _PARAMS, grid=p.grid, block=WARPS * 32, smem=p.smem_bytes,
-                                     device_index=a.get_device())
+                                     device_index=a.get_device(), pdl=True)
         L.set_args((b, ldw, a, lda, M, N, K, p.rw, p.piece, 1.0, 0.0, cin, cin.stride(0), cin.stride(1),
                     bias if bias is not None else out, out, out, out, out.stride(0)))
         # Split-K: the parameter block holds the workspace and counters of one stream (``_bind``), bound here

@@ -844,7 +844,7 @@ class Engine2Launch:
         self.compiled = compile_kernel(planner.SOURCE, p.name_expression, arch="sm_90a", name=p.compiled_name)
         la = p.launch_args()
         L = self.launcher = Launcher(self.compiled, _E2_PARAMS, grid=la["grid"], block=la["block"], smem=la["smem"],
-                                     cluster=la["cluster"], device_index=dev)
+                                     cluster=la["cluster"], device_index=dev, pdl=True)
         self.order = device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, a.device, pair_m=p.mcast)
         cin = c if p.has_c else out
         for i, v in ((5, self.order), (_E2_CIN, cin), (_E2_BIAS, bias if bias is not None else out), (_E2_OUT, out),

@@ -755,7 +755,7 @@ class GroupedLaunch:
         self.block = p.scale == "block"
         la = p.launch_args()
         L = self.launcher = Launcher(compile_plan(p), PARAMS, grid=la["grid"], block=la["block"], smem=la["smem"],
-                                     cluster=None, device_index=_index(a.device))
+                                     cluster=None, device_index=_index(a.device), pdl=True)
         for i, v in ((6, lead), (7, G), (8, rows), (9, N), (10, K), (11, min(p.panel, 2**31 - 1)), (14, sb_step)):
             L.set_i32(i, v)
         L.set_i64(16, o2.stride(0))
@@ -915,11 +915,11 @@ def sass_expect(p: GroupedPlan):
     """The grouped kernel's SASS: bf16/fp16 wgmma (HGMMA; e4m3: QGMMA and no HGMMA), TMA loads, the group
     table's warp scan (SHFL.UP), TMA stores (UTMASTG) for the blocks inside a group unless the plan is
     ``direct`` (then none), no mma.sync, no local memory, no GPU-wide fence in a loop; setmaxnreg with two
-    consumers."""
-    from .sass import SassExpect
+    consumers; programmatic dependent launch's wait and trigger."""
+    from .sass import PDL_OPCODES, SassExpect
 
     mma = r"^QGMMA" if p.dtype == "e4m3" else r"^HGMMA"  # FP8 wgmma prints as QGMMA
-    contains = [mma, r"^UTMALDG", r"^SHFL\.UP"] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
+    contains = [mma, r"^UTMALDG", r"^SHFL\.UP", *PDL_OPCODES] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
     contains += [] if p.direct else [r"^UTMASTG"]
     absent = (r"^HMMA",) + ((r"^UTMASTG",) if p.direct else ()) + ((r"^HGMMA",) if p.dtype == "e4m3" else ())
     absent += (r"^LDGSTS",) if p.scale == "block" else ()  # block scales ride the ring by TMA: no cp.async

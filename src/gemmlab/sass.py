@@ -294,6 +294,11 @@ def find_loops(instructions: list[Instruction]) -> list[Loop]:
 
 # Expectations ------------------------------------------------------------------------------------
 
+# Programmatic dependent launch (kernels/common/ptx.cuh): griddepcontrol.wait compiles to ACQBULK,
+# griddepcontrol.launch_dependents to PREEXIT. The engine's kernels launched with ``Launcher(pdl=True)``
+# must show both.
+PDL_OPCODES = (r"^ACQBULK", r"^PREEXIT")
+
 @dataclass(frozen=True)
 class SassExpect:
     """What a kernel's SASS must show. Each field is one claim the CI checks.

@@ -183,6 +183,11 @@ def _l2_promotion_from_env() -> int:
 
 L2_PROMOTION = _l2_promotion_from_env()
 
+# Programmatic dependent launch for the launchers that ask for it (``Launcher(pdl=True)``: kernels that
+# call ``pdl_wait()`` before touching global memory, kernels/common/ptx.cuh). GEMMLAB_PDL=0 launches them
+# plainly (read once, so a benchmark compares the two in separate processes).
+PDL = os.environ.get("GEMMLAB_PDL", "1").strip().lower() not in ("0", "off", "false", "no")
+
 
 def tensor_map_2d(t: torch.Tensor, box: tuple[int, int], *, swizzle_bytes: int = 128):
     """A TMA descriptor for a 2-D tensor whose last dimension is contiguous.
@@ -283,10 +288,14 @@ class Launcher:
 
     The block is host memory that the driver copies at launch (CUDA's kernel parameters are copied when a
     launch is enqueued, so the next call may overwrite it at once); a lock makes set-and-launch atomic
-    for callers that share a launcher across threads (``locked``)."""
+    for callers that share a launcher across threads (``locked``).
+
+    ``pdl``: launch with programmatic dependent launch (``PDL``), for kernels that call ``pdl_wait()``
+    before any global access: the kernel's CTAs may be scheduled while the previous kernel on the stream
+    finishes, which hides part of the gap between back-to-back launches."""
 
     def __init__(self, compiled, kinds, *, grid, block: int, smem: int = 0, cluster: int | None = None,
-                 device_index: int):
+                 device_index: int, pdl: bool = False):
         import numpy as np
 
         from cuda.bindings import driver
@@ -301,6 +310,7 @@ class Launcher:
             if grid[0] % cluster:
                 raise LaunchError(f"{self.name}: grid {grid} is not a multiple of cluster {cluster}")
         self.grid, self.block, self.smem, self.cluster = grid, int(block), int(smem), cluster
+        self.pdl = bool(pdl and PDL)
         self.device_index = device_index
         n = len(self.kinds)
         self._slots = np.zeros(max(1, n), dtype=np.uint64)
@@ -316,17 +326,27 @@ class Launcher:
         self._launch_plain = driver.cuLaunchKernel
         self._launch_ex = driver.cuLaunchKernelEx
         self._config = None
+        attrs = []
         if cluster is not None and cluster > 1:
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+            attrs.append(attr)
+        if self.pdl:
+            # The kernel may start while the one before it on the stream finishes (its pdl_wait() holds
+            # every global access until that one has completed).
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        if attrs:
             cfg = driver.CUlaunchConfig()
             # With a cluster attribute, the grid is still given in blocks (a multiple of the cluster).
             cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
             cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block, 1, 1
             cfg.sharedMemBytes = self.smem
-            attr = driver.CUlaunchAttribute()
-            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
-            cfg.attrs = [attr]
-            cfg.numAttrs = 1
+            cfg.attrs = attrs
+            cfg.numAttrs = len(attrs)
             self._config = cfg
 
     # Setters: index = the parameter's position in the kernel's signature.
@@ -392,7 +412,7 @@ class Launcher:
             if err == self._success:
                 return
         raise LaunchError(f"{self.name}: launch failed (grid={self.grid}, block={self.block}, smem={self.smem}, "
-                          f"cluster={self.cluster}): {err}")
+                          f"cluster={self.cluster}, pdl={self.pdl}): {err}")
 
 
 # How often a driver call found no current context and was retried after making it current (both paths

@@ -29,6 +29,23 @@ __device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Programmatic dependent launch (PTX "griddepcontrol"; the launch attribute CUDA calls
+// programmaticStreamSerializationAllowed, set by gemmlab.jit.launch.Launcher(pdl=True)). A kernel launched
+// with it may be scheduled while the kernel before it on the stream still runs, so its set-up (barrier
+// initialisation) overlaps that kernel's tail instead of following the launch gap. pdl_wait() returns
+// once every prerequisite grid has completed and its memory is visible; each thread calls it before its
+// first global load or store (operands, tables, workspace, output: the kernel before may write what this
+// one reads, or read what it writes). In a launch without the attribute it returns at once.
+__device__ __forceinline__ void pdl_wait() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// Lets the next kernel on the stream, if launched with the attribute, be scheduled now: its CTAs take SMs
+// as they are free and stop in their own pdl_wait() until this grid has completed. Harmless otherwise.
+__device__ __forceinline__ void pdl_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // Special registers %cluster_ctarank / %cluster_nctarank (PTX "Special Registers").
 __device__ __forceinline__ u32 cluster_ctarank() {
     u32 r;

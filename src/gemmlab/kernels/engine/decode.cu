@@ -137,6 +137,9 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     const int piece = blockIdx.y * KW + ks;
     const int k_begin = min(K, piece * PIECE), k_end = min(K, k_begin + PIECE);
 
+    pdl_wait();  // programmatic dependent launch: the previous kernel has completed (ptx.cuh)
+    pdl_launch_dependents();
+
     float acc[RPW][NT][4];
 #pragma unroll
     for (int r = 0; r < RPW; ++r)

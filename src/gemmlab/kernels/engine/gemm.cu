@@ -49,6 +49,10 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     } else {
         __syncthreads();
     }
+    // Programmatic dependent launch: the set-up above overlapped the previous kernel's tail; nothing global
+    // (order table, operands, workspace, output) is touched before it has completed.
+    pdl_wait();
+    pdl_launch_dependents();
 
     const ScheduleArgs sargs{splits, sk_tiles, sk_ctas};
     TileScheduler<Tr::SCHEDULE> sched(num_tiles, k_iters, sargs);

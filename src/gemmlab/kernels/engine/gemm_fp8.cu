@@ -37,6 +37,8 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     float* s_scales = reinterpret_cast<float*>(sC + Tr::SLABS_BYTES);
     if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
+    pdl_wait();  // programmatic dependent launch: the previous kernel has completed (ptx.cuh)
+    pdl_launch_dependents();
 
     TileScheduler<DATA_PARALLEL> sched(num_tiles, k_iters, ScheduleArgs{1, 0, 0});
     WorkUnit u;
