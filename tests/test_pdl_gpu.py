@@ -87,7 +87,7 @@ def test_engine_writes_what_the_previous_kernel_reads():
     first, x, w, y = _long_first_call(g)
     x0 = x.clone()
     a2 = torch.randn(512, 1024, device="cuda", generator=g).bfloat16()
-    b2 = torch.randn(1024, 8192, device="cuda", generator=g).bfloat16()
+    b2 = torch.randn(8192, 1024, device="cuda", generator=g).bfloat16().t()  # K-major, as the plan's
     over = x[:512]  # (512, 8192): the rows the first call reads first
     prof = engine2._profile(torch.device("cuda"))
     p = planner.candidates(512, 8192, 1024, profile=prof)[0]
