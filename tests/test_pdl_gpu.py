@@ -169,7 +169,7 @@ def test_fp8_and_grouped_in_a_chain():
     a = (torch.randn(1024, 4096, device="cuda", generator=g) / 4).to(f8)
     b = (torch.randn(2048, 4096, device="cuda", generator=g) / 4).to(f8).t()
     one = torch.ones((), device="cuda")
-    w = torch.randn(2048, 1024, device="cuda", generator=g).bfloat16().t() / 32
+    w = torch.randn(1024, 2048, device="cuda", generator=g).bfloat16().t() / 32  # (K, N) = (2048, 1024)
     experts = torch.randn(4, 512, 1024, device="cuda", generator=g).bfloat16() / 32
     counts = torch.tensor([100, 0, 300, 112], device="cuda", dtype=torch.int32)
     for _ in range(3):

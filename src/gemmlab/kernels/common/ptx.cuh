@@ -40,10 +40,26 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
-// Lets the next kernel on the stream, if launched with the attribute, be scheduled now: its CTAs take SMs
-// as they are free and stop in their own pdl_wait() until this grid has completed. Harmless otherwise.
+// Lets the next kernel on the stream, if launched with the attribute, be scheduled once every CTA of this
+// grid has said so or exited: its CTAs take SMs as they are free and stop in their own pdl_wait() until
+// this grid has completed. Harmless otherwise. The engine's kernels say so when a CTA's last unit is
+// done (pdl_trigger_late), so the next kernel's CTAs land on SMs as a plain launch's would, not early on
+// the SMs a grid smaller than the GPU leaves idle; PDL_TRIGGER_EARLY=1 (a probe's define) says so at the
+// start instead.
 __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+#ifndef PDL_TRIGGER_EARLY
+#define PDL_TRIGGER_EARLY 0
+#endif
+
+__device__ __forceinline__ void pdl_trigger_early() {
+    if (PDL_TRIGGER_EARLY) pdl_launch_dependents();
+}
+
+__device__ __forceinline__ void pdl_trigger_late() {
+    if (!PDL_TRIGGER_EARLY) pdl_launch_dependents();
 }
 
 // Special registers %cluster_ctarank / %cluster_nctarank (PTX "Special Registers").

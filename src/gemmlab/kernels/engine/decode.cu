@@ -138,7 +138,7 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     const int k_begin = min(K, piece * PIECE), k_end = min(K, k_begin + PIECE);
 
     pdl_wait();  // programmatic dependent launch: the previous kernel has completed (ptx.cuh)
-    pdl_launch_dependents();
+    pdl_trigger_early();
 
     float acc[RPW][NT][4];
 #pragma unroll
@@ -239,6 +239,8 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
             }
         }
     }
+
+    pdl_trigger_late();  // the weight stream is done: the next kernel may be scheduled
 
     // Fragments -> red[ks][token][row]. Lane (g, q) holds rows 16 r + g, 16 r + g + 8 and tokens 8j + 2q,
     // 8j + 2q + 1; stride_m = ROWS RW + 4 is 4 or 20 mod 32, so the 32 lanes' addresses differ by 8q + g

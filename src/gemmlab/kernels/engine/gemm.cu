@@ -52,7 +52,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     // Programmatic dependent launch: the set-up above overlapped the previous kernel's tail; nothing global
     // (order table, operands, workspace, output) is touched before it has completed.
     pdl_wait();
-    pdl_launch_dependents();
+    pdl_trigger_early();
 
     const ScheduleArgs sargs{splits, sk_tiles, sk_ctas};
     TileScheduler<Tr::SCHEDULE> sched(num_tiles, k_iters, sargs);
@@ -135,6 +135,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
                                 slabs, pieces, &tmC, &tmC_tail, t, consumer);
         }
     }
+    pdl_trigger_late();  // this CTA's last unit is stored or on its way: the next kernel may be scheduled
     if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();  // the slabs stay valid until the stores read them
     // B multicast: neither CTA leaves while the other's releases or loads may still reach its barriers
     // and shared memory.

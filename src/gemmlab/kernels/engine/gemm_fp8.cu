@@ -38,7 +38,7 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
     pdl_wait();  // programmatic dependent launch: the previous kernel has completed (ptx.cuh)
-    pdl_launch_dependents();
+    pdl_trigger_early();
 
     TileScheduler<DATA_PARALLEL> sched(num_tiles, k_iters, ScheduleArgs{1, 0, 0});
     WorkUnit u;
@@ -78,5 +78,6 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
         for (int mi = 0; mi < Tr::MI; ++mi)
             store_block<Tr>(acc[mi], row0 + mi * 64, n0, ep, slabs, pieces, &tmC, &tmC_tail, t, consumer);
     }
+    pdl_trigger_late();  // this CTA's last tile is stored or on its way: the next kernel may be scheduled
     if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();
 }

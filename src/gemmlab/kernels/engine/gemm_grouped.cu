@@ -121,7 +121,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     const int tiles_n = (N + BN - 1) / BN, k_iters = (K + BK - 1) / BK;
     const int n_blocks = (N + 127) / 128;  // block scales: each expert's column blocks in tmSB's rows
     pdl_wait();  // programmatic dependent launch: the ranges below may be the previous kernel's output
-    pdl_launch_dependents();
+    pdl_trigger_early();
     if (threadIdx.x < 32) groups.template build<LAYOUT, BM>(ranges, lead, G, limit, tiles_n, threadIdx.x);
     if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
@@ -191,5 +191,6 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
             }
         }
     }
+    pdl_trigger_late();  // this CTA's last tile is stored or on its way: the next kernel may be scheduled
     if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();  // the slabs stay valid until the stores read them
 }
