@@ -39,6 +39,7 @@ from gemmlab import planner
 from gemmlab.bench import check_candidates, git_sha
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
+from gemmlab.jit import launch
 
 SHAPES = Path(__file__).resolve().parent / "shapes" / "broad.json"
 
@@ -166,8 +167,8 @@ def main() -> None:
                        "correct": t is not None, "sm_clock_mhz": res.clocks.sm_mhz,
                        "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
                        "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__}
-                if name == "engine":
-                    rec.update(route=repr(route), kernel=route.kernel)
+                if name == "engine":  # gemmlab.matmul's prepared launch: programmatic dependent launch unless off
+                    rec.update(route=repr(route), kernel=route.kernel, pdl=launch.PDL)
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, schedule=pl.schedule, splits=pl.splits,
                                sk_tiles=pl.sk_tiles, sk_ctas=pl.sk_ctas, stages=pl.stages, grid=pl.grid,
