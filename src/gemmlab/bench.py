@@ -255,6 +255,7 @@ def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bflo
         "driver": info.driver, "torch": info.torch, "suite": suite, "kernel": "gemmlab.matmul",
         "dtype": str(dtype).replace("torch.", ""), "layout": layout, "M": M, "N": N, "K": K,
         "bias": bias, "activation": activation, "n_sets": n_sets, "path": _matmul_path(a0, b0, out, biases[0], activation),
+        "pdl": _pdl(),
         "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz, "power_w": res.clocks.power_w,
         "temp_c": res.clocks.temp_c, "baseline": "torch.mm" + ("/addmm+act" if bias or activation else ""),
         "kernel_sm_clock_mhz": _clock(res, "gemmlab"), "baseline_sm_clock_mhz": _clock(res, "torch"),
@@ -278,7 +279,16 @@ def _eager_common(kind: str) -> dict:
     info = gpu_info()
     return {"schema": SCHEMA, "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "git_sha": git_sha(), "gpu": info.name, "sm_count": info.sm_count, "driver": info.driver,
-            "torch": info.torch, "suite": "eager", "kind": kind, "sm_clock_mhz": sample_clocks().sm_mhz}
+            "torch": info.torch, "suite": "eager", "kind": kind, "sm_clock_mhz": sample_clocks().sm_mhz,
+            "pdl": _pdl()}
+
+
+def _pdl() -> bool:
+    """Whether gemmlab's prepared launches use programmatic dependent launch (``jit.launch.PDL``): back-to-back
+    calls overlap one kernel's start with the previous one's end, so eager and graph-replay records say so."""
+    from .jit import launch
+
+    return launch.PDL
 
 
 def _interleaved_eager(ours: Callable[[], object], theirs: Callable[[], object], reps: int, calls: int) -> dict:
