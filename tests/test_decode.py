@@ -319,6 +319,7 @@ class _Launcher:
         import threading
 
         self.kinds, self.ptrs, self.launches, self.lock = kinds, {}, [], threading.Lock()
+        self.pdl = pdl
 
     def set_args(self, args):
         assert len(args) == len(self.kinds)
@@ -380,6 +381,7 @@ def test_split_k_call_binds_its_buffers_once_per_stream(stubbed):
     state is never asked for counters allocated outside a capture."""
     assert decode.plan(*SPLIT, 132).splits > 1
     call, args = _launch(*SPLIT)
+    assert call.launcher.pdl is True  # the decode kernel waits (pdl_wait) before any global access
     assert stubbed.calls["buffers"] == [7]
     ws, ctr = stubbed.bufs[7]
     for _ in range(3):

@@ -223,3 +223,19 @@ def test_encoded_descriptors_carry_the_l2_promotion(monkeypatch, bytes_, name):
     monkeypatch.setattr(L, "L2_PROMOTION", bytes_)
     L.encode_tensor_map(0x10000, 64, 64, 64, torch.bfloat16, (64, 64))
     assert seen["l2"] == getattr(driver.CUtensorMapL2promotion, name)
+
+
+@pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("0", False), ("off", False), ("no", False)])
+def test_pdl_switch_is_read_from_the_environment(value, on):
+    """GEMMLAB_PDL (read once at import): programmatic dependent launch for the launchers that ask for it,
+    unless 0 / off / false / no."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GEMMLAB_PDL"}
+    if value is not None:
+        env["GEMMLAB_PDL"] = value
+    code = "from gemmlab.jit import launch; print(launch.PDL)"
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == str(on)

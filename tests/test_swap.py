@@ -213,6 +213,7 @@ class _Recorder:
                 self.kinds = kinds
                 self.lock = __import__("threading").Lock()
                 rec.launches = 0
+                rec.pdl = pdl
 
             def set_ptr(self, i, v):
                 rec.values[i] = v
@@ -252,6 +253,7 @@ def test_prepared_launch_swaps_the_operands_and_only_addresses_change(monkeypatc
     a, w = torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
     out, c = torch.empty(M, N, dtype=torch.bfloat16), torch.empty(M, N, dtype=torch.bfloat16)
     call = engine.Engine2Launch(a, w.t(), out, bias=None, c=c, plan=p)
+    assert rec.pdl is True  # engine_gemm waits (pdl_wait) before any global access: launched with PDL
     assert [rec.values[i] for i in (6, 7, 8)] == [N, M, K]
     assert (rec.values[12], rec.values[13]) == (1, N)  # ldc_row, ldc_col: C(r = out column, c = out row)
     assert rec.maps[engine._E2_A][:2] == (N, K) and rec.maps[engine._E2_A][3] == (p.bm, 64)
