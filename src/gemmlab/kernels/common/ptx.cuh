@@ -42,10 +42,12 @@ __device__ __forceinline__ void pdl_wait() {
 
 // Lets the next kernel on the stream, if launched with the attribute, be scheduled once every CTA of this
 // grid has said so or exited: its CTAs take SMs as they are free and stop in their own pdl_wait() until
-// this grid has completed. Harmless otherwise. The engine's kernels say so when a CTA's last unit is
-// done (pdl_trigger_late), so the next kernel's CTAs land on SMs as a plain launch's would, not early on
-// the SMs a grid smaller than the GPU leaves idle; PDL_TRIGGER_EARLY=1 (a probe's define) says so at the
-// start instead.
+// this grid has completed. Harmless otherwise. The engine's kernels say so at a CTA's end
+// (pdl_trigger_late), so the next kernel's CTAs land on SMs as a plain launch's would: said earlier,
+// while this grid still runs, the next grid's CTAs take whatever SMs have room first (the SMs a grid
+// smaller than the GPU leaves idle; with several CTAs an SM, the SMs whose CTAs are done), an uneven
+// spread that slowed weight streams by 3-20% (docs/worklog.md, session 14). PDL_TRIGGER_EARLY=1 (a
+// probe's define) says so at the start instead.
 __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }

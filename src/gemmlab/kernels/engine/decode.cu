@@ -240,8 +240,6 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
         }
     }
 
-    pdl_trigger_late();  // the weight stream is done: the next kernel may be scheduled
-
     // Fragments -> red[ks][token][row]. Lane (g, q) holds rows 16 r + g, 16 r + g + 8 and tokens 8j + 2q,
     // 8j + 2q + 1; stride_m = ROWS RW + 4 is 4 or 20 mod 32, so the 32 lanes' addresses differ by 8q + g
     // (mod 32 banks): no conflicts.
@@ -304,4 +302,8 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
         if constexpr (HAS_BIAS) x += to_float(bias[n]);
         Out[m * ldo + n] = from_float<TO>(activate<ACT>(x));
     }
+    // Programmatic dependent launch: the next kernel may be scheduled once every CTA is here or gone. Not
+    // earlier: several of these CTAs fit on an SM, so the next grid's CTAs, dispatched while CTAs of this
+    // one still run, would pile onto the SMs already free instead of spreading over the GPU.
+    pdl_trigger_late();
 }
