@@ -5,6 +5,7 @@ over ROUNDS rounds (medians). One process per variant, argv[2]:
   off    GEMMLAB_PDL=0: plain launches
   late   the default: each CTA lets the next kernel be scheduled after its last unit (pdl_trigger_late)
   early  the kernels compiled with PDL_TRIGGER_EARLY=1: right after pdl_wait (kernels/common/ptx.cuh)
+argv[3] (optional) "decode": the decode route's shapes (DECODE_SHAPES) instead of SHAPES.
 One JSON line per (shape, variant) appended to argv[1]."""
 import json
 import os
@@ -24,6 +25,9 @@ from gemmlab.jit import compiler  # noqa: E402
 SHAPES = [(1, 14336, 4096), (8, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (8, 8192, 8192),
           (16, 8192, 8192), (32, 8192, 8192), (16, 16384, 16384), (1, 4096, 4096), (16, 4096, 4096),
           (256, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096)]
+# The decode kernel's shapes of the broad set, three of which lost with its trigger after the main loop.
+DECODE_SHAPES = [(2, 1536, 8960), (2, 4096, 2304), (2, 576, 7168), (1, 2048, 2048), (4, 4096, 1024),
+                 (1, 1536, 7168), (2, 3072, 3072), (8, 2048, 8192), (1, 4096, 4096), (16, 4096, 4096)]
 CALLS, ROUNDS = 100, 7
 
 
@@ -57,7 +61,7 @@ def main():
     if VARIANT == "early":
         _early()
     out = open(sys.argv[1], "a")
-    for M, N, K in SHAPES:
+    for M, N, K in DECODE_SHAPES if sys.argv[3:4] == ["decode"] else SHAPES:
         x = torch.randn(M, K, device="cuda").bfloat16()
         w = torch.randn(N, K, device="cuda").bfloat16()
         sides = {"torch": lambda: torch.mm(x, w.t()), "gemmlab": lambda: gemmlab.matmul(x, w.t())}
