@@ -11,11 +11,14 @@ the model's best plan of each other schedule, its best plan with another tile he
 ``gemmlab.matmul`` runs through ``engine.gemm``: ``engine.route``'s choice of the decode kernel, h11 or
 the engine kernel; its record says which), and ``torch`` (torch.mm on the same operands, TN:
 ``a @ w.t()``), ``h11`` (h11's plan, where the router runs the engine kernel: what ran there before
-the router), and ``decode`` (the decode kernel, where the router priced it and chose another kernel). Inputs are fresh randn, rotated over sets of 2x the L2; every candidate is checked against
-an fp32 reference before it is timed (``gemmlab.timer``: graph replays, interleaved rounds, per-candidate
-SM clocks). One JSON line per (shape, candidate): git sha, GPU, clocks, shape and class, the plan and its
-predicted time, the measured time, torch's, and the ratio. Every instantiation is compiled up front in a
-process pool (the disk cache then serves the timing process). Shapes run in a fixed shuffled order, and
+the router), and ``decode`` (the decode kernel, where the router priced it and chose another kernel).
+Every engine-kernel candidate runs through the prepared launch ``gemmlab.matmul`` uses (``engine.gemm(...,
+plan=)``: programmatic dependent launch included), so plans compare as users run them. Inputs are fresh
+randn, rotated over sets of 2x the L2; every candidate is checked against an fp32 reference before it is
+timed (``gemmlab.timer``: graph replays, interleaved rounds, per-candidate SM clocks). One JSON line per
+(shape, candidate): git sha, GPU, clocks, shape and class, the plan and its predicted time, the measured
+time, torch's, the ratio and whether PDL was on. Every instantiation is compiled up front in a process pool
+(the disk cache then serves the timing process). Shapes run in a fixed shuffled order, and
 ``--budget-s`` stops between shapes, so a cut-short run still covers every class.
 """
 
@@ -143,7 +146,9 @@ def main() -> None:
         sets = [(torch.randn(M, K, device="cuda").bfloat16(), torch.randn(N, K, device="cuda").bfloat16().t(),
                  torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
         ref = sets[0][0].float() @ sets[0][1].float()
-        runs = {name: (lambda i, pl=pl: engine2.launch(pl, *sets[i])) for name, pl in plans.items()}
+        # Every candidate through a prepared launch (engine.gemm: Engine2Launch), as gemmlab.matmul's route:
+        # the same launch path, programmatic dependent launch included, so plans compare as users run them.
+        runs = {name: (lambda i, pl=pl: engine.gemm(*sets[i], plan=pl)) for name, pl in plans.items()}
         runs["engine"] = lambda i: engine.gemm(*sets[i])
         route = engine.plan(M, N, K, sm_count=info.sm_count)
         if route.kernel == "engine":  # what gemmlab.matmul ran before the router: h11's plan
@@ -166,9 +171,10 @@ def main() -> None:
                        "baseline_ms": base, "ratio": base / t if t else None, "rel_error": errors[name],
                        "correct": t is not None, "sm_clock_mhz": res.clocks.sm_mhz,
                        "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
-                       "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__}
-                if name == "engine":  # gemmlab.matmul's prepared launch: programmatic dependent launch unless off
-                    rec.update(route=repr(route), kernel=route.kernel, pdl=launch.PDL)
+                       "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__,
+                       "pdl": launch.PDL}  # the candidates' prepared launches: PDL unless GEMMLAB_PDL=0
+                if name == "engine":
+                    rec.update(route=repr(route), kernel=route.kernel)
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, schedule=pl.schedule, splits=pl.splits,
                                sk_tiles=pl.sk_tiles, sk_ctas=pl.sk_ctas, stages=pl.stages, grid=pl.grid,
