@@ -27,18 +27,25 @@ def time_plans(M: int, N: int, K: int, plans: dict, *, routed: bool = False) -> 
         cands["routed"] = lambda i: engine.gemm(sets[i][0], sets[i][1].t(), sets[i][2])
     for name, p in plans.items():
         cands[name] = (lambda p: lambda i: engine2.launch(p, sets[i][0], sets[i][1].t(), sets[i][2]))(p)
-    bad = []
-    for name, fn in cands.items():
-        sets[0][2].fill_(float("nan"))
-        fn(0)
-        torch.cuda.synchronize()
-        err = ((sets[0][2].float() - ref).norm() / ref.norm()).item()
-        if not err < 1e-2:
-            bad.append((name, err))
+    bad = bad_results(cands, sets[0][2], ref)
     res = time_interleaved(cands, 3, rounds=5, replay_ms=3.0)
     base = res.timings["torch"].median_ms
     return {"torch_ms": base, "ratios": {k: round(base / t.median_ms, 4) for k, t in res.timings.items()},
             "bad": bad, "sm_clock_mhz": res.clocks.sm_mhz}
+
+
+def bad_results(cands: dict, out: torch.Tensor, ref: torch.Tensor) -> list:
+    """[(name, relative error)] of the candidates (``fn(0)`` writes ``out``, poisoned with NaN first) whose
+    result is off ``ref`` by 1e-2 or more (NaN included)."""
+    bad = []
+    for name, fn in cands.items():
+        out.fill_(float("nan"))
+        fn(0)
+        torch.cuda.synchronize()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        if not err < 1e-2:
+            bad.append((name, err))
+    return bad
 
 
 def report(out, suite: str, M: int, N: int, K: int, plans: dict, r: dict, gpu: str, note: str = "") -> None:

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plans_vs_torch import plan_tag, profile_launches  # noqa: E402
+from plans_vs_torch import bad_results, plan_tag, profile_launches  # noqa: E402
 from gemmlab import engine, engine2, planner  # noqa: E402
 from gemmlab.jit import launch  # noqa: E402
 from gemmlab.timer import time_interleaved  # noqa: E402
@@ -82,15 +82,7 @@ def main():
             sets = [(torch.randn(M, K, device="cuda").bfloat16(), torch.randn(N, K, device="cuda").bfloat16(),
                      torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
             p, fns = runs_for(M, N, K, sets)
-            ref = sets[0][0].float() @ sets[0][1].float().t()
-            bad = {}
-            for name, fn in fns.items():
-                sets[0][2].fill_(float("nan"))
-                fn(0)
-                torch.cuda.synchronize()
-                err = ((sets[0][2].float() - ref).norm() / ref.norm()).item()
-                if not err < 1e-2:
-                    bad[name] = err
+            bad = dict(bad_results(fns, sets[0][2], sets[0][0].float() @ sets[0][1].float().t()))
             cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1].t(), out=sets[i][2]), **fns}
             res = time_interleaved(cands, 3, rounds=7, replay_ms=3.0)
             base = res.timings["torch"].median_ms
