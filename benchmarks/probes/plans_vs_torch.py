@@ -13,9 +13,11 @@ def plan_tag(p) -> str:
     return f"{'swap ' if p.swap_ab else ''}{p.bm}x{p.bn} {p.schedule}{sk}/{p.stages}"
 
 
-def time_plans(M: int, N: int, K: int, plans: dict, *, routed: bool = False) -> dict:
+def time_plans(M: int, N: int, K: int, plans: dict, *, routed: bool = False, prepared: bool = True) -> dict:
     """{name: plan} -> {"torch_ms", "ratios" (torch time / each one's; "torch", and "routed" if asked: what
-    gemmlab.matmul runs), "bad" ([(name, relative error)] of results off by 1e-2 or more), "sm_clock_mhz"}."""
+    gemmlab.matmul runs), "bad" ([(name, relative error)] of results off by 1e-2 or more), "sm_clock_mhz"}.
+    prepared: each plan through the prepared launch gemmlab.matmul uses (``engine.gemm(..., plan=p)``, with
+    programmatic dependent launch); False: ``engine2.launch`` (plain launches, ``engine2.plan_order``)."""
     sets = []
     for _ in range(3):
         a = torch.randn(M, K, device="cuda").bfloat16()
@@ -26,7 +28,10 @@ def time_plans(M: int, N: int, K: int, plans: dict, *, routed: bool = False) -> 
     if routed:
         cands["routed"] = lambda i: engine.gemm(sets[i][0], sets[i][1].t(), sets[i][2])
     for name, p in plans.items():
-        cands[name] = (lambda p: lambda i: engine2.launch(p, sets[i][0], sets[i][1].t(), sets[i][2]))(p)
+        if prepared:
+            cands[name] = (lambda p: lambda i: engine.gemm(sets[i][0], sets[i][1].t(), sets[i][2], plan=p))(p)
+        else:
+            cands[name] = (lambda p: lambda i: engine2.launch(p, sets[i][0], sets[i][1].t(), sets[i][2]))(p)
     bad = bad_results(cands, sets[0][2], ref)
     res = time_interleaved(cands, 3, rounds=5, replay_ms=3.0)
     base = res.timings["torch"].median_ms
