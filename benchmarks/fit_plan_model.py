@@ -321,7 +321,7 @@ def route_report(prof, decode_rule: str, cases: dict, halves_: tuple[set, set]) 
 
 
 def route_main(args) -> None:
-    cases = route_cases()
+    cases = route_cases(tuple(args.route_sha))
     fit_half, held = halves(cases)
     prof = dataclasses.replace(H200, **{k: float(v) for k, v in (s.split("=") for s in args.set)})
     if args.decode:
@@ -354,6 +354,7 @@ def main() -> None:
     p.add_argument("--only", nargs="+", choices=FIT_NAMES, help="with --fit: fit only these constants")
     p.add_argument("--route", action="store_true", help="the router's choice on both broad runs' records, by half")
     p.add_argument("--decode", action="store_true", help="with --route: fit the decode kernel's price first")
+    p.add_argument("--route-sha", nargs="+", default=list(ROUTE_SHAS), help="with --route: the broad runs' git_shas")
     args = p.parse_args()
     if args.route:
         route_main(args)
