@@ -22,6 +22,8 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
 * ``torch_grouped_mm``: ``torch._grouped_mm(a, b.transpose(-2, -1), offs)`` where torch has it (bf16);
 * ``torch_mm_loop``: one ``torch.mm`` per non-empty expert on its rows (the sizes read on the host before
   timing: this candidate is given what a real loop would have to sync for);
+* with ``--gemmlab-loop``, ``gemmlab_mm_loop``: the same loop through ``gemmlab.matmul`` (the dense engine's
+  plan per expert), to tell the grouped kernel's own cost from what the shapes cost;
 * with ``--fp8``, ``ours_fp8``: the same inputs quantized to e4m3 (a per-tensor scale for a, one per expert
   for b), ``grouped_mm``'s FP8 plan; checked against the fp32 product of its dequantized inputs. And block
   scales (DeepSeek-V3's: a 1 x 128 per row, each expert 128 x 128): ``ours_fp8_block``, ``grouped_mm``'s
@@ -56,6 +58,7 @@ import dataclasses
 
 import torch
 
+import gemmlab
 from gemmlab import fp8, grouped
 from gemmlab.bench import git_sha, rel_error
 from gemmlab.gpu import gpu_info
@@ -112,6 +115,7 @@ def main() -> None:
                     help="model:T pairs (e.g. mixtral:16384,dsv3:4096) instead of --models x --tokens")
     ap.add_argument("--all-tiles", action="store_true", help="also time every other tile of the plan space")
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 grouped kernel on the inputs quantized")
+    ap.add_argument("--gemmlab-loop", action="store_true", help="also time a loop of gemmlab.matmul over the experts")
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="HBM peak for the roofline (H200: 4.8 TB/s)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989 TFLOP/s)")
     ap.add_argument("--rounds", type=int, default=15)
@@ -195,6 +199,16 @@ def main() -> None:
             return s["out"]
 
         runs["torch_mm_loop"] = loop
+
+        def gemmlab_loop(i):
+            s = sets[i]
+            for g in range(G):
+                if sizes[g]:
+                    gemmlab.matmul(s["a"][starts[g]:starts[g + 1]], s["b"][g].t(), out=s["out"][starts[g]:starts[g + 1]])
+            return s["out"]
+
+        if args.gemmlab_loop:
+            runs["gemmlab_mm_loop"] = gemmlab_loop
 
         def dequant_loop(i):  # block scales without a grouped kernel: dequantize each expert, then torch.mm
             s = sets[i]
