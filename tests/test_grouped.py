@@ -11,6 +11,7 @@ The default run compiles 16 instantiations; ``-m slow`` compiles every tile x la
 group-table size (120).
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -38,9 +39,9 @@ def _check(p: grouped.GroupedPlan) -> None:
         assert needle not in ck.log, f"{p}:\n{ck.log}"
 
 
-def _forced(layout, bm, bn, dtype="bf16", out_dtype="bf16", groups=8, N=4096, rows=4096):
+def _forced(layout, bm, bn, dtype="bf16", out_dtype="bf16", groups=8, N=4096, rows=4096, schedule="data_parallel"):
     return next(c for c in grouped.candidates(layout, groups, rows, N, 4096, dtype=dtype, out_dtype=out_dtype)
-                if (c.bm, c.bn) == (bm, bn))
+                if (c.bm, c.bn, c.schedule) == (bm, bn, schedule))
 
 
 def _representative():
@@ -50,12 +51,18 @@ def _representative():
     ps += [_forced("contiguous", 128, 256, groups=256, rows=65536), _forced("masked", 256, 128, groups=256),
            _forced("contiguous", 128, 256, N=4100), _forced("masked", 64, 256, "fp16", "fp16", N=4100)]
     assert [p.table for p in ps[-4:]] == [512, 512, 128, 128] and [p.direct for p in ps[-4:]] == [0, 0, 1, 1]
+    # Stream-K (bf16 / fp16): the tiles the planner offers it on, TMA and DIRECT stores, both tables.
+    ps += [_forced("contiguous", 128, 256, schedule="stream_k"), _forced("masked", 256, 128, schedule="stream_k"),
+           _forced("contiguous", 64, 256, "fp16", "fp32", schedule="stream_k"),
+           _forced("contiguous", 128, 128, groups=256, rows=65536, schedule="stream_k"),
+           _forced("contiguous", 64, 128, N=4100, schedule="stream_k")]
     return ps
 
 
 def _every():
-    return [_forced(layout, bm, bn, dt, odt, groups) for layout in grouped.LAYOUTS for bm, bn in grouped.TILES
-            for dt in ("bf16", "fp16") for odt in ("bf16", "fp16", "fp32") for groups in (8, 256)]
+    return [_forced(layout, bm, bn, dt, odt, groups, schedule=sch) for layout in grouped.LAYOUTS
+            for bm, bn in grouped.TILES for dt in ("bf16", "fp16") for odt in ("bf16", "fp16", "fp32")
+            for groups in (8, 256) for sch in grouped.SCHEDULES]
 
 
 @pytest.mark.parametrize("p", _representative(), ids=lambda p: p.compiled_name)
@@ -128,6 +135,31 @@ def test_large_groups_pick_the_dense_planners_tile(G, T, N, K):
     g = grouped.plan("contiguous", G, T, N, K)
     assert (d.schedule, d.bm, d.bn, d.stages) == ("data_parallel", 128, 256, 4)
     assert (g.bm, g.bn, g.stages, g.table, g.direct) == (128, 256, 4, 128, False)
+
+
+def test_stream_k_is_offered_for_16_bit_operands_and_picked_where_a_partial_wave_is_priced():
+    """Beside every data-parallel plan a stream-K one (bf16 / fp16; not e4m3), priced the same where no
+    partial wave is left (the tie goes to data-parallel) and below it where the last wave's k-steps spread
+    over every SM pay: Mixtral's down projection at T = 4096 (576 tiles of 128 x 256 for groups of 512 rows
+    and half a tile each: 4.4 waves). Refused for e4m3."""
+    both = grouped.candidates("contiguous", 8, 4096, 4096, 14336)
+    assert {c.schedule for c in both} == set(grouped.SCHEDULES)
+    assert grouped.plan("contiguous", 8, 4096, 4096, 14336).schedule == "stream_k"
+    for c in both:
+        twin = next(d for d in both if (d.bm, d.bn) == (c.bm, c.bn) and d.schedule != c.schedule)
+        if c.schedule == "stream_k":
+            assert c.predicted_s <= twin.predicted_s * 1.1  # stream-K never priced far above its twin
+    # One wave or less: nothing to stream, the same price, data-parallel first.
+    few = grouped.candidates("contiguous", 8, 256, 512, 4096)
+    assert few[0].schedule == "data_parallel"
+    for c in few:
+        twin = next(d for d in few if (d.bm, d.bn) == (c.bm, c.bn) and d.schedule != c.schedule)
+        assert c.predicted_s == twin.predicted_s
+    assert {c.schedule for c in grouped.candidates("contiguous", 8, 4096, 4096, 14336, dtype="e4m3")} == {
+        "data_parallel"}
+    with pytest.raises(ValueError, match="stream_k"):
+        dataclasses.replace(grouped.candidates("contiguous", 8, 4096, 4096, 4096, dtype="e4m3")[0],
+                            schedule="stream_k")
 
 
 def test_hbm_bound_ties_pick_the_shortest_busy_tile():
@@ -349,6 +381,26 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direc
     assert [int(x) for x in args[6:12]] == [1 if layout == "contiguous" else 0, 4, limit, 48, 64, 3]
     assert args[12] is args[13] is args[15] and int(args[14]) == 0  # no scales read
     assert args[15].shape == (128, 48) and int(args[16]) == 48
+    assert args[17] is args[18] is args[15]  # data-parallel: no stream-K workspace read
+
+
+def test_stream_k_launch_passes_the_streams_workspace(monkeypatch):
+    """A stream-K plan's last two arguments: the per-stream workspace (partial slots for every CTA) and its
+    flags, as the dense kernel's stream-K plans get them (``engine.stream_k_workspace``)."""
+    import dataclasses
+
+    a, b, o = _ops(T=128)
+    p = dataclasses.replace(grouped.plan_for(a, b, o), schedule="stream_k")
+    captured, asked = {}, []
+    ws, flags = torch.empty(p.workspace_floats), torch.zeros(2 * p.grid, dtype=torch.int32)
+    monkeypatch.setattr(grouped, "compile_plan", lambda p: "compiled")
+    monkeypatch.setattr(grouped, "_tensor_map", lambda t, box: ("tmap", tuple(t.shape), tuple(box)))
+    monkeypatch.setattr(grouped, "_launch_fn", lambda: lambda compiled, **kw: captured.update(kw))
+    monkeypatch.setattr(grouped, "_workspace", lambda plan, device: asked.append(plan) or (ws, flags))
+    grouped.launch(p, a, b, o, 1, torch.empty(128, 48, dtype=torch.bfloat16))
+    assert asked == [p] and captured["args"][17] is ws and captured["args"][18] is flags
+    assert p.sk_ctas == p.grid and p.workspace_floats == p.grid * p.bm * p.bn
+    assert "stream-K" in repr(p) and p.template_args()[-1] == "2"
 
 
 def test_a_plan_that_tma_stores_refuses_an_unaligned_out(monkeypatch):

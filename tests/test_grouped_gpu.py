@@ -5,7 +5,9 @@ bf16 / fp16 / fp32 output, TMA-stored blocks beside DIRECT ones and all-DIRECT p
 start of out), panels of m-tiles in tall groups, against the float64 reference; outputs poisoned with
 NaN inside a NaN frame, rows outside the groups or past the counts left untouched; the masked layout
 inside a captured CUDA graph replayed with new counts; clamped bad offsets never writing outside;
-agreement with torch._grouped_mm where torch has it; FP8 (e4m3 operands, per-tensor scales, one per
+agreement with torch._grouped_mm where torch has it; stream-K plans (``test_stream_k_*``: every tile, both
+tables, bitwise repeatable, fp16, the workspace shared with the dense kernel, graphs with new offsets and
+counts); FP8 (e4m3 operands, per-tensor scales, one per
 group for b) on every FP8 tile, both layouts and in a graph; and FP8 with block scales (``test_block_*``:
 1 x 128 for a, 128 x 128 per expert for b) on every FP8 tile, both layouts, NaN scales outside the groups,
 in a graph, K up to 7168.
@@ -84,13 +86,13 @@ def test_contiguous_uneven_groups(G, T, N, K):
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
-def _tile_plan(G, T, N, K, tile, dtype, odt, layout="contiguous"):
+def _tile_plan(G, T, N, K, tile, dtype, odt, layout="contiguous", schedule="data_parallel"):
     """The candidate of that tile with TMA stores inside the groups (the planner stores every block
     directly where groups are this small: grouped.ALL_DIRECT_SHARE; those plans are the DIRECT tests')."""
     unaligned = N * (4 if odt == "fp32" else 2) % 16 != 0  # out's rows take no TMA map: DIRECT regardless
     return next(dataclasses.replace(c, direct=unaligned)
                 for c in grouped.candidates(layout, G, T, N, K, dtype=grouped._NAMES[dtype], out_dtype=odt)
-                if (c.bm, c.bn) == tile)
+                if (c.bm, c.bn, c.schedule) == (*tile, schedule))
 
 
 @pytest.mark.parametrize("G", [12, 200])  # the 128- and the 512-group table
@@ -230,6 +232,98 @@ def test_contiguous_in_a_cuda_graph_with_new_offsets():
         out.fill_(float("nan"))
         graph.replay()
         _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+
+
+def _tiles_there_are(sizes, bm, bn, N):
+    """The kernel's tile count for these group sizes (group_scheduler.cuh: ceil(rows / bm) m-tiles each)."""
+    return sum(-(-r // bm) for r in sizes) * -(-N // bn)
+
+
+@pytest.mark.parametrize("G", [12, 200])  # the 128- and the 512-group table
+@pytest.mark.parametrize("tile", grouped.TILES)
+def test_stream_k_every_tile_is_correct_and_bitwise_deterministic(tile, G):
+    """Stream-K plans (the split decided on the device from the real tile count): more tiles than CTAs
+    with a partial last wave, groups straddling tiles, empty groups, N and K not multiples of the tile;
+    against float64, then three more runs bitwise equal, and every flag back at 0."""
+    T, N, K = 4096, 1000, 2056
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=11, empty=(1,))
+    p = _tile_plan(G, T, N, K, tile, torch.bfloat16, "bf16", schedule="stream_k")
+    sizes = (offs[1:] - offs[:-1]).tolist()
+    tiles, k_steps = _tiles_there_are(sizes, *tile, N), -(-K // grouped.BK)
+    assert tiles > p.grid and (tiles % p.grid) * k_steps >= p.grid, (tiles, p.grid)  # the last wave is streamed
+    out, frame = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=p)
+    ref = grouped.reference_grouped_mm(a, b, offs)
+    _check(out, ref, "bf16")
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+    first = out.clone()
+    for _ in range(3):
+        out.fill_(float("nan"))
+        grouped.run(a, b, offs, out=out, plan=p)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), first.view(torch.int16))
+    _, flags = grouped._workspace(p, a.device)
+    assert int(flags.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("odt", ["fp16", "fp32"])
+def test_stream_k_fp16_operands_and_a_dense_stream_k_plan_on_the_same_stream(odt):
+    """fp16 operands, fp16 / fp32 out, and the workspace shared with the dense kernel's stream-K plans on
+    one stream: grouped, dense, grouped again, each checked."""
+    from gemmlab import engine2, planner
+
+    G, T, N, K = 8, 4096, 4096, 2056
+    a, b = _operands((T,), G, N, K, dtype=torch.float16)
+    offs = _uneven_offsets(G, T, seed=4, empty=(2,))
+    p = _tile_plan(G, T, N, K, (128, 256), torch.float16, odt, schedule="stream_k")
+    dp = next(c for c in planner.candidates(1500, 3000, 2000, schedules=planner.SCHEDULES) if c.schedule == "stream_k")
+    x = torch.randn(1500, 2000, device="cuda").bfloat16()
+    w = torch.randn(3000, 2000, device="cuda").bfloat16()
+    for _ in range(2):
+        out = torch.full((T, N), float("nan"), device="cuda", dtype=_TYPES[odt])
+        grouped.run(a, b, offs, out=out, plan=p)
+        _check(out, grouped.reference_grouped_mm(a, b, offs), odt)
+        dense = torch.full((1500, 3000), float("nan"), device="cuda", dtype=torch.bfloat16)
+        engine2.launch(dp, x, w.t(), dense)
+        torch.cuda.synchronize()
+        assert rel_error(dense.double(), x.double() @ w.double().t()) < 1e-2
+
+
+def test_stream_k_in_cuda_graphs_with_new_offsets_and_counts():
+    """Captured once, replayed with new offsets (contiguous) and counts (masked): the device recomputes the
+    split from the new tile count at every replay; the flags stay clean between replays."""
+    G, T, N, K = 16, 4096, 1024, 1024
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=1)
+    p = _tile_plan(G, T, N, K, (128, 128), torch.bfloat16, "bf16", schedule="stream_k")
+    out = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=p)  # compile and grow the workspace outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped.run(a, b, offs, out=out, plan=p)
+    for seed in (2, 3, 4):
+        offs.copy_(_uneven_offsets(G, T, seed=seed, empty=(seed,)))
+        out.fill_(float("nan"))
+        graph.replay()
+        _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+    Gm, C = 32, 512
+    am, bm_ = _operands((Gm, C), Gm, N, K, seed=2)
+    counts = torch.full((Gm,), C, dtype=torch.int32, device="cuda")
+    pm = _tile_plan(Gm, C, N, K, (128, 256), torch.bfloat16, "bf16", layout="masked", schedule="stream_k")
+    outm = torch.full((Gm, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    grouped.run(am, bm_, counts=counts, out=outm, plan=pm)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped.run(am, bm_, counts=counts, out=outm, plan=pm)
+    gen = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        counts.copy_(torch.randint(0, C + 1, (Gm,), generator=gen, dtype=torch.int32))
+        outm.fill_(float("nan"))
+        graph.replay()
+        _check(outm, grouped.reference_grouped_mm(am, bm_, counts=counts), "bf16")
 
 
 def test_torch_compile_and_torch_grouped_mm():

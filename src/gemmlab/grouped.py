@@ -51,10 +51,10 @@ import torch
 
 from . import ops, plan_cost
 from .devices import DeviceProfile
-from .engine import OutputMaps, _index, point_maps
+from .engine import OutputMaps, _index, point_maps, stream_k_workspace
 from .errors import UnsupportedProblem
 from .fp8 import check_scale_tensors
-from .jit.launch import Launcher, MapSlot
+from .jit.launch import Launcher, MapSlot, raw_stream
 from .planner import Warpgroups
 
 SOURCE = "engine/gemm_grouped.cu"
@@ -65,6 +65,9 @@ TABLES = (128, 512)  # the kernel's group-table capacities (MAX_G); the smallest
 MAX_STAGES = 9
 SLAB_BYTES = 64 * 128
 LAYOUTS = ("contiguous", "masked")
+SCHEDULES = ("data_parallel", "stream_k")
+# Stream-K plans (bf16 / fp16) offered to ``candidates`` beside the data-parallel ones, the cheaper price wins.
+STREAM_K_OFFERED = True
 # The tile space: one or two consumers, 128 or 256 columns (MoE intermediates are 1408 .. 14336 wide), and
 # 256 x 128 (two consumers of 128 rows each: the dense planner's pick for some large-group problems).
 TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
@@ -144,7 +147,9 @@ class GroupedPlan(Warpgroups):
     TMA-stored). ``expected_rows``: the rows per group the plan was priced for (the
     real ones are on the device); ``predicted_s`` the model's time for them. ``scale`` (e4m3 only):
     "tensor" (per-tensor scales, in the epilogue) or "block" (1 x 128 / 128 x 128 block scales, at each
-    promotion)."""
+    promotion). ``schedule``: "data_parallel", or (bf16 / fp16) "stream_k": the kernel splits the k-steps
+    of a partial last wave over every CTA, decided on the device from the real tile count (the dense
+    engine's hybrid stream-K; its partials go through ``engine.stream_k_workspace``)."""
 
     layout: str
     groups: int
@@ -164,8 +169,12 @@ class GroupedPlan(Warpgroups):
     predicted_s: float = 0.0
     kernel: str = KERNEL
     scale: str = "tensor"
+    schedule: str = "data_parallel"
 
     def __post_init__(self):
+        if self.schedule not in SCHEDULES or (self.schedule == "stream_k" and self.dtype == "e4m3"):
+            raise ValueError(f"schedule must be one of {SCHEDULES} (stream_k: bf16 / fp16 only), got "
+                             f"{self.schedule!r} for {self.dtype}")
         if self.scale not in ("tensor", "block") or (self.scale == "block" and self.dtype != "e4m3"):
             raise ValueError(f"scale must be 'tensor' or 'block' (block: e4m3 only), got {self.scale!r} "
                              f"for {self.dtype}")
@@ -178,9 +187,20 @@ class GroupedPlan(Warpgroups):
     def tiles_n(self) -> int:
         return math.ceil(self.N / self.bn)
 
+    @property
+    def sk_ctas(self) -> int:
+        """CTAs that may write a stream-K partial (all of them), 0 for data-parallel plans."""
+        return self.grid if self.schedule == "stream_k" else 0
+
+    @property
+    def workspace_floats(self) -> int:
+        """fp32 partial slots a stream-K launch needs: one bm x bn tile per CTA."""
+        return self.sk_ctas * self.bm * self.bn
+
     def template_args(self) -> tuple[str, ...]:
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>:
-        K-major operands, no epilogue terms, data-parallel; DIRECT only where out has no TMA map. e4m3:
+        K-major operands, no epilogue terms, data-parallel (0) or stream-K (2); DIRECT only where out has no
+        TMA map. e4m3:
         Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE (0 per-tensor, 1 block), PROMOTE (every 128 of K),
         BIAS, ACT, DIRECT>."""
         direct = "true" if self.direct else "false"
@@ -188,7 +208,7 @@ class GroupedPlan(Warpgroups):
             return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
                     "1" if self.scale == "block" else "0", "1", "false", "0", direct)
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
-                "false", "false", "false", "false", "0", direct, "0")
+                "false", "false", "false", "false", "0", direct, "2" if self.schedule == "stream_k" else "0")
 
     @property
     def name_expression(self) -> str:
@@ -204,7 +224,7 @@ class GroupedPlan(Warpgroups):
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
                 f"{self.dtype}{' block scales' if self.scale == 'block' else ''}->{self.out_dtype}: {self.kernel} "
-                f"{self.bm}x{self.bn} tiles, {self.stages} stages, "
+                f"{self.bm}x{self.bn} tiles{', stream-K' if self.schedule == 'stream_k' else ''}, {self.stages} stages, "
                 f"grid {self.grid}, table {self.table}, panel {min(self.panel, 9999)}"
                 f"{', direct stores' if self.direct else ''}; priced for {self.expected_rows:.1f} rows a group: "
                 f"{self.predicted_s * 1e6:.1f} us)")
@@ -239,7 +259,8 @@ ALL_DIRECT_SHARE = 0.5
 
 
 def predict_s(groups: int, rows_per_group: float, N: int, K: int, bm: int, bn: int, stages: int,
-              prof: DeviceProfile, out_bytes: int = 2, *, uneven: bool = False, direct: bool = False) -> float:
+              prof: DeviceProfile, out_bytes: int = 2, *, uneven: bool = False, direct: bool = False,
+              stream_k: bool = False) -> float:
     """The plan model's price of a grouped launch whose groups have ``rows_per_group`` rows on average:
     the dense engine's data-parallel terms of ``plan_cost`` (``kstep_s`` per k-step loading whole bm-row
     boxes, ``tile_epilogue_s``), with the dense model's waves (full waves at all SMs' k-step, the partial
@@ -247,11 +268,15 @@ def predict_s(groups: int, rows_per_group: float, N: int, K: int, bm: int, bn: i
     the TMA-stored one except for the 64-row block at each group's end (``tile_epilogue_s(direct=True)``
     for that share of the blocks; all of them with ``direct``). ``uneven``: see ``tiles_m_per_group``.
     Not fitted to grouped records; for one group of M rows (M a multiple of bm) it is
-    ``plan_cost.predict_s``'s data-parallel price at the grouped kernel's stages."""
-    return _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct)[0]
+    ``plan_cost.predict_s``'s data-parallel price at the grouped kernel's stages. ``stream_k``: a partial
+    last wave's k-steps spread over all SMs (the kernel's device-side hybrid), priced with the dense
+    model's stream-K terms (``plan_cost.predict_s``): its k-steps at ``stream_k_kstep_factor``, one owned
+    epilogue, the partials written and read, a unit's restart and ``stream_k_fixed_s``."""
+    return _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct, stream_k)[0]
 
 
-def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct) -> tuple[float, float]:
+def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct,
+           stream_k=False) -> tuple[float, float]:
     """(predict_s, the SMs' busy time without the HBM floor: what breaks a tie at the floor)."""
     tm = tiles_m_per_group(rows_per_group, bm, uneven)
     tiles = math.ceil(groups * tm * math.ceil(N / bn))
@@ -271,7 +296,14 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
     epi = ((1.0 - f) * plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=False)
            + f * plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=True))
     full, rem = divmod(tiles, prof.sm_count)
-    t = full * (k * ks(prof.sm_count) + epi) + (k * ks(rem) + epi if rem else 0.0)
+    if stream_k and full and rem and rem * k >= prof.sm_count:  # the kernel's rule (gemm_grouped.cu)
+        per = math.ceil(rem * k / prof.sm_count)  # every SM's share of the last wave's k-steps
+        partial = bm * bn * 4 / prof.partial_bytes_per_s
+        reads = math.ceil(k / per) if per < k else 1  # partials the busiest owner adds
+        t = (full * (k * ks(prof.sm_count) + epi) + per * ks(prof.sm_count) * prof.stream_k_kstep_factor + epi
+             + partial * (1 + reads) + prof.tile_fixed_s + prof.stream_k_fixed_s)
+    else:
+        t = full * (k * ks(prof.sm_count) + epi) + (k * ks(rem) + epi if rem else 0.0)
     return prof.launch_s + max(t, unique / prof.hbm_read_bytes_per_s), t
 
 
@@ -317,14 +349,19 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
         else:
             most = groups * math.ceil(rows / bm) * math.ceil(N / bn)
         uneven = layout == "contiguous"
-        t, busy = _price(groups, expected_rows, N, K_priced, bm, bn, stages, prof, out_bytes, uneven, direct)
         all_direct = direct or crossing_share(expected_rows, bm, uneven) >= ALL_DIRECT_SHARE
-        plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn, stages=stages,
-                                 grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt, table=table,
-                                 panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2), direct=all_direct,
-                                 expected_rows=float(expected_rows), predicted_s=t, scale=scale)))
-    # Ties (at the HBM floor): the tile that keeps the SMs busy the shortest (fewest rows multiplied in vain).
-    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), round(bp[0], 9), -bp[1].bm * bp[1].bn))
+        for schedule in ("data_parallel",) if fp8 or not STREAM_K_OFFERED else SCHEDULES:
+            t, busy = _price(groups, expected_rows, N, K_priced, bm, bn, stages, prof, out_bytes, uneven, direct,
+                             schedule == "stream_k")
+            plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn,
+                                            stages=stages, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
+                                            table=table, panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2),
+                                            direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
+                                            scale=scale, schedule=schedule)))
+    # Ties (at the HBM floor): data-parallel first (stream-K only where it is priced faster), then the tile
+    # that keeps the SMs busy the shortest (fewest rows multiplied in vain).
+    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), bp[1].schedule != "data_parallel", round(bp[0], 9),
+                               -bp[1].bm * bp[1].bn))
     return [p for _, p in plans]
 
 
@@ -561,8 +598,16 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     head = (map_a, map_b, map_c, map_sa, map_sb, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N),
             np.int32(K), np.int32(min(p.panel, 2**31 - 1)))
     scales = (scale_a, scale_b, np.int32(sb_step)) if fp8 else (o2, o2, np.int32(0))  # (bf16 reads none)
-    args = head + scales + (o2, np.int64(o2.stride(0)))
+    ws, flags = _workspace(p, a.device) if p.schedule == "stream_k" else (o2, o2)  # (data-parallel reads none)
+    args = head + scales + (o2, np.int64(o2.stride(0)), ws, flags)
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def _workspace(p: GroupedPlan, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stream-K plan's partial slots and flags on torch's current stream (``engine.stream_k_workspace``,
+    shared with the dense kernel's stream-K plans on that stream)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    return stream_k_workspace(p, idx, torch.cuda.current_stream(idx).cuda_stream)
 
 
 def _tensor_map_flat(t, box):
@@ -720,9 +765,9 @@ def _check_call(a, b, offsets, counts, out, out_dtype, scale_a, scale_b) -> Grou
 
 # The grouped kernel's parameters, in order (engine_gemm_grouped in kernels/engine/gemm_grouped.cu).
 PARAMS = ("tmap", "tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "ptr", "ptr", "i32",
-          "ptr", "i64")
+          "ptr", "i64", "ptr", "ptr")
 _P_A, _P_B, _P_C, _P_SA_MAP, _P_SB_MAP, _P_RANGES = range(6)
-_P_SA, _P_SB, _P_OUT = 12, 13, 15
+_P_SA, _P_SB, _P_OUT, _P_WS, _P_FLAGS = 12, 13, 15, 17, 18
 
 
 class GroupedLaunch:
@@ -753,9 +798,13 @@ class GroupedLaunch:
         self.plan = p
         self.fp8 = p.dtype == "e4m3"
         self.block = p.scale == "block"
+        self.dev = _index(a.device)
+        self.stream_k = p.schedule == "stream_k"
         la = p.launch_args()
         L = self.launcher = Launcher(compile_plan(p), PARAMS, grid=la["grid"], block=la["block"], smem=la["smem"],
-                                     cluster=None, device_index=_index(a.device), pdl=True)
+                                     cluster=None, device_index=self.dev, pdl=True)
+        if self.stream_k:  # grown now, before a graph capture of a later call could need it to grow
+            stream_k_workspace(p, self.dev, raw_stream(self.dev))
         for i, v in ((6, lead), (7, G), (8, rows), (9, N), (10, K), (11, min(p.panel, 2**31 - 1)), (14, sb_step)):
             L.set_i32(i, v)
         L.set_i64(16, o2.stride(0))
@@ -786,6 +835,7 @@ class GroupedLaunch:
         from .engine2 import point_scale_maps, scale_views
 
         views = scale_views(self, scale_rows_mn_major, scale_a, scale_b)  # kept alive until enqueued
+        ws = stream_k_workspace(self.plan, self.dev, stream) if self.stream_k else None
         L = self.launcher
         with L.lock:
             po = out.data_ptr()
@@ -795,6 +845,8 @@ class GroupedLaunch:
             L.set_ptr(_P_SA, scale_a.data_ptr() if self.fp8 else po)  # bf16 reads no scales
             L.set_ptr(_P_SB, scale_b.data_ptr() if self.fp8 else po)
             L.set_ptr(_P_OUT, po)
+            L.set_ptr(_P_WS, ws[0].data_ptr() if ws else po)  # data-parallel reads neither
+            L.set_ptr(_P_FLAGS, ws[1].data_ptr() if ws else po)
             L.launch(stream)
 
 
@@ -915,13 +967,15 @@ def sass_expect(p: GroupedPlan):
     """The grouped kernel's SASS: bf16/fp16 wgmma (HGMMA; e4m3: QGMMA and no HGMMA), TMA loads, the group
     table's warp scan (SHFL.UP), TMA stores (UTMASTG) for the blocks inside a group unless the plan is
     ``direct`` (then none), no mma.sync, no local memory, no GPU-wide fence in a loop; setmaxnreg with two
-    consumers; programmatic dependent launch's wait and trigger."""
+    consumers; programmatic dependent launch's wait and trigger; stream-K's flag release (RED), its
+    partials' fence allowed where data-parallel plans have none."""
     from .sass import PDL_OPCODES, SassExpect
 
     mma = r"^QGMMA" if p.dtype == "e4m3" else r"^HGMMA"  # FP8 wgmma prints as QGMMA
     contains = [mma, r"^UTMALDG", r"^SHFL\.UP", *PDL_OPCODES] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
+    contains += [r"^RED"] if p.schedule == "stream_k" else []
     contains += [] if p.direct else [r"^UTMASTG"]
     absent = (r"^HMMA",) + ((r"^UTMASTG",) if p.direct else ()) + ((r"^HGMMA",) if p.dtype == "e4m3" else ())
     absent += (r"^LDGSTS",) if p.scale == "block" else ()  # block scales ride the ring by TMA: no cp.async
     return SassExpect(contains=tuple(contains), absent=absent, no_local_memory=True,
-                      loop_absent=(r"^MEMBAR\.ALL\.GPU",))
+                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule == "data_parallel" else ())

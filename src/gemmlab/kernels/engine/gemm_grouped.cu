@@ -20,7 +20,8 @@
 //   fp8_traits.cuh       e4m3: Fp8GemmTraits (per-tensor scales, promotion into fp32 every 128 of K)
 //   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable) and
 //                        the tile order inside a group (m fastest, in panels of `panel` m-tiles)
-//   tile_scheduler.cuh   data-parallel persistent tiles over all groups' tiles
+//   tile_scheduler.cuh   data-parallel persistent tiles over all groups' tiles (or hybrid stream-K)
+//   reduction.cuh        stream-K: the partial sums through the global workspace
 //   mainloop.cuh         the producer's TMA loads and the consumers' wgmmas, unchanged
 //   mainloop_fp8.cuh     e4m3: the consumers' k32 wgmmas into a partial sum, promoted every k-step
 //   epilogue_store.cuh   TMA stores of the 64-row blocks inside the group, DIRECT rows for the rest
@@ -38,6 +39,12 @@
 // aligned: no TMA map over out) every block is stored that way.
 // MAX_G: the group table's capacity (128 or 512); the smaller table leaves room for one more stage at
 // 128 x 128 and 128 x 256 (gemmlab.grouped.table_groups).
+// Schedules (Tr::SCHEDULE): DATA_PARALLEL, or (bf16 / fp16) STREAM_K, the dense engine's hybrid decided on
+// the device: the tiles there are (the table's total) are only known here, so each CTA derives the same
+// split from them: full waves of whole tiles, and where a partial wave is left over (total > grid, total
+// % grid = r > 0, r x k-steps >= grid), the k-steps of the last r tiles spread evenly over all CTAs
+// (tile_scheduler.cuh), their partial sums reduced through the workspace in CTA order (reduction.cuh:
+// deterministic, flags left at 0).
 #include "common/fp8_traits.cuh"
 #include "common/gemm_traits.cuh"
 #include "common/group_scheduler.cuh"
@@ -45,6 +52,7 @@
 #include "common/mainloop_fp8.cuh"
 #include "common/epilogue_store.cuh"
 #include "common/fp8_promote.cuh"
+#include "common/reduction.cuh"
 
 // Block scales: each stage's slot holds BM + 4 row scales from the tile's first row rounded down to a
 // multiple of 4, then (at the next 128 bytes) B's box of 8 column-block scales.
@@ -96,14 +104,16 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                     const __grid_constant__ CUtensorMap tmSB, const int* __restrict__ ranges, int lead, int G,
                     int limit, int N, int K, int panel, const float* __restrict__ scale_a,
                     const float* __restrict__ scale_b, int sb_step, typename Tr::TO* __restrict__ Out,
-                    long long ldo) {
+                    long long ldo, float* workspace, int* flags) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     constexpr bool FP8 = sizeof(T) == 1;  // Fp8GemmTraits: e4m3 bytes, 128-deep k-steps
     constexpr bool BLOCK = scale_mode<Tr>() == SCALE_BLOCK;
-    static_assert(Tr::SCHEDULE == DATA_PARALLEL && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C && !Tr::HAS_BIAS &&
-                      Tr::ACT == 0 && Tr::TAIL == 0,
-                  "grouped: K-major operands, data-parallel, no epilogue terms, whole store pieces");
+    constexpr bool SK = Tr::SCHEDULE == STREAM_K;
+    static_assert((Tr::SCHEDULE == DATA_PARALLEL || (SK && !FP8)) && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C &&
+                      !Tr::HAS_BIAS && Tr::ACT == 0 && Tr::TAIL == 0,
+                  "grouped: K-major operands, data-parallel (or bf16 / fp16 stream-K), no epilogue terms, whole "
+                  "store pieces");
     if constexpr (FP8) static_assert(Tr::PRODUCER_REGS == 40, "the producer gives the consumers 232 registers");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + scale_bytes<Tr>() +
                           sizeof(GroupTable<MAX_G>) <= 227 * 1024 - 256,
@@ -126,7 +136,11 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
 
-    TileScheduler<DATA_PARALLEL> sched(groups.total(G), k_iters, ScheduleArgs{1, 0, 0});
+    // Stream-K where a partial wave is left and its k-steps give every CTA at least one (a CTA with an empty
+    // range would leave its owner waiting for a partial it never writes); else every tile data-parallel.
+    const int total = groups.total(G), rem = total % (int)gridDim.x;
+    const bool streamed = SK && total > (int)gridDim.x && rem > 0 && (long long)rem * k_iters >= gridDim.x;
+    TileScheduler<Tr::SCHEDULE> sched(total, k_iters, ScheduleArgs{1, streamed ? rem : 0, streamed ? (int)gridDim.x : 0});
     WorkUnit u;
     if (wg == 0) {
         // M = INT_MAX: every box is a whole BM rows (the rows past the group are discarded).
@@ -170,6 +184,15 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
             consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, nullptr, gt.n * BN);
         else
             consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
+        if constexpr (SK) {  // a streamed tile: blocks past the group's rows hold no partial (reduction.cuh)
+            if (u.kind == UNIT_CONTRIBUTOR) {
+                sk_store_partial<Tr>(acc, workspace, flags, blockIdx.x, consumer, t, gt.m * BM, gt.rows);
+                continue;
+            }
+            if (u.kind == UNIT_OWNER)
+                sk_add_partials<Tr>(acc, workspace, flags, sched, blockIdx.x + 1, sched.streamed_end(u.tile), consumer,
+                                    t, gt.m * BM, gt.rows);
+        }
         // e4m3, per-tensor: the scales, read after the k-loop (no load in flight at a wgmma fence). Block
         // scales were applied at each promotion.
         const float alpha = FP8 && !BLOCK ? sa * __ldg(scale_b + sb_step * gt.g) : 1.0f;
