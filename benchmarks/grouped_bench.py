@@ -16,7 +16,8 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
 ``gemmlab.timer.time_interleaved`` run (CUDA graphs, interleaved rounds, rotated input sets):
 
 * ``ours``: ``gemmlab.grouped.run`` with the plan ``grouped_mm`` picks (and, with ``--all-tiles``,
-  ``ours_<bm>x<bn>`` for every other tile ``grouped.candidates`` prices, so the planner's pick can be checked
+  ``ours_<bm>x<bn>`` for every other tile ``grouped.candidates`` prices, ``ours_<bm>x<bn>_sk`` its stream-K
+  plan (bf16 / fp16), so the planner's pick can be checked
   against measurement, and ``ours_no_panel`` where the picked plan's panels split the tallest group:
   the same plan walking each group plain m-fastest);
 * ``torch_grouped_mm``: ``torch._grouped_mm(a, b.transpose(-2, -1), offs)`` where torch has it (bf16);
@@ -153,8 +154,8 @@ def main() -> None:
         plans = {"ours": plan}
         if args.all_tiles:
             for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(s0["a"])):
-                if (c.bm, c.bn) != (plan.bm, plan.bn):
-                    plans[f"ours_{c.bm}x{c.bn}"] = c
+                if (c.bm, c.bn, c.schedule) != (plan.bm, plan.bn, plan.schedule):
+                    plans[f"ours_{c.bm}x{c.bn}{'_sk' if c.schedule == 'stream_k' else ''}"] = c
             if max(sizes) > plan.panel * plan.bm:  # the tallest group is walked in panels
                 plans["ours_no_panel"] = dataclasses.replace(plan, panel=1 << 30)
 
