@@ -192,24 +192,19 @@ def main() -> None:
             ends = offs[1:].contiguous()
             runs["torch_grouped_mm"] = lambda i: torch._grouped_mm(sets[i]["a"], sets[i]["b"].transpose(-2, -1), ends)
 
-        def loop(i):
-            s = sets[i]
-            for g in range(G):
-                if sizes[g]:
-                    torch.mm(s["a"][starts[g]:starts[g + 1]], s["b"][g].t(), out=s["out"][starts[g]:starts[g + 1]])
-            return s["out"]
+        def loop(mm):  # one mm(a_g, w_g^T, out=out_g) per non-empty expert
+            def run(i):
+                s = sets[i]
+                for g in range(G):
+                    if sizes[g]:
+                        r = slice(starts[g], starts[g + 1])
+                        mm(s["a"][r], s["b"][g].t(), out=s["out"][r])
+                return s["out"]
+            return run
 
-        runs["torch_mm_loop"] = loop
-
-        def gemmlab_loop(i):
-            s = sets[i]
-            for g in range(G):
-                if sizes[g]:
-                    gemmlab.matmul(s["a"][starts[g]:starts[g + 1]], s["b"][g].t(), out=s["out"][starts[g]:starts[g + 1]])
-            return s["out"]
-
+        runs["torch_mm_loop"] = loop(torch.mm)
         if args.gemmlab_loop:
-            runs["gemmlab_mm_loop"] = gemmlab_loop
+            runs["gemmlab_mm_loop"] = loop(gemmlab.matmul)
 
         def dequant_loop(i):  # block scales without a grouped kernel: dequantize each expert, then torch.mm
             s = sets[i]
