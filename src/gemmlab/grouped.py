@@ -621,9 +621,11 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
 
 def _workspace(p: GroupedPlan, device) -> tuple[torch.Tensor, torch.Tensor]:
     """A stream-K plan's partial slots and flags on torch's current stream (``engine.stream_k_workspace``,
-    shared with the dense kernel's stream-K plans on that stream)."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    return stream_k_workspace(p, idx, torch.cuda.current_stream(idx).cuda_stream)
+    shared with the dense kernel's stream-K plans on that stream): ``engine2.workspace``, which needs only
+    the plan's ``workspace_floats`` and ``sk_ctas``."""
+    from .engine2 import workspace
+
+    return workspace(p, device)
 
 
 def _tensor_map_flat(t, box):
