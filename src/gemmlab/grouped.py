@@ -67,10 +67,14 @@ SLAB_BYTES = 64 * 128
 LAYOUTS = ("contiguous", "masked")
 SCHEDULES = ("data_parallel", "stream_k")
 # Stream-K plans (bf16 / fp16) are listed by ``candidates`` beside the data-parallel ones; ``plan`` (what
-# grouped_mm runs) picks among them only when STREAM_K_OFFERED is set. Off: the kernel's stream-K path
-# compiles clean and passes the CPU tests, but has not run on a GPU yet (tests/test_grouped_gpu.py's
-# test_stream_k_* are written for it).
-STREAM_K_OFFERED = False
+# grouped_mm runs) picks one only where it is priced at most STREAM_K_MARGIN of the best data-parallel
+# plan. Measured (H200, c386676, grouped.jsonl, 128 x 256): Mixtral's down projection at T = 4096 (4.4
+# waves) ran 0.828 ms stream-K against 0.960 data-parallel (0.914 for the 256 x 128 pick; priced 0.667 /
+# 0.713); where the price saw nothing to stream the stream-K kernel ran 2.5-8% slower than its twin
+# (Mixtral T = 16384, Qwen1.5-MoE gate/up): a real tile count differs from the priced one, and the
+# kernel's hybrid then streams a wave that gains nothing. Hence the margin.
+STREAM_K_OFFERED = True
+STREAM_K_MARGIN = 0.97
 # The tile space: one or two consumers, 128 or 256 columns (MoE intermediates are 1408 .. 14336 wide), and
 # 256 x 128 (two consumers of 128 rows each: the dense planner's pick for some large-group problems).
 TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
@@ -380,10 +384,15 @@ def stream_k_problem(bm: int, bn: int, out_dtype: str) -> str | None:
 
 
 def plan(layout: str, groups: int, rows: int, N: int, K: int, **kw) -> GroupedPlan:
-    """The cheapest plan of ``candidates`` (same arguments) among the offered schedules (stream-K only with
-    ``STREAM_K_OFFERED``). Pure Python; no GPU needed."""
-    return next(c for c in candidates(layout, groups, rows, N, K, **kw)
-                if STREAM_K_OFFERED or c.schedule == "data_parallel")
+    """The cheapest plan of ``candidates`` (same arguments): a stream-K one only where it is priced at most
+    ``STREAM_K_MARGIN`` of the cheapest data-parallel one (and ``STREAM_K_OFFERED``). Pure Python; no GPU
+    needed."""
+    ranked = candidates(layout, groups, rows, N, K, **kw)
+    dp = next(c for c in ranked if c.schedule == "data_parallel")
+    best = ranked[0]
+    if best.schedule == "stream_k" and (not STREAM_K_OFFERED or best.predicted_s > STREAM_K_MARGIN * dp.predicted_s):
+        return dp
+    return best
 
 
 # Validation --------------------------------------------------------------------------------------------
