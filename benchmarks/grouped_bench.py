@@ -91,6 +91,7 @@ def uneven_offsets(G, T, seed, device="cuda"):
 
 
 DEFAULT_TOKENS = (256, 4096, 16384)
+SUFFIX = {"data_parallel": "", "stream_k": "_sk", "pingpong": "_pp"}  # --all-tiles' names of the schedules
 
 
 def shape_seed(model, proj, T, n):
@@ -155,7 +156,7 @@ def main() -> None:
         if args.all_tiles:
             for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(s0["a"])):
                 if (c.bm, c.bn, c.schedule) != (plan.bm, plan.bn, plan.schedule):
-                    plans[f"ours_{c.bm}x{c.bn}{'_sk' if c.schedule == 'stream_k' else ''}"] = c
+                    plans[f"ours_{c.bm}x{c.bn}{SUFFIX[c.schedule]}"] = c
             if max(sizes) > plan.panel * plan.bm:  # the tallest group is walked in panels
                 plans["ours_no_panel"] = dataclasses.replace(plan, panel=1 << 30)
 

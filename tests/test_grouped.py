@@ -56,14 +56,17 @@ def _representative():
            _forced("contiguous", 64, 128, "fp16", "fp32", schedule="stream_k"),
            _forced("contiguous", 128, 128, groups=256, rows=65536, schedule="stream_k"),
            _forced("contiguous", 64, 128, N=4100, schedule="stream_k")]
+    # Ping-pong (bf16 / fp16): both tiles, TMA and DIRECT stores, fp32 out, both tables, masked.
+    ps += [_forced("contiguous", 64, 256, schedule="pingpong"), _forced("masked", 128, 128, schedule="pingpong"),
+           _forced("contiguous", 128, 128, "fp16", "fp32", groups=256, rows=65536, schedule="pingpong"),
+           _forced("contiguous", 64, 256, N=4100, schedule="pingpong")]
     return ps
 
 
 def _every():
     return [_forced(layout, bm, bn, dt, odt, groups, schedule=sch) for layout in grouped.LAYOUTS
-            for bm, bn in grouped.TILES for dt in ("bf16", "fp16") for odt in ("bf16", "fp16", "fp32")
-            for groups in (8, 256) for sch in grouped.SCHEDULES
-            if sch == "data_parallel" or grouped.stream_k_problem(bm, bn, odt) is None]
+            for dt in ("bf16", "fp16") for odt in ("bf16", "fp16", "fp32")
+            for bm, bn, sch in grouped.tile_schedules(False, odt) for groups in (8, 256)]
 
 
 @pytest.mark.parametrize("p", _representative(), ids=lambda p: p.compiled_name)
@@ -168,6 +171,35 @@ def test_stream_k_is_listed_for_16_bit_operands_and_ranked_first_where_a_partial
     with pytest.raises(ValueError, match="stream_k"):
         dataclasses.replace(grouped.candidates("contiguous", 8, 4096, 4096, 4096, dtype="e4m3")[0],
                             schedule="stream_k")
+
+
+def test_ping_pong_is_listed_on_its_tiles_and_taken_only_once_offered(monkeypatch):
+    """Ping-pong plans (bf16 / fp16) on PINGPONG_TILES, two consumers (64-row tiles too) with their slabs,
+    priced below their cooperative twin where a tile's epilogue hides under the other consumer's k-loop;
+    plan() takes one only with PINGPONG_OFFERED; refused for e4m3 and 256-row tiles."""
+    cands = grouped.candidates("contiguous", 8, 4096, 28672, 4096)
+    pp = [c for c in cands if c.schedule == "pingpong"]
+    assert {(c.bm, c.bn) for c in pp} == set(grouped.PINGPONG_TILES)
+    assert [c.stages for c in sorted(pp, key=lambda c: c.bm)] == [4, 6]
+    for c in pp:
+        assert c.consumers == 2 and c.threads == 384 and c.template_args()[-1] == "3"
+        assert c.smem_bytes == 1024 + c.stages * (c.bm + c.bn) * grouped.BK * 2 + 4 * grouped.SLAB_BYTES
+        twin = next(d for d in cands if (d.bm, d.bn, d.schedule) == (c.bm, c.bn, "data_parallel"))
+        if c.stages == twin.stages:  # 64 x 256 keeps a stage fewer beside the second consumer's slabs
+            assert c.predicted_s < twin.predicted_s  # 34 waves: every epilogue but the last hidden
+        assert "ping-pong" in repr(c)
+    best_pp = pp[0]
+    monkeypatch.setattr(grouped, "PINGPONG_OFFERED", False)
+    assert grouped.plan("contiguous", 8, 4096, 28672, 4096).schedule != "pingpong"
+    monkeypatch.setattr(grouped, "PINGPONG_OFFERED", True)
+    monkeypatch.setattr(grouped, "STREAM_K_OFFERED", False)
+    picked = grouped.plan("contiguous", 8, 4096, 28672, 4096)
+    assert picked == next(c for c in cands if c.schedule != "stream_k")
+    assert picked.predicted_s <= best_pp.predicted_s
+    assert "pingpong" not in {c.schedule for c in grouped.candidates("contiguous", 8, 4096, 4096, 4096, dtype="e4m3")}
+    base = grouped.candidates("contiguous", 8, 4096, 4096, 4096)[0]
+    with pytest.raises(ValueError, match="pingpong"):
+        dataclasses.replace(base, bm=256, bn=128, schedule="pingpong")
 
 
 def test_hbm_bound_ties_pick_the_shortest_busy_tile():

@@ -267,6 +267,57 @@ def test_stream_k_every_tile_is_correct_and_bitwise_deterministic(tile, G):
     assert int(flags.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("G", [12, 200])  # the 128- and the 512-group table
+@pytest.mark.parametrize("tile", grouped.PINGPONG_TILES)
+@pytest.mark.parametrize("odt", ["bf16", "fp32"])
+def test_ping_pong_every_tile(tile, odt, G):
+    """Ping-pong plans: each consumer's whole tiles in turn, an odd and an even count per CTA, groups
+    straddling tiles, empty groups, N and K not multiples of the tile, TMA and thread-stored blocks; fp16
+    operands with fp32 out. Then the same plan with DIRECT stores (out's rows not 16-byte aligned)."""
+    T, N, K = 3000, 1000, 1032
+    dtype = torch.float16 if odt == "fp32" else torch.bfloat16
+    a, b = _operands((T,), G, N, K, dtype=dtype)
+    offs = _uneven_offsets(G, T, seed=13, empty=(2,))
+    p = _tile_plan(G, T, N, K, tile, dtype, odt, schedule="pingpong")
+    assert p.consumers == 2 and _tiles_there_are((offs[1:] - offs[:-1]).tolist(), *tile, N) > p.grid
+    out, frame = _framed((T, N), _TYPES[odt])
+    grouped.run(a, b, offs, out=out, plan=p)
+    _check(out, grouped.reference_grouped_mm(a, b, offs), odt)
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+    N = 996  # 1992-byte bf16 rows / 3984-byte fp32 rows: not 16-byte aligned, every block thread-stored
+    b = b[:, :N].contiguous()
+    p = _tile_plan(G, T, N, K, tile, dtype, odt, schedule="pingpong")
+    assert p.direct
+    out, frame = _framed((T, N), _TYPES[odt])
+    grouped.run(a, b, offs, out=out, plan=p)
+    _check(out, grouped.reference_grouped_mm(a, b, offs), odt)
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+
+
+def test_ping_pong_masked_in_a_cuda_graph():
+    """Masked layout, ping-pong, captured once and replayed with new counts."""
+    G, C, N, K = 16, 512, 1024, 1024
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(G, C, K, generator=g).cuda().bfloat16()
+    b = torch.randn(G, N, K, generator=g).cuda().bfloat16()
+    counts = torch.randint(0, C + 1, (G,), generator=g).int().cuda()
+    p = next(c for c in grouped.candidates("masked", G, C, N, K) if (c.bm, c.bn, c.schedule) == (128, 128, "pingpong"))
+    out = torch.full((G, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    grouped.run(a, b, counts=counts, out=out, plan=p)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped.run(a, b, counts=counts, out=out, plan=p)
+    for seed in (6, 7):
+        counts.copy_(torch.randint(0, C + 1, (G,), generator=torch.Generator().manual_seed(seed)).int())
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = grouped.reference_grouped_mm(a, b, counts=counts)
+        for e, n in enumerate(counts.tolist()):
+            assert rel_error(out[e, :n].double(), ref[e, :n].double()) < 1e-2
+            assert torch.isnan(out[e, n:]).all()  # rows past a count untouched
+
+
 @pytest.mark.parametrize("odt", ["fp16", "fp32"])
 def test_stream_k_fp16_operands_and_a_dense_stream_k_plan_on_the_same_stream(odt):
     """fp16 operands, fp16 / fp32 out, and the workspace shared with the dense kernel's stream-K plans on

@@ -55,7 +55,7 @@ from .engine import OutputMaps, _index, point_maps, stream_k_workspace
 from .errors import UnsupportedProblem
 from .fp8 import check_scale_tensors
 from .jit.launch import Launcher, MapSlot, raw_stream
-from .planner import Warpgroups
+from .planner import Warpgroups, consumer_count
 
 SOURCE = "engine/gemm_grouped.cu"
 KERNEL = "engine_gemm_grouped"
@@ -65,7 +65,15 @@ TABLES = (128, 512)  # the kernel's group-table capacities (MAX_G); the smallest
 MAX_STAGES = 9
 SLAB_BYTES = 64 * 128
 LAYOUTS = ("contiguous", "masked")
-SCHEDULES = ("data_parallel", "stream_k")
+SCHEDULES = ("data_parallel", "stream_k", "pingpong")
+_SCHEDULE_INDEX = {"data_parallel": 0, "stream_k": 2, "pingpong": 3}  # gemm_traits.cuh's Schedule
+_SCHEDULE_NOTE = {"data_parallel": "", "stream_k": ", stream-K", "pingpong": ", ping-pong"}
+# Ping-pong (bf16 / fp16): two consumers, each with whole tiles in turn, so one's epilogue runs under the
+# other's k-loop (the dense engine's PINGPONG). A consumer holds a whole tile's accumulators, so 64 x 256
+# and 128 x 128 (128 floats a thread, as the cooperative 128 x 256); 128 x 192 spills 44-180 bytes (the
+# grouped epilogue keeps both store paths), and widths between would need tail pieces (TAIL == 0 here).
+PINGPONG_TILES = ((64, 256), (128, 128))
+PINGPONG_OFFERED = False  # listed by ``candidates``; ``plan`` takes it once it has run and measured faster
 # Stream-K plans (bf16 / fp16) are listed by ``candidates`` beside the data-parallel ones; ``plan`` (what
 # grouped_mm runs) picks one only where it is priced at most STREAM_K_MARGIN of the best data-parallel
 # plan. Measured (H200, c386676, grouped.jsonl, 128 x 256): Mixtral's down projection at T = 4096 (4.4
@@ -117,17 +125,19 @@ def scale_slot_bytes(bm: int, scale: str = "tensor") -> int:
     return (bm + 64) * 4 if scale == "block" else 0
 
 
-def smem_bytes(bm: int, bn: int, stages: int, scale: str = "tensor") -> int:
+def smem_bytes(bm: int, bn: int, stages: int, scale: str = "tensor", schedule: str = "data_parallel") -> int:
     """Dynamic shared memory: alignment, the stages (with FP8 block scales' slots), two output slabs per
     consumer (the group table is static)."""
-    return 1024 + stages * ((bm + bn) * BK * 2 + scale_slot_bytes(bm, scale)) + (1 if bm == 64 else 2) * 2 * SLAB_BYTES
+    return (1024 + stages * ((bm + bn) * BK * 2 + scale_slot_bytes(bm, scale))
+            + consumer_count(bm, schedule) * 2 * SLAB_BYTES)
 
 
-def stages_for(bm: int, bn: int, table: int = MAX_GROUPS, scale: str = "tensor") -> int:
+def stages_for(bm: int, bn: int, table: int = MAX_GROUPS, scale: str = "tensor",
+               schedule: str = "data_parallel") -> int:
     """The deepest ring that fits beside a group table of ``table`` groups (up to MAX_STAGES). With the
     128-group table 128 x 128 gets 6 stages and 128 x 256 gets 4, as in the dense engine; with 512, 5 and 3.
     FP8 block scales (``scale="block"``) add a slot per stage: 128 x 128 then gets 5 with either table."""
-    return next(q for q in range(MAX_STAGES, 1, -1) if smem_bytes(bm, bn, q, scale) <= smem_limit(table))
+    return next(q for q in range(MAX_STAGES, 1, -1) if smem_bytes(bm, bn, q, scale, schedule) <= smem_limit(table))
 
 
 def panel_tiles(bm: int, bn: int, K: int, prof: DeviceProfile, in_bytes: int = 2) -> int:
@@ -179,16 +189,18 @@ class GroupedPlan(Warpgroups):
     schedule: str = "data_parallel"
 
     def __post_init__(self):
-        if self.schedule not in SCHEDULES or (self.schedule == "stream_k" and self.dtype == "e4m3"):
-            raise ValueError(f"schedule must be one of {SCHEDULES} (stream_k: bf16 / fp16 only), got "
-                             f"{self.schedule!r} for {self.dtype}")
+        if self.schedule not in SCHEDULES or (self.schedule != "data_parallel" and self.dtype == "e4m3") or (
+                self.schedule == "pingpong" and self.bm > 128):
+            raise ValueError(f"schedule must be one of {SCHEDULES} (stream_k, pingpong: bf16 / fp16 only; "
+                             f"pingpong: 64- or 128-row tiles), got {self.schedule!r} for {self.dtype} "
+                             f"{self.bm}x{self.bn}")
         if self.scale not in ("tensor", "block") or (self.scale == "block" and self.dtype != "e4m3"):
             raise ValueError(f"scale must be 'tensor' or 'block' (block: e4m3 only), got {self.scale!r} "
                              f"for {self.dtype}")
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.bm, self.bn, self.stages, self.scale)
+        return smem_bytes(self.bm, self.bn, self.stages, self.scale, self.schedule)
 
     @property
     def tiles_n(self) -> int:
@@ -206,8 +218,8 @@ class GroupedPlan(Warpgroups):
 
     def template_args(self) -> tuple[str, ...]:
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE>:
-        K-major operands, no epilogue terms, data-parallel (0) or stream-K (2); DIRECT only where out has no
-        TMA map. e4m3:
+        K-major operands, no epilogue terms, data-parallel (0), stream-K (2) or ping-pong (3); DIRECT only
+        where out has no TMA map. e4m3:
         Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE (0 per-tensor, 1 block), PROMOTE (every 128 of K),
         BIAS, ACT, DIRECT>."""
         direct = "true" if self.direct else "false"
@@ -215,7 +227,7 @@ class GroupedPlan(Warpgroups):
             return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
                     "1" if self.scale == "block" else "0", "1", "false", "0", direct)
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
-                "false", "false", "false", "false", "0", direct, "2" if self.schedule == "stream_k" else "0")
+                "false", "false", "false", "false", "0", direct, str(_SCHEDULE_INDEX[self.schedule]))
 
     @property
     def name_expression(self) -> str:
@@ -231,7 +243,7 @@ class GroupedPlan(Warpgroups):
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
                 f"{self.dtype}{' block scales' if self.scale == 'block' else ''}->{self.out_dtype}: {self.kernel} "
-                f"{self.bm}x{self.bn} tiles{', stream-K' if self.schedule == 'stream_k' else ''}, {self.stages} stages, "
+                f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}, {self.stages} stages, "
                 f"grid {self.grid}, table {self.table}, panel {min(self.panel, 9999)}"
                 f"{', direct stores' if self.direct else ''}; priced for {self.expected_rows:.1f} rows a group: "
                 f"{self.predicted_s * 1e6:.1f} us)")
@@ -267,7 +279,7 @@ ALL_DIRECT_SHARE = 0.5
 
 def predict_s(groups: int, rows_per_group: float, N: int, K: int, bm: int, bn: int, stages: int,
               prof: DeviceProfile, out_bytes: int = 2, *, uneven: bool = False, direct: bool = False,
-              stream_k: bool = False) -> float:
+              schedule: str = "data_parallel") -> float:
     """The plan model's price of a grouped launch whose groups have ``rows_per_group`` rows on average:
     the dense engine's data-parallel terms of ``plan_cost`` (``kstep_s`` per k-step loading whole bm-row
     boxes, ``tile_epilogue_s``), with the dense model's waves (full waves at all SMs' k-step, the partial
@@ -279,11 +291,11 @@ def predict_s(groups: int, rows_per_group: float, N: int, K: int, bm: int, bn: i
     last wave's k-steps spread over all SMs (the kernel's device-side hybrid), priced with the dense
     model's stream-K terms (``plan_cost.predict_s``): its k-steps at ``stream_k_kstep_factor``, one owned
     epilogue, the partials written and read, a unit's restart and ``stream_k_fixed_s``."""
-    return _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct, stream_k)[0]
+    return _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct, schedule)[0]
 
 
 def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven, direct,
-           stream_k=False) -> tuple[float, float]:
+           schedule="data_parallel") -> tuple[float, float]:
     """(predict_s, the SMs' busy time without the HBM floor: what breaks a tie at the floor)."""
     tm = tiles_m_per_group(rows_per_group, bm, uneven)
     tiles = math.ceil(groups * tm * math.ceil(N / bn))
@@ -296,19 +308,26 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
     share = min(1.0, unique / max(1.0, loaded))
 
     def ks(active: int) -> float:
-        return plan_cost.kstep_s(bm, bn, bm, stages, active, share, prof, prof.plan_clock_mhz)
+        # Ping-pong: the consumers alternate, so a 64-row tile does not pay the lone consumer's penalty.
+        return plan_cost.kstep_s(bm, bn, bm, stages, active, share, prof, prof.plan_clock_mhz,
+                                 one_consumer=False if schedule == "pingpong" else None)
 
     # Blocks stored by the threads: the one crossing each group's end (none if the groups end on a block).
     f = 1.0 if direct else crossing_share(rows_per_group, bm, uneven)
     epi = ((1.0 - f) * plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=False)
            + f * plan_cost.tile_epilogue_s(bm, bn, out_bytes, prof, direct=True))
     full, rem = divmod(tiles, prof.sm_count)
-    if stream_k and full and rem and rem * k >= prof.sm_count:  # the kernel's rule (gemm_grouped.cu)
+    if schedule == "stream_k" and full and rem and rem * k >= prof.sm_count:  # the kernel's rule (gemm_grouped.cu)
         per = math.ceil(rem * k / prof.sm_count)  # every SM's share of the last wave's k-steps
         partial = bm * bn * 4 / prof.partial_bytes_per_s
         reads = math.ceil(k / per) if per < k else 1  # partials the busiest owner adds
         t = (full * (k * ks(prof.sm_count) + epi) + per * ks(prof.sm_count) * prof.stream_k_kstep_factor + epi
              + partial * (1 + reads) + prof.tile_fixed_s + prof.stream_k_fixed_s)
+    elif schedule == "pingpong" and full:
+        # The dense model's ping-pong: past a CTA's first tile an epilogue runs under the other consumer's
+        # k-loop, so a tile costs max(k-loop, epilogue) and a turn; the SM's last epilogue shows.
+        t = (full * (max(k * ks(prof.sm_count), epi) + prof.tile_fixed_s)
+             + (k * ks(rem) + prof.tile_fixed_s if rem else 0.0) + epi)
     else:
         t = full * (k * ks(prof.sm_count) + epi) + (k * ks(rem) + epi if rem else 0.0)
     return prof.launch_s + max(t, unique / prof.hbm_read_bytes_per_s), t
@@ -348,8 +367,8 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     # tensor rate (one 128-deep FP8 k-step moves and multiplies what a 64-deep bf16 one does).
     K_priced = math.ceil(K / 2) if fp8 else K
     plans = []
-    for bm, bn in FP8_TILES if fp8 else TILES:
-        stages = stages_for(bm, bn, table, scale)
+    for bm, bn, schedule in tile_schedules(fp8, odt):
+        stages = stages_for(bm, bn, table, scale, schedule)
         # Tiles there can be: contiguous, sum ceil(rows_g / bm) <= ceil(T / bm) + G; masked, G ceil(C / bm).
         if layout == "contiguous":
             most = (math.ceil(rows / bm) + groups) * math.ceil(N / bn)
@@ -357,19 +376,32 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
             most = groups * math.ceil(rows / bm) * math.ceil(N / bn)
         uneven = layout == "contiguous"
         all_direct = direct or crossing_share(expected_rows, bm, uneven) >= ALL_DIRECT_SHARE
-        for schedule in ("data_parallel",) if fp8 or stream_k_problem(bm, bn, odt) else SCHEDULES:
-            t, busy = _price(groups, expected_rows, N, K_priced, bm, bn, stages, prof, out_bytes, uneven, direct,
-                             schedule == "stream_k")
-            plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn,
-                                            stages=stages, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
-                                            table=table, panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2),
-                                            direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
-                                            scale=scale, schedule=schedule)))
+        t, busy = _price(groups, expected_rows, N, K_priced, bm, bn, stages, prof, out_bytes, uneven, direct,
+                         schedule)
+        plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn,
+                                        stages=stages, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
+                                        table=table, panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2),
+                                        direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
+                                        scale=scale, schedule=schedule)))
     # Ties (at the HBM floor): data-parallel first (stream-K only where it is priced faster), then the tile
     # that keeps the SMs busy the shortest (fewest rows multiplied in vain).
     plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), bp[1].schedule != "data_parallel", round(bp[0], 9),
                                -bp[1].bm * bp[1].bn))
     return [p for _, p in plans]
+
+
+def tile_schedules(fp8: bool, out_dtype: str):
+    """(bm, bn, schedule) of every grouped instantiation the planner may price: e4m3, FP8_TILES
+    data-parallel; bf16 / fp16, TILES data-parallel and stream-K (except ``stream_k_problem``'s) and
+    PINGPONG_TILES ping-pong."""
+    if fp8:
+        yield from ((bm, bn, "data_parallel") for bm, bn in FP8_TILES)
+        return
+    for bm, bn in TILES:
+        yield bm, bn, "data_parallel"
+        if stream_k_problem(bm, bn, out_dtype) is None:
+            yield bm, bn, "stream_k"
+    yield from ((bm, bn, "pingpong") for bm, bn in PINGPONG_TILES)
 
 
 def stream_k_problem(bm: int, bn: int, out_dtype: str) -> str | None:
@@ -384,15 +416,13 @@ def stream_k_problem(bm: int, bn: int, out_dtype: str) -> str | None:
 
 
 def plan(layout: str, groups: int, rows: int, N: int, K: int, **kw) -> GroupedPlan:
-    """The cheapest plan of ``candidates`` (same arguments): a stream-K one only where it is priced at most
-    ``STREAM_K_MARGIN`` of the cheapest data-parallel one (and ``STREAM_K_OFFERED``). Pure Python; no GPU
-    needed."""
-    ranked = candidates(layout, groups, rows, N, K, **kw)
+    """The cheapest plan of ``candidates`` (same arguments) among the offered schedules: a stream-K one only
+    where it is priced at most ``STREAM_K_MARGIN`` of the cheapest data-parallel one (and
+    ``STREAM_K_OFFERED``), ping-pong only with ``PINGPONG_OFFERED``. Pure Python; no GPU needed."""
+    ranked = [c for c in candidates(layout, groups, rows, N, K, **kw) if c.schedule != "pingpong" or PINGPONG_OFFERED]
     dp = next(c for c in ranked if c.schedule == "data_parallel")
-    best = ranked[0]
-    if best.schedule == "stream_k" and (not STREAM_K_OFFERED or best.predicted_s > STREAM_K_MARGIN * dp.predicted_s):
-        return dp
-    return best
+    return next(c for c in ranked if c.schedule != "stream_k" or (
+        STREAM_K_OFFERED and c.predicted_s <= STREAM_K_MARGIN * dp.predicted_s))
 
 
 # Validation --------------------------------------------------------------------------------------------

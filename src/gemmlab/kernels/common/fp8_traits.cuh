@@ -36,6 +36,11 @@ struct Fp8GemmTraits {
     static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
     static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
+    // GemmTraits' names for the cooperative consumers (no ping-pong, no column split): each consumer reads
+    // every slot and holds MI blocks of 64 rows x all BN columns, from block consumer x MI.
+    static constexpr bool PING_PONG = false;
+    static constexpr int SLOT_READERS = CONSUMERS, CN = BN;
+    __device__ static constexpr int first_block(int consumer) { return consumer * MI; }
     // Split promotion (mainloop_fp8.cuh): `acc` covers the tile's BN columns, `part` (the wgmmas' partial
     // sums) only PART_N = BN / PART_SPLIT of them; per k-step the consumer runs the wgmmas of each column
     // part in turn, waits, and promotes that part. Two parts keep a 64 x 256 consumer tile in 128 + 64

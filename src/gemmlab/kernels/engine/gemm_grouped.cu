@@ -44,7 +44,8 @@
 // split from them: full waves of whole tiles, and where a partial wave is left over (total > grid, total
 // % grid = r > 0, r x k-steps >= grid), the k-steps of the last r tiles spread evenly over all CTAs
 // (tile_scheduler.cuh), their partial sums reduced through the workspace in CTA order (reduction.cuh:
-// deterministic, flags left at 0).
+// deterministic, flags left at 0), or (bf16 / fp16, 64- or 128-row tiles) PINGPONG: the dense engine's
+// ping-pong consumers, each with whole tiles of its own in turn (one's epilogue under the other's k-loop).
 #include "common/fp8_traits.cuh"
 #include "common/gemm_traits.cuh"
 #include "common/group_scheduler.cuh"
@@ -109,10 +110,10 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     constexpr bool FP8 = sizeof(T) == 1;  // Fp8GemmTraits: e4m3 bytes, 128-deep k-steps
     constexpr bool BLOCK = scale_mode<Tr>() == SCALE_BLOCK;
-    constexpr bool SK = Tr::SCHEDULE == STREAM_K;
-    static_assert((Tr::SCHEDULE == DATA_PARALLEL || (SK && !FP8)) && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C &&
+    constexpr bool SK = Tr::SCHEDULE == STREAM_K, PP = Tr::PING_PONG;
+    static_assert((Tr::SCHEDULE == DATA_PARALLEL || ((SK || PP) && !FP8)) && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C &&
                       !Tr::HAS_BIAS && Tr::ACT == 0 && Tr::TAIL == 0,
-                  "grouped: K-major operands, data-parallel (or bf16 / fp16 stream-K), no epilogue terms, whole "
+                  "grouped: K-major operands, data-parallel (or bf16 / fp16 stream-K, ping-pong), no epilogue terms, whole "
                   "store pieces");
     if constexpr (FP8) static_assert(Tr::PRODUCER_REGS == 40, "the producer gives the consumers 232 registers");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + scale_bytes<Tr>() +
@@ -126,6 +127,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     float* s_scales = reinterpret_cast<float*>(sC + Tr::SLABS_BYTES);
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ GroupTable<MAX_G> groups;
+    __shared__ Turns turns;  // PINGPONG only
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, k_iters = (K + BK - 1) / BK;
@@ -133,7 +135,10 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     pdl_wait();  // programmatic dependent launch: the ranges below may be the previous kernel's output
     pdl_trigger_early();
     if (threadIdx.x < 32) groups.template build<LAYOUT, BM>(ranges, lead, G, limit, tiles_n, threadIdx.x);
-    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
+    if (threadIdx.x == 0) {
+        ring.init(Tr::SLOT_READERS);
+        if constexpr (PP) turns.init();
+    }
     __syncthreads();
 
     // Stream-K where a partial wave is left and its k-steps give every CTA at least one (a CTA with an empty
@@ -172,9 +177,19 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
     RingCursor cur;
     int pieces = 0;
-    float acc[Tr::MI][BN / 2];
-    float part[Tr::MI][BN / 2];  // e4m3: the wgmmas' partial sums (bf16 uses none: no registers)
+    float acc[Tr::MI][Tr::CN / 2];
+    float part[Tr::MI][Tr::CN / 2];  // e4m3: the wgmmas' partial sums (bf16 uses none: no registers)
+    int unit = 0;  // PINGPONG: this CTA's tiles go to consumer 0, 1, 0, 1, ...
+    u32 turn_parity = 0;
     while (sched.next(u)) {
+        if constexpr (PP) {
+            if ((unit & 1) != consumer) {  // the other consumer's tile: step over its k-steps in the ring
+                ++unit;
+                cur.template skip<Tr::STAGES>(u.k_end - u.k_begin);
+                continue;
+            }
+            if (unit++ > 0) turns.wait(consumer, turn_parity);
+        }
         const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
         if constexpr (BLOCK)
             consume_unit_fp8<GroupedScales<Tr>>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end,
@@ -184,6 +199,9 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
             consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, nullptr, gt.n * BN);
         else
             consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
+        if constexpr (PP) {
+            if (t == 0) turns.pass(consumer);
+        }
         if constexpr (SK) {  // a streamed tile: blocks past the group's rows hold no partial (reduction.cuh)
             if (u.kind == UNIT_CONTRIBUTOR) {
                 sk_store_partial<Tr>(acc, workspace, flags, blockIdx.x, consumer, t, gt.m * BM, gt.rows);
@@ -203,7 +221,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
         const EpilogueArgs<Tr> tep{alpha, 0.0f, nullptr, 0, 0, nullptr, Out, ldo, limit, N};
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
-            const int r = gt.m * BM + (consumer * Tr::MI + mi) * 64;  // the block's first row in the group
+            const int r = gt.m * BM + (Tr::first_block(consumer) + mi) * 64;  // the block's first row in the group
             if (Tr::DIRECT || r + 64 > gt.rows) {
                 // The slab this piece writes may still be read by a TMA store two pieces back.
                 if (!Tr::DIRECT && t == 0) tma_store_wait_read<0>();
