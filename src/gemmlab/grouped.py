@@ -73,7 +73,10 @@ _SCHEDULE_NOTE = {"data_parallel": "", "stream_k": ", stream-K", "pingpong": ", 
 # and 128 x 128 (128 floats a thread, as the cooperative 128 x 256); 128 x 192 spills 44-180 bytes (the
 # grouped epilogue keeps both store paths), and widths between would need tail pieces (TAIL == 0 here).
 PINGPONG_TILES = ((64, 256), (128, 128))
-PINGPONG_OFFERED = False  # listed by ``candidates``; ``plan`` takes it once it has run and measured faster
+# Offered: measured beside the rest (H200, 5074ec4, grouped.jsonl, --all-tiles on 10 MoE shapes) 128 x 128
+# ping-pong was the fastest plan on the many-expert shapes (Qwen1.5-MoE / DeepSeek-V2-Lite, 1.05-1.15x
+# the data-parallel pick), 64 x 256 ping-pong within noise of 128 x 256 on Mixtral gate/up.
+PINGPONG_OFFERED = True
 # Stream-K plans (bf16 / fp16) are listed by ``candidates`` beside the data-parallel ones; ``plan`` (what
 # grouped_mm runs) picks one only where it is priced at most STREAM_K_MARGIN of the best data-parallel
 # plan. Measured (H200, c386676, grouped.jsonl, 128 x 256): Mixtral's down projection at T = 4096 (4.4
@@ -324,10 +327,12 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
         t = (full * (k * ks(prof.sm_count) + epi) + per * ks(prof.sm_count) * prof.stream_k_kstep_factor + epi
              + partial * (1 + reads) + prof.tile_fixed_s + prof.stream_k_fixed_s)
     elif schedule == "pingpong" and full:
-        # The dense model's ping-pong: past a CTA's first tile an epilogue runs under the other consumer's
-        # k-loop, so a tile costs max(k-loop, epilogue) and a turn; the SM's last epilogue shows.
-        t = (full * (max(k * ks(prof.sm_count), epi) + prof.tile_fixed_s)
-             + (k * ks(rem) + prof.tile_fixed_s if rem else 0.0) + epi)
+        # Past a CTA's first tile an epilogue runs under the other consumer's k-loop, so a tile costs
+        # max(k-loop, epilogue); the SM's last epilogue shows. Unlike the dense model's ping-pong price no
+        # turn's fixed cost: measured (H200, 5074ec4, 10 MoE shapes) 128 x 128 ping-pong ran ahead of its
+        # data-parallel twin by the whole epilogue (Qwen1.5-MoE down, T = 16384: 0.195 against 0.244 ms,
+        # ~2.6 us a tile over 19 waves; the model's epilogue there is 2.3 us).
+        t = full * max(k * ks(prof.sm_count), epi) + (k * ks(rem) if rem else 0.0) + epi
     else:
         t = full * (k * ks(prof.sm_count) + epi) + (k * ks(rem) + epi if rem else 0.0)
     return prof.launch_s + max(t, unique / prof.hbm_read_bytes_per_s), t
@@ -383,9 +388,9 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
                                         table=table, panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2),
                                         direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
                                         scale=scale, schedule=schedule)))
-    # Ties (at the HBM floor): data-parallel first (stream-K only where it is priced faster), then the tile
-    # that keeps the SMs busy the shortest (fewest rows multiplied in vain).
-    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), bp[1].schedule != "data_parallel", round(bp[0], 9),
+    # Ties (at the HBM floor): the plan that keeps the SMs busy the shortest (fewest rows multiplied in vain,
+    # epilogues hidden), then data-parallel first (stream-K only where it is priced faster).
+    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), round(bp[0], 9), bp[1].schedule != "data_parallel",
                                -bp[1].bm * bp[1].bn))
     return [p for _, p in plans]
 
