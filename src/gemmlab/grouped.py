@@ -388,10 +388,16 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
                                         table=table, panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2),
                                         direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
                                         scale=scale, schedule=schedule)))
-    # Ties (at the HBM floor): the plan that keeps the SMs busy the shortest (fewest rows multiplied in vain,
-    # epilogues hidden), then data-parallel first (stream-K only where it is priced faster).
-    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), round(bp[0], 9), bp[1].schedule != "data_parallel",
-                               -bp[1].bm * bp[1].bn))
+    # Ties (at the HBM floor): the tile that multiplies the fewest rows (padding each group to whole tiles;
+    # within 5% of the fewest counts as fewest), then the plan that keeps the SMs busy the shortest
+    # (epilogues hidden by ping-pong), then data-parallel first (stream-K only where it is priced faster).
+    # Measured (H200, 886e76f, --all-tiles): at 4-16 rows an expert (T = 256; DeepSeek-V3 at 4096) 64-row
+    # tiles ran 1.15-1.25x 128 x 128 ping-pong, which the busy time alone ranked first; at ~68 rows
+    # (Qwen1.5-MoE, T = 4096: 64- and 128-row tiles multiply 128 and 132 rows a group) ping-pong led.
+    rows = {id(p): groups * tiles_m_per_group(expected_rows, p.bm, layout == "contiguous") * p.bm for _, p in plans}
+    fewest = min(rows.values(), default=0.0)
+    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), 0.0 if rows[id(bp[1])] <= 1.05 * fewest else rows[id(bp[1])],
+                               round(bp[0], 9), bp[1].schedule != "data_parallel", -bp[1].bm * bp[1].bn))
     return [p for _, p in plans]
 
 
