@@ -83,9 +83,11 @@ PINGPONG_OFFERED = True
 # waves) ran 0.828 ms stream-K against 0.960 data-parallel (0.914 for the 256 x 128 pick; priced 0.667 /
 # 0.713); where the price saw nothing to stream the stream-K kernel ran 2.5-8% slower than its twin
 # (Mixtral T = 16384, Qwen1.5-MoE gate/up): a real tile count differs from the priced one, and the
-# kernel's hybrid then streams a wave that gains nothing. Hence the margin.
+# kernel's hybrid then streams a wave that gains nothing. Hence the margin: priced 0.936, 0.973 and 0.984
+# of the data-parallel pick (Mixtral down T = 4096, Mixtral 8x22B down T = 8192, DBRX down T = 8192;
+# 3d23197+) stream-K measured 10%, 5.6% and 3% faster; priced equal, 2.5-8% slower.
 STREAM_K_OFFERED = True
-STREAM_K_MARGIN = 0.97
+STREAM_K_MARGIN = 0.99
 # The tile space: one or two consumers, 128 or 256 columns (MoE intermediates are 1408 .. 14336 wide), and
 # 256 x 128 (two consumers of 128 rows each: the dense planner's pick for some large-group problems).
 TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
@@ -311,9 +313,12 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
     share = min(1.0, unique / max(1.0, loaded))
 
     def ks(active: int) -> float:
-        # Ping-pong: the consumers alternate, so a 64-row tile does not pay the lone consumer's penalty.
+        # Ping-pong: the consumers alternate, so a 64-row tile does not pay the lone consumer's penalty, and
+        # its k-steps ran at the L2 byte rate with the 4-stage ring of 64 x 256 (measured 461 ns a k-step at
+        # Mixtral gate/up, T = 4096, 5074ec4: the byte term 466, the ring's round trip 579), so no ring term.
+        pp = schedule == "pingpong"
         return plan_cost.kstep_s(bm, bn, bm, stages, active, share, prof, prof.plan_clock_mhz,
-                                 one_consumer=False if schedule == "pingpong" else None)
+                                 one_consumer=False if pp else None, ring_latency=not pp)
 
     # Blocks stored by the threads: the one crossing each group's end (none if the groups end on a block).
     f = 1.0 if direct else crossing_share(rows_per_group, bm, uneven)

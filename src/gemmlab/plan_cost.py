@@ -104,8 +104,10 @@ def in_bytes(dtype: str) -> int:
 
 def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_share: float, prof: DeviceProfile,
             clock_mhz: float, dtype: str = "bf16", one_consumer: bool | None = None, mcast: int = 1,
-            misaligned: bool | tuple[bool, bool] = False) -> float:
+            misaligned: bool | tuple[bool, bool] = False, ring_latency: bool = True) -> float:
     """One 64-deep k-step of a bm x bn tile loading ``rows`` rows of A, on one of ``active_sms`` SMs.
+    ``ring_latency=False``: without the ring's round-trip term (a slot refilled only after its k-step; see
+    below), for kernels measured to run at their byte rate with a shallow ring (the grouped ping-pong).
     ``one_consumer``: one consumer warpgroup runs the SM's wgmmas alone (default: 64-row tiles).
     ``mcast``: CTAs sharing B's tile by multicast (each loads bn / mcast of its rows from the L2).
     ``misaligned``: (A, B) or both: the operand's rows are 16- but not 32-byte aligned
@@ -128,7 +130,7 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     # (gemmlab.model.kstep_time's form).
     R = prof.l2_latency_s + hbm_share * (prof.hbm_latency_s - prof.l2_latency_s) + t_bytes
     S = max(2, stages)
-    t_lat = max(R / (S - 1), (R + t_mma) / S)
+    t_lat = max(R / (S - 1), (R + t_mma) / S) if ring_latency else 0.0
     return max(t_mma, t_bytes, t_smem, t_lat, stream_s(rows, bn / mcast, stages, active_sms, hbm_share, prof, dtype))
 
 
