@@ -155,6 +155,56 @@ def test_model_every_step(capsys):
     assert "gemmlab.matmul runs: Route(1024x1024x1024:" in flat and "engine_gemm" in flat
 
 
+def test_model_grouped_and_fp8_show_what_the_calls_run(capsys):
+    """--groups: a grouped GEMM on the roofline and grouped_mm's plan with its options (the pick marked);
+    --dtype fp8: scaled_mm's per-tensor and block-scaled plans."""
+    from gemmlab import grouped, planner
+
+    rc, out, _ = run(capsys, "model", "--shape", "4096,4096,14336", "--groups", "8", "--profile", "H200")
+    flat = " ".join(out.split())
+    pick = grouped.plan("contiguous", 8, 4096, 4096, 14336)
+    assert rc == 0 and "8 experts, 4096 rows" in flat and "gemmlab.grouped_mm" in flat
+    assert f"* {pick.bm}x{pick.bn}" in flat and "stream_k" in flat and repr(pick) in flat
+    rc, out, _ = run(capsys, "model", "--shape", "4096,28672,4096", "--groups", "8", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["plan"]["kernel"] == grouped.plan("contiguous", 8, 4096, 28672, 4096).compiled_name
+    rc, out, _ = run(capsys, "model", "--shape", "128,2816,2048", "--groups", "64", "--layout", "masked", "--dtype",
+                     "fp8", "--json")
+    assert rc == 0 and json.loads(out)["problem"]["layout"] == "masked"
+    rc, out, _ = run(capsys, "model", "--shape", "4096,4096,4096", "--dtype", "fp8", "--profile", "H200")
+    flat = " ".join(out.split())
+    assert rc == 0 and "gemmlab.scaled_mm (scale 'tensor')" in flat and "gemmlab.scaled_mm (scale 'block')" in flat
+    assert repr(planner.plan_fp8(4096, 4096, 4096, scale="block")) in flat
+    for bad, msg in ((("--layout", "masked"), "--layout goes with --groups"),
+                     (("--groups", "8", "--kernel", "h04"), "--kernel / --config"),
+                     (("--groups", "8", "--dtype", "tf32"), "grouped_mm takes")):
+        rc, _, err = run(capsys, "model", "--shape", "4096,4096,4096", *bad)
+        assert rc == 2 and msg in err, err
+
+
+def test_inspect_planned_kernels(capsys):
+    """engine / fp8 / grouped with --shape: the instantiation the call would run, compiled and read, its plan's
+    SASS claims checked; the flags that do not fit refused."""
+    from gemmlab import grouped, planner
+
+    rc, out, _ = run(capsys, "inspect", "grouped", "--shape", "4096,28672,4096", "--groups", "8")
+    flat = " ".join(out.split())
+    assert rc == 0 and grouped.plan("contiguous", 8, 4096, 28672, 4096).compiled_name in flat
+    assert "SASS claims met" in flat and "HGMMA 64x256x16" in flat
+    rc, out, _ = run(capsys, "inspect", "engine", "--shape", "2040,3584,3584", "--json")
+    assert rc == 0 and planner.plan(2040, 3584, 3584).compiled_name in json.loads(out)["name"]
+    rc, out, _ = run(capsys, "inspect", "fp8", "--shape", "4096,4096,4096", "--scale", "block", "--sass")
+    assert rc == 0 and "annotated SASS" in out and "HGMMA" in out
+    for args, msg in ((("grouped", "--shape", "64,64,64"), "needs groups"),
+                      (("engine",), "needs --shape"),
+                      (("engine", "--shape", "64,64,64", "--groups", "2"), "groups go with the grouped"),
+                      (("h04", "--shape", "64,64,64"), "--shape goes with a planned kernel"),
+                      (("engine", "--shape", "64,64,64", "--config", "BM=64"), "--config"),
+                      (("fp8", "--shape", "64,64,64", "--layout", "masked"), "--layout goes with grouped")):
+        rc, _, err = run(capsys, "inspect", *args)
+        assert rc == 2 and msg in err, (args, err)
+
+
 def test_figures_and_plot_commands(capsys, tmp_path):
     rc, out, _ = run(capsys, "figures", str(tmp_path / "f"), "--only", "swizzle", "--format", "png")
     assert rc == 0 and (tmp_path / "f" / "swizzle.png").is_file()

@@ -17,7 +17,8 @@ from gemmlab import reports  # noqa: E402
 from gemmlab.mcp import safety, server  # noqa: E402
 
 SERVER = server.build_server()
-TOOLS = ("list_kernels", "inspect_kernel", "model_gemm", "benchmark_gemm", "explain_gap")
+TOOLS = ("list_kernels", "inspect_kernel", "inspect_plan", "model_gemm", "model_grouped_gemm", "benchmark_gemm",
+         "explain_gap")
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answers")
 
 SCALE = """#include "common/ptx.cuh"
@@ -157,6 +158,63 @@ def test_model_gemm_problem_only():
     assert m["kernel"] in ("engine", "h11", "decode") and m["summary"].startswith("Route(4096x4096x4096:")
     small = call("model_gemm", {"M": 1, "N": 8192, "K": 8192, "dtype": "bf16"}).structured_content
     assert small["problem"]["roofline_bound"] == "memory"  # decode: one row
+
+
+def test_model_gemm_fp8_shows_scaled_mm_plans():
+    """dtype fp8: the roofline at the FP8 peak and gemmlab.scaled_mm's plans, per-tensor and block scales
+    (K a multiple of 128), each the planner's pick with its cheapest options."""
+    from gemmlab import planner
+
+    d = call("model_gemm", {"M": 4096, "N": 4096, "K": 4096, "dtype": "fp8", "clock_mhz": 1320}).structured_content
+    assert d["problem"]["speed_of_light_tflops"] == pytest.approx(2 * 713.7, rel=1e-3) and d["matmul"] is None
+    tensor, block = d["scaled_mm"]
+    assert "'tensor'" in tensor["runs"] and "'block'" in block["runs"]
+    pick = planner.plan_fp8(4096, 4096, 4096, scale="block")
+    assert block["kernel"] == pick.compiled_name and block["tile"] == [pick.bm, pick.bn]
+    assert block["predicted_us"] == pytest.approx(pick.predicted_s * 1e6, rel=1e-3)
+    times = [c["predicted_us"] for c in block["candidates"]]
+    assert times == sorted(times) and times[0] == pytest.approx(block["predicted_us"])
+    assert len(call("model_gemm", {"M": 64, "N": 4096, "K": 4000, "dtype": "fp8"}).structured_content["scaled_mm"]) == 1
+
+
+def test_model_grouped_gemm_and_its_errors():
+    """The grouped problem on the roofline (every expert's weight counted once) and grouped_mm's plan."""
+    from gemmlab import grouped
+
+    d = call("model_grouped_gemm", {"groups": 8, "rows": 4096, "N": 4096, "K": 14336}).structured_content
+    p = d["problem"]
+    assert p["flops"] == pytest.approx(2 * 4096 * 4096 * 14336, rel=1e-4)
+    assert p["min_bytes"] == 2 * (4096 * 14336 + 8 * 4096 * 14336) + 2 * 4096 * 4096
+    pick = grouped.plan("contiguous", 8, 4096, 4096, 14336)
+    assert d["plan"]["kernel"] == pick.compiled_name and d["plan"]["schedule"] == pick.schedule
+    assert d["plan"]["runs"] == "gemmlab.grouped_mm" and "grouped.predict_s" in d["formula"]
+    m = call("model_grouped_gemm", {"groups": 64, "rows": 128, "N": 2816, "K": 2048, "layout": "masked",
+                                    "dtype": "fp8"}).structured_content
+    assert m["problem"]["flops"] == pytest.approx(2 * 64 * 128 * 2816 * 2048, rel=1e-4)  # every slab full
+    assert "gemm_grouped_fp8" in m["plan"]["kernel"] and m["plan"]["schedule"] == "data_parallel"
+    error_text("model_grouped_gemm", {"groups": 0, "rows": 4096, "N": 64, "K": 64})  # at least one expert
+    assert "layout" in error_text("model_grouped_gemm", {"groups": 8, "rows": 4096, "N": 64, "K": 64,
+                                                         "layout": "ragged"})
+
+
+def test_inspect_plan_compiles_what_the_call_would_run():
+    """inspect_plan: the planned instantiation compiled (no GPU), its plan's SASS claims met, and the
+    combinations that make no sense refused with a message."""
+    from gemmlab import grouped, planner
+
+    d = call("inspect_plan", {"kernel": "grouped", "M": 4096, "N": 28672, "K": 4096, "groups": 8,
+                              "max_lines": 8}).structured_content
+    assert grouped.plan("contiguous", 8, 4096, 28672, 4096).compiled_name in d["name"]
+    assert d["sass_claims_failed"] == [] and d["sass_claims"] and d["spill_store_bytes"] == 0
+    assert d["threads_per_block"] == 384 and d["listing"]["kind"] == "main_loop" and len(d["listing"]["lines"]) <= 8
+    e = call("inspect_plan", {"kernel": "engine", "M": 2040, "N": 3584, "K": 3584, "listing": "none"})
+    assert planner.plan(2040, 3584, 3584).compiled_name in e.structured_content["name"]
+    f = call("inspect_plan", {"kernel": "fp8", "M": 4096, "N": 4096, "K": 4096, "scale": "block",
+                              "listing": "none"}).structured_content
+    assert "gemm_fp8" in f["name"] and f["sass_claims_failed"] == []
+    assert "groups" in error_text("inspect_plan", {"kernel": "grouped", "M": 64, "N": 64, "K": 64})
+    assert "groups" in error_text("inspect_plan", {"kernel": "engine", "M": 64, "N": 64, "K": 64, "groups": 2})
+    assert "block" in error_text("inspect_plan", {"kernel": "engine", "M": 64, "N": 64, "K": 64, "scale": "block"})
 
 
 def test_model_gemm_for_a_step():

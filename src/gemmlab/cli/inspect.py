@@ -22,6 +22,13 @@ def run(args) -> int:
     if args.json and args.sass and args.ptx:
         raise UsageError("with --json, choose one listing: --sass or --ptx")
     config = parse_config(args.config)
+    planned_only = {"--shape": args.shape, "--groups": args.groups, "--layout": args.layout, "--dtype": args.dtype,
+                    "--scale": args.scale}
+    if args.kernel in compiled.PLANNED:
+        return _planned(args, config)
+    for flag, value in planned_only.items():
+        if value is not None:
+            raise UsageError(f"{flag} goes with a planned kernel ({', '.join(compiled.PLANNED)})")
     if path is not None:
         if config:
             raise UsageError("--config is for ladder steps; for a file, spell the template arguments in --expr")
@@ -50,6 +57,38 @@ def run(args) -> int:
     if args.json:
         emit_json(result)
         return 0
+    _print_report(out, result)
+    if args.sass:
+        out.rule("annotated SASS")
+        for line in result.listing.lines:
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    if args.ptx:
+        out.rule("PTX")
+        out.print(ptx(), markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _planned(args, config) -> int:
+    """``gemmlab inspect engine|fp8|grouped --shape ...``: the instantiation the call would run."""
+    from ..reports import compiled
+
+    if args.shape is None:
+        raise UsageError(f"{args.kernel} needs --shape M,N,K (the kernel is the one planned for it)")
+    if config or args.diff or args.file or args.expr:
+        raise UsageError("--config, --diff, --file and --expr go with ladder steps and files; a planned kernel "
+                         "takes --shape (and --groups, --layout, --dtype, --scale)")
+    if args.layout is not None and args.kernel != "grouped":
+        raise UsageError("--layout goes with grouped")
+    M, N, K = args.shape
+    rep, plan, ptx = compiled.plan_report(args.kernel, M, N, K, groups=args.groups, layout=args.layout or "contiguous",
+                                          dtype=args.dtype or "bf16", scale=args.scale or "tensor")
+    listing = "ptx" if args.ptx and not args.sass else "sass" if args.sass else "none"
+    result = compiled.inspect_result(rep, listing=listing, ptx=ptx() if listing == "ptx" else None)
+    if args.json:
+        emit_json(result)
+        return 0
+    out = console()
+    out.print(repr(plan), markup=False, highlight=False)
     _print_report(out, result)
     if args.sass:
         out.rule("annotated SASS")

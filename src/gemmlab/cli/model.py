@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .common import console, emit_json, fmt_bytes, has_gpu, num, table
-from .parser import parse_config
+from .parser import UsageError, parse_config
 
 
 def run(args) -> int:
@@ -14,6 +14,10 @@ def _model(args) -> int:
     from ..reports import modelling
 
     M, N, K = args.shape
+    if args.groups is not None:
+        return _grouped(args)
+    if args.layout is not None:
+        raise UsageError("--layout goes with --groups (a grouped GEMM)")
     # The report is built before anything is printed: a bad name or config is an error, not half a table.
     res = modelling.model_report(M, N, K, kernel=args.kernel, config=parse_config(args.config), clock_mhz=args.clock,
                                  dtype=args.dtype, profile=args.profile, every=args.kernel is None)
@@ -28,8 +32,50 @@ def _model(args) -> int:
         _print_steps(out, res)
     if res.matmul is not None:
         out.print(f"gemmlab.matmul runs: {res.matmul.summary}", markup=False, highlight=False)
+    for plan in res.scaled_mm or ():
+        _print_plan(out, plan)
     out.print(f"Model: {res.formula}.")
     return 0
+
+
+def _grouped(args) -> int:
+    from ..reports import modelling
+
+    if args.kernel is not None or args.config:
+        raise UsageError("--kernel / --config model a ladder step; a grouped GEMM (--groups) models the plan "
+                         "gemmlab.grouped_mm runs")
+    T, N, K = args.shape
+    res = modelling.grouped_report(args.groups, T, N, K, layout=args.layout or "contiguous",
+                                   dtype=args.dtype or "bf16", clock_mhz=args.clock, profile=args.profile)
+    if args.json:
+        emit_json(res)
+        return 0
+    out = console()
+    p, d = res.problem, res.device
+    rows = f"{p.rows} rows" if p.layout == "contiguous" else f"slabs of {p.rows} rows"
+    t = table(f"{p.groups} experts, {rows}, N={p.N}, K={p.K} ({p.layout}) {p.dtype} on {d.name} ({d.sm_count} SMs)")
+    for col in ("FLOPs", "min bytes", "FLOP/B", "speed of light", "roofline bound", "min time"):
+        t.add_column(col)
+    t.add_row(f"{p.flops:.3e}", fmt_bytes(p.min_bytes), f"{p.arithmetic_intensity:.1f}",
+              f"{p.speed_of_light_tflops:.1f} TFLOP/s", f"{p.roofline_tflops:.1f} TFLOP/s ({p.roofline_bound})",
+              f"{p.min_time_us:.1f} us")
+    out.print(t)
+    _print_plan(out, res.plan)
+    out.print(f"Model: {res.formula}.")
+    return 0
+
+
+def _print_plan(out, plan) -> None:
+    """An EnginePlan: what the call runs, and the plan model's cheapest options."""
+    t = table(f"{plan.runs}: the plan model's cheapest options (* the pick)")
+    for col in ("tile", "schedule", "stages", "predicted"):
+        t.add_column(col, justify="right" if col in ("stages", "predicted") else "left")
+    for o in plan.candidates:
+        pick = (o.tile, o.schedule, o.stages) == (plan.tile, plan.schedule, plan.stages)
+        t.add_row(("* " if pick else "  ") + "x".join(map(str, o.tile)), o.schedule, str(o.stages),
+                  f"{o.predicted_us:.1f} us")
+    out.print(t)
+    out.print(f"runs {plan.kernel}: {plan.summary}", markup=False, highlight=False)
 
 
 def _print_problem(out, res) -> None:

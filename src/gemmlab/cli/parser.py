@@ -210,10 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
         "registers, shared memory, stack and spills from ptxas; the SASS instruction mix by class (global/shared "
         "loads and stores with their widths, FFMA, HGMMA, TMA, barriers, branches, LDL/STL); every loop and how "
         "much math its body holds (unrolled or not); the step's SASS claims. --sass prints the listing with each "
-        "instruction tagged by class; --diff shows what changed between two steps.",
+        "instruction tagged by class; --diff shows what changed between two steps. KERNEL 'engine', 'fp8' or "
+        "'grouped' with --shape: the instantiation gemmlab.matmul's engine kernel, gemmlab.scaled_mm or "
+        "gemmlab.grouped_mm would run at that shape (its plan's SASS claims checked).",
         epilog="examples:\n  gemmlab inspect k05 --config BM=64,BN=64\n  gemmlab inspect h4 --sass\n"
                "  gemmlab inspect k05 --diff k06\n  gemmlab inspect my.cu                 (the file's one kernel)\n"
-               "  gemmlab inspect my.cu --expr 'scale<4>' --arch sm_90 --ptx", parents=(common, as_json))
+               "  gemmlab inspect my.cu --expr 'scale<4>' --arch sm_90 --ptx\n"
+               "  gemmlab inspect engine --shape 2040,3584,3584\n"
+               "  gemmlab inspect fp8 --shape 4096,4096,4096 --scale block --sass\n"
+               "  gemmlab inspect grouped --shape 4096,28672,4096 --groups 8", parents=(common, as_json))
     ins.add_argument("kernel", nargs="?", metavar="KERNEL|PATH.cu",
                      help="a step (k05, k5, h04, sgemm.k05_blocktile_2d, ...) or a CUDA file")
     ins.add_argument("--config", action="append", metavar="K=V", help="template parameters (repeat or comma-separate)")
@@ -222,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--diff", metavar="OTHER", help="compare with another step (KERNEL -> OTHER)")
     ins.add_argument("--diff-config", action="append", metavar="K=V", help="config of the --diff step")
     ins.add_argument("--file", metavar="PATH.cu", help="a CUDA file (the same as giving it as KERNEL)")
+    ins.add_argument("--shape", type=parse_shape, metavar="M,N,K", help="with engine / fp8 / grouped: the problem "
+                     "(grouped: T,N,K, or C,N,K with --layout masked)")
+    ins.add_argument("--groups", type=bounded_int(1, 512), metavar="G", help="with grouped: the experts")
+    ins.add_argument("--layout", choices=("contiguous", "masked"), help="with grouped: offsets (default) or counts")
+    ins.add_argument("--dtype", choices=("bf16", "fp16", "fp8"), help="with engine (bf16, fp16) or grouped "
+                     "(bf16, fp16, fp8): the operands (default bf16)")
+    ins.add_argument("--scale", choices=("tensor", "block"), help="with fp8 (or grouped --dtype fp8): per-tensor "
+                     "(default) or 1 x 128 / 128 x 128 block scales")
     ins.add_argument("--expr", metavar="NAME<...>", help="with a file: the kernel or template instantiation to build "
                      "(default: the file's one __global__ function)")
     ins.add_argument("--arch", default="sm_90a", choices=("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"),
@@ -233,8 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
         "light at an SM clock; with --kernel, the step's tile intensity, occupancy (from ptxas registers, "
         "cross-checked with cuda-core on a GPU), tiles, waves and last-wave utilization, global traffic, and the "
         "predicted time and TFLOP/s. Without --kernel, a prediction for every step. For bf16 / fp16, also what "
-        "gemmlab.matmul runs at the shape (gemmlab.plan). The device is the visible GPU, else the named "
-        "profile.", parents=(common, as_json))
+        "gemmlab.matmul runs at the shape (gemmlab.plan); for fp8, what gemmlab.scaled_mm runs (per-tensor and "
+        "block scales); with --groups, a grouped GEMM and the plan gemmlab.grouped_mm runs. The device is the "
+        "visible GPU, else the named profile.",
+        epilog="examples:\n  gemmlab model --shape 4096,4096,4096\n  gemmlab model --shape 2048,3584,3584 --kernel h11\n"
+               "  gemmlab model --shape 4096,4096,4096 --dtype fp8\n"
+               "  gemmlab model --shape 4096,28672,4096 --groups 8          (Mixtral gate/up, 4096 rows)\n"
+               "  gemmlab model --shape 128,2816,2048 --groups 64 --layout masked --dtype fp8",
+        parents=(common, as_json))
     mod.add_argument("--shape", type=parse_shape, required=True, metavar="M,N,K", help="problem size")
     mod.add_argument("--kernel", metavar="STEP", help="model this step in detail")
     mod.add_argument("--config", action="append", metavar="K=V", help="the step's template parameters")
@@ -243,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     mod.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "tf32", "fp32"),
                      help="the problem's data type (default: the step's, else bf16)")
     mod.add_argument("--profile", choices=("H200",), help="use this device profile even when a GPU is visible")
+    mod.add_argument("--groups", type=bounded_int(1, 512), metavar="G",
+                     help="a grouped GEMM (mixture of experts) of G experts: --shape is T,N,K (tokens x top-k "
+                     "rows, each expert's N x K weight), or C,N,K with --layout masked; shows the plan "
+                     "gemmlab.grouped_mm runs")
+    mod.add_argument("--layout", choices=("contiguous", "masked"), help="with --groups: rows sorted by expert "
+                     "with offsets (default), or fixed-capacity slabs with counts")
 
     exp = command(
         "explain", "what limits a step at a shape: the model's factors, and a measurement on a GPU",

@@ -66,6 +66,7 @@ def _check_name(name: str) -> str:
 KernelListOut = out_model(catalog.KernelList)
 InspectOut = out_model(compiled.InspectResult)
 ModelOut = out_model(modelling.ModelResult)
+GroupedModelOut = out_model(modelling.GroupedModelResult)
 MeasurementOut = out_model(records.Measurement)
 GapOut = out_model(modelling.GapResult)
 
@@ -152,10 +153,60 @@ def model_gemm(
     ptxas, smem, threads), tiles and waves (last-wave utilization), tile quantization, global and HBM traffic,
     and the predicted time, TFLOP/s and fraction of the speed of light, with which bound (compute or memory)
     applies. For bf16 / fp16 also `matmul`: what gemmlab.matmul runs at the shape (gemmlab.plan: the kernel,
-    its tile, schedule, stages and predicted time, and the prices of the kernels weighed against it). The
+    its tile, schedule, stages and predicted time, and the prices of the kernels weighed against it); for fp8
+    `scaled_mm`: gemmlab.scaled_mm's plans (per-tensor and block scales) with their cheapest options. The
     device is the visible GPU's SM count, else the H200 profile (132 SMs, 4.3 TB/s)."""
     return out(modelling.model_report(M, N, K, kernel=kernel and _check_name(kernel), config=config,
                                       clock_mhz=clock_mhz, dtype=dtype))
+
+
+@_tool
+def model_grouped_gemm(
+    groups: Annotated[int, Field(ge=1, le=512, description="experts (groups)")],
+    rows: Annotated[Dim, Field(description="contiguous: T, the routed token-rows sorted by expert; masked: C, each "
+                                           "expert's slab capacity")],
+    N: Annotated[Dim, Field(description="columns of each expert's output (its weight is N x K)")],
+    K: Annotated[Dim, Field(description="the reduction dimension")],
+    layout: Annotated[Literal["contiguous", "masked"], Field(
+        description="contiguous (offsets; prefill / training) or masked (counts; decode under CUDA graphs)")]
+    = "contiguous",
+    dtype: Annotated[Literal["bf16", "fp16", "fp8"], Field(description="the operands (fp8: e4m3, bf16 out)")] = "bf16",
+    clock_mhz: Annotated[ClockMHz | None, Field(description="SM clock for the speed of light (default: the "
+                                                "profile's sustained clock)")] = None,
+) -> GroupedModelOut:
+    """A grouped GEMM (mixture-of-experts layer) on the roofline, no GPU needed: FLOPs, the least bytes (A, every
+    expert's weight and out once), intensity and the roofline bound; and the plan gemmlab.grouped_mm runs (tile,
+    schedule: data-parallel, stream-K or ping-pong, stages, grid, predicted time) with the plan model's cheapest
+    options, priced for rows / groups rows an expert (contiguous) or full slabs (masked)."""
+    return out(modelling.grouped_report(groups, rows, N, K, layout=layout, dtype=dtype, clock_mhz=clock_mhz))
+
+
+@_tool
+def inspect_plan(
+    kernel: Annotated[Literal["engine", "fp8", "grouped"], Field(
+        description="engine: gemmlab.matmul's engine kernel; fp8: gemmlab.scaled_mm's; grouped: "
+                    "gemmlab.grouped_mm's")],
+    M: Annotated[Dim, Field(description="rows of A (grouped: T, or C with layout masked)")],
+    N: Annotated[Dim, Field(description="columns of the output")],
+    K: Annotated[Dim, Field(description="the reduction dimension")],
+    groups: Annotated[int | None, Field(ge=1, le=512, description="grouped: the experts")] = None,
+    layout: Annotated[Literal["contiguous", "masked"], Field(description="grouped: offsets or counts")]
+    = "contiguous",
+    dtype: Annotated[Literal["bf16", "fp16", "fp8"], Field(
+        description="engine: bf16 / fp16; grouped: bf16 / fp16 / fp8 (fp8: e4m3 operands)")] = "bf16",
+    scale: Annotated[Literal["tensor", "block"], Field(
+        description="fp8 operands: per-tensor scales or 1 x 128 / 128 x 128 block scales")] = "tensor",
+    listing: Annotated[Literal["none", "main_loop", "sass", "ptx"], Field(
+        description="main_loop: the annotated SASS of the loop with the most math; sass: the whole annotated "
+                    "SASS; ptx: the PTX; none: the summary only")] = "main_loop",
+    max_lines: Annotated[int, Field(ge=1, le=MAX_LISTING_LINES, description="cap on listing lines")] = 120,
+) -> InspectOut:
+    """What the compiler made of the kernel a gemmlab call would run at a shape, without a GPU: the planner's
+    instantiation (its name says the tile, stages and schedule) compiled, with registers, shared memory,
+    spills, the SASS instruction mix, loops, the plan's SASS claims checked and a capped listing. Pair with
+    model_gemm (matmul, dtype fp8: scaled_mm) or model_grouped_gemm for the plan and its price."""
+    return out(compiled.inspect_plan(kernel, M, N, K, groups=groups, layout=layout, dtype=dtype, scale=scale,
+                                     listing=listing, max_lines=max_lines))
 
 
 # Measuring (GPU only) ---------------------------------------------------------------------------------------------
@@ -273,7 +324,8 @@ A good loop: model the shape, explain the gap, inspect the main loop, change one
 """
 
 INSTRUCTIONS = ("gemmlab: GEMM kernels for NVIDIA GPUs in two ladders (fp32 CUDA cores; bf16 Hopper TMA+wgmma). "
-                "Start with list_kernels or the gemmlab://brief resource. inspect_kernel, model_gemm and "
+                "Start with list_kernels or the gemmlab://brief resource. inspect_kernel, inspect_plan (the kernel "
+                "gemmlab.matmul / scaled_mm / grouped_mm would run at a shape), model_gemm, model_grouped_gemm and "
                 "explain_gap work without a GPU; benchmark_gemm needs one.")
 
 
@@ -303,7 +355,8 @@ def build_server() -> MCPServer:
     """The gemmlab MCP server with its tools, resources and prompt (no transport started)."""
     server = MCPServer("gemmlab", title="gemmlab: GEMM kernels, SASS, models and timings", version=__version__,
                        instructions=INSTRUCTIONS, log_level="WARNING")
-    for fn in (list_kernels, inspect_kernel, model_gemm, benchmark_gemm, explain_gap):
+    for fn in (list_kernels, inspect_kernel, inspect_plan, model_gemm, model_grouped_gemm, benchmark_gemm,
+               explain_gap):
         server.add_tool(fn, annotations=_READ_ONLY, structured_output=True)
     server.resource("gemmlab://brief", name="brief", mime_type="text/markdown",
                     description="The subject in one page: the two ladders, the ceilings, the tools")(lambda: BRIEF)

@@ -335,3 +335,79 @@ def file_report(path, expr: str | None = None, arch: str = "sm_90a"):
                              f"--expr '{name}<128>'")
         expr = name
     return gi.inspect_compiled(gi.compile_file(path, expr, arch)), expr
+
+
+# The engine's planned kernels ---------------------------------------------------------------------------------
+
+# What `gemmlab inspect` / inspect_plan compile besides the ladder steps: the instantiation a call would run.
+PLANNED = {"engine": "gemmlab.matmul's engine kernel (gemmlab.planner.plan)",
+           "fp8": "gemmlab.scaled_mm's FP8 kernel (gemmlab.planner.plan_fp8)",
+           "grouped": "gemmlab.grouped_mm's kernel (gemmlab.grouped.plan)"}
+
+
+def planned(kind: str, M: int, N: int, K: int, *, groups: int | None = None, layout: str = "contiguous",
+            dtype: str = "bf16", scale: str = "tensor"):
+    """The plan of ``kind`` (``PLANNED``) for an (M, K) x (K, N) problem (grouped: M = T or C rows, ``groups``
+    experts, ``layout``; dtype bf16 / fp16, or fp8 for grouped), with its source and compile function."""
+    from .. import engine2, grouped, planner
+    from . import BadRequest, check_dims
+
+    check_dims(M, N, K)
+    if kind not in PLANNED:
+        raise BadRequest(f"unknown planned kernel {kind!r}; one of {', '.join(PLANNED)}")
+    if kind == "grouped" and groups is None:
+        raise BadRequest("the grouped kernel needs groups (the number of experts)")
+    if kind != "grouped" and groups is not None:
+        raise BadRequest(f"groups go with the grouped kernel, not {kind!r}")
+    if scale != "tensor" and not (kind == "fp8" or (kind == "grouped" and dtype == "fp8")):
+        raise BadRequest("scale 'block' goes with fp8 operands (kernel 'fp8', or 'grouped' with dtype fp8)")
+    try:
+        if kind == "engine":
+            if dtype not in ("bf16", "fp16"):
+                raise BadRequest(f"the engine kernel takes bf16 or fp16 operands, not {dtype!r} (fp8: 'fp8')")
+            p = planner.plan(M, N, K, dtype=dtype)
+            return p, planner.SOURCE, engine2.compile_plan, engine2.sass_expect
+        if kind == "fp8":
+            p = planner.plan_fp8(M, N, K, scale=scale)
+            return p, planner.FP8_SOURCE, engine2.compile_fp8_plan, engine2.sass_expect_fp8
+        if dtype not in ("bf16", "fp16", "fp8"):
+            raise BadRequest(f"grouped_mm takes bf16, fp16 or fp8 operands, not {dtype!r}")
+        p = grouped.plan(layout, groups, M, N, K, dtype="e4m3" if dtype == "fp8" else dtype,
+                         scale=scale if dtype == "fp8" else "tensor")
+        return p, grouped.SOURCE, grouped.compile_plan, grouped.sass_expect
+    except ValueError as e:
+        if isinstance(e, BadRequest):
+            raise
+        raise BadRequest(str(e)) from None
+
+
+def plan_report(kind: str, M: int, N: int, K: int, **kw):
+    """Compile the kernel a call would run at the shape (``planned``) and read it: the
+    ``gemmlab.inspect.Report`` (threads, dynamic shared memory and the plan's SASS claims checked), and a
+    function that returns its PTX."""
+    from .. import inspect as gi
+    from .. import sass
+    from ..jit.compiler import collect_sources
+
+    p, source, compile_fn, expect_fn = planned(kind, M, N, K, **kw)
+    ck = compile_fn(p)
+    rep = gi.inspect_compiled(ck)
+    rep.name = f"{kind}: {p.compiled_name}"
+    rep.threads = p.threads
+    rep.dynamic_smem = p.smem_bytes
+    expect = expect_fn(p)
+    rep.checks = sass.check(expect, rep.summary, ck.resources)
+    rep.claims = expect.describe()
+
+    def ptx() -> str:
+        return gi._ptx(collect_sources(source)[source], source, p.name_expression, "sm_90a",
+                       [str((gi.KERNEL_ROOT / source).parent)])
+
+    return rep, p, ptx
+
+
+def inspect_plan(kind: str, M: int, N: int, K: int, *, listing: ListingKind = "none", max_lines: int | None = None,
+                 **kw) -> InspectResult:
+    """``inspect_result`` of the kernel a call would run at the shape (``plan_report``)."""
+    rep, _, ptx = plan_report(kind, M, N, K, **kw)
+    return inspect_result(rep, listing=listing, max_lines=max_lines, ptx=ptx() if listing == "ptx" else None)

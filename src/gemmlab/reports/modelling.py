@@ -132,6 +132,54 @@ class MatmulPlan:
 
 
 @dataclass
+class PlanOption:
+    tile: list[int] = doc("BM, BN")
+    schedule: str = doc("data_parallel, stream_k or pingpong (grouped); data_parallel (FP8)")
+    stages: int
+    predicted_us: float = doc("the plan model's time")
+
+
+@dataclass
+class EnginePlan:
+    runs: str = doc("the call that runs it: 'gemmlab.scaled_mm' (scale 'tensor' or 'block') or "
+                    "'gemmlab.grouped_mm'")
+    kernel: str = doc("the kernel instantiation (what `gemmlab inspect` compiles)")
+    tile: list[int] = doc("BM, BN")
+    schedule: str
+    stages: int
+    grid: int = doc("persistent CTAs")
+    predicted_us: float = doc("the plan model's time (H200 constants)")
+    summary: str = doc("the plan's repr")
+    candidates: list[PlanOption] = doc("the plan model's cheapest options, the pick among them (at most 6)")
+
+
+@dataclass
+class GroupedProblem:
+    groups: int
+    rows: int = doc("T, the routed token-rows (contiguous), or C, each expert's slab capacity (masked)")
+    N: int
+    K: int
+    layout: str = doc("'contiguous' (offsets) or 'masked' (counts)")
+    dtype: str
+    flops: float = doc("2 x rows x N x K (masked: every slab full)")
+    min_bytes: int = doc("A, every expert's weight and out, each once")
+    arithmetic_intensity: float
+    speed_of_light_tflops: float
+    roofline_tflops: float
+    roofline_bound: Literal["compute", "memory"]
+    min_time_us: float
+
+
+@dataclass
+class GroupedModelResult:
+    device: Device
+    problem: GroupedProblem
+    plan: EnginePlan = doc("what gemmlab.grouped_mm runs (gemmlab.grouped.plan), priced for rows / groups rows "
+                           "an expert (contiguous) or full slabs (masked)")
+    formula: str
+
+
+@dataclass
 class ModelResult:
     device: Device
     problem: ProblemModel
@@ -141,6 +189,8 @@ class ModelResult:
     matmul: MatmulPlan | None = doc("what gemmlab.matmul runs at this shape (gemmlab.plan), for bf16 and fp16 "
                                     "problems; the plan model prices it at the H200's constants with this "
                                     "device's SM count")
+    scaled_mm: list[EnginePlan] | None = doc("fp8 problems: what gemmlab.scaled_mm runs with per-tensor scales "
+                                             "and (K a multiple of 128) with 1 x 128 / 128 x 128 block scales")
 
 
 @dataclass
@@ -313,7 +363,76 @@ def model_report(M: int, N: int, K: int, *, kernel: str | None = None, config: d
     dtype = dtype or "bf16"
     return ModelResult(device=device_report(prof), problem=problem_model(M, N, K, dtype, prof, clock),
                        kernel=km, steps=every_step(M, N, K, prof, clock) if every else None, formula=FORMULA,
-                       matmul=matmul_plan(M, N, K, dtype, prof.sm_count) if dtype in ("bf16", "fp16") else None)
+                       matmul=matmul_plan(M, N, K, dtype, prof.sm_count) if dtype in ("bf16", "fp16") else None,
+                       scaled_mm=scaled_mm_plans(M, N, K) if dtype == "fp8" else None)
+
+
+MAX_OPTIONS = 6
+
+
+def _engine_plan(runs: str, pick, ranked) -> EnginePlan:
+    """A planner's pick and its cheapest options as a report (the FP8 and the grouped plans)."""
+    options = [PlanOption(tile=[c.bm, c.bn], schedule=getattr(c, "schedule", "data_parallel"), stages=c.stages,
+                          predicted_us=round(c.predicted_s * 1e6, 3)) for c in ranked[:MAX_OPTIONS]]
+    return EnginePlan(runs=runs, kernel=pick.compiled_name, tile=[pick.bm, pick.bn],
+                      schedule=getattr(pick, "schedule", "data_parallel"), stages=pick.stages, grid=pick.grid,
+                      predicted_us=round(pick.predicted_s * 1e6, 3), summary=repr(pick), candidates=options)
+
+
+def scaled_mm_plans(M: int, N: int, K: int) -> list[EnginePlan]:
+    """``gemmlab.scaled_mm``'s FP8 plans for an (M, K) x (K, N) e4m3 call with bf16 output: per-tensor
+    scales, and block scales where K is a multiple of 128."""
+    from .. import planner
+
+    out = []
+    for scale in ("tensor", "block") if K % 128 == 0 else ("tensor",):
+        ranked = planner.fp8_candidates(M, N, K, scale=scale)
+        out.append(_engine_plan(f"gemmlab.scaled_mm (scale {scale!r})", planner.plan_fp8(M, N, K, scale=scale),
+                                ranked))
+    return out
+
+
+GROUPED_FORMULA = ("gemmlab.grouped.predict_s: the dense engine's k-step and epilogue terms (plan_cost) over all "
+                   "groups' tiles in waves over the SMs, each group padded to whole tiles, stream-K's partial wave "
+                   "and ping-pong's hidden epilogues priced as the dense model does, floored by the HBM time of "
+                   "A, every expert's weight and out")
+
+
+def grouped_report(groups: int, rows: int, N: int, K: int, *, layout: str = "contiguous", dtype: str = "bf16",
+                   clock_mhz: float | None = None, profile: str | None = None) -> GroupedModelResult:
+    """A grouped GEMM (mixture-of-experts) on the roofline, and the plan gemmlab.grouped_mm runs: ``groups``
+    experts, ``rows`` = T (contiguous, offsets) or C (masked, counts), each expert's weight N x K."""
+    from .. import grouped, model
+
+    check_dims(rows, N, K, "rows, N, K")
+    check_clock(clock_mhz)
+    if not isinstance(groups, int) or not 1 <= groups <= grouped.MAX_GROUPS:
+        raise BadRequest(f"groups = {groups}: an integer from 1 to {grouped.MAX_GROUPS}")
+    if layout not in grouped.LAYOUTS:
+        raise BadRequest(f"layout {layout!r}: one of {', '.join(grouped.LAYOUTS)}")
+    if dtype not in ("bf16", "fp16", "fp8"):
+        raise BadRequest(f"dtype {dtype!r}: grouped_mm takes bf16, fp16 or fp8 (e4m3) operands")
+    prof = _profile(profile)
+    clock = clock_mhz or prof.sm_clock_mhz
+    total = rows if layout == "contiguous" else groups * rows
+    e = 1 if dtype == "fp8" else 2
+    flops = 2.0 * total * N * K
+    nbytes = e * (total * K + groups * N * K) + 2 * total * N  # out: bf16 / fp16 (e4m3: bf16)
+    peak, bw = prof.peak_flops(dtype, clock), prof.hbm_bytes_per_s
+    ai = flops / nbytes
+    roof = model.roofline(ai, peak, bw)
+    problem = GroupedProblem(groups=groups, rows=rows, N=N, K=K, layout=layout, dtype=dtype, flops=flops,
+                             min_bytes=nbytes, arithmetic_intensity=ai, speed_of_light_tflops=peak / 1e12,
+                             roofline_tflops=roof / 1e12, roofline_bound="compute" if ai * bw >= peak else "memory",
+                             min_time_us=flops / roof * 1e6)
+    gdt = "e4m3" if dtype == "fp8" else dtype
+    try:
+        ranked = grouped.candidates(layout, groups, rows, N, K, dtype=gdt)
+        pick = grouped.plan(layout, groups, rows, N, K, dtype=gdt)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    return GroupedModelResult(device=device_report(prof), problem=problem,
+                              plan=_engine_plan("gemmlab.grouped_mm", pick, ranked), formula=GROUPED_FORMULA)
 
 
 def matmul_plan(M: int, N: int, K: int, dtype: str, sm_count: int) -> MatmulPlan:
