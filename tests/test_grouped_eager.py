@@ -349,7 +349,7 @@ def test_modes_the_profiler_and_gradients_take_the_op(eager):
         gemmlab.grouped_mm(**c)
     assert len(eager.op_calls) == 2
     c["a"].requires_grad_(True)
-    gemmlab.grouped_mm(**c)  # the op (it has no backward formula: autograd says so on backward)
+    gemmlab.grouped_mm(**c)  # the op, whose autograd formula is grouped._grouped_backward
     assert len(eager.op_calls) == 3
     with torch.no_grad():
         gemmlab.grouped_mm(**c)
@@ -426,3 +426,63 @@ def test_nothing_prepared_under_graph_capture_is_kept(monkeypatch, capturing):
     ops.keep_prepared(calls, "c", "call", torch.device("cpu"), 8)
     ops.keep_prepared(calls, None, "call", torch.device("cpu"), 8)
     assert calls == ({"c": "call"} if capturing else {"k": "call", "c": "call"})
+
+
+def _grad_case(layout, dtype, N, offsets):
+    torch.manual_seed(3)
+    G, T, K = 4, 100, 64
+    if layout == "contiguous":
+        a = torch.randn(T, K).to(dtype)
+        kw = {"offsets": torch.tensor(offsets, dtype=torch.int32)}
+    else:
+        a = torch.randn(G, 48, K).to(dtype)
+        a[1, 30:] = float("nan")  # past slab 1's count: never read, in forward or backward
+        kw = {"counts": torch.tensor([3, 30, 0, 48], dtype=torch.int32)}
+    return a.requires_grad_(True), (torch.randn(G, N, K) / 8).to(dtype).requires_grad_(True), kw
+
+
+@pytest.mark.parametrize("layout,offsets", [("contiguous", [0, 10, 10, 70, 100]),  # G + 1 boundaries, one empty
+                                            ("contiguous", [5, 10, 10, 70, 90]),  # rows before and after: none
+                                            ("contiguous", [10, 10, 70, 100]),  # torch's G ends
+                                            ("masked", None)])
+@pytest.mark.parametrize("dtype", [BF16, torch.float16])
+@pytest.mark.parametrize("N", [200, 203])  # 203: da's reduction padded to a multiple of 8
+def test_gradients_match_float64_autograd(eager, layout, offsets, dtype, N):
+    """grouped_mm's backward (da through the grouped kernel, here its float64 stand-in; db by the batched /
+    per-group GEMMs) against torch autograd through a float64 per-group reference; rows outside every group
+    or past a count get a zero gradient, NaN there never leaks."""
+    a, b, kw = _grad_case(layout, dtype, N, offsets)
+    y = gemmlab.grouped_mm(a, b, **kw)
+    ref = grouped.reference_grouped_mm(a.detach(), b.detach(), **kw)
+    written = ~torch.isnan(ref)
+    w = torch.where(written, torch.randn(ref.shape, dtype=torch.float64), 0.0)
+    (y.double() * w).sum().backward()
+    a64, b64 = a.detach().double().requires_grad_(True), b.detach().double().requires_grad_(True)
+    if layout == "contiguous":
+        o = kw["offsets"].tolist()
+        starts, ends = (o[:-1], o[1:]) if len(o) == b.shape[0] + 1 else ([0] + o[:-1], o)
+        y64 = torch.zeros(ref.shape, dtype=torch.float64)
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            y64 = y64.index_put((torch.arange(s, e),), a64[s:e] @ b64[g].t())
+    else:
+        keep = torch.arange(a.shape[1])[None, :] < kw["counts"][:, None].long()
+        y64 = torch.where(keep[..., None], torch.bmm(torch.where(keep[..., None], a64, 0.0), b64.transpose(1, 2)), 0.0)
+    (y64 * w).sum().backward()
+    for got, want in ((a.grad, a64.grad), (b.grad, b64.grad)):
+        assert got.dtype == dtype and got.shape == want.shape and not torch.isnan(got).any()
+        assert torch.allclose(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+    if layout == "contiguous":
+        assert (a.grad[~written.any(-1)] == 0).all()  # rows no group covers
+    else:
+        assert (a.grad[1, 30:] == 0).all() and (a.grad[2] == 0).all()  # past the counts
+
+
+def test_gradients_are_refused_with_out(eager):
+    """out= calls are forward only: asked for a gradient they say so (before any launch)."""
+    b = torch.randn(4, 200, 256).to(BF16).requires_grad_(True)
+    a = torch.randn(100, 256).to(BF16)
+    offs = torch.tensor([0, 10, 10, 70, 100], dtype=torch.int32)
+    with pytest.raises(UnsupportedProblem, match="out="):
+        gemmlab.grouped_mm(a, b, offs, out=torch.empty(100, 200, dtype=BF16))
+    with torch.no_grad():
+        gemmlab.grouped_mm(a, b, offs, out=torch.empty(100, 200, dtype=BF16))  # forward only: fine

@@ -726,3 +726,69 @@ def test_eager_call_captured_in_a_cuda_graph(mode):
         _eager_check(y, c)
     c2 = _eager_case(mode, "contiguous", 3)
     _eager_check(gemmlab.grouped_mm(**c2), c2)
+
+
+def _grad_reference(a, b, offsets=None, counts=None):
+    """float64 autograd through a per-group loop: (out, a.grad, b.grad) for loss = sum(out * w)."""
+    a64, b64 = a.detach().double().requires_grad_(True), b.detach().double().requires_grad_(True)
+    if counts is None:
+        o = offsets.tolist()
+        starts, ends = (o[:-1], o[1:]) if len(o) == b.shape[0] + 1 else ([0] + o[:-1], o)
+        parts = [(s, e, g) for g, (s, e) in enumerate(zip(starts, ends)) if e > s]
+        y = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64, device=a.device)
+        for s, e, g in parts:
+            y = y.index_put((torch.arange(s, e, device=a.device),), a64[s:e] @ b64[g].t())
+        return y, a64, b64
+    keep = (torch.arange(a.shape[1], device=a.device)[None, :] < counts[:, None].long())[..., None]
+    y = torch.where(keep, torch.bmm(torch.where(keep, a64, 0.0), b64.transpose(1, 2)), 0.0)
+    return y, a64, b64
+
+
+@pytest.mark.parametrize("layout,dtype,N", [("contiguous", torch.bfloat16, 1024), ("contiguous", torch.float16, 1000),
+                                            ("contiguous", torch.bfloat16, 1003), ("masked", torch.bfloat16, 1024)])
+def test_gradients_against_float64_autograd(layout, dtype, N):
+    """grouped_mm's backward on the GPU: da on the grouped kernel (N = 1003: its reduction padded), db by
+    torch._grouped_mm (contiguous bf16) / its per-group fallback (fp16) / a batched GEMM (masked); rows
+    outside every group and past a count get zero, NaN there never leaks."""
+    G, T, K = 12, 3000, 1032
+    if layout == "contiguous":
+        a = torch.randn(T, K, device="cuda").to(dtype)
+        kw = {"offsets": _uneven_offsets(G, T - 40, seed=21, empty=(3,)) + 20}  # rows 0..19 and the last 20: none
+        a[:20] = float("nan")
+    else:
+        a = torch.randn(G, 300, K, device="cuda").to(dtype)
+        counts = torch.randint(0, 301, (G,), generator=torch.Generator().manual_seed(22)).int()
+        counts[4] = 0
+        kw = {"counts": counts.cuda()}
+        a[5, int(counts[5]):] = float("nan")
+    b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).to(dtype)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    y = gemmlab.grouped_mm(a, b, **kw)
+    y64, a64, b64 = _grad_reference(a, b, **kw)
+    written = ~torch.isnan(grouped.reference_grouped_mm(a.detach(), b.detach(), **kw))
+    w = torch.where(written, torch.randn(y64.shape, device="cuda", dtype=torch.float64), 0.0)
+    (y.double() * w).sum().backward()
+    (y64 * w).sum().backward()
+    for got, want in ((a.grad, a64.grad), (b.grad, b64.grad)):
+        assert got.dtype == dtype and not torch.isnan(got).any()
+        assert rel_error(got.double(), want) < 2e-2
+    if layout == "contiguous":
+        assert (a.grad[:20] == 0).all() and (a.grad[-20:] == 0).all()
+    else:
+        assert (a.grad[4] == 0).all() and (a.grad[5, int(kw["counts"][5]):] == 0).all()
+
+
+def test_gradients_under_torch_compile():
+    """A compiled MoE projection's forward and backward: the op traces with its fake, the backward formula
+    (the grouped kernel and torch._grouped_mm) traces into the backward graph; the same gradients."""
+    G, T, N, K = 8, 2048, 512, 256
+    a = torch.randn(T, K, device="cuda").bfloat16().requires_grad_(True)
+    b = (torch.randn(G, N, K, device="cuda") / 16).bfloat16().requires_grad_(True)
+    offs = _uneven_offsets(G, T, seed=23, empty=(1,))
+    f = torch.compile(lambda x, w, o: gemmlab.grouped_mm(x, w, o).float().square().sum())
+    f(a, b, offs).backward()
+    ga, gb = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    gemmlab.grouped_mm(a, b, offs).float().square().sum().backward()
+    assert rel_error(ga.double(), a.grad.double()) < 1e-2 and rel_error(gb.double(), b.grad.double()) < 1e-2

@@ -776,11 +776,17 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor]
 
     Eager calls on plain CUDA tensors (outside tracing, torch modes, the profiler and autograd) skip the
     op's dispatch and run the call prepared for their metadata key (``_key``): validated, planned and
-    built once (``GroupedLaunch``), then a repeat call allocates the output and launches."""
+    built once (``GroupedLaunch``), then a repeat call allocates the output and launches.
+
+    Autograd (bf16 / fp16, either layout, no ``out=``): da on this kernel, db by a batched (masked) or
+    grouped (contiguous: ``torch._grouped_mm``) GEMM, all on the device; see ``_grouped_backward``."""
     if ops.eager_mode(a, b, offsets, counts, scale_a, scale_b, out=out) is True:
         return _prepared(a, b, offsets, counts, out, out_dtype, scale_a, scale_b)(a, b, offsets, counts, out,
                                                                                  scale_a, scale_b)
     _check_call(a, b, offsets, counts, out, out_dtype, scale_a, scale_b)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and (a.dtype == E4M3 or out is not None):
+        raise UnsupportedProblem("grouped_mm has a gradient for bf16 / fp16 operands without out= (FP8 and "
+                                 "out= calls are forward only): drop out=, or call it under torch.no_grad()")
     if a.dtype == E4M3:
         return _grouped_scaled_mm_op(a, b, offsets, counts, scale_a, scale_b, out_dtype)
     if out is not None:
@@ -824,6 +830,82 @@ def _grouped_mm_out_op(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch
 @_grouped_mm_out_op.register_fake
 def _grouped_mm_out_fake(a, b, offsets, counts, out):
     validate(a, b, offsets, counts, out, None)
+
+
+# Autograd (bf16 / fp16, both layouts) ------------------------------------------------------------------------
+#
+#   out_g = a_g @ b[g]^T    =>   da_g = dout_g @ b[g]        db[g] = dout_g^T @ a_g
+#
+# da is a grouped GEMM of the same layout and groups, run on this kernel with b[g]^T (K x N, copied once per
+# backward) as its per-group weight, into zeros (rows outside every group, or past a count, get no
+# gradient); N is padded to a multiple of 8 where it is not one (zero columns add nothing). db reduces over
+# each group's rows: masked, a batched GEMM over the slabs with the rows past each count zeroed; contiguous,
+# torch._grouped_mm over the rows split at the groups' ends (the 2-D x 2-D form torch's own backward uses),
+# with the rows before the first group and past the last zeroed. Everything stays on the device (no host
+# sync; a compiled backward traces it). Where torch has no _grouped_mm for the dtype, db falls back to one
+# GEMM per group with the offsets read on the host. The groups are taken as the kernel reads them (clamped
+# to the rows); offsets that decrease are not supported in backward (a router's never do).
+
+
+def _row_ranges(offsets: torch.Tensor, T: int, G: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, ends) of the contiguous layout's groups as the kernel reads them (group_scheduler.cuh):
+    G + 1 boundaries or G ends, clamped to [0, T], each end at least its start."""
+    o = offsets.to(torch.int64)
+    lead = o.numel() == G + 1
+    b = o[:G] if lead else torch.cat([o.new_zeros(1), o[:G - 1]])
+    e = o[1:G + 1] if lead else o[:G]
+    s = b.clamp(0, T)
+    return s, torch.maximum(e, s).clamp(max=T)
+
+
+def _weight_grad_contiguous(dy: torch.Tensor, a: torch.Tensor, offsets: torch.Tensor, G: int) -> torch.Tensor:
+    T = a.shape[0]
+    starts, ends = _row_ranges(offsets, T, G)
+    r = torch.arange(T, device=a.device)
+    inside = ((r >= starts[:1]) & (r < ends[-1:]))[:, None]
+    dyz, az = torch.where(inside, dy, 0), torch.where(inside, a, 0)
+    grouped = getattr(torch, "_grouped_mm", None)
+    if grouped is not None and a.is_cuda:
+        try:
+            return grouped(dyz.t(), az, offs=ends.to(torch.int32))
+        except (RuntimeError, NotImplementedError):
+            pass  # this dtype or GPU: the per-group loop below
+    db = a.new_zeros(G, dy.shape[1], a.shape[1])
+    for g, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        if e > s:
+            db[g] = (dyz[s:e].t().float() @ az[s:e].float()).to(a.dtype)
+    return db
+
+
+def _grouped_setup(ctx, inputs, output) -> None:
+    a, b, offsets, counts, out_dtype = inputs
+    ctx.save_for_backward(a, b, offsets, counts)
+
+
+def _grouped_backward(ctx, dout):
+    a, b, offsets, counts = ctx.saved_tensors
+    dy = dout.to(a.dtype)
+    G, N = b.shape[0], b.shape[1]
+    da = db = None
+    if ctx.needs_input_grad[0]:
+        bt = b.transpose(1, 2)  # (G, K, N): b[g]^T as the per-group weight, N its reduction
+        pad = -N % 8
+        dyp = torch.nn.functional.pad(dy, (0, pad)) if pad else dy.contiguous()
+        btp = torch.nn.functional.pad(bt, (0, pad)) if pad else bt.contiguous()
+        da = torch.zeros_like(a, memory_format=torch.contiguous_format)
+        grouped_mm(dyp, btp, offsets, counts=counts, out=da)
+    if ctx.needs_input_grad[1]:
+        if counts is not None:
+            C = a.shape[1]
+            live = (torch.arange(C, device=a.device)[None, :] < counts.to(torch.int64).clamp(0, C)[:, None])[..., None]
+            db = torch.bmm(torch.where(live, dy, 0).transpose(1, 2), torch.where(live, a, 0))
+        else:
+            db = _weight_grad_contiguous(dy, a, offsets, G)
+        db = db.to(b.dtype)
+    return da, db, None, None, None
+
+
+torch.library.register_autograd("gemmlab::grouped_mm", _grouped_backward, setup_context=_grouped_setup)
 
 
 def _check_call(a, b, offsets, counts, out, out_dtype, scale_a, scale_b) -> GroupedProblem:
