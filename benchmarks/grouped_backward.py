@@ -20,7 +20,7 @@ import torch
 
 import gemmlab
 from gemmlab.bench import git_sha
-from gemmlab.gpu import gpu_info
+from gemmlab.gpu import gpu_info, sample_clocks
 from gemmlab.timer import eager_wall_us
 from grouped_bench import shape_seed, shapes, uneven_offsets
 
@@ -59,9 +59,10 @@ def main() -> None:
             t_ours, t_torch = (statistics.median(times[k]) for k in ("ours", "torch_grouped_mm"))
             ratio = t_torch / t_ours
             ratios.append(ratio)
+            clock = sample_clocks().sm_mhz
             flops = 3 * 2 * T * N * K
             rec = dict(kind="grouped_backward", model=m, proj=proj, groups=G, T=T, N=N, K=K, ours_ms=t_ours,
-                       torch_ms=t_torch, ratio=ratio, ours_tflops=flops / t_ours / 1e9, sm_clock_mhz=info.sm_clock_mhz,
+                       torch_ms=t_torch, ratio=ratio, ours_tflops=flops / t_ours / 1e9, sm_clock_mhz=clock,
                        gpu=info.name, git_sha=sha, torch=torch.__version__)
             with open(args.out, "a") as f:
                 f.write(json.dumps(rec) + "\n")
