@@ -448,8 +448,9 @@ def _grad_case(layout, dtype, N, offsets):
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
 @pytest.mark.parametrize("N", [200, 203])  # 203: da's reduction padded to a multiple of 8
 def test_gradients_match_float64_autograd(eager, layout, offsets, dtype, N):
-    """grouped_mm's backward (da through the grouped kernel, here its float64 stand-in; db by the batched /
-    per-group GEMMs) against torch autograd through a float64 per-group reference; rows outside every group
+    """grouped_mm's backward on CPU (where torch._grouped_mm is not used: contiguous da on the grouped
+    kernel, here its float64 stand-in, N padded to a multiple of 8, and db one GEMM per group; masked, the
+    batched GEMMs) against torch autograd through a float64 per-group reference; rows outside every group
     or past a count get a zero gradient, NaN there never leaks."""
     a, b, kw = _grad_case(layout, dtype, N, offsets)
     y = gemmlab.grouped_mm(a, b, **kw)

@@ -747,9 +747,9 @@ def _grad_reference(a, b, offsets=None, counts=None):
 @pytest.mark.parametrize("layout,dtype,N", [("contiguous", torch.bfloat16, 1024), ("contiguous", torch.float16, 1000),
                                             ("contiguous", torch.bfloat16, 1003), ("masked", torch.bfloat16, 1024)])
 def test_gradients_against_float64_autograd(layout, dtype, N):
-    """grouped_mm's backward on the GPU: da on the grouped kernel (N = 1003: its reduction padded), db by
-    torch._grouped_mm (contiguous bf16) / its per-group fallback (fp16) / a batched GEMM (masked); rows
-    outside every group and past a count get zero, NaN there never leaks."""
+    """grouped_mm's backward on the GPU: torch._grouped_mm (contiguous; where torch refuses the dtype, the
+    grouped kernel for da, N padded, and one GEMM per group for db) or batched GEMMs (masked); rows outside
+    every group and past a count get zero, NaN there never leaks."""
     G, T, K = 12, 3000, 1032
     if layout == "contiguous":
         a = torch.randn(T, K, device="cuda").to(dtype)

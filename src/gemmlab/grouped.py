@@ -778,8 +778,8 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: Optional[torch.Tensor]
     op's dispatch and run the call prepared for their metadata key (``_key``): validated, planned and
     built once (``GroupedLaunch``), then a repeat call allocates the output and launches.
 
-    Autograd (bf16 / fp16, either layout, no ``out=``): da on this kernel, db by a batched (masked) or
-    grouped (contiguous: ``torch._grouped_mm``) GEMM, all on the device; see ``_grouped_backward``."""
+    Autograd (bf16 / fp16, either layout, no ``out=``): the backward's two GEMMs are torch's (batched for
+    masked, ``torch._grouped_mm`` for contiguous), on the device; see ``_grouped_backward``."""
     if ops.eager_mode(a, b, offsets, counts, scale_a, scale_b, out=out) is True:
         return _prepared(a, b, offsets, counts, out, out_dtype, scale_a, scale_b)(a, b, offsets, counts, out,
                                                                                  scale_a, scale_b)
@@ -836,15 +836,16 @@ def _grouped_mm_out_fake(a, b, offsets, counts, out):
 #
 #   out_g = a_g @ b[g]^T    =>   da_g = dout_g @ b[g]        db[g] = dout_g^T @ a_g
 #
-# da is a grouped GEMM of the same layout and groups, run on this kernel with b[g]^T (K x N, copied once per
-# backward) as its per-group weight, into zeros (rows outside every group, or past a count, get no
-# gradient); N is padded to a multiple of 8 where it is not one (zero columns add nothing). db reduces over
-# each group's rows: masked, a batched GEMM over the slabs with the rows past each count zeroed; contiguous,
-# torch._grouped_mm over the rows split at the groups' ends (the 2-D x 2-D form torch's own backward uses),
-# with the rows before the first group and past the last zeroed. Everything stays on the device (no host
-# sync; a compiled backward traces it). Where torch has no _grouped_mm for the dtype, db falls back to one
-# GEMM per group with the offsets read on the host. The groups are taken as the kernel reads them (clamped
-# to the rows); offsets that decrease are not supported in backward (a router's never do).
+# Both are torch's GEMMs on the device (no host sync; a compiled backward traces them): masked, batched GEMMs
+# over the slabs with the rows past each count zeroed; contiguous, torch._grouped_mm over the rows split at
+# the groups' ends (da: 2-D x 3-D; db: the 2-D x 2-D form torch's own backward uses), with the rows before
+# the first group and past the last zeroed in and out. Not this kernel: da would need b[g] as an MN-major B
+# (N is its reduction), which the grouped kernel does not load yet (it needs a 3-D B map, so that a group's
+# last k-step does not read the next group's rows), and a transposed copy of b cost more than torch's whole
+# backward (2.4 ms for 64 experts of 2816 x 2048, measured). Where torch has no _grouped_mm for the call,
+# da runs on this kernel with that copy and db as one GEMM per group (offsets read on the host). The groups
+# are taken as the kernel reads them (clamped to the rows); offsets that decrease are not supported in
+# backward (a router's never do).
 
 
 def _row_ranges(offsets: torch.Tensor, T: int, G: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -858,23 +859,34 @@ def _row_ranges(offsets: torch.Tensor, T: int, G: int) -> tuple[torch.Tensor, to
     return s, torch.maximum(e, s).clamp(max=T)
 
 
-def _weight_grad_contiguous(dy: torch.Tensor, a: torch.Tensor, offsets: torch.Tensor, G: int) -> torch.Tensor:
-    T = a.shape[0]
+def _grads_contiguous(dy, a, b, offsets, need_a: bool, need_b: bool):
+    G, T = b.shape[0], a.shape[0]
     starts, ends = _row_ranges(offsets, T, G)
     r = torch.arange(T, device=a.device)
     inside = ((r >= starts[:1]) & (r < ends[-1:]))[:, None]
-    dyz, az = torch.where(inside, dy, 0), torch.where(inside, a, 0)
-    grouped = getattr(torch, "_grouped_mm", None)
-    if grouped is not None and a.is_cuda:
+    dyz = torch.where(inside, dy, 0)
+    gmm = getattr(torch, "_grouped_mm", None)
+    if gmm is not None and a.is_cuda:
         try:
-            return grouped(dyz.t(), az, offs=ends.to(torch.int32))
+            ends32 = ends.to(torch.int32)
+            da = torch.where(inside, gmm(dyz, b, offs=ends32), 0) if need_a else None
+            db = gmm(dyz.t(), torch.where(inside, a, 0), offs=ends32) if need_b else None
+            return da, db
         except (RuntimeError, NotImplementedError):
-            pass  # this dtype or GPU: the per-group loop below
-    db = a.new_zeros(G, dy.shape[1], a.shape[1])
-    for g, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-        if e > s:
-            db[g] = (dyz[s:e].t().float() @ az[s:e].float()).to(a.dtype)
-    return db
+            pass  # this dtype or GPU: below
+    da = db = None
+    if need_a:
+        da = torch.zeros_like(a, memory_format=torch.contiguous_format)
+        pad = -b.shape[1] % 8  # N is this GEMM's reduction: a multiple of 8 (zero columns add nothing)
+        bt = torch.nn.functional.pad(b.transpose(1, 2), (0, pad)) if pad else b.transpose(1, 2).contiguous()
+        grouped_mm(torch.nn.functional.pad(dyz, (0, pad)) if pad else dyz.contiguous(), bt, offsets, out=da)
+    if need_b:
+        az = torch.where(inside, a, 0)
+        db = a.new_zeros(G, dy.shape[1], a.shape[1])
+        for g, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+            if e > s:
+                db[g] = dyz[s:e].t() @ az[s:e]
+    return da, db
 
 
 def _grouped_setup(ctx, inputs, output) -> None:
@@ -885,24 +897,16 @@ def _grouped_setup(ctx, inputs, output) -> None:
 def _grouped_backward(ctx, dout):
     a, b, offsets, counts = ctx.saved_tensors
     dy = dout.to(a.dtype)
-    G, N = b.shape[0], b.shape[1]
-    da = db = None
-    if ctx.needs_input_grad[0]:
-        bt = b.transpose(1, 2)  # (G, K, N): b[g]^T as the per-group weight, N its reduction
-        pad = -N % 8
-        dyp = torch.nn.functional.pad(dy, (0, pad)) if pad else dy.contiguous()
-        btp = torch.nn.functional.pad(bt, (0, pad)) if pad else bt.contiguous()
-        da = torch.zeros_like(a, memory_format=torch.contiguous_format)
-        grouped_mm(dyp, btp, offsets, counts=counts, out=da)
-    if ctx.needs_input_grad[1]:
-        if counts is not None:
-            C = a.shape[1]
-            live = (torch.arange(C, device=a.device)[None, :] < counts.to(torch.int64).clamp(0, C)[:, None])[..., None]
-            db = torch.bmm(torch.where(live, dy, 0).transpose(1, 2), torch.where(live, a, 0))
-        else:
-            db = _weight_grad_contiguous(dy, a, offsets, G)
-        db = db.to(b.dtype)
-    return da, db, None, None, None
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    if counts is None:
+        da, db = _grads_contiguous(dy, a, b, offsets, need_a, need_b)
+    else:
+        C = a.shape[1]
+        live = (torch.arange(C, device=a.device)[None, :] < counts.to(torch.int64).clamp(0, C)[:, None])[..., None]
+        dyz = torch.where(live, dy, 0)
+        da = torch.bmm(dyz, b) if need_a else None
+        db = torch.bmm(dyz.transpose(1, 2), torch.where(live, a, 0)) if need_b else None
+    return (None if da is None else da.to(a.dtype)), (None if db is None else db.to(b.dtype)), None, None, None
 
 
 torch.library.register_autograd("gemmlab::grouped_mm", _grouped_backward, setup_context=_grouped_setup)
