@@ -434,6 +434,9 @@ def _grad_case(layout, dtype, N, offsets):
     if layout == "contiguous":
         a = torch.randn(T, K).to(dtype)
         kw = {"offsets": torch.tensor(offsets, dtype=torch.int32)}
+        first = offsets[0] if len(offsets) == G + 1 else 0
+        a[:first] = float("nan")  # rows no group covers: never read, in forward or backward
+        a[offsets[-1]:] = float("nan")
     else:
         a = torch.randn(G, 48, K).to(dtype)
         a[1, 30:] = float("nan")  # past slab 1's count: never read, in forward or backward
@@ -446,12 +449,15 @@ def _grad_case(layout, dtype, N, offsets):
                                             ("contiguous", [10, 10, 70, 100]),  # torch's G ends
                                             ("masked", None)])
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
-@pytest.mark.parametrize("N", [200, 203])  # 203: da's reduction padded to a multiple of 8
-def test_gradients_match_float64_autograd(eager, layout, offsets, dtype, N):
-    """grouped_mm's backward on CPU (where torch._grouped_mm is not used: contiguous da on the grouped
-    kernel, here its float64 stand-in, N padded to a multiple of 8, and db one GEMM per group; masked, the
-    batched GEMMs) against torch autograd through a float64 per-group reference; rows outside every group
-    or past a count get a zero gradient, NaN there never leaks."""
+@pytest.mark.parametrize("N", [200, 203])  # 203: the fallback's da reduction padded to a multiple of 8
+@pytest.mark.parametrize("torch_gmm", [True, False])
+def test_gradients_match_float64_autograd(eager, monkeypatch, layout, offsets, dtype, N, torch_gmm):
+    """grouped_mm's backward (contiguous: torch._grouped_mm, which torch has on CPU too, leaving the rows
+    past the last group unwritten; without it, da on the grouped kernel, here its float64 stand-in, and db
+    one GEMM per group; masked: batched GEMMs) against torch autograd through a float64 per-group
+    reference; rows outside every group or past a count get a zero gradient, NaN there never leaks."""
+    if not torch_gmm:
+        monkeypatch.delattr(torch, "_grouped_mm", raising=False)
     a, b, kw = _grad_case(layout, dtype, N, offsets)
     y = gemmlab.grouped_mm(a, b, **kw)
     ref = grouped.reference_grouped_mm(a.detach(), b.detach(), **kw)

@@ -866,7 +866,7 @@ def _grads_contiguous(dy, a, b, offsets, need_a: bool, need_b: bool):
     inside = ((r >= starts[:1]) & (r < ends[-1:]))[:, None]
     dyz = torch.where(inside, dy, 0)
     gmm = getattr(torch, "_grouped_mm", None)
-    if gmm is not None and a.is_cuda:
+    if gmm is not None:
         try:
             ends32 = ends.to(torch.int32)
             da = torch.where(inside, gmm(dyz, b, offs=ends32), 0) if need_a else None
