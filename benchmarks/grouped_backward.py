@@ -27,7 +27,8 @@ from grouped_bench import shape_seed, shapes, uneven_offsets
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "grouped_backward.jsonl"))
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"),
+                                                  "grouped_backward.jsonl"))
     ap.add_argument("--shapes", default="mixtral:4096,dsv2lite:4096,qwen_moe:16384")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10)

@@ -115,7 +115,8 @@ def grouped_profile(a):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "grouped.jsonl"))
-    ap.add_argument("--models", default=",".join(MODELS), help=f"of {list(MODELS)} (the suite) and {list(EXTRA_MODELS)}")
+    ap.add_argument("--models", default=",".join(MODELS),
+                    help=f"of {list(MODELS)} (the suite) and {list(EXTRA_MODELS)}")
     ap.add_argument("--tokens", default="256,4096,16384", help="routed token-rows T (tokens x top-k)")
     ap.add_argument("--shapes", default=None,
                     help="model:T pairs (e.g. mixtral:16384,dsv3:4096) instead of --models x --tokens")

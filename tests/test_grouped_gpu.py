@@ -45,6 +45,16 @@ def _uneven_offsets(G, T, *, seed, empty=()):
     return offs.to(torch.int32).cuda()
 
 
+def _captured(call):
+    """``call`` run once (compiled and prepared outside the capture), then captured into a CUDA graph."""
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
 def _operands(rows_shape, G, N, K, dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(*rows_shape, K, device="cuda", generator=g).to(dtype)
@@ -203,11 +213,8 @@ def test_masked_layout_in_a_cuda_graph_with_new_counts():
     a, b = _operands((G, C), G, N, K)
     counts = torch.zeros(G, dtype=torch.int32, device="cuda")
     out = torch.full((G, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    gemmlab.grouped_mm(a, b, counts=counts, out=out)  # compile and prepare outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gemmlab.grouped_mm(a, b, counts=counts, out=out)
+    # compile and prepare outside the capture
+    graph = _captured(lambda: gemmlab.grouped_mm(a, b, counts=counts, out=out))
     gen = torch.Generator().manual_seed(5)
     for step in range(4):
         counts.copy_(torch.randint(0, C + 1, (G,), generator=gen, dtype=torch.int32))
@@ -222,11 +229,7 @@ def test_contiguous_in_a_cuda_graph_with_new_offsets():
     a, b = _operands((T,), G, N, K)
     offs = _uneven_offsets(G, T, seed=1)
     out = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    gemmlab.grouped_mm(a, b, offs, out=out)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        gemmlab.grouped_mm(a, b, offs, out=out)
+    graph = _captured(lambda: gemmlab.grouped_mm(a, b, offs, out=out))
     for seed in (2, 3):
         offs.copy_(_uneven_offsets(G, T, seed=seed, empty=(seed,)))
         out.fill_(float("nan"))
@@ -303,11 +306,7 @@ def test_ping_pong_masked_in_a_cuda_graph():
     counts = torch.randint(0, C + 1, (G,), generator=g).int().cuda()
     p = next(c for c in grouped.candidates("masked", G, C, N, K) if (c.bm, c.bn, c.schedule) == (128, 128, "pingpong"))
     out = torch.full((G, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    grouped.run(a, b, counts=counts, out=out, plan=p)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grouped.run(a, b, counts=counts, out=out, plan=p)
+    graph = _captured(lambda: grouped.run(a, b, counts=counts, out=out, plan=p))
     for seed in (6, 7):
         counts.copy_(torch.randint(0, C + 1, (G,), generator=torch.Generator().manual_seed(seed)).int())
         out.fill_(float("nan"))
@@ -350,11 +349,8 @@ def test_stream_k_in_cuda_graphs_with_new_offsets_and_counts():
     offs = _uneven_offsets(G, T, seed=1)
     p = _tile_plan(G, T, N, K, (128, 128), torch.bfloat16, "bf16", schedule="stream_k")
     out = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    grouped.run(a, b, offs, out=out, plan=p)  # compile and grow the workspace outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grouped.run(a, b, offs, out=out, plan=p)
+    # compile and grow the workspace outside the capture
+    graph = _captured(lambda: grouped.run(a, b, offs, out=out, plan=p))
     for seed in (2, 3, 4):
         offs.copy_(_uneven_offsets(G, T, seed=seed, empty=(seed,)))
         out.fill_(float("nan"))
@@ -365,11 +361,7 @@ def test_stream_k_in_cuda_graphs_with_new_offsets_and_counts():
     counts = torch.full((Gm,), C, dtype=torch.int32, device="cuda")
     pm = _tile_plan(Gm, C, N, K, (128, 256), torch.bfloat16, "bf16", layout="masked", schedule="stream_k")
     outm = torch.full((Gm, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    grouped.run(am, bm_, counts=counts, out=outm, plan=pm)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grouped.run(am, bm_, counts=counts, out=outm, plan=pm)
+    graph = _captured(lambda: grouped.run(am, bm_, counts=counts, out=outm, plan=pm))
     gen = torch.Generator().manual_seed(6)
     for _ in range(3):
         counts.copy_(torch.randint(0, C + 1, (Gm,), generator=gen, dtype=torch.int32))
@@ -476,11 +468,8 @@ def test_fp8_masked_layout_in_a_cuda_graph_with_new_counts():
     a, b, sa, sb = _fp8_operands((G, C), G, N, K, per_group=True, seed=5)
     counts = torch.zeros(G, dtype=torch.int32, device="cuda")
     out = torch.full((G, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    grouped.run(a, b, counts=counts, out=out, scale_a=sa, scale_b=sb)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grouped.run(a, b, counts=counts, out=out, scale_a=sa, scale_b=sb)
+    # compile outside the capture
+    graph = _captured(lambda: grouped.run(a, b, counts=counts, out=out, scale_a=sa, scale_b=sb))
     gen = torch.Generator().manual_seed(5)
     for step in range(3):
         counts.copy_(torch.randint(0, C + 1, (G,), generator=gen, dtype=torch.int32))
@@ -594,11 +583,8 @@ def test_block_masked_layout_in_a_cuda_graph_with_new_counts():
     a, b, sa, sb = _block_operands((G, C), G, N, K, seed=5)
     counts = torch.zeros(G, dtype=torch.int32, device="cuda")
     out = torch.full((G, C, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    grouped.run(a, b, counts=counts, out=out, scale_a=sa, scale_b=sb)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grouped.run(a, b, counts=counts, out=out, scale_a=sa, scale_b=sb)
+    # compile outside the capture
+    graph = _captured(lambda: grouped.run(a, b, counts=counts, out=out, scale_a=sa, scale_b=sb))
     gen = torch.Generator().manual_seed(5)
     for step in range(3):
         counts.copy_(torch.randint(0, C + 1, (G,), generator=gen, dtype=torch.int32))

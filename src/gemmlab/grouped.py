@@ -401,8 +401,11 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     # (Qwen1.5-MoE, T = 4096: 64- and 128-row tiles multiply 128 and 132 rows a group) ping-pong led.
     rows = {id(p): groups * tiles_m_per_group(expected_rows, p.bm, layout == "contiguous") * p.bm for _, p in plans}
     fewest = min(rows.values(), default=0.0)
-    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), 0.0 if rows[id(bp[1])] <= 1.05 * fewest else rows[id(bp[1])],
-                               round(bp[0], 9), bp[1].schedule != "data_parallel", -bp[1].bm * bp[1].bn))
+    def padded(p: GroupedPlan) -> float:
+        return 0.0 if rows[id(p)] <= 1.05 * fewest else rows[id(p)]
+
+    plans.sort(key=lambda bp: (round(bp[1].predicted_s, 9), padded(bp[1]), round(bp[0], 9),
+                               bp[1].schedule != "data_parallel", -bp[1].bm * bp[1].bn))
     return [p for _, p in plans]
 
 

@@ -53,13 +53,8 @@ def _grouped(args) -> int:
     out = console()
     p, d = res.problem, res.device
     rows = f"{p.rows} rows" if p.layout == "contiguous" else f"slabs of {p.rows} rows"
-    t = table(f"{p.groups} experts, {rows}, N={p.N}, K={p.K} ({p.layout}) {p.dtype} on {d.name} ({d.sm_count} SMs)")
-    for col in ("FLOPs", "min bytes", "FLOP/B", "speed of light", "roofline bound", "min time"):
-        t.add_column(col)
-    t.add_row(f"{p.flops:.3e}", fmt_bytes(p.min_bytes), f"{p.arithmetic_intensity:.1f}",
-              f"{p.speed_of_light_tflops:.1f} TFLOP/s", f"{p.roofline_tflops:.1f} TFLOP/s ({p.roofline_bound})",
-              f"{p.min_time_us:.1f} us")
-    out.print(t)
+    _print_roofline(out, p, f"{p.groups} experts, {rows}, N={p.N}, K={p.K} ({p.layout}) {p.dtype} on {d.name} "
+                            f"({d.sm_count} SMs)")
     _print_plan(out, res.plan)
     out.print(f"Model: {res.formula}.")
     return 0
@@ -80,8 +75,13 @@ def _print_plan(out, plan) -> None:
 
 def _print_problem(out, res) -> None:
     p, d = res.problem, res.device
-    t = table(f"{p.M}x{p.N}x{p.K} {p.dtype} on {d.name} ({d.sm_count} SMs, "
-                    f"{'from the GPU' if d.source == 'gpu' else 'named profile'}) at {p.clock_mhz:.0f} MHz")
+    _print_roofline(out, p, f"{p.M}x{p.N}x{p.K} {p.dtype} on {d.name} ({d.sm_count} SMs, "
+                            f"{'from the GPU' if d.source == 'gpu' else 'named profile'}) at {p.clock_mhz:.0f} MHz")
+
+
+def _print_roofline(out, p, title: str) -> None:
+    """A problem (ProblemModel or GroupedProblem) on the roofline, as one row."""
+    t = table(title)
     for col in ("FLOPs", "min bytes", "FLOP/B", "speed of light", "roofline bound", "min time"):
         t.add_column(col)
     t.add_row(f"{p.flops:.3e}", fmt_bytes(p.min_bytes), f"{p.arithmetic_intensity:.1f}",

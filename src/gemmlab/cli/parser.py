@@ -249,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
         "gemmlab.matmul runs at the shape (gemmlab.plan); for fp8, what gemmlab.scaled_mm runs (per-tensor and "
         "block scales); with --groups, a grouped GEMM and the plan gemmlab.grouped_mm runs. The device is the "
         "visible GPU, else the named profile.",
-        epilog="examples:\n  gemmlab model --shape 4096,4096,4096\n  gemmlab model --shape 2048,3584,3584 --kernel h11\n"
+        epilog="examples:\n  gemmlab model --shape 4096,4096,4096\n"
+               "  gemmlab model --shape 2048,3584,3584 --kernel h11\n"
                "  gemmlab model --shape 4096,4096,4096 --dtype fp8\n"
                "  gemmlab model --shape 4096,28672,4096 --groups 8          (Mixtral gate/up, 4096 rows)\n"
                "  gemmlab model --shape 128,2816,2048 --groups 64 --layout masked --dtype fp8",
