@@ -39,8 +39,10 @@ def _check(p: grouped.GroupedPlan) -> None:
         assert needle not in ck.log, f"{p}:\n{ck.log}"
 
 
-def _forced(layout, bm, bn, dtype="bf16", out_dtype="bf16", groups=8, N=4096, rows=4096, schedule="data_parallel"):
-    return next(c for c in grouped.candidates(layout, groups, rows, N, 4096, dtype=dtype, out_dtype=out_dtype)
+def _forced(layout, bm, bn, dtype="bf16", out_dtype="bf16", groups=8, N=4096, rows=4096, schedule="data_parallel",
+            b_mn=False):
+    return next(c for c in grouped.candidates(layout, groups, rows, N, 4096, dtype=dtype, out_dtype=out_dtype,
+                                              b_mn=b_mn)
                 if (c.bm, c.bn, c.schedule) == (bm, bn, schedule))
 
 
@@ -60,13 +62,20 @@ def _representative():
     ps += [_forced("contiguous", 64, 256, schedule="pingpong"), _forced("masked", 128, 128, schedule="pingpong"),
            _forced("contiguous", 128, 128, "fp16", "fp32", groups=256, rows=65536, schedule="pingpong"),
            _forced("contiguous", 64, 256, N=4100, schedule="pingpong")]
+    # MN-major b (B_MN): every schedule, both tables, fp32 out, DIRECT stores.
+    ps += [_forced("contiguous", 128, 256, b_mn=True), _forced("masked", 256, 128, "fp16", "fp32", b_mn=True),
+           _forced("contiguous", 128, 128, schedule="stream_k", b_mn=True),
+           _forced("contiguous", 64, 256, groups=256, rows=65536, schedule="pingpong", b_mn=True),
+           _forced("contiguous", 128, 128, N=4104, schedule="pingpong", b_mn=True)]
     return ps
 
 
 def _every():
     return [_forced(layout, bm, bn, dt, odt, groups, schedule=sch) for layout in grouped.LAYOUTS
             for dt in ("bf16", "fp16") for odt in ("bf16", "fp16", "fp32")
-            for bm, bn, sch in grouped.tile_schedules(False, odt) for groups in (8, 256)]
+            for bm, bn, sch in grouped.tile_schedules(False, odt) for groups in (8, 256)] + [
+        _forced(layout, bm, bn, "bf16", odt, groups, schedule=sch, b_mn=True) for layout in grouped.LAYOUTS
+        for odt in ("bf16", "fp32") for bm, bn, sch in grouped.tile_schedules(False, odt) for groups in (8, 256)]
 
 
 @pytest.mark.parametrize("p", _representative(), ids=lambda p: p.compiled_name)
@@ -326,8 +335,7 @@ BAD = [
     (lambda a, b, o: ((a[:, :56], b, o), {}), UnsupportedProblem, "inner dimensions differ"),
     (lambda a, b, o: ((a[:, :60], b[:, :, :60], o), {}), UnsupportedProblem, "multiple of 8"),
     (lambda a, b, o: ((a.t().contiguous().t(), b, o), {}), UnsupportedProblem, "a must have unit stride"),
-    (lambda a, b, o: ((a, b.transpose(1, 2).contiguous().transpose(1, 2), o), {}), UnsupportedProblem,
-     "b must have unit stride"),
+    (lambda a, b, o: ((a, torch.cat([b, b], -1)[..., ::2], o), {}), UnsupportedProblem, "b must have unit stride"),
     (lambda a, b, o: ((a, torch.zeros(600, 8, 64, dtype=torch.bfloat16), torch.zeros(601, dtype=torch.int32)), {}),
      UnsupportedProblem, "1 .. 512 groups"),
     (lambda a, b, o: ((a, b, o), {"out_dtype": torch.int8}), TypeError, "out_dtype must be"),

@@ -30,8 +30,10 @@ def _case(mode="bf16", layout="contiguous", T=100, G=4, N=200, K=256, seed=0, en
         kw = dict(offsets=offs[1:].clone() if ends else offs)
     else:
         kw = dict(counts=torch.tensor([3, 0, T, 40], dtype=torch.int32)[:G])
-    if mode in ("bf16", "fp16"):
-        dt = BF16 if mode == "bf16" else torch.float16
+    if mode in ("bf16", "fp16", "bf16-mn"):
+        dt = torch.float16 if mode == "fp16" else BF16
+        if mode == "bf16-mn":  # b MN-major: the transpose of a (G, K, N) tensor
+            return dict(a=torch.randn(shape).to(dt), b=torch.randn(G, K, N).to(dt).transpose(1, 2), **kw)
         return dict(a=torch.randn(shape).to(dt), b=torch.randn(G, N, K).to(dt), **kw)
     if mode == "tensor":
         a, sa = fp8.quantize_per_tensor(torch.randn(shape))
@@ -58,6 +60,7 @@ def driver(monkeypatch):
     cuda-core launch captured (grouped.launch), and every block-scale view ``scale_rows_mn_major``
     returns recorded (``relaid``)."""
     launchers = fakes.fake_driver(monkeypatch, engine, engine2, grouped)  # OutputMaps', scale_map's MapSlots
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)  # the "-mn" cases (built, not offered yet)
     captured = {}
     def tmap(swizzle):
         return lambda t, box: FakeTmap(t.data_ptr(), *t.shape, t.stride(0), t.dtype, box, swizzle)
@@ -91,7 +94,9 @@ CASES = [("bf16", "contiguous", dict(), None, False),  # TMA-stored out
          ("block", "contiguous", dict(), None, False),  # scales read in place
          ("block", "masked", dict(T=40), FP32, None),
          ("block-row", "contiguous", dict(N=300), None, None),  # a's scales re-laid per call
-         ("block-row", "masked", dict(T=40), None, False)]
+         ("block-row", "masked", dict(T=40), None, False),
+         ("bf16-mn", "contiguous", dict(), None, False),  # b MN-major: (G K, N) rows, 64 x 64 boxes
+         ("bf16-mn", "masked", dict(N=96), FP32, None)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CASES)])
@@ -184,6 +189,7 @@ def eager(monkeypatch):
         ran.append(p)
 
     monkeypatch.setattr(grouped, "launch", launch)
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)
     rec = fakes.route_grouped_launches(monkeypatch)
     monkeypatch.setattr(ops, "_fast_device", lambda a: True)
     rec.ran, rec.op_calls = ran, []
@@ -493,3 +499,41 @@ def test_gradients_are_refused_with_out(eager):
         gemmlab.grouped_mm(a, b, offs, out=torch.empty(100, 200, dtype=BF16))
     with torch.no_grad():
         gemmlab.grouped_mm(a, b, offs, out=torch.empty(100, 200, dtype=BF16))  # forward only: fine
+
+
+def test_mn_major_b_is_its_own_plan_and_launch(driver):
+    """b stored MN-major (the transpose of a (G, K, N) tensor, as torch._grouped_mm's mat_b): its own plan
+    (B_MN, refused for e4m3 and for K not a multiple of 64 or N of 8), a B descriptor over the (G K, N) rows
+    with 64 x 64 boxes at b's address, and a launch key of its own."""
+    c = _case("bf16-mn", "contiguous")
+    p, prob, out = _planned(c)
+    assert prob.b_mn and p.b_mn and p.template_args()[7] == "true" and "MN-major b" in repr(p)
+    G, N, K = c["b"].shape
+    launch = grouped.GroupedLaunch(p, c["a"], c["b"], c["offsets"], prob.lead, out)
+    t = launch.map_b.tmap
+    assert t.ptr == c["b"].data_ptr() and t.geometry == dict(rows=G * K, cols=N, row_stride=N, dtype=BF16,
+                                                              box=(64, 64), swizzle=128)
+    k_major = _case("bf16", "contiguous")
+    assert grouped._key(c["a"], c["b"], c["offsets"], None, None, None, None, None) != grouped._key(
+        k_major["a"], k_major["b"], k_major["offsets"], None, None, None, None, None)
+    with pytest.raises(UnsupportedProblem, match="plan is for MN-major b"):
+        grouped.GroupedLaunch(p, k_major["a"], k_major["b"], k_major["offsets"], prob.lead, out)
+    a, b = c["a"][:, :200], torch.randn(4, 200, 96).to(BF16).transpose(1, 2)  # K = 200: not whole k-steps
+    with pytest.raises(UnsupportedProblem, match="multiple of 64"):
+        grouped.validate(a.contiguous(), b, c["offsets"])
+    with pytest.raises(ValueError, match="MN-major"):
+        import dataclasses
+
+        dataclasses.replace(p, bn=96)
+
+
+def test_mn_major_b_refused_until_offered(monkeypatch):
+    c = _case("bf16-mn", "contiguous")
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", False)
+    with pytest.raises(UnsupportedProblem, match="not offered yet"):
+        gemmlab.grouped_mm(**c)
+    a8, _ = fp8.quantize_per_tensor(torch.randn(100, 256))
+    b8 = fp8.quantize_per_tensor(torch.randn(4, 256, 200))[0].transpose(1, 2)
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)
+    with pytest.raises(UnsupportedProblem, match="K-major"):
+        grouped.validate(a8, b8, c["offsets"], scale_a=torch.ones(()), scale_b=torch.ones(()))

@@ -778,3 +778,26 @@ def test_gradients_under_torch_compile():
     a.grad = b.grad = None
     gemmlab.grouped_mm(a, b, offs).float().square().sum().backward()
     assert rel_error(ga.double(), a.grad.double()) < 1e-2 and rel_error(gb.double(), b.grad.double()) < 1e-2
+
+
+@pytest.mark.parametrize("tile,schedule", [(t, "data_parallel") for t in grouped.TILES]
+                         + [((128, 128), "stream_k"), ((64, 256), "pingpong"), ((128, 128), "pingpong")])
+@pytest.mark.parametrize("G", [12, 200])
+def test_mn_major_b_every_tile(monkeypatch, tile, schedule, G):
+    """b stored MN-major (the transpose of a (G, K, N) tensor: torch._grouped_mm's mat_b, the backward's
+    w[g]): the B_MN kernel loads (G K, N) rows in 64-column boxes; each group's k-steps stay inside its own
+    K rows (K a multiple of 64). N not a multiple of the tile, groups straddling tiles, an empty group."""
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)
+    T, N, K = 3000, 1000, 1088
+    g = torch.Generator().manual_seed(31)
+    a = torch.randn(T, K, generator=g).cuda().bfloat16()
+    b = (torch.randn(G, K, N, generator=g) / K ** 0.5).cuda().bfloat16().transpose(1, 2)
+    offs = _uneven_offsets(G, T, seed=32, empty=(1,))
+    p = next(c for c in grouped.candidates("contiguous", G, T, N, K, b_mn=True)
+             if (c.bm, c.bn, c.schedule) == (*tile, schedule))
+    out, frame = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=p)
+    _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+    y = gemmlab.grouped_mm(a, b, offs)  # the eager path's own plan for it
+    _check(y, grouped.reference_grouped_mm(a, b, offs), "bf16")

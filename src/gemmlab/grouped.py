@@ -192,6 +192,7 @@ class GroupedPlan(Warpgroups):
     kernel: str = KERNEL
     scale: str = "tensor"
     schedule: str = "data_parallel"
+    b_mn: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES or (self.schedule != "data_parallel" and self.dtype == "e4m3") or (
@@ -199,6 +200,9 @@ class GroupedPlan(Warpgroups):
             raise ValueError(f"schedule must be one of {SCHEDULES} (stream_k, pingpong: bf16 / fp16 only; "
                              f"pingpong: 64- or 128-row tiles), got {self.schedule!r} for {self.dtype} "
                              f"{self.bm}x{self.bn}")
+        if self.b_mn and (self.dtype == "e4m3" or self.bn % 64):
+            raise ValueError(f"MN-major b: bf16 / fp16 operands and tiles 64 columns wide at a time, got "
+                             f"{self.dtype} {self.bm}x{self.bn}")
         if self.scale not in ("tensor", "block") or (self.scale == "block" and self.dtype != "e4m3"):
             raise ValueError(f"scale must be 'tensor' or 'block' (block: e4m3 only), got {self.scale!r} "
                              f"for {self.dtype}")
@@ -232,7 +236,8 @@ class GroupedPlan(Warpgroups):
             return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
                     "1" if self.scale == "block" else "0", "1", "false", "0", direct)
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
-                "false", "false", "false", "false", "0", direct, str(_SCHEDULE_INDEX[self.schedule]))
+                "false", "true" if self.b_mn else "false", "false", "false", "0", direct,
+                str(_SCHEDULE_INDEX[self.schedule]))
 
     @property
     def name_expression(self) -> str:
@@ -247,7 +252,8 @@ class GroupedPlan(Warpgroups):
 
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
-                f"{self.dtype}{' block scales' if self.scale == 'block' else ''}->{self.out_dtype}: {self.kernel} "
+                f"{self.dtype}{' block scales' if self.scale == 'block' else ''}{', MN-major b' if self.b_mn else ''}"
+                f"->{self.out_dtype}: {self.kernel} "
                 f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}, {self.stages} stages, "
                 f"grid {self.grid}, table {self.table}, panel {min(self.panel, 9999)}"
                 f"{', direct stores' if self.direct else ''}; priced for {self.expected_rows:.1f} rows a group: "
@@ -345,8 +351,10 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
 
 def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
                expected_rows: float | None = None, profile: DeviceProfile | None = None,
-               scale: str = "tensor") -> list[GroupedPlan]:
+               scale: str = "tensor", b_mn: bool = False) -> list[GroupedPlan]:
     """Every grouped plan for the problem, cheapest first. rows: T (contiguous) or C (masked).
+    b_mn: b stored MN-major (``mn_major``; bf16 / fp16), loaded in 64-column boxes at the same bytes, so
+    priced as K-major.
     expected_rows: rows per group to price (default: T / G contiguous, C masked: the slabs' capacity).
     scale (e4m3): "tensor" or "block" (DeepSeek-V3's block scales: K % 128 == 0; the same tiles, a scale
     slot per stage, priced as per-tensor at those stages: not fitted to block-scaled records)."""
@@ -392,7 +400,7 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
                                         stages=stages, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
                                         table=table, panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2),
                                         direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
-                                        scale=scale, schedule=schedule)))
+                                        scale=scale, schedule=schedule, b_mn=b_mn)))
     # Ties (at the HBM floor): the tile that multiplies the fewest rows (padding each group to whole tiles;
     # within 5% of the fewest counts as fewest), then the plan that keeps the SMs busy the shortest
     # (epilogues hidden by ping-pong), then data-parallel first (stream-K only where it is priced faster).
@@ -458,6 +466,7 @@ class GroupedProblem:
     out_dtype: torch.dtype
     sb_step: int = 0  # e4m3: 1 where scale_b holds one scale per group, else 0
     scale: str = "tensor"  # e4m3: "tensor" (per-tensor scales) or "block" (1 x 128 / 128 x 128 block scales)
+    b_mn: bool = False  # b MN-major: each b[g] stored as its (K, N) transpose, N contiguous
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -469,6 +478,35 @@ def _packed(x: torch.Tensor) -> bool:
     if x.stride(-1) != 1 and x.shape[-1] > 1:
         return False
     return x.dim() == 2 or x.shape[0] <= 1 or x.stride(0) == x.shape[1] * x.stride(1)
+
+
+# MN-major b (bf16 / fp16): each b[g] stored as its (K, N) transpose with N contiguous, i.e. the
+# b.transpose(1, 2) of a contiguous (G, K, N) tensor (torch._grouped_mm's mat_b layout; the backward's
+# dy_g @ w[g]). The kernel loads it in 64-column boxes from one (G K, N) map, so K must be a multiple of the
+# 64-deep k-step (no k-step of a group may read the next group's rows) and N of 8 (16-byte rows). Not yet
+# offered: the kernel's B_MN path compiles and meets its SASS claims, but has not run on a GPU.
+MN_MAJOR_B_OFFERED = False
+
+
+def mn_major(b: torch.Tensor) -> bool:
+    """Whether 3-D ``b`` (G, N, K) is stored MN-major and packed: unit stride along N, rows of K ... of N."""
+    if b.dim() != 3:
+        return False
+    G, N, K = b.shape
+    return N > 1 and K > 1 and b.stride(1) == 1 and b.stride(2) == N and (G <= 1 or b.stride(0) == N * K)
+
+
+def _check_mn_major_b(b: torch.Tensor, fp8: bool) -> None:
+    G, N, K = b.shape
+    if fp8:
+        raise UnsupportedProblem("e4m3 b must be K-major (unit stride along K): the FP8 wgmma reads both operands "
+                                 "K-major")
+    if not MN_MAJOR_B_OFFERED:
+        raise UnsupportedProblem("b must have unit stride along K (MN-major b, b.transpose(1, 2) of a (G, K, N) "
+                                 "tensor, is built but not offered yet: pass b.contiguous())")
+    if K % BK or N % 8:
+        raise UnsupportedProblem(f"MN-major b needs K a multiple of {BK} (whole k-steps in each group) and N a "
+                                 f"multiple of 8 (16-byte rows); got N = {N}, K = {K}: pass b.contiguous()")
 
 
 def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale_a=None,
@@ -530,10 +568,15 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale
     if K % (16 // a.element_size()) or K == 0:
         raise UnsupportedProblem(f"K must be a positive multiple of {16 // a.element_size()} (TMA reads 16-byte "
                                  f"rows of {a.dtype}), got K = {K}")
-    for name, x in (("a", a), ("b", b)):
+    b_mn = mn_major(b)
+    if b_mn:
+        _check_mn_major_b(b, fp8)
+    for name, x in (("a", a),) if b_mn else (("a", a), ("b", b)):
         if not _packed(x):
             raise UnsupportedProblem(f"{name} must have unit stride along K and packed leading dimensions (one "
-                                     f"matrix of rows); got strides {x.stride()}: pass {name}.contiguous()")
+                                     f"matrix of rows); got strides {x.stride()}: pass {name}.contiguous()"
+                                     + ("" if name == "a" or fp8 else "; or b MN-major: b.transpose(1, 2) of a "
+                                        "contiguous (G, K, N)"))
         if (x.stride(-2) * x.element_size()) % 16:
             raise UnsupportedProblem(f"{name}'s row stride ({x.stride(-2)} elements) must be a multiple of 16 "
                                      "bytes (TMA)")
@@ -568,7 +611,7 @@ def validate(a, b, offsets=None, counts=None, out=None, out_dtype=None, *, scale
     if out_dtype not in _NAMES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
     p = GroupedProblem(layout=layout, groups=G, rows=rows, N=N, K=K, lead=lead, dtype=a.dtype, out_dtype=out_dtype,
-                       sb_step=sb_step, scale=scale)
+                       sb_step=sb_step, scale=scale, b_mn=b_mn)
     if out is not None:
         if tuple(out.shape) != p.out_shape:
             raise UnsupportedProblem(f"out must have shape {p.out_shape}, got {tuple(out.shape)}")
@@ -645,7 +688,9 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     if (G, rows, N, K) != (p.groups, p.rows, p.N, p.K) or (a.dim() == 2) != (p.layout == "contiguous"):
         raise UnsupportedProblem(f"plan is for {p.layout} {p.groups} x {p.rows} x {p.N} x {p.K}, the operands "
                                  f"are a {tuple(a.shape)}, b {tuple(b.shape)}")
-    a2, b2, o2 = _rows2d(a), _rows2d(b), _rows2d(out)
+    if mn_major(b) != p.b_mn:
+        raise UnsupportedProblem(f"plan is for {'MN' if p.b_mn else 'K'}-major b; b has strides {b.stride()}")
+    a2, o2 = _rows2d(a), _rows2d(out)
     if not p.direct and not tma_storable(out):
         raise UnsupportedProblem("this plan TMA-stores out, whose rows or start are not 16-byte aligned: use "
                                  "a plan with direct=True (plan_for picks one)")
@@ -657,10 +702,10 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
         raise UnsupportedProblem(f"plan is for {p.scale} scales, scale_a has shape {tuple(scale_a.shape)}")
     compiled = compile_plan(p)
     if fp8:  # TMA moves bytes; the wgmma reads them as e4m3. A k-step is one 128-byte row either way.
-        a2, b2 = a2.view(torch.uint8), b2.view(torch.uint8)
+        a2, b = a2.view(torch.uint8), b.view(torch.uint8)
     row = 128 // a2.element_size()
     map_a = _tensor_map(a2, (p.bm, row))
-    map_b = _tensor_map(b2, (p.bn, row))
+    map_b = _tensor_map(*_b_rows(b, p))
     # out's map: 64-row x one-128-byte-swizzle-row pieces, as the dense engine's (A's map where unused).
     map_c = map_a if p.direct else _tensor_map(o2, (64, 128 // o2.element_size()))
     if block:  # per k-step one box of each (from multiples of 4): A's bm + 4 row scales, B's 8 column blocks
@@ -675,6 +720,16 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     ws, flags = _workspace(p, a.device) if p.schedule == "stream_k" else (o2, o2)  # (data-parallel reads none)
     args = head + scales + (o2, np.int64(o2.stride(0)), ws, flags)
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def _b_rows(b: torch.Tensor, p: GroupedPlan) -> tuple[torch.Tensor, tuple[int, int]]:
+    """B as the 2-D matrix the kernel's map covers, and the map's box: K-major, the (G N, K) rows of every
+    expert's weight, a box of bn rows x one 128-byte row; MN-major (``p.b_mn``), the (G K, N) rows of the
+    experts' transposes, 64 x 64 boxes (one k-step of 64 columns)."""
+    if p.b_mn:
+        return b.transpose(1, 2).reshape(-1, b.shape[1]), (BK, 64)
+    b2 = _rows2d(b)
+    return b2, (p.bn, 128 // b2.element_size())
 
 
 def _workspace(p: GroupedPlan, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -731,7 +786,7 @@ def plan_for(a, b, offsets=None, counts=None, *, out_dtype=None, scale_a=None, s
 
         profile = _profile(a.device)
     return plan(p.layout, p.groups, p.rows, p.N, p.K, dtype="e4m3" if p.dtype == E4M3 else _NAMES[p.dtype],
-                out_dtype=_NAMES[p.out_dtype], profile=profile, scale=p.scale)
+                out_dtype=_NAMES[p.out_dtype], profile=profile, scale=p.scale, b_mn=p.b_mn)
 
 
 def run(a, b, offsets=None, counts=None, out=None, *, out_dtype=None, scale_a=None, scale_b=None,
@@ -970,11 +1025,13 @@ class GroupedLaunch:
         for i, v in ((6, lead), (7, G), (8, rows), (9, N), (10, K), (11, min(p.panel, 2**31 - 1)), (14, sb_step)):
             L.set_i32(i, v)
         L.set_i64(16, o2.stride(0))
-        a2, b2 = _rows2d(a), _rows2d(b)
+        if mn_major(b) != p.b_mn:
+            raise UnsupportedProblem(f"plan is for {'MN' if p.b_mn else 'K'}-major b; b has strides {b.stride()}")
+        a2, (b2, b_box) = _rows2d(a), _b_rows(b, p)
         dt = torch.uint8 if self.fp8 else a.dtype  # TMA moves FP8 as bytes; a k-step is one 128-byte row
         row = 128 // a2.element_size()
         self.map_a = self.map_a_short = MapSlot(L, _P_A, a2.data_ptr(), *a2.shape, a2.stride(0), dt, (p.bm, row))
-        self.map_b = self.map_b_short = MapSlot(L, _P_B, b2.data_ptr(), *b2.shape, b2.stride(0), dt, (p.bn, row))
+        self.map_b = self.map_b_short = MapSlot(L, _P_B, b2.data_ptr(), *b2.shape, b2.stride(0), dt, b_box)
         # One output descriptor (no tail piece): its index doubles as OutputMaps' tail index.
         box = (64, 128 // o2.element_size())
         self.maps_c = OutputMaps(L, _P_C, _P_C, o2, (box, None, 0), p.direct, self.map_a)

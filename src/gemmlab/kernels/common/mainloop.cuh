@@ -27,7 +27,8 @@ __device__ __forceinline__ u64 desc_sw128_mn(const void* smem) {
 // hung 56 of its 128 rows past M took 26.3 us where the same tile with every row real took 17.3 (H200,
 // probe_swap_cols.py). Stale rows of B make only output columns past N, which nothing stores.
 // `extra`: more loads into each stage, on the same barrier (FP8 block scales): extra.bytes more
-// transaction bytes, extra(bar, stage, kt) issues them.
+// transaction bytes, extra(bar, stage, kt) issues them. `b_k0` (MN-major B): B's first row of the unit's
+// k = 0 (the grouped kernel's B holds every group's K rows one after the other: group g's start at g K).
 struct NoExtraLoads {
     static constexpr u32 bytes = 0;
     __device__ __forceinline__ void operator()(u64*, int, int) const {}
@@ -44,7 +45,7 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
                                              typename Tr::T* sB, const CUtensorMap* tmA,
                                              const CUtensorMap* tmA_short, const CUtensorMap* tmB, int m0, int n0,
                                              int k_begin, int k_end, int M, int a_rows, Extra extra = {},
-                                             BEdge bedge = {}) {
+                                             BEdge bedge = {}, int b_k0 = 0) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     const int left = M - m0;
@@ -69,7 +70,7 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
             tma_load_2d(a, whole ? tmA : tmA_short, bar, kt * BK, m0);
         }
         if constexpr (Tr::B_MN) {  // B stored (K, N): BN / 64 boxes, those that hold columns
-            for (int i = 0; i < b_boxes; ++i) tma_load_2d(b + i * 64 * BK, tmB, bar, n0 + 64 * i, kt * BK);
+            for (int i = 0; i < b_boxes; ++i) tma_load_2d(b + i * 64 * BK, tmB, bar, n0 + 64 * i, b_k0 + kt * BK);
         } else if constexpr (Tr::MCAST > 1) {  // this CTA's share of B's rows, to every CTA of the pair
             constexpr int SHARE = BN / Tr::MCAST;
             const int r = (int)cluster_ctarank();

@@ -32,6 +32,10 @@
 // BM rows that run into the next group's rows (or TMA zero fill past the tensor): each output row
 // depends on its own A row only, and the epilogue stores only the group's rows. Likewise a tile at
 // the right edge loads B rows of the next group's weight into columns >= N, which are never stored.
+// MN-major B (Tr::B_MN, bf16 / fp16): b[g] given as its transpose, stored (K, N) with N contiguous (a weight
+// kept as torch._grouped_mm's (G, K, N), or the backward's dy @ w[g]); one 2-D map over all groups' (G * K, N)
+// rows, group g's k-step kt at row g K + kt BK. K is then a multiple of BK (the host's rule): no k-step
+// reads into the next group's rows.
 // Stores: a consumer's 64-row block that lies wholly inside its group goes out as the dense engine's
 // TMA store (one map over all of out; the map clips columns >= N). The block that crosses the group's
 // last row cannot (its box would write the next group's rows): the threads store its rows
@@ -111,10 +115,10 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     constexpr bool FP8 = sizeof(T) == 1;  // Fp8GemmTraits: e4m3 bytes, 128-deep k-steps
     constexpr bool BLOCK = scale_mode<Tr>() == SCALE_BLOCK;
     constexpr bool SK = Tr::SCHEDULE == STREAM_K, PP = Tr::PING_PONG;
-    static_assert((Tr::SCHEDULE == DATA_PARALLEL || ((SK || PP) && !FP8)) && !Tr::A_MN && !Tr::B_MN && !Tr::HAS_C &&
-                      !Tr::HAS_BIAS && Tr::ACT == 0 && Tr::TAIL == 0,
-                  "grouped: K-major operands, data-parallel (or bf16 / fp16 stream-K, ping-pong), no epilogue terms, whole "
-                  "store pieces");
+    static_assert((Tr::SCHEDULE == DATA_PARALLEL || ((SK || PP) && !FP8)) && !Tr::A_MN && !Tr::HAS_C &&
+                      !Tr::HAS_BIAS && Tr::ACT == 0 && Tr::TAIL == 0 && (!Tr::B_MN || !FP8),
+                  "grouped: K-major A (B too for e4m3), data-parallel (or bf16 / fp16 stream-K, ping-pong), no "
+                  "epilogue terms, whole store pieces");
     if constexpr (FP8) static_assert(Tr::PRODUCER_REGS == 40, "the producer gives the consumers 232 registers");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + scale_bytes<Tr>() +
                           sizeof(GroupTable<MAX_G>) <= 227 * 1024 - 256,
@@ -160,6 +164,16 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                                      0x7fffffff, BM,
                                      GroupedScaleLoads<GroupedScales<Tr>>{s_scales, &tmSA, &tmSB, m0,
                                                                           gt.g * n_blocks + n0 / 128});
+                }
+            }
+        } else if constexpr (Tr::B_MN) {  // B rows are every group's K rows in turn: group g's from g K
+            if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+            if (t == 0) {
+                RingCursor pcur;
+                while (sched.next(u)) {
+                    const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
+                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, &tmA, &tmB, gt.row0 + gt.m * BM, gt.n * BN, u.k_begin,
+                                     u.k_end, 0x7fffffff, BM, NoExtraLoads{}, BEdge{}, gt.g * K);
                 }
             }
         } else {
