@@ -457,13 +457,17 @@ def _grad_case(layout, dtype, N, offsets):
 @pytest.mark.parametrize("dtype", [BF16, torch.float16])
 @pytest.mark.parametrize("N", [200, 203])  # 203: the fallback's da reduction padded to a multiple of 8
 @pytest.mark.parametrize("torch_gmm", [True, False])
-def test_gradients_match_float64_autograd(eager, monkeypatch, layout, offsets, dtype, N, torch_gmm):
+@pytest.mark.parametrize("mn_b", [False, True])  # MN-major b offered: contiguous da on the kernel (N = 192)
+def test_gradients_match_float64_autograd(eager, monkeypatch, layout, offsets, dtype, N, torch_gmm, mn_b):
     """grouped_mm's backward (contiguous: torch._grouped_mm, which torch has on CPU too, leaving the rows
     past the last group unwritten; without it, da on the grouped kernel, here its float64 stand-in, and db
     one GEMM per group; masked: batched GEMMs) against torch autograd through a float64 per-group
     reference; rows outside every group or past a count get a zero gradient, NaN there never leaks."""
     if not torch_gmm:
         monkeypatch.delattr(torch, "_grouped_mm", raising=False)
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", mn_b)
+    if mn_b:
+        N = 192 if N == 200 else N  # 192: a multiple of 64, the kernel's da; 203: torch's / the copy
     a, b, kw = _grad_case(layout, dtype, N, offsets)
     y = gemmlab.grouped_mm(a, b, **kw)
     ref = grouped.reference_grouped_mm(a.detach(), b.detach(), **kw)
@@ -481,6 +485,8 @@ def test_gradients_match_float64_autograd(eager, monkeypatch, layout, offsets, d
         keep = torch.arange(a.shape[1])[None, :] < kw["counts"][:, None].long()
         y64 = torch.where(keep[..., None], torch.bmm(torch.where(keep[..., None], a64, 0.0), b64.transpose(1, 2)), 0.0)
     (y64 * w).sum().backward()
+    kernel_da = [p for p in eager.ran if p.b_mn]
+    assert bool(kernel_da) == (mn_b and layout == "contiguous" and N % 64 == 0)
     for got, want in ((a.grad, a64.grad), (b.grad, b64.grad)):
         assert got.dtype == dtype and got.shape == want.shape and not torch.isnan(got).any()
         assert torch.allclose(got.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())

@@ -732,10 +732,12 @@ def _grad_reference(a, b, offsets=None, counts=None):
 
 @pytest.mark.parametrize("layout,dtype,N", [("contiguous", torch.bfloat16, 1024), ("contiguous", torch.float16, 1000),
                                             ("contiguous", torch.bfloat16, 1003), ("masked", torch.bfloat16, 1024)])
-def test_gradients_against_float64_autograd(layout, dtype, N):
+@pytest.mark.parametrize("mn_b", [False, True])  # True: MN-major b offered, contiguous da on the grouped kernel
+def test_gradients_against_float64_autograd(monkeypatch, layout, dtype, N, mn_b):
     """grouped_mm's backward on the GPU: torch._grouped_mm (contiguous; where torch refuses the dtype, the
     grouped kernel for da, N padded, and one GEMM per group for db) or batched GEMMs (masked); rows outside
     every group and past a count get zero, NaN there never leaks."""
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", mn_b)
     G, T, K = 12, 3000, 1032
     if layout == "contiguous":
         a = torch.randn(T, K, device="cuda").to(dtype)

@@ -903,7 +903,8 @@ def _grouped_mm_out_fake(a, b, offsets, counts, out):
 # backward (2.4 ms for 64 experts of 2816 x 2048, measured). Where torch has no _grouped_mm for the call,
 # da runs on this kernel with that copy and db as one GEMM per group (offsets read on the host). The groups
 # are taken as the kernel reads them (clamped to the rows); offsets that decrease are not supported in
-# backward (a router's never do).
+# backward (a router's never do). Once MN-major b is offered (MN_MAJOR_B_OFFERED), the contiguous da runs on
+# this kernel with w[g] read in place (N a multiple of 64).
 
 
 def _row_ranges(offsets: torch.Tensor, T: int, G: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -923,16 +924,23 @@ def _grads_contiguous(dy, a, b, offsets, need_a: bool, need_b: bool):
     r = torch.arange(T, device=a.device)
     inside = ((r >= starts[:1]) & (r < ends[-1:]))[:, None]
     dyz = torch.where(inside, dy, 0)
+    da = db = None
+    if need_a and MN_MAJOR_B_OFFERED and b.shape[1] % BK == 0 and b.shape[2] % 8 == 0:
+        # This kernel, w[g] read MN-major in place (no copy); rows outside the groups stay 0.
+        da = torch.zeros_like(a, memory_format=torch.contiguous_format)
+        grouped_mm(dyz.contiguous(), b.transpose(1, 2), offsets, out=da)
+        need_a = False
     gmm = getattr(torch, "_grouped_mm", None)
-    if gmm is not None:
+    if gmm is not None and (need_a or need_b):
         try:
             ends32 = ends.to(torch.int32)
-            da = torch.where(inside, gmm(dyz, b, offs=ends32), 0) if need_a else None
-            db = gmm(dyz.t(), torch.where(inside, a, 0), offs=ends32) if need_b else None
+            if need_a:
+                da = torch.where(inside, gmm(dyz, b, offs=ends32), 0)
+            if need_b:
+                db = gmm(dyz.t(), torch.where(inside, a, 0), offs=ends32)
             return da, db
         except (RuntimeError, NotImplementedError):
             pass  # this dtype or GPU: below
-    da = db = None
     if need_a:
         da = torch.zeros_like(a, memory_format=torch.contiguous_format)
         pad = -b.shape[1] % 8  # N is this GEMM's reduction: a multiple of 8 (zero columns add nothing)
