@@ -949,9 +949,9 @@ def _grads_contiguous(dy, a, b, offsets, need_a: bool, need_b: bool):
     if need_b:
         az = torch.where(inside, a, 0)
         db = a.new_zeros(G, dy.shape[1], a.shape[1])
-        for g, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
-            if e > s:
-                db[g] = dyz[s:e].t() @ az[s:e]
+        for g, (s, n) in enumerate(group_rows("contiguous", offsets, G, T)):
+            if n:
+                db[g] = dyz[s:s + n].t() @ az[s:s + n]
     return da, db
 
 
@@ -1149,19 +1149,12 @@ def clear_prepared_calls() -> None:
 # The reference (pure torch, any device) -----------------------------------------------------------------
 
 def group_rows(layout: str, ranges: torch.Tensor, groups: int, rows: int) -> list[tuple[int, int]]:
-    """(first row, row count) of each group, clamped as the kernel clamps them (reads ``ranges`` on the host)."""
-    r = [int(x) for x in ranges.cpu().tolist()]
-    spans = []
-    for g in range(groups):
-        if layout == "masked":
-            spans.append((g * rows, min(max(r[g], 0), rows)))
-        else:
-            lead = 1 if len(r) == groups + 1 else 0
-            b = r[g] if lead else (r[g - 1] if g else 0)
-            s = min(max(b, 0), rows)
-            e = min(max(r[g + lead], s), rows)
-            spans.append((s, e - s))
-    return spans
+    """(first row, row count) of each group, clamped as the kernel clamps them (reads ``ranges`` on the host;
+    contiguous: ``_row_ranges``, the rule the backward applies on the device)."""
+    if layout == "masked":
+        return [(g * rows, min(max(int(c), 0), rows)) for g, c in enumerate(ranges.cpu().tolist()[:groups])]
+    starts, ends = _row_ranges(ranges.cpu(), rows, groups)
+    return [(s, e - s) for s, e in zip(starts.tolist(), ends.tolist())]
 
 
 def reference_grouped_mm(a, b, offsets=None, counts=None, *, fill: float = float("nan"),
