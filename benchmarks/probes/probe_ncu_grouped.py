@@ -1,0 +1,68 @@
+"""Probe for Nsight Compute: the grouped kernel against the loops on the 8-16-expert gate/up shapes where the
+loops still win (issue 18's loop bar): for each shape, one launch of grouped_mm's pick, of 128 x 256
+data-parallel and 128 x 128 ping-pong, then one loop of torch.mm and one of gemmlab.matmul over the experts
+(one launch per non-empty expert). Compiled and warmed up first; only the launches between cudaProfilerStart
+and cudaProfilerStop are profiled:
+
+    ncu --clock-control none --profile-from-start off --set full -o $OUT/ncu_grouped \\
+        python3 benchmarks/probes/probe_ncu_grouped.py ORDER [model:T,...]
+
+ORDER (a text file this script writes) names the report's kernels in order, one per line."""
+import dataclasses
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gemmlab  # noqa: E402
+from gemmlab import grouped  # noqa: E402
+from grouped_bench import grouped_profile, shape_seed, shapes, uneven_offsets  # noqa: E402
+
+DEFAULT = "mixtral:4096,mixtral22b:512"
+
+
+def main():
+    order, pairs = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else DEFAULT)
+    calls = []
+    for pair in pairs.split(","):
+        model, T = pair.split(":")
+        for n, (m, proj, G, N, K, T) in enumerate(shapes([model], [int(T)])):
+            if proj != "gate_up":
+                continue
+            offs, sizes = uneven_offsets(G, T, seed=shape_seed(m, proj, T, n))
+            a = torch.randn(T, K, device="cuda").bfloat16()
+            b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).bfloat16()
+            out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
+            pick = grouped.plan_for(a, b, offs)
+            plans = {"pick": pick}
+            for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(a)):
+                if (c.bm, c.bn, c.schedule) in ((128, 256, "data_parallel"), (128, 128, "pingpong")):
+                    plans[f"{c.bm}x{c.bn} {c.schedule}"] = dataclasses.replace(c, panel=pick.panel)
+            tag = f"{m} {proj} G={G} T={T} N={N} K={K} sizes={sizes}"
+            for name, p in plans.items():
+                calls.append((f"{tag} grouped {name} {p!r}",
+                              lambda a=a, b=b, offs=offs, out=out, p=p: grouped.run(a, b, offs, out=out, plan=p)))
+            starts = [0] + torch.tensor(sizes).cumsum(0).tolist()
+            for label, mm in (("torch.mm", torch.mm), ("gemmlab.matmul", gemmlab.matmul)):
+                for g in range(G):
+                    if sizes[g]:
+                        r = slice(starts[g], starts[g + 1])
+                        calls.append((f"{tag} loop {label} expert {g} rows {sizes[g]}",
+                                      lambda a=a[r], w=b[g].t(), o=out[r], mm=mm: mm(a, w, out=o)))
+    for _, fn in calls:  # compile and warm up outside the profiled range
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for _, fn in calls:
+        fn()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    with open(order, "w") as f:
+        f.write("\n".join(name for name, _ in calls) + "\n")
+
+
+if __name__ == "__main__":
+    main()
