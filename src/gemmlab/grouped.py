@@ -483,9 +483,10 @@ def _packed(x: torch.Tensor) -> bool:
 # MN-major b (bf16 / fp16): each b[g] stored as its (K, N) transpose with N contiguous, i.e. the
 # b.transpose(1, 2) of a contiguous (G, K, N) tensor (torch._grouped_mm's mat_b layout; the backward's
 # dy_g @ w[g]). The kernel loads it in 64-column boxes from one (G K, N) map, so K must be a multiple of the
-# 64-deep k-step (no k-step of a group may read the next group's rows) and N of 8 (16-byte rows). Not yet
-# offered: the kernel's B_MN path compiles and meets its SASS claims, but has not run on a GPU.
-MN_MAJOR_B_OFFERED = False
+# 64-deep k-step (no k-step of a group may read the next group's rows) and N of 8 (16-byte rows). Offered
+# since its GPU tests passed (every tile and schedule, 12 and 200 groups, H200, 3e4604c); the switch stays
+# so that a GPU where it fails can be told apart.
+MN_MAJOR_B_OFFERED = True
 
 
 def mn_major(b: torch.Tensor) -> bool:
@@ -894,17 +895,18 @@ def _grouped_mm_out_fake(a, b, offsets, counts, out):
 #
 #   out_g = a_g @ b[g]^T    =>   da_g = dout_g @ b[g]        db[g] = dout_g^T @ a_g
 #
-# Both are torch's GEMMs on the device (no host sync; a compiled backward traces them): masked, batched GEMMs
-# over the slabs with the rows past each count zeroed; contiguous, torch._grouped_mm over the rows split at
-# the groups' ends (da: 2-D x 3-D; db: the 2-D x 2-D form torch's own backward uses), with the rows before
-# the first group and past the last zeroed in and out. Not this kernel: da would need b[g] as an MN-major B
-# (N is its reduction), which the grouped kernel does not load yet (it needs a 3-D B map, so that a group's
-# last k-step does not read the next group's rows), and a transposed copy of b cost more than torch's whole
-# backward (2.4 ms for 64 experts of 2816 x 2048, measured). Where torch has no _grouped_mm for the call,
-# da runs on this kernel with that copy and db as one GEMM per group (offsets read on the host). The groups
-# are taken as the kernel reads them (clamped to the rows); offsets that decrease are not supported in
-# backward (a router's never do). Once MN-major b is offered (MN_MAJOR_B_OFFERED), the contiguous da runs on
-# this kernel with w[g] read in place (N a multiple of 64).
+# No host sync (a compiled backward traces it), and as few device ops as there can be: in eager mode a small
+# layer's backward is bound by the host's launches. da runs on this kernel with b[g] read MN-major in place
+# (``Tr::B_MN``; K a multiple of 64, N of 8) into zeros: it reads dout's rows inside the groups (clamped as
+# the forward clamps them) and writes only those, so rows outside every group (or past a count) stay 0 with
+# no masking. db runs on torch's GEMMs: contiguous, torch._grouped_mm's 2-D x 2-D form over the groups'
+# clamped ends (it reads the rows up to the last end and no further; the rows before the first group, where
+# offsets[0] > 0, go to a leading dummy group whose result is dropped, or are zeroed in a where that is
+# cheaper); masked, a batched GEMM over the slabs with the rows past each count zeroed in both operands.
+# A transposed copy of b (2.4 ms for 64 experts of 2816 x 2048, measured) is never made where MN-major b
+# fits; elsewhere da is torch._grouped_mm's (2-D x 3-D) with the rows outside the groups zeroed, or, where
+# torch has no _grouped_mm for the call, this kernel over that copy, and db one GEMM per group (offsets read
+# on the host). Offsets that decrease are not supported in backward (a router's never do).
 
 
 def _row_ranges(offsets: torch.Tensor, T: int, G: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -918,29 +920,35 @@ def _row_ranges(offsets: torch.Tensor, T: int, G: int) -> tuple[torch.Tensor, to
     return s, torch.maximum(e, s).clamp(max=T)
 
 
+def _mn_major_da(dy, b, offsets, counts, like):
+    """da on this kernel, b[g] read MN-major in place, into zeros (rows outside the groups stay 0); None where
+    MN-major b does not fit (not offered, K not a multiple of 64, N not of 8)."""
+    if not (MN_MAJOR_B_OFFERED and b.shape[1] % BK == 0 and b.shape[2] % 8 == 0):
+        return None
+    da = torch.zeros_like(like, memory_format=torch.contiguous_format)
+    grouped_mm(dy.contiguous(), b.transpose(1, 2), offsets, counts=counts, out=da)
+    return da
+
+
 def _grads_contiguous(dy, a, b, offsets, need_a: bool, need_b: bool):
     G, T = b.shape[0], a.shape[0]
-    starts, ends = _row_ranges(offsets, T, G)
-    r = torch.arange(T, device=a.device)
-    inside = ((r >= starts[:1]) & (r < ends[-1:]))[:, None]
-    dyz = torch.where(inside, dy, 0)
-    da = db = None
-    if need_a and MN_MAJOR_B_OFFERED and b.shape[1] % BK == 0 and b.shape[2] % 8 == 0:
-        # This kernel, w[g] read MN-major in place (no copy); rows outside the groups stay 0.
-        da = torch.zeros_like(a, memory_format=torch.contiguous_format)
-        grouped_mm(dyz.contiguous(), b.transpose(1, 2), offsets, out=da)
-        need_a = False
+    da = _mn_major_da(dy, b, offsets, None, a) if need_a else None
+    need_a = need_a and da is None
     gmm = getattr(torch, "_grouped_mm", None)
-    if gmm is not None and (need_a or need_b):
+    if gmm is not None:
         try:
-            ends32 = ends.to(torch.int32)
+            db = _db_torch(gmm, dy, a, offsets, G, T) if need_b else None
             if need_a:
-                da = torch.where(inside, gmm(dyz, b, offs=ends32), 0)
-            if need_b:
-                db = gmm(dyz.t(), torch.where(inside, a, 0), offs=ends32)
+                starts, ends = _row_ranges(offsets, T, G)
+                inside = _inside(starts, ends, T)
+                da = torch.where(inside, gmm(torch.where(inside, dy, 0), b, offs=ends.to(torch.int32)), 0)
             return da, db
         except (RuntimeError, NotImplementedError):
             pass  # this dtype or GPU: below
+    starts, ends = _row_ranges(offsets, T, G)
+    inside = _inside(starts, ends, T)
+    dyz = torch.where(inside, dy, 0)
+    db = None
     if need_a:
         da = torch.zeros_like(a, memory_format=torch.contiguous_format)
         pad = -b.shape[1] % 8  # N is this GEMM's reduction: a multiple of 8 (zero columns add nothing)
@@ -955,6 +963,27 @@ def _grads_contiguous(dy, a, b, offsets, need_a: bool, need_b: bool):
     return da, db
 
 
+def _inside(starts, ends, T):
+    """(T, 1) mask of the rows inside the groups (from the first group's start to the last one's end)."""
+    r = torch.arange(T, device=starts.device)
+    return ((r >= starts[:1]) & (r < ends[-1:]))[:, None]
+
+
+def _db_torch(gmm, dy, a, offsets, G: int, T: int):
+    """db[g] = dy_g^T a_g by torch._grouped_mm (2-D x 2-D, groups cut at their ends, clamped to the rows).
+    G ends: group 0 starts at row 0, nothing to mask. G + 1 boundaries: the rows before offsets[0] belong
+    to no group; a leading dummy group takes them (its N x K result dropped) where that writes fewer bytes
+    than zeroing a's rows (T x K read and written), else they are zeroed."""
+    bounds = offsets.clamp(0, T)
+    if offsets.numel() == G:
+        return gmm(dy.t(), a, offs=bounds)
+    N, K = dy.shape[1], a.shape[1]
+    if N * K <= 2 * T * K:
+        return gmm(dy.t(), a, offs=bounds)[1:]
+    first = torch.arange(T, device=a.device)[:, None] >= bounds[:1]
+    return gmm(dy.t(), torch.where(first, a, 0), offs=bounds[1:])
+
+
 def _grouped_setup(ctx, inputs, output) -> None:
     a, b, offsets, counts, out_dtype = inputs
     ctx.save_for_backward(a, b, offsets, counts)
@@ -967,11 +996,16 @@ def _grouped_backward(ctx, dout):
     if counts is None:
         da, db = _grads_contiguous(dy, a, b, offsets, need_a, need_b)
     else:
-        C = a.shape[1]
-        live = (torch.arange(C, device=a.device)[None, :] < counts.to(torch.int64).clamp(0, C)[:, None])[..., None]
-        dyz = torch.where(live, dy, 0)
-        da = torch.bmm(dyz, b) if need_a else None
-        db = torch.bmm(dyz.transpose(1, 2), torch.where(live, a, 0)) if need_b else None
+        da = _mn_major_da(dy, b, None, counts, a) if need_a else None
+        db = None
+        if need_b or (need_a and da is None):
+            C = a.shape[1]
+            live = (torch.arange(C, device=a.device)[None, :] < counts.clamp(0, C)[:, None])[..., None]
+            dyz = torch.where(live, dy, 0)
+            if need_a and da is None:
+                da = torch.bmm(dyz, b)
+            if need_b:
+                db = torch.bmm(dyz.transpose(1, 2), torch.where(live, a, 0))
     return (None if da is None else da.to(a.dtype)), (None if db is None else db.to(b.dtype)), None, None, None
 
 
