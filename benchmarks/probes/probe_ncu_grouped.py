@@ -5,9 +5,12 @@ data-parallel and 128 x 128 ping-pong, then one loop of torch.mm and one of gemm
 and cudaProfilerStop are profiled:
 
     ncu --clock-control none --profile-from-start off --set full -o $OUT/ncu_grouped \\
-        python3 benchmarks/probes/probe_ncu_grouped.py ORDER [model:T,...]
+        python3 benchmarks/probes/probe_ncu_grouped.py ORDER [model:T,...] [--order-study]
 
-ORDER (a text file this script writes) names the report's kernels in order, one per line."""
+ORDER (a text file this script writes) names the report's kernels in order, one per line. --order-study:
+for the first shape also the pick's tile on the largest group alone (G = 1, against gemmlab.matmul's dense
+kernel on the same rows), on G even groups of whole tiles (no block crosses a group's end), and with
+panels of one m-tile (n fastest): which of the group walk, the ragged ends or the order costs L2 hits."""
 import dataclasses
 import os
 import sys
@@ -23,8 +26,32 @@ from grouped_bench import grouped_profile, shape_seed, shapes, uneven_offsets  #
 DEFAULT = "mixtral:4096,mixtral22b:512"
 
 
+def order_study(tag, pick, a, b, out, sizes):
+    G, T = b.shape[0], a.shape[0]
+    calls = []
+    big = max(range(G), key=lambda g: sizes[g])
+    rows = sizes[big]
+    one = grouped.candidates("contiguous", 1, rows, b.shape[1], b.shape[2])
+    p1 = next(dataclasses.replace(c, panel=pick.panel) for c in one if (c.bm, c.bn, c.schedule) == (pick.bm, pick.bn, pick.schedule))
+    offs1 = torch.tensor([0, rows], dtype=torch.int32, device="cuda")
+    a1, b1, o1 = a[:rows], b[big:big + 1], out[:rows]
+    calls.append((f"{tag} study G=1 rows {rows} {p1!r}",
+                  lambda: grouped.run(a1, b1, offs1, out=o1, plan=p1)))
+    calls.append((f"{tag} study dense gemmlab.matmul rows {rows}", lambda: gemmlab.matmul(a1, b[big].t(), out=o1)))
+    even = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * (T // G)
+    calls.append((f"{tag} study even groups of {T // G} rows {pick!r}",
+                  lambda: grouped.run(a, b, even, out=out, plan=pick)))
+    thin = dataclasses.replace(pick, panel=1)
+    calls.append((f"{tag} study panel 1 (n fastest) {thin!r}",
+                  lambda: grouped.run(a, b, torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32,
+                                                         device="cuda"), out=out, plan=thin)))
+    return calls
+
+
 def main():
-    order, pairs = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else DEFAULT)
+    args = [x for x in sys.argv[1:] if not x.startswith("--")]
+    study = "--order-study" in sys.argv
+    order, pairs = args[0], (args[1] if len(args) > 1 else DEFAULT)
     calls = []
     for pair in pairs.split(","):
         model, T = pair.split(":")
@@ -44,6 +71,8 @@ def main():
             for name, p in plans.items():
                 calls.append((f"{tag} grouped {name} {p!r}",
                               lambda a=a, b=b, offs=offs, out=out, p=p: grouped.run(a, b, offs, out=out, plan=p)))
+            if study and not any("study" in name for name, _ in calls):
+                calls += order_study(tag, pick, a, b, out, sizes)
             starts = [0] + torch.tensor(sizes).cumsum(0).tolist()
             for label, mm in (("torch.mm", torch.mm), ("gemmlab.matmul", gemmlab.matmul)):
                 for g in range(G):
