@@ -9,8 +9,10 @@ and cudaProfilerStop are profiled:
 
 ORDER (a text file this script writes) names the report's kernels in order, one per line. --order-study:
 for the first shape also the pick's tile on the largest group alone (G = 1, against gemmlab.matmul's dense
-kernel on the same rows), on G even groups of whole tiles (no block crosses a group's end), and with
-panels of one m-tile (n fastest): which of the group walk, the ragged ends or the order costs L2 hits."""
+kernel on the same rows), on G even groups of whole tiles (no block crosses a group's end), with panels
+of one m-tile (n fastest), and with every block stored by the threads (even and ragged groups: no tile's
+epilogue slower than another's): which of the group walk, the ragged ends, the order or CTAs drifting
+apart costs L2 hits."""
 import dataclasses
 import os
 import sys
@@ -41,9 +43,13 @@ def order_study(tag, pick, a, b, out, sizes):
     even = torch.arange(0, G + 1, dtype=torch.int32, device="cuda") * (T // G)
     calls.append((f"{tag} study even groups of {T // G} rows {pick!r}",
                   lambda: grouped.run(a, b, even, out=out, plan=pick)))
+    direct = dataclasses.replace(pick, direct=True)  # every block stored by the threads: no epilogue is slower
+    calls.append((f"{tag} study even groups, every block direct {direct!r}",
+                  lambda: grouped.run(a, b, even, out=out, plan=direct)))
     thin = dataclasses.replace(pick, panel=1)
     offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     calls.append((f"{tag} study panel 1 (n fastest) {thin!r}", lambda: grouped.run(a, b, offs, out=out, plan=thin)))
+    calls.append((f"{tag} study every block direct {direct!r}", lambda: grouped.run(a, b, offs, out=out, plan=direct)))
     return calls
 
 
