@@ -7,8 +7,8 @@ and cudaProfilerStop are profiled:
     ncu --clock-control none --profile-from-start off --set full -o $OUT/ncu_grouped \\
         python3 benchmarks/probes/probe_ncu_grouped.py ORDER [model:T,...] [--order-study]
 
-ORDER (a text file this script writes) names the report's kernels in order, one per line. --order-study:
-for the first shape also the pick's tile on the largest group alone (G = 1, against gemmlab.matmul's dense
+ORDER (a text file this script writes) names the report's kernels in order, one per line. --order-study
+(no loops): the pick's tile on the largest group alone (G = 1, against gemmlab.matmul's dense
 kernel on the same rows), on G even groups of whole tiles (no block crosses a group's end), with panels
 of one m-tile (n fastest), and with every block stored by the threads (even and ragged groups: no tile's
 epilogue slower than another's): which of the group walk, the ragged ends, the order or CTAs drifting
@@ -79,7 +79,7 @@ def main():
             if study and not any("study" in name for name, _ in calls):
                 calls += order_study(tag, pick, a, b, out, sizes)
             starts = [0] + torch.tensor(sizes).cumsum(0).tolist()
-            for label, mm in (("torch.mm", torch.mm), ("gemmlab.matmul", gemmlab.matmul)):
+            for label, mm in () if study else (("torch.mm", torch.mm), ("gemmlab.matmul", gemmlab.matmul)):
                 for g in range(G):
                     if sizes[g]:
                         r = slice(starts[g], starts[g + 1])
