@@ -123,6 +123,8 @@ def main() -> None:
     ap.add_argument("--all-tiles", action="store_true", help="also time every other tile of the plan space")
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 grouped kernel on the inputs quantized")
     ap.add_argument("--gemmlab-loop", action="store_true", help="also time a loop of gemmlab.matmul over the experts")
+    ap.add_argument("--claim", action="store_true",
+                    help="also time the pick with its tiles in claim order (GroupedPlan.claim), as ours_claim")
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="HBM peak for the roofline (H200: 4.8 TB/s)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989 TFLOP/s)")
     ap.add_argument("--rounds", type=int, default=15)
@@ -158,6 +160,8 @@ def main() -> None:
                 ref[starts[g]:starts[g + 1]] = s0["a"][starts[g]:starts[g + 1]].float() @ s0["b"][g].float().t()
         plan = grouped.plan_for(s0["a"], s0["b"], offs)
         plans = {"ours": plan}
+        if args.claim and plan.schedule != "stream_k" and (plan.bm, plan.bn) not in grouped.CLAIM_REFUSED:
+            plans["ours_claim"] = dataclasses.replace(plan, claim=True)
         if args.all_tiles:
             for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(s0["a"])):
                 if (c.bm, c.bn, c.schedule) != (plan.bm, plan.bn, plan.schedule):

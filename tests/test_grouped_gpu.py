@@ -271,6 +271,42 @@ def test_stream_k_every_tile_is_correct_and_bitwise_deterministic(tile, G):
 
 
 @pytest.mark.parametrize("G", [12, 200])  # the 128- and the 512-group table
+@pytest.mark.parametrize("tile,schedule", [(t, "data_parallel") for t in grouped.TILES if t not in grouped.CLAIM_REFUSED]
+                         + [(t, "pingpong") for t in grouped.PINGPONG_TILES])
+def test_claimed_tiles_every_tile_bitwise_equal_to_the_static_order(tile, schedule, G):
+    """Tiles in claim order (a global counter): the same numbers as the static order, bit for bit, over
+    repeated runs (which CTA runs a tile changes, what the tile computes does not); every group's rows
+    written, nothing outside; the counter back at 0 after each launch, and under graph replay."""
+    T, N, K = 3000, 1000, 1032
+    a, b = _operands((T,), G, N, K)
+    offs = _uneven_offsets(G, T, seed=41, empty=(1,))
+    p = _tile_plan(G, T, N, K, tile, torch.bfloat16, "bf16", schedule=schedule)
+    q = dataclasses.replace(p, claim=True)
+    assert _tiles_there_are((offs[1:] - offs[:-1]).tolist(), *tile, N) > q.grid  # CTAs claim tiles
+    want, _ = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=want, plan=p)
+    _check(want, grouped.reference_grouped_mm(a, b, offs), "bf16")
+    out, frame = _framed((T, N), torch.bfloat16)
+    _, flags = grouped._workspace(q, a.device)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        grouped.run(a, b, offs, out=out, plan=q)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+        assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+        assert int(flags.abs().sum()) == 0
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        grouped.run(a, b, offs, out=out, plan=q)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert int(grouped._workspace(q, a.device)[1].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("G", [12, 200])  # the 128- and the 512-group table
 @pytest.mark.parametrize("tile", grouped.PINGPONG_TILES)
 @pytest.mark.parametrize("odt", ["bf16", "fp32"])
 def test_ping_pong_every_tile(tile, odt, G):

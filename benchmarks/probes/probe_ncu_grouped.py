@@ -1,5 +1,6 @@
 """Probe for Nsight Compute: the grouped kernel against the loops on the 8-16-expert gate/up shapes where the
-loops still win (issue 18's loop bar): for each shape, one launch of grouped_mm's pick, of 128 x 256
+loops still win (issue 18's loop bar): for each shape, one launch of grouped_mm's pick (and of the pick with
+its tiles in claim order), of 128 x 256
 data-parallel and 128 x 128 ping-pong, then one loop of torch.mm and one of gemmlab.matmul over the experts
 (one launch per non-empty expert). Compiled and warmed up first; only the launches between cudaProfilerStart
 and cudaProfilerStop are profiled:
@@ -69,6 +70,8 @@ def main():
             out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
             pick = grouped.plan_for(a, b, offs)
             plans = {"pick": pick}
+            if pick.schedule != "stream_k" and (pick.bm, pick.bn) not in grouped.CLAIM_REFUSED:
+                plans["pick claimed"] = dataclasses.replace(pick, claim=True)
             for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(a)):
                 if (c.bm, c.bn, c.schedule) in ((128, 256, "data_parallel"), (128, 128, "pingpong")):
                     plans[f"{c.bm}x{c.bn} {c.schedule}"] = dataclasses.replace(c, panel=pick.panel)

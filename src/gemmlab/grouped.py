@@ -91,6 +91,9 @@ STREAM_K_MARGIN = 0.99
 # The tile space: one or two consumers, 128 or 256 columns (MoE intermediates are 1408 .. 14336 wide), and
 # 256 x 128 (two consumers of 128 rows each: the dense planner's pick for some large-group problems).
 TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
+# Tiles in claim order (GroupedPlan.claim) compile clean on every tile but 256 x 128 (NVRTC 13.5: its
+# two-block accumulators go to local memory, 512 bytes).
+CLAIM_REFUSED = ((256, 128),)
 # FP8: two accumulator sets per consumer thread (the wgmma's partial and the promoted fp32 sum) must fit
 # (planner.FP8_TILES: up to 224 columns with 64-row consumers), and whole 64-column store pieces.
 FP8_TILES = ((64, 128), (64, 192), (128, 128), (128, 192))
@@ -171,7 +174,9 @@ class GroupedPlan(Warpgroups):
     "tensor" (per-tensor scales, in the epilogue) or "block" (1 x 128 / 128 x 128 block scales, at each
     promotion). ``schedule``: "data_parallel", or (bf16 / fp16) "stream_k": the kernel splits the k-steps
     of a partial last wave over every CTA, decided on the device from the real tile count (the dense
-    engine's hybrid stream-K; its partials go through ``engine.stream_k_workspace``)."""
+    engine's hybrid stream-K; its partials go through ``engine.stream_k_workspace``). ``claim``
+    (data-parallel, ping-pong): each CTA's tiles after its first are claimed from a counter in that
+    workspace's flags (ClaimedTiles), so the tiles in flight stay consecutive however unevenly they run."""
 
     layout: str
     groups: int
@@ -193,6 +198,7 @@ class GroupedPlan(Warpgroups):
     scale: str = "tensor"
     schedule: str = "data_parallel"
     b_mn: bool = False
+    claim: bool = False
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES or (self.schedule != "data_parallel" and self.dtype == "e4m3") or (
@@ -203,6 +209,11 @@ class GroupedPlan(Warpgroups):
         if self.b_mn and (self.dtype == "e4m3" or self.bn % 64):
             raise ValueError(f"MN-major b: bf16 / fp16 operands and tiles 64 columns wide at a time, got "
                              f"{self.dtype} {self.bm}x{self.bn}")
+        if self.claim and (self.schedule == "stream_k" or (self.bm, self.bn) in CLAIM_REFUSED or self.dtype == "e4m3"):
+            raise ValueError(f"claim: whole bf16 / fp16 tiles in claim order (data-parallel or ping-pong), not "
+                             f"stream-K, not "
+                             f"{' / '.join(f'{m} x {n}' for m, n in CLAIM_REFUSED)}; got {self.bm} x {self.bn} "
+                             f"{self.schedule}")
         if self.scale not in ("tensor", "block") or (self.scale == "block" and self.dtype != "e4m3"):
             raise ValueError(f"scale must be 'tensor' or 'block' (block: e4m3 only), got {self.scale!r} "
                              f"for {self.dtype}")
@@ -243,18 +254,19 @@ class GroupedPlan(Warpgroups):
     def name_expression(self) -> str:
         traits = "Fp8GemmTraits" if self.dtype == "e4m3" else "GemmTraits"
         return (f"{self.kernel}<{traits}<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}, "
-                f"{self.table}>")
+                f"{self.table}{', true' if self.claim else ''}>")
 
     @property
     def compiled_name(self) -> str:
         name = "engine.gemm_grouped_fp8" if self.dtype == "e4m3" else "engine.gemm_grouped"
-        return f"{name}[{', '.join(self.template_args())}, {self.layout}, {self.table}]"
+        return f"{name}[{', '.join(self.template_args())}, {self.layout}, {self.table}{', claim' if self.claim else ''}]"
 
     def __repr__(self) -> str:
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
                 f"{self.dtype}{' block scales' if self.scale == 'block' else ''}{', MN-major b' if self.b_mn else ''}"
                 f"->{self.out_dtype}: {self.kernel} "
-                f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}, {self.stages} stages, "
+                f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}{', claimed' if self.claim else ''}, "
+                f"{self.stages} stages, "
                 f"grid {self.grid}, table {self.table}, panel {min(self.panel, 9999)}"
                 f"{', direct stores' if self.direct else ''}; priced for {self.expected_rows:.1f} rows a group: "
                 f"{self.predicted_s * 1e6:.1f} us)")
@@ -718,7 +730,8 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     head = (map_a, map_b, map_c, map_sa, map_sb, ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N),
             np.int32(K), np.int32(min(p.panel, 2**31 - 1)))
     scales = (scale_a, scale_b, np.int32(sb_step)) if fp8 else (o2, o2, np.int32(0))  # (bf16 reads none)
-    ws, flags = _workspace(p, a.device) if p.schedule == "stream_k" else (o2, o2)  # (data-parallel reads none)
+    # stream-K: partials and flags; claimed tiles: the counter in the flags; else neither is read.
+    ws, flags = _workspace(p, a.device) if p.schedule == "stream_k" or p.claim else (o2, o2)
     args = head + scales + (o2, np.int64(o2.stride(0)), ws, flags)
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
 
@@ -1062,7 +1075,7 @@ class GroupedLaunch:
         la = p.launch_args()
         L = self.launcher = Launcher(compile_plan(p), PARAMS, grid=la["grid"], block=la["block"], smem=la["smem"],
                                      cluster=None, device_index=self.dev, pdl=True)
-        if self.stream_k:  # grown now, before a graph capture of a later call could need it to grow
+        if self.stream_k or p.claim:  # grown now, before a graph capture of a later call could need it to grow
             stream_k_workspace(p, self.dev, raw_stream(self.dev))
         for i, v in ((6, lead), (7, G), (8, rows), (9, N), (10, K), (11, min(p.panel, 2**31 - 1)), (14, sb_step)):
             L.set_i32(i, v)
@@ -1096,7 +1109,7 @@ class GroupedLaunch:
         from .engine2 import point_scale_maps, scale_views
 
         views = scale_views(self, scale_rows_mn_major, scale_a, scale_b)  # kept alive until enqueued
-        ws = stream_k_workspace(self.plan, self.dev, stream) if self.stream_k else None
+        ws = stream_k_workspace(self.plan, self.dev, stream) if self.stream_k or self.plan.claim else None
         L = self.launcher
         with L.lock:
             po = out.data_ptr()

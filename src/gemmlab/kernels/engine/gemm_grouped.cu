@@ -20,7 +20,8 @@
 //   fp8_traits.cuh       e4m3: Fp8GemmTraits (per-tensor scales, promotion into fp32 every 128 of K)
 //   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable) and
 //                        the tile order inside a group (m fastest, in panels of `panel` m-tiles)
-//   tile_scheduler.cuh   data-parallel persistent tiles over all groups' tiles (or hybrid stream-K)
+//   tile_scheduler.cuh   data-parallel persistent tiles over all groups' tiles (or hybrid stream-K), by
+//                        a static stride or (CLAIM) in claim order from a global counter
 //   reduction.cuh        stream-K: the partial sums through the global workspace
 //   mainloop.cuh         the producer's TMA loads and the consumers' wgmmas, unchanged
 //   mainloop_fp8.cuh     e4m3: the consumers' k32 wgmmas into a partial sum, promoted every k-step
@@ -102,7 +103,9 @@ struct DirectStores : Tr {
     static constexpr bool DIRECT = true;
 };
 
-template <class Tr, int LAYOUT, int MAX_G>
+// CLAIM: data-parallel / ping-pong tiles in claim order (ClaimedTiles, tile_scheduler.cuh; `flags` holds
+// its counter), else the static stride of TileScheduler.
+template <class Tr, int LAYOUT, int MAX_G, bool CLAIM = false>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUtensorMap tmB,
                     const __grid_constant__ CUtensorMap tmC, const __grid_constant__ CUtensorMap tmSA,
@@ -119,6 +122,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                       !Tr::HAS_BIAS && Tr::ACT == 0 && Tr::TAIL == 0 && (!Tr::B_MN || !FP8),
                   "grouped: K-major A (B too for e4m3), data-parallel (or bf16 / fp16 stream-K, ping-pong), no "
                   "epilogue terms, whole store pieces");
+    static_assert(!CLAIM || Tr::SCHEDULE == DATA_PARALLEL || PP, "tiles in claim order: whole tiles only");
     if constexpr (FP8) static_assert(Tr::PRODUCER_REGS == 40, "the producer gives the consumers 232 registers");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + scale_bytes<Tr>() +
                           sizeof(GroupTable<MAX_G>) <= 227 * 1024 - 256,
@@ -132,6 +136,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ GroupTable<MAX_G> groups;
     __shared__ Turns turns;  // PINGPONG only
+    __shared__ TileQueue queue;  // CLAIM only
 
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, k_iters = (K + BK - 1) / BK;
@@ -142,6 +147,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     if (threadIdx.x == 0) {
         ring.init(Tr::SLOT_READERS);
         if constexpr (PP) turns.init();
+        if constexpr (CLAIM) queue.init(Tr::CONSUMERS * 128);
     }
     __syncthreads();
 
@@ -149,7 +155,10 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     // range would leave its owner waiting for a partial it never writes); else every tile data-parallel.
     const int total = groups.total(G), rem = total % (int)gridDim.x;
     const bool streamed = SK && total > (int)gridDim.x && rem > 0 && (long long)rem * k_iters >= gridDim.x;
-    TileScheduler<Tr::SCHEDULE> sched(total, k_iters, ScheduleArgs{1, streamed ? rem : 0, streamed ? (int)gridDim.x : 0});
+    auto sched = [&] {
+        if constexpr (CLAIM) return ClaimedTiles(&queue, flags, total, k_iters, wg == 0);
+        else return TileScheduler<Tr::SCHEDULE>(total, k_iters, ScheduleArgs{1, streamed ? rem : 0, streamed ? (int)gridDim.x : 0});
+    }();
     WorkUnit u;
     if (wg == 0) {
         // M = INT_MAX: every box is a whole BM rows (the rows past the group are discarded).
