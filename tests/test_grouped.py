@@ -67,6 +67,10 @@ def _representative():
            _forced("contiguous", 128, 128, schedule="stream_k", b_mn=True),
            _forced("contiguous", 64, 256, groups=256, rows=65536, schedule="pingpong", b_mn=True),
            _forced("contiguous", 128, 128, N=4104, schedule="pingpong", b_mn=True)]
+    # Tiles in claim order: data-parallel and ping-pong, both tables, MN-major b, fp32 out.
+    ps += [dataclasses.replace(p, claim=True) for p in (
+        _forced("contiguous", 128, 256), _forced("masked", 64, 128, "fp16", "fp32", groups=256),
+        _forced("contiguous", 128, 128, schedule="pingpong", b_mn=True), _forced("contiguous", 64, 256, schedule="pingpong"))]
     return ps
 
 
@@ -75,7 +79,11 @@ def _every():
             for dt in ("bf16", "fp16") for odt in ("bf16", "fp16", "fp32")
             for bm, bn, sch in grouped.tile_schedules(False, odt) for groups in (8, 256)] + [
         _forced(layout, bm, bn, "bf16", odt, groups, schedule=sch, b_mn=True) for layout in grouped.LAYOUTS
-        for odt in ("bf16", "fp32") for bm, bn, sch in grouped.tile_schedules(False, odt) for groups in (8, 256)]
+        for odt in ("bf16", "fp32") for bm, bn, sch in grouped.tile_schedules(False, odt) for groups in (8, 256)] + [
+        dataclasses.replace(_forced(layout, bm, bn, dt, odt, groups, schedule=sch, b_mn=b_mn), claim=True)
+        for layout in grouped.LAYOUTS for dt, b_mn in (("bf16", False), ("fp16", False), ("bf16", True))
+        for odt in ("bf16", "fp32") for bm, bn, sch in grouped.tile_schedules(False, odt)
+        if sch != "stream_k" and (bm, bn) not in grouped.CLAIM_REFUSED for groups in (8, 256)]
 
 
 @pytest.mark.parametrize("p", _representative(), ids=lambda p: p.compiled_name)
@@ -568,3 +576,16 @@ def test_plan_takes_stream_k_only_past_the_margin(monkeypatch):
     assert grouped.plan("contiguous", 8, 4096, 4096, 14336) == sk
     monkeypatch.setattr(grouped, "STREAM_K_OFFERED", False)
     assert grouped.plan("contiguous", 8, 4096, 4096, 14336) == dp
+
+
+def test_claimed_tiles_are_their_own_instantiation_and_refused_where_they_do_not_fit():
+    """GroupedPlan.claim: whole bf16 / fp16 tiles in claim order (data-parallel, ping-pong); its own
+    template argument and compiled name; refused for stream-K, for 256 x 128 (local memory) and for e4m3."""
+    p = _forced("contiguous", 128, 256)
+    q = dataclasses.replace(p, claim=True)
+    assert q.name_expression == p.name_expression[:-1] + ", true>" and q.compiled_name != p.compiled_name
+    assert "claimed" in repr(q) and "claimed" not in repr(p)
+    for bad in (_forced("contiguous", 128, 128, schedule="stream_k"), _forced("contiguous", 256, 128),
+                next(c for c in grouped.candidates("contiguous", 8, 4096, 4096, 4096, dtype="e4m3"))):
+        with pytest.raises(ValueError, match="claim"):
+            dataclasses.replace(bad, claim=True)
