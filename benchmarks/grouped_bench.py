@@ -160,7 +160,7 @@ def main() -> None:
                 ref[starts[g]:starts[g + 1]] = s0["a"][starts[g]:starts[g + 1]].float() @ s0["b"][g].float().t()
         plan = grouped.plan_for(s0["a"], s0["b"], offs)
         plans = {"ours": plan}
-        if args.claim and plan.schedule != "stream_k" and (plan.bm, plan.bn) not in grouped.CLAIM_REFUSED:
+        if args.claim and grouped.claimable(plan.bm, plan.bn, plan.dtype, plan.schedule):
             plans["ours_claim"] = dataclasses.replace(plan, claim=True)
         if args.all_tiles:
             for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(s0["a"])):

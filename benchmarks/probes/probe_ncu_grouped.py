@@ -70,7 +70,7 @@ def main():
             out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
             pick = grouped.plan_for(a, b, offs)
             plans = {"pick": pick}
-            if pick.schedule != "stream_k" and (pick.bm, pick.bn) not in grouped.CLAIM_REFUSED:
+            if grouped.claimable(pick.bm, pick.bn, pick.dtype, pick.schedule):
                 plans["pick claimed"] = dataclasses.replace(pick, claim=True)
             for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(a)):
                 if (c.bm, c.bn, c.schedule) in ((128, 256, "data_parallel"), (128, 128, "pingpong")):

@@ -94,6 +94,12 @@ TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
 # Tiles in claim order (GroupedPlan.claim) compile clean on every tile but 256 x 128 (NVRTC 13.5: its
 # two-block accumulators go to local memory, 512 bytes).
 CLAIM_REFUSED = ((256, 128),)
+CLAIM_OFFERED = False  # the planner's plans claim their tiles wherever they can (claimable)
+
+
+def claimable(bm: int, bn: int, dtype: str, schedule: str) -> bool:
+    """Whether a plan may take its tiles in claim order (GroupedPlan.claim)."""
+    return schedule != "stream_k" and (bm, bn) not in CLAIM_REFUSED and dtype != "e4m3"
 # FP8: two accumulator sets per consumer thread (the wgmma's partial and the promoted fp32 sum) must fit
 # (planner.FP8_TILES: up to 224 columns with 64-row consumers), and whole 64-column store pieces.
 FP8_TILES = ((64, 128), (64, 192), (128, 128), (128, 192))
@@ -209,7 +215,7 @@ class GroupedPlan(Warpgroups):
         if self.b_mn and (self.dtype == "e4m3" or self.bn % 64):
             raise ValueError(f"MN-major b: bf16 / fp16 operands and tiles 64 columns wide at a time, got "
                              f"{self.dtype} {self.bm}x{self.bn}")
-        if self.claim and (self.schedule == "stream_k" or (self.bm, self.bn) in CLAIM_REFUSED or self.dtype == "e4m3"):
+        if self.claim and not claimable(self.bm, self.bn, self.dtype, self.schedule):
             raise ValueError(f"claim: whole bf16 / fp16 tiles in claim order (data-parallel or ping-pong), not "
                              f"stream-K, not "
                              f"{' / '.join(f'{m} x {n}' for m, n in CLAIM_REFUSED)}; got {self.bm} x {self.bn} "
@@ -412,7 +418,8 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
                                         stages=stages, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
                                         table=table, panel=panel_tiles(bm, bn, K, prof, 1 if fp8 else 2),
                                         direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
-                                        scale=scale, schedule=schedule, b_mn=b_mn)))
+                                        scale=scale, schedule=schedule, b_mn=b_mn,
+                                        claim=CLAIM_OFFERED and claimable(bm, bn, dt, schedule))))
     # Ties (at the HBM floor): the tile that multiplies the fewest rows (padding each group to whole tiles;
     # within 5% of the fewest counts as fewest), then the plan that keeps the SMs busy the shortest
     # (epilogues hidden by ping-pong), then data-parallel first (stream-K only where it is priced faster).
