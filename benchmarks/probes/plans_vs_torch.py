@@ -89,9 +89,10 @@ def profile_launches(calls, plans, path: str) -> None:
     """For Nsight Compute (``ncu --profile-from-start off``): compile ``plans`` (a process pool), warm every
     one of ``calls`` ([(name, fn)]) up, then launch each once between cudaProfilerStart and cudaProfilerStop
     (a synchronize after each) and write their names to ``path``, one per line, in the report's order."""
-    from engine_broad import precompile
+    if plans:
+        from engine_broad import precompile
 
-    precompile(plans, 16)
+        precompile(plans, 16)
     for _, fn in calls:  # compile and warm up outside the profiled range
         for _ in range(3):
             fn()

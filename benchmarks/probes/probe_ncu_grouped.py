@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gemmlab  # noqa: E402
+from plans_vs_torch import profile_launches  # noqa: E402
 from gemmlab import grouped  # noqa: E402
 from grouped_bench import grouped_profile, shape_seed, shapes, uneven_offsets  # noqa: E402
 
@@ -88,17 +89,7 @@ def main():
                         r = slice(starts[g], starts[g + 1])
                         calls.append((f"{tag} loop {label} expert {g} rows {sizes[g]}",
                                       lambda a=a[r], w=b[g].t(), o=out[r], mm=mm: mm(a, w, out=o)))
-    for _, fn in calls:  # compile and warm up outside the profiled range
-        for _ in range(3):
-            fn()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for _, fn in calls:
-        fn()
-        torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-    with open(order, "w") as f:
-        f.write("\n".join(name for name, _ in calls) + "\n")
+    profile_launches(calls, [], order)  # compiled and warmed up first, then one launch each
 
 
 if __name__ == "__main__":
