@@ -581,7 +581,7 @@ def test_plan_takes_stream_k_only_past_the_margin(monkeypatch):
 def test_claimed_tiles_are_their_own_instantiation_and_refused_where_they_do_not_fit():
     """GroupedPlan.claim: whole bf16 / fp16 tiles in claim order (data-parallel, ping-pong); its own
     template argument and compiled name; refused for stream-K, for 256 x 128 (local memory) and for e4m3."""
-    p = _forced("contiguous", 128, 256)
+    p = dataclasses.replace(_forced("contiguous", 128, 256), claim=False)
     q = dataclasses.replace(p, claim=True)
     assert q.name_expression == p.name_expression[:-1] + ", true>" and q.compiled_name != p.compiled_name
     assert "claimed" in repr(q) and "claimed" not in repr(p)
