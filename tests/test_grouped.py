@@ -467,6 +467,25 @@ def test_stream_k_launch_passes_the_streams_workspace(monkeypatch):
     assert "stream-K" in repr(p) and p.template_args()[-1] == "2"
 
 
+def test_claimed_tiles_launch_passes_the_streams_flags(monkeypatch):
+    """A plan with its tiles in claim order keeps its counter in the per-stream flags (zero between
+    launches, as the stream-K plans' flags): its last argument is those flags."""
+    import dataclasses
+
+    a, b, o = _ops(T=128)
+    G, N, K = b.shape
+    p = next(dataclasses.replace(c, claim=True) for c in grouped.candidates("contiguous", G, 128, N, K)
+             if grouped.claimable(c.bm, c.bn, c.dtype, c.schedule) and c.schedule == "data_parallel")
+    captured, asked = {}, []
+    ws, flags = torch.empty(1), torch.zeros(512, dtype=torch.int32)
+    monkeypatch.setattr(grouped, "compile_plan", lambda p: "compiled")
+    monkeypatch.setattr(grouped, "_tensor_map", lambda t, box: ("tmap", tuple(t.shape), tuple(box)))
+    monkeypatch.setattr(grouped, "_launch_fn", lambda: lambda compiled, **kw: captured.update(kw))
+    monkeypatch.setattr(grouped, "_workspace", lambda plan, device: asked.append(plan) or (ws, flags))
+    grouped.launch(p, a, b, o, 1, torch.empty(128, 48, dtype=torch.bfloat16))
+    assert asked == [p] and captured["args"][18] is flags and p.workspace_floats == 0
+
+
 def test_a_plan_that_tma_stores_refuses_an_unaligned_out(monkeypatch):
     import dataclasses
 
