@@ -427,7 +427,8 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direc
     if layout == "masked":
         a, o = a.reshape(4, 32, 64), torch.tensor([3, 0, 32, 40], dtype=torch.int32)
     p = grouped.plan_for(a, b, *((o, None) if layout == "contiguous" else (None, o)))
-    p = dataclasses.replace(p, direct=direct, panel=3)  # (groups this small get direct=True from the planner)
+    # (groups this small get direct=True from the planner; claimed tiles: test_claimed_tiles_launch_...)
+    p = dataclasses.replace(p, direct=direct, panel=3, claim=False)
     captured = {}
     monkeypatch.setattr(grouped, "compile_plan", lambda p: "compiled")
     monkeypatch.setattr(grouped, "_tensor_map", lambda t, box: ("tmap", tuple(t.shape), tuple(box)))
@@ -454,7 +455,7 @@ def test_stream_k_launch_passes_the_streams_workspace(monkeypatch):
     import dataclasses
 
     a, b, o = _ops(T=128)
-    p = dataclasses.replace(grouped.plan_for(a, b, o), schedule="stream_k")
+    p = dataclasses.replace(grouped.plan_for(a, b, o), schedule="stream_k", claim=False)
     captured, asked = {}, []
     ws, flags = torch.empty(p.workspace_floats), torch.zeros(2 * p.grid, dtype=torch.int32)
     monkeypatch.setattr(grouped, "compile_plan", lambda p: "compiled")

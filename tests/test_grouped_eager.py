@@ -60,8 +60,14 @@ def driver(monkeypatch):
     cuda-core launch captured (grouped.launch), and every block-scale view ``scale_rows_mn_major``
     returns recorded (``relaid``)."""
     launchers = fakes.fake_driver(monkeypatch, engine, engine2, grouped)  # OutputMaps', scale_map's MapSlots
-    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)  # the "-mn" cases (built, not offered yet)
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)  # the "-mn" cases
     captured = {}
+    # Claimed tiles' counter (and stream-K's partials) live in engine's per-stream buffers: one CPU stand-in
+    # for every stream here, so that launch (torch's stream) and GroupedLaunch.run (stream 11) agree.
+    ws = (torch.empty(1 << 20), torch.zeros(512, dtype=torch.int32))
+    monkeypatch.setattr(grouped, "raw_stream", lambda dev: 0)
+    monkeypatch.setattr(grouped, "stream_k_workspace", lambda p, dev, stream: ws)
+    monkeypatch.setattr(grouped, "_workspace", lambda p, device: ws)
     def tmap(swizzle):
         return lambda t, box: FakeTmap(t.data_ptr(), *t.shape, t.stride(0), t.dtype, box, swizzle)
 
