@@ -20,8 +20,8 @@
 //   fp8_traits.cuh       e4m3: Fp8GemmTraits (per-tensor scales, promotion into fp32 every 128 of K)
 //   group_scheduler.cuh  the groups' row ranges read on the device into a tile table (GroupTable) and
 //                        the tile order inside a group (m fastest, in panels of `panel` m-tiles)
-//   tile_scheduler.cuh   data-parallel persistent tiles over all groups' tiles (or hybrid stream-K), by
-//                        a static stride or (CLAIM) in claim order from a global counter
+//   tile_scheduler.cuh   data-parallel persistent tiles over all groups' tiles (or hybrid stream-K)
+//   claimed_tiles.cuh    (CLAIM) the same tiles in claim order from a global counter
 //   reduction.cuh        stream-K: the partial sums through the global workspace
 //   mainloop.cuh         the producer's TMA loads and the consumers' wgmmas, unchanged
 //   mainloop_fp8.cuh     e4m3: the consumers' k32 wgmmas into a partial sum, promoted every k-step
@@ -54,6 +54,7 @@
 #include "common/fp8_traits.cuh"
 #include "common/gemm_traits.cuh"
 #include "common/group_scheduler.cuh"
+#include "common/claimed_tiles.cuh"
 #include "common/mainloop.cuh"
 #include "common/mainloop_fp8.cuh"
 #include "common/epilogue_store.cuh"
@@ -103,7 +104,7 @@ struct DirectStores : Tr {
     static constexpr bool DIRECT = true;
 };
 
-// CLAIM: data-parallel / ping-pong tiles in claim order (ClaimedTiles, tile_scheduler.cuh; `flags` holds
+// CLAIM: data-parallel / ping-pong tiles in claim order (ClaimedTiles, claimed_tiles.cuh; `flags` holds
 // its counter), else the static stride of TileScheduler.
 template <class Tr, int LAYOUT, int MAX_G, bool CLAIM = false>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
