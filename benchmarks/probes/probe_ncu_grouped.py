@@ -36,7 +36,8 @@ def order_study(tag, pick, a, b, out, sizes):
     big = max(range(G), key=lambda g: sizes[g])
     rows = sizes[big]
     one = grouped.candidates("contiguous", 1, rows, b.shape[1], b.shape[2])
-    p1 = next(dataclasses.replace(c, panel=pick.panel) for c in one if (c.bm, c.bn, c.schedule) == (pick.bm, pick.bn, pick.schedule))
+    p1 = next(dataclasses.replace(c, panel=pick.panel) for c in one
+              if (c.bm, c.bn, c.schedule) == (pick.bm, pick.bn, pick.schedule))
     offs1 = torch.tensor([0, rows], dtype=torch.int32, device="cuda")
     a1, b1, o1 = a[:rows], b[big:big + 1], out[:rows]
     calls.append((f"{tag} study G=1 rows {rows} {p1!r}",
