@@ -5,7 +5,7 @@
 #include "mbarrier.cuh"
 #include "tile_scheduler.cuh"
 
-// Data-parallel tiles in claim order (CLAIMED): CTA b's first tile is b, every later one it claims from a
+// Data-parallel tiles in claim order (ClaimedTiles): CTA b's first tile is b, every later one it claims from a
 // global counter (atomicAdd), so the tiles in flight at any moment are a window of consecutive indices
 // however unevenly the CTAs run. With the static stride (b, b + grid, ...) a CTA whose tiles cost more
 // (the grouped kernel's blocks that cross a group's end are stored by the threads) drifts away from the
