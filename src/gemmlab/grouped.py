@@ -94,12 +94,9 @@ TILES = ((64, 128), (64, 256), (128, 128), (128, 256), (256, 128))
 # Tiles in claim order (GroupedPlan.claim) compile clean on every tile but 256 x 128 (NVRTC 13.5: its
 # two-block accumulators go to local memory, 512 bytes).
 CLAIM_REFUSED = ((256, 128),)
-CLAIM_OFFERED = False  # the planner's plans claim their tiles wherever they can (claimable)
-
-
-def claimable(bm: int, bn: int, dtype: str, schedule: str) -> bool:
-    """Whether a plan may take its tiles in claim order (GroupedPlan.claim)."""
-    return schedule != "stream_k" and (bm, bn) not in CLAIM_REFUSED and dtype != "e4m3"
+# On, the planner's plans would claim their tiles wherever ``claimable``. Off: under the profiler claiming
+# halved the DRAM reads of ragged groups, but replayed launches ran no faster (grouped_claim.jsonl).
+CLAIM_OFFERED = False
 # FP8: two accumulator sets per consumer thread (the wgmma's partial and the promoted fp32 sum) must fit
 # (planner.FP8_TILES: up to 224 columns with 64-row consumers), and whole 64-column store pieces.
 FP8_TILES = ((64, 128), (64, 192), (128, 128), (128, 192))
@@ -108,6 +105,11 @@ FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 _NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _DTYPES = {v: k for k, v in _NAMES.items()}
+
+
+def claimable(bm: int, bn: int, dtype: str, schedule: str) -> bool:
+    """Whether a plan may take its tiles in claim order (GroupedPlan.claim)."""
+    return schedule != "stream_k" and (bm, bn) not in CLAIM_REFUSED and dtype != "e4m3"
 
 
 def table_groups(groups: int) -> int:
