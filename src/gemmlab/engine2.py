@@ -127,11 +127,10 @@ def sass_expect(p: planner.Plan):
     no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
     cluster barriers; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED);
     no GPU-wide fence inside a loop for data-parallel plans (split-K's cluster barrier and stream-K's
-    release are one, once per unit); programmatic dependent launch's wait and trigger; the descriptor
-    prefetch."""
-    from .sass import DESC_PREFETCH, PDL_OPCODES, SassExpect
+    release are one, once per unit); programmatic dependent launch's wait and trigger."""
+    from .sass import PDL_OPCODES, SassExpect
 
-    contains = [r"^HGMMA", r"^UTMALDG", DESC_PREFETCH, *PDL_OPCODES]
+    contains = [r"^HGMMA", r"^UTMALDG", *PDL_OPCODES]
     absent = [r"^HMMA"]
     if p.schedule == "split_k":
         contains += [r"^UCGABAR_ARV", r"^UCGABAR_WAIT"]
@@ -227,11 +226,11 @@ def block_scales_mn_major(scale: torch.Tensor) -> torch.Tensor:
 def sass_expect_fp8(p: planner.Fp8Plan):
     """What the SASS of an FP8 plan must show: FP8 wgmma (QGMMA; its shape: ``qgmma_shapes``), TMA
     loads, no bf16 wgmma or mma.sync, no local memory; TMA stores (stmatrix for 16-bit output) unless
-    DIRECT; setmaxnreg with two consumers; programmatic dependent launch's wait and trigger; the descriptor
-    prefetch. Block scales ride the ring by TMA: no cp.async (LDGSTS)."""
-    from .sass import DESC_PREFETCH, PDL_OPCODES, SassExpect
+    DIRECT; setmaxnreg with two consumers; programmatic dependent launch's wait and trigger. Block scales
+    ride the ring by TMA: no cp.async (LDGSTS)."""
+    from .sass import PDL_OPCODES, SassExpect
 
-    contains = [r"^QGMMA", r"^UTMALDG", DESC_PREFETCH, *PDL_OPCODES]
+    contains = [r"^QGMMA", r"^UTMALDG", *PDL_OPCODES]
     absent = [r"^HGMMA", r"^HMMA", r"^LDGSTS"]
     if p.direct:
         absent += [r"^UTMASTG"]

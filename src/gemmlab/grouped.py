@@ -1267,13 +1267,12 @@ def sass_expect(p: GroupedPlan):
     """The grouped kernel's SASS: bf16/fp16 wgmma (HGMMA; e4m3: QGMMA and no HGMMA), TMA loads, the group
     table's warp scan (SHFL.UP), TMA stores (UTMASTG) for the blocks inside a group unless the plan is
     ``direct`` (then none), no mma.sync, no local memory, no GPU-wide fence in a loop; setmaxnreg with two
-    consumers; programmatic dependent launch's wait and trigger; the descriptor prefetch; stream-K's flag
-    release (RED), its partials' fence allowed where data-parallel plans have none."""
-    from .sass import DESC_PREFETCH, PDL_OPCODES, SassExpect
+    consumers; programmatic dependent launch's wait and trigger; stream-K's flag release (RED), its
+    partials' fence allowed where data-parallel plans have none."""
+    from .sass import PDL_OPCODES, SassExpect
 
     mma = r"^QGMMA" if p.dtype == "e4m3" else r"^HGMMA"  # FP8 wgmma prints as QGMMA
-    contains = [mma, r"^UTMALDG", r"^SHFL\.UP", DESC_PREFETCH, *PDL_OPCODES]
-    contains += [r"^USETMAXREG"] if p.consumers > 1 else []
+    contains = [mma, r"^UTMALDG", r"^SHFL\.UP", *PDL_OPCODES] + ([r"^USETMAXREG"] if p.consumers > 1 else [])
     contains += [r"^RED"] if p.schedule == "stream_k" else []
     contains += [] if p.direct else [r"^UTMASTG"]
     absent = (r"^HMMA",) + ((r"^UTMASTG",) if p.direct else ()) + ((r"^HGMMA",) if p.dtype == "e4m3" else ())

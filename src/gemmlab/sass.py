@@ -298,8 +298,6 @@ def find_loops(instructions: list[Instruction]) -> list[Loop]:
 # griddepcontrol.launch_dependents to PREEXIT. The engine's kernels launched with ``Launcher(pdl=True)``
 # must show both.
 PDL_OPCODES = (r"^ACQBULK", r"^PREEXIT")
-# The same kernels prefetch their TMA descriptors before the wait (tma_prefetch_descriptors: prefetch.tensormap).
-DESC_PREFETCH = r"^UTMACCTL\.PF"
 
 @dataclass(frozen=True)
 class SassExpect:

@@ -56,14 +56,3 @@ __device__ __forceinline__ void tma_store_wait_all() {
 __device__ __forceinline__ void tma_prefetch_descriptor(const CUtensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
-
-// The engine's kernels prefetch their descriptors at the start, before pdl_wait (the descriptors are kernel
-// parameters, which no earlier kernel writes), so the first loads and stores do not wait for the
-// descriptor fetch after the previous kernel has completed. NO_DESC_PREFETCH=1 (a probe's define) skips it.
-#ifndef NO_DESC_PREFETCH
-#define NO_DESC_PREFETCH 0
-#endif
-template <class... Maps>
-__device__ __forceinline__ void tma_prefetch_descriptors(const Maps*... maps) {
-    if (!NO_DESC_PREFETCH) (tma_prefetch_descriptor(maps), ...);
-}

@@ -41,9 +41,6 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     if (threadIdx.x == 0) {
         if constexpr (Tr::PING_PONG) turns.init();
         ring.init(Tr::SLOT_READERS * Tr::MCAST);
-        tma_prefetch_descriptors(&tmA, &tmA_short, &tmB, &tmB_short);
-    } else if (threadIdx.x == 128 && !Tr::DIRECT) {
-        tma_prefetch_descriptors(&tmC, &tmC_tail);
     }
     // B multicast: the peer's loads and releases land on this CTA's barriers, so both are initialised
     // before either CTA starts (barrier.cluster orders the inits before the peer's first use).

@@ -35,13 +35,7 @@ engine_gemm_fp8(const __grid_constant__ CUtensorMap tmA, const __grid_constant__
     const int k_iters = (K + BK - 1) / BK;  // a ragged last k-step reads TMA zero fill: adds nothing
     // Block scales: one slot per stage after the output slabs, loaded with the stage's operands.
     float* s_scales = reinterpret_cast<float*>(sC + Tr::SLABS_BYTES);
-    if (threadIdx.x == 0) {
-        ring.init(Tr::CONSUMERS);
-        tma_prefetch_descriptors(&tmA, &tmA_short, &tmB);
-        if constexpr (Tr::SCALE == SCALE_BLOCK) tma_prefetch_descriptors(&tmSA, &tmSB);
-    } else if (threadIdx.x == 128 && !Tr::DIRECT) {
-        tma_prefetch_descriptors(&tmC, &tmC_tail);
-    }
+    if (threadIdx.x == 0) ring.init(Tr::CONSUMERS);
     __syncthreads();
     pdl_wait();  // programmatic dependent launch: the previous kernel has completed (ptx.cuh)
     pdl_trigger_early();

@@ -142,12 +142,6 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, k_iters = (K + BK - 1) / BK;
     const int n_blocks = (N + 127) / 128;  // block scales: each expert's column blocks in tmSB's rows
-    if (threadIdx.x == 0) {
-        tma_prefetch_descriptors(&tmA, &tmB);
-        if constexpr (BLOCK) tma_prefetch_descriptors(&tmSA, &tmSB);
-    } else if (threadIdx.x == 128 && !Tr::DIRECT) {
-        tma_prefetch_descriptors(&tmC);
-    }
     pdl_wait();  // programmatic dependent launch: the ranges below may be the previous kernel's output
     pdl_trigger_early();
     if (threadIdx.x < 32) groups.template build<LAYOUT, BM>(ranges, lead, G, limit, tiles_n, threadIdx.x);
