@@ -1,7 +1,8 @@
 """Probe for Nsight Compute's source page: where the warps of our 64-row mid tiles and of cuBLAS's kernel
 for the same shape wait, instruction by instruction (warp-state samples per SASS line). One launch each of
 torch.mm and of gemmlab's route per shape (ARGV[2:], "MxNxK"), or of one engine plan ("MxNxK:BMxBN:schedule",
-the planner's cheapest candidate of that tile and schedule), warmed up first and profiled between
+the planner's cheapest candidate of that tile and schedule; "mcast": its data-parallel plan with B
+multicast), warmed up first and profiled between
 cudaProfilerStart / cudaProfilerStop; ARGV[1]: the file naming them in the report's order. Run as
 
     ncu --clock-control none --profile-from-start off --section SourceCounters --section WarpStateStats \\
@@ -29,7 +30,9 @@ def main():
         out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         if forced:
             (bm, bn), schedule = map(int, forced[0].split("x")), forced[1]
-            p = min((c for c in planner.candidates(M, N, K) if (c.bm, c.bn, c.schedule) == (bm, bn, schedule)),
+            mc = schedule == "mcast"  # the data-parallel plan with B multicast to clusters of 2
+            p = min((c for c in planner.candidates(M, N, K, mcast=mc) if (c.bm, c.bn) == (bm, bn) and (
+                        c.mcast > 1 if mc else c.schedule == schedule and c.mcast == 1)),
                     key=lambda c: c.predicted_s)
             plans.append(p)
             calls.append((f"{shape} plan {p!r}", lambda a=a, w=w, out=out, p=p: engine.gemm(a, w.t(), out, plan=p)))
