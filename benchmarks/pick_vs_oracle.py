@@ -247,9 +247,10 @@ def main() -> None:
     p.add_argument("--set", nargs="*", default=[], help="NAME=VALUE overrides of DeviceProfile constants")
     p.add_argument("--worst", type=int, default=6, help="shapes listed per class")
     p.add_argument("--changed", action="store_true", help="list the shapes whose route changed")
+    p.add_argument("--shas", nargs="*", default=None, help="the broad runs to pool, oldest first (default: SHAS)")
     args = p.parse_args()
     prof = dataclasses.replace(H200, **{k: float(v) for k, v in (s.split("=") for s in args.set)})
-    report(load(), prof, args.worst, args.changed)
+    report(load(tuple(args.shas) if args.shas else SHAS), prof, args.worst, args.changed)
 
 
 if __name__ == "__main__":
