@@ -113,12 +113,29 @@ __device__ __forceinline__ void produce_all(Ring<Tr::STAGES>& ring, Sched& sched
 // One wgmma group stays in flight: a slot is released once the group after it was issued and the
 // group reading it has completed (wgmma.wait_group 1), as in h06 on. The first k16 step of the unit
 // overwrites the accumulators (scale-d = 0). k_end > k_begin always (the schedulers make no empty unit).
+// active = false: every row of this consumer's blocks lies past the tile's rows (the last row of tiles,
+// a group's last tile, a multicast pair's padding tile): it issues no wgmma and leaves acc as it was (the
+// callers store and reduce no block past the rows), but still waits for each slot's loads before
+// releasing it, so its arrivals on "empty" stay in the ring's order; the other consumer's wgmmas then
+// have the tensor cores to themselves. NO_ROW_SKIP=1 (a probe's define): multiply them anyway.
+#ifndef NO_ROW_SKIP
+#define NO_ROW_SKIP 0
+#endif
 template <class Tr>
 __device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
                                              const typename Tr::T* sB, int consumer, int t,
-                                             float (&acc)[Tr::MI][Tr::CN / 2], int k_begin, int k_end) {
+                                             float (&acc)[Tr::MI][Tr::CN / 2], int k_begin, int k_end,
+                                             bool active = true) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
+    if (!active && !NO_ROW_SKIP) {
+        for (int kt = k_begin; kt < k_end; ++kt) {
+            ring.wait_full(cur);
+            if (t == 0) ring.template release<Tr::MCAST>(cur.stage);
+            cur.template advance<Tr::STAGES>();
+        }
+        return;
+    }
     int prev = 0;
     for (int kt = k_begin; kt < k_end; ++kt) {
         ring.wait_full(cur);

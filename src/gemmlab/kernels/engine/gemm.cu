@@ -97,7 +97,11 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
         }
         const int packed = order[u.tile];
         const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
-        consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
+        // This consumer's blocks hold rows of A (else it multiplies nothing). Streamed schedules
+        // always multiply: the skip's branches cost 128 x 256 stream-K its last registers (a 24-byte spill).
+        constexpr bool STREAMED = Tr::SCHEDULE == STREAM_K || Tr::SCHEDULE == SPLIT_K_GLOBAL;
+        const bool rows = STREAMED || m0 + Tr::first_block(consumer) * 64 < M;
+        consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end, rows);
         if constexpr (Tr::PING_PONG) {
             if (t == 0) turns.pass(consumer);
         }
@@ -128,7 +132,8 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
                                         consumer, t, m0, M);
                 }
             }
-            if (Tr::MCAST > 1 && m0 >= M) continue;  // a pair's padding tile: nothing to store
+            if (Tr::MCAST > 1 && m0 >= M) continue;  // a pair's padding tile: nothing to store (a block past
+            // M otherwise stores nothing either way: skipping it here costs heavy epilogues a spill)
 #pragma unroll
             for (int mi = 0; mi < Tr::MI; ++mi)
                 store_block<Tr>(acc[mi], m0 + (Tr::first_block(consumer) + mi) * 64, n0 + Tr::first_col(consumer), ep,

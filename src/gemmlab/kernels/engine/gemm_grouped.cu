@@ -221,8 +221,9 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                                                 (gt.row0 + gt.m * BM) & 3);
         else if constexpr (FP8)
             consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, nullptr, gt.n * BN);
-        else
-            consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end);
+        else  // a consumer whose blocks lie past the group's rows multiplies nothing (mainloop.cuh)
+            consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end,
+                             SK || gt.m * BM + Tr::first_block(consumer) * 64 < gt.rows);  // (as gemm.cu)
         if constexpr (PP) {
             if (t == 0) turns.pass(consumer);
         }
@@ -246,6 +247,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
             const int r = gt.m * BM + (Tr::first_block(consumer) + mi) * 64;  // the block's first row in the group
+            if (r >= gt.rows) continue;  // past the group's rows: nothing to store
             if (Tr::DIRECT || r + 64 > gt.rows) {
                 // The slab this piece writes may still be read by a TMA store two pieces back.
                 if (!Tr::DIRECT && t == 0) tma_store_wait_read<0>();
