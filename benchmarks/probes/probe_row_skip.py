@@ -1,6 +1,7 @@
 """Probe: a consumer whose 64-row blocks lie past the tile's rows multiplies nothing (``consume_unit``'s
-``active``, kernels/common/mainloop.cuh). Each plan built twice in one process: as shipped ("skip") and
-compiled with NO_ROW_SKIP=1 ("full": every consumer multiplies every k-step), checked against an fp32
+``active``, kernels/common/mainloop.cuh). Each plan built twice in one process: compiled with NO_ROW_SKIP=0
+("skip") and with NO_ROW_SKIP=1 ("full": every consumer multiplies every k-step; the shipped default until
+the skip has passed its GPU tests), checked against an fp32
 reference and timed with the baseline interleaved by the project's timer (graph replay, inputs rotating
 over 2x the L2). Dense: plans whose last row of tiles leaves a consumer's blocks empty; grouped: MoE shapes
 with uneven routing (grouped_bench's), each group's last tile. One JSON line per plan to argv[1].
@@ -69,7 +70,8 @@ def dense(out, l2):
         ws = [torch.randn(N, K, device="cuda").bfloat16() for _ in range(n)]
         outs = {v: [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(n)]
                 for v in ("skip", "full")}
-        launches = {"skip": engine.Engine2Launch(xs[0], ws[0].t(), outs["skip"][0], bias=None, c=None, plan=p)}
+        with Defines({"NO_ROW_SKIP": "0"}):
+            launches = {"skip": engine.Engine2Launch(xs[0], ws[0].t(), outs["skip"][0], bias=None, c=None, plan=p)}
         with Defines({"NO_ROW_SKIP": "1"}):
             launches["full"] = engine.Engine2Launch(xs[0], ws[0].t(), outs["full"][0], bias=None, c=None, plan=p)
         ref = xs[0].float() @ ws[0].t().float()
@@ -102,14 +104,14 @@ def moe(out, l2):
         ref = torch.cat([xs[0][offs[g]:offs[g + 1]].float() @ ws[0][g].float().t() for g in range(G)])
         errs = {}
         for v in ("skip", "full"):
-            with Defines({"NO_ROW_SKIP": "1"} if v == "full" else {}):
+            with Defines({"NO_ROW_SKIP": "1" if v == "full" else "0"}):
                 grouped.launch(p, xs[0], ws[0], offs, 1, outs[v][0])
             torch.cuda.synchronize()
             errs[v] = ((outs[v][0].float() - ref).norm() / ref.norm()).item()
             assert errs[v] < 2e-2, (v, errs[v])
 
         def run(v):
-            d = {"NO_ROW_SKIP": "1"} if v == "full" else {}
+            d = {"NO_ROW_SKIP": "1" if v == "full" else "0"}
 
             def f(i):
                 with Defines(d):
