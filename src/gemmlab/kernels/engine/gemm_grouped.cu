@@ -247,7 +247,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi) {
             const int r = gt.m * BM + (Tr::first_block(consumer) + mi) * 64;  // the block's first row in the group
-            if (r >= gt.rows) continue;  // past the group's rows: nothing to store
+            if (!NO_ROW_SKIP && r >= gt.rows) continue;  // past the group's rows: nothing to store
             if (Tr::DIRECT || r + 64 > gt.rows) {
                 // The slab this piece writes may still be read by a TMA store two pieces back.
                 if (!Tr::DIRECT && t == 0) tma_store_wait_read<0>();
