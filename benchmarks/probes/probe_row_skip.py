@@ -6,7 +6,7 @@ reference and timed with the baseline interleaved by the project's timer (graph 
 over 2x the L2). Dense: plans whose last row of tiles leaves a consumer's blocks empty; grouped: MoE shapes
 with uneven routing (grouped_bench's), each group's last tile. One JSON line per plan to argv[1].
 
-    python benchmarks/probes/probe_row_skip.py OUT.jsonl
+    python benchmarks/probes/probe_row_skip.py OUT.jsonl [all|dense|moe]
 """
 import json
 import os
@@ -61,7 +61,7 @@ def record(out, name, t, errs, extra):
 
 
 def dense(out, l2):
-    stream = raw_stream(torch.cuda.current_device())
+    dev = torch.cuda.current_device()
     for M, N, K, bm, bn, schedule in DENSE:
         p = min((c for c in planner.candidates(M, N, K) if (c.bm, c.bn, c.schedule) == (bm, bn, schedule)
                  and not c.swap_ab and c.mcast == 1), key=lambda c: c.predicted_s)
@@ -77,14 +77,15 @@ def dense(out, l2):
         ref = xs[0].float() @ ws[0].t().float()
         errs = {}
         for v, L in launches.items():
-            L.run(stream, xs[0], ws[0].t(), outs[v][0], None, None, 1.0, 0.0)
+            L.run(raw_stream(dev), xs[0], ws[0].t(), outs[v][0], None, None, 1.0, 0.0)
             torch.cuda.synchronize()
             errs[v] = ((outs[v][0].float() - ref).norm() / ref.norm()).item()
             assert errs[v] < 2e-2, (v, errs[v])
 
         def run(v):
             L = launches[v]
-            return lambda i: L.run(stream, xs[i], ws[i].t(), outs[v][i], None, None, 1.0, 0.0)
+            # The stream at call time: the timer captures on its own stream.
+            return lambda i: L.run(raw_stream(dev), xs[i], ws[i].t(), outs[v][i], None, None, 1.0, 0.0)
 
         res = time_interleaved({"base": lambda i: torch.mm(xs[i], ws[i].t()), "skip": run("skip"),
                                 "full": run("full")}, n)
@@ -130,8 +131,11 @@ def moe(out, l2):
 def main():
     out = open(sys.argv[1], "a")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    dense(out, l2)
-    moe(out, l2)
+    which = sys.argv[2] if len(sys.argv) > 2 else "all"
+    if which in ("all", "dense"):
+        dense(out, l2)
+    if which in ("all", "moe"):
+        moe(out, l2)
 
 
 if __name__ == "__main__":
