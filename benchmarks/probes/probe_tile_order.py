@@ -6,8 +6,8 @@ delivers the same 126 MB to the SMs (l1tex__m_xbar2l1tex_read_bytes), but the L2
 sectors for our plain launch, 1.69 M for cuBLAS's 1 x 2 multicast kernel and 2.48 M for our multicast one
 (lts__t_sectors_srcunit_tex): reads of the same lines at about the same time are served once, and how
 often that happens depends on which tiles run side by side. This probe builds each plan once per order
-(hilbert: the engine's; row_major, column_major, grouped; computed: column-major with no table, the
-kernel's tile_at, so no global load precedes the first TMA) and
+(hilbert: the engine's; row_major, column_major, grouped; computed: no table, the kernel's tile_at
+along the shorter side, so no global load precedes the first TMA) and
 
     python benchmarks/probes/probe_tile_order.py time OUT.jsonl   # graph replay against torch.mm
     ncu ... --metrics ... python benchmarks/probes/probe_tile_order.py ncu ORDER_FILE   # one launch each
@@ -27,7 +27,7 @@ from gemmlab.gpu import sample_clocks  # noqa: E402
 from gemmlab.jit.launch import raw_stream  # noqa: E402
 from gemmlab.timer import sets_for, time_interleaved  # noqa: E402
 
-ORDERS = ("hilbert", "row_major", "column_major", "grouped", "computed")  # computed: no table (column-major)
+ORDERS = ("hilbert", "row_major", "column_major", "grouped", "computed")  # computed: no table (gemm.cu's tile_at)
 # (M, N, K, bm, bn, multicast): the broad set's mid class, 64-row tiles in one wave, and a 128-row one.
 CASES = [(1024, 768, 3072, 64, 96, False), (1024, 768, 3072, 64, 96, True), (640, 1024, 5120, 64, 80, False),
          (640, 1024, 5120, 64, 80, True), (128, 4096, 4096, 64, 64, False), (1536, 1024, 4096, 128, 96, False)]
@@ -40,7 +40,7 @@ def plan_for(M, N, K, bm, bn, mc):
 
 def launch_with_order(order, a, w, out, p):
     """Engine2Launch for plan p reading its tiles from the table of ``order`` ("computed": none, the
-    kernel's column-major tile_at; what the engine launches one wave of data-parallel tiles with)."""
+    kernel's tile_at; what the engine launches one wave of data-parallel tiles with)."""
     L = engine.Engine2Launch(a, w.t(), out, bias=None, c=None, plan=p)
     if order == "computed":
         L.order = None
