@@ -6,14 +6,14 @@ delivers the same 126 MB to the SMs (l1tex__m_xbar2l1tex_read_bytes), but the L2
 sectors for our plain launch, 1.69 M for cuBLAS's 1 x 2 multicast kernel and 2.48 M for our multicast one
 (lts__t_sectors_srcunit_tex): reads of the same lines at about the same time are served once, and how
 often that happens depends on which tiles run side by side. This probe builds each plan once per order
-(hilbert: the engine's; row_major, column_major, grouped; computed: no table, the kernel's tile_at
-along the shorter side, so no global load precedes the first TMA) and
+(hilbert: the engine's; row_major, column_major, grouped) and
 
     python benchmarks/probes/probe_tile_order.py time OUT.jsonl   # graph replay against torch.mm
     ncu ... --metrics ... python benchmarks/probes/probe_tile_order.py ncu ORDER_FILE   # one launch each
-    python benchmarks/probes/probe_tile_order.py route OUT.jsonl  # broad shapes' one-wave plans: table or not
 
-Dense plans only (Engine2Launch directly, the route's order table replaced while the launch is built).
+Dense plans only (Engine2Launch directly, its order table replaced after it is built). 300b7cd had a
+"computed" variant (no table: the kernel computed its tiles, so no global load preceded the first TMA) and
+a `route` mode timing it on 40 of the broad set's one-wave plans: x1.0002 (tile_order_route.jsonl), reverted.
 """
 import json
 import os
@@ -27,7 +27,7 @@ from gemmlab.gpu import sample_clocks  # noqa: E402
 from gemmlab.jit.launch import raw_stream  # noqa: E402
 from gemmlab.timer import sets_for, time_interleaved  # noqa: E402
 
-ORDERS = ("hilbert", "row_major", "column_major", "grouped", "computed")  # computed: no table (gemm.cu's tile_at)
+ORDERS = ("hilbert", "row_major", "column_major", "grouped")
 # (M, N, K, bm, bn, multicast): the broad set's mid class, 64-row tiles in one wave, and a 128-row one.
 CASES = [(1024, 768, 3072, 64, 96, False), (1024, 768, 3072, 64, 96, True), (640, 1024, 5120, 64, 80, False),
          (640, 1024, 5120, 64, 80, True), (128, 4096, 4096, 64, 64, False), (1536, 1024, 4096, 128, 96, False)]
@@ -39,15 +39,10 @@ def plan_for(M, N, K, bm, bn, mc):
 
 
 def launch_with_order(order, a, w, out, p):
-    """Engine2Launch for plan p reading its tiles from the table of ``order`` ("computed": none, the
-    kernel's tile_at; what the engine launches one wave of data-parallel tiles with)."""
+    """Engine2Launch for plan p reading its tiles from the table of ``order``."""
     L = engine.Engine2Launch(a, w.t(), out, bias=None, c=None, plan=p)
-    if order == "computed":
-        L.order = None
-        L.launcher.set_ptr(5, 0)
-    else:
-        L.order = schedule.device_order_table(order, p.tiles_m, p.tiles_n, 8, a.device, pair_m=p.mcast)
-        L.launcher.set_ptr(5, L.order.data_ptr())
+    L.order = schedule.device_order_table(order, p.tiles_m, p.tiles_n, 8, a.device, pair_m=p.mcast)
+    L.launcher.set_ptr(5, L.order.data_ptr())
     return L
 
 
@@ -91,43 +86,6 @@ def time_all(path):
                                   "git_sha": os.environ.get("GEMMLAB_GIT_SHA"), "baseline": "torch.mm"}) + "\n")
 
 
-def route(path, limit=40):
-    """The broad set's shapes whose route is one wave of data-parallel engine tiles (every ``k``-th of
-    them, at most ``limit``): the route's plan with the Hilbert table (as before) and computed."""
-    import gemmlab
-
-    cases = json.load(open(os.path.join(os.path.dirname(__file__), "..", "shapes", "broad.json")))["cases"]
-    picked = []
-    for c in cases:
-        r = gemmlab.plan(c["M"], c["N"], c["K"])
-        p = r.plan if r.kernel == "engine" else None
-        if p is not None and p.schedule == "data_parallel" and p.tiles <= p.grid:
-            picked.append((c, p))
-    picked = picked[::max(1, len(picked) // limit)][:limit]
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    gains = []
-    with open(path, "a") as out:
-        for c, p in picked:
-            M, N, K = c["M"], c["N"], c["K"]
-            n = sets_for(2 * (M * K + N * K + M * N), l2)
-            _, xs, ws, runs, errs = build(M, N, K, 0, 0, False, n, p=p, orders=("hilbert", "computed"))
-            res = time_interleaved({"torch": lambda i: torch.mm(xs[i], ws[i].t()), **runs}, n)
-            t = {k: v.median_ms for k, v in res.timings.items()}
-            gains.append(t["hilbert"] / t["computed"])
-            print(f"{c['name']:40s} {M}x{N}x{K} {p.bm}x{p.bn}{' mc' if p.mcast > 1 else ''}: torch {t['torch'] * 1e3:7.2f} us;"
-                  f" table {t['torch'] / t['hilbert']:.3f} computed {t['torch'] / t['computed']:.3f}", flush=True)
-            out.write(json.dumps({"suite": "tile-order-route", "name": c["name"], "M": M, "N": N, "K": K,
-                                  "plan": repr(p), "ms": t, "ratio_table": t["torch"] / t["hilbert"],
-                                  "ratio_computed": t["torch"] / t["computed"], "rel_error": errs,
-                                  "sm_clock_mhz": sample_clocks().sm_mhz, "baseline": "torch.mm",
-                                  "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}) + "\n")
-    g = 1.0
-    for x in gains:
-        g *= x
-    print(f"computed over table: geomean x{g ** (1 / len(gains)):.4f} over {len(gains)} shapes; "
-          f"min {min(gains):.3f} max {max(gains):.3f}")
-
-
 def profile(order_file):
     from plans_vs_torch import profile_launches
 
@@ -141,4 +99,4 @@ def profile(order_file):
 
 
 if __name__ == "__main__":
-    {"time": time_all, "ncu": profile, "route": route}[sys.argv[1]](sys.argv[2])
+    {"time": time_all, "ncu": profile}[sys.argv[1]](sys.argv[2])

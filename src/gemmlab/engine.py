@@ -845,15 +845,9 @@ class Engine2Launch:
         la = p.launch_args()
         L = self.launcher = Launcher(self.compiled, _E2_PARAMS, grid=la["grid"], block=la["block"], smem=la["smem"],
                                      cluster=la["cluster"], device_index=dev, pdl=True)
-        # One wave of data-parallel tiles: no order table (the kernel computes its tiles along the shorter
-        # side, gemm.cu's tile_at; the table's global load preceded the first TMA: probe_tile_order.py).
-        # More tiles than CTAs: the Hilbert order, for the L2 reuse between one tile and the next.
-        one_wave = p.schedule == "data_parallel" and p.tiles <= la["grid"]
-        self.order = None if one_wave else device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, a.device,
-                                                                 pair_m=p.mcast)
-        L.set_ptr(5, 0 if one_wave else self.order.data_ptr())
+        self.order = device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, a.device, pair_m=p.mcast)
         cin = c if p.has_c else out
-        for i, v in ((_E2_CIN, cin), (_E2_BIAS, bias if bias is not None else out), (_E2_OUT, out),
+        for i, v in ((5, self.order), (_E2_CIN, cin), (_E2_BIAS, bias if bias is not None else out), (_E2_OUT, out),
                      (_E2_WS, out), (_E2_FLAGS, out)):
             L.set_ptr(i, v.data_ptr())
         for i, v in ((6, M), (7, N), (8, K), (17, p.a_rows), (18, la["splits"]), (19, la["sk_tiles"]),

@@ -54,21 +54,6 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     pdl_wait();
     pdl_trigger_early();
 
-    // The tile at index i of the order: the host's table, or (data-parallel, order null: one wave of
-    // tiles) computed, no global load ahead of the first TMA. Neighbouring CTAs take tiles along the
-    // shorter side, so they read the longer operand's panel together (walking the longer side instead
-    // cost 10% at 128x4096x4096 64 x 64: probe_tile_order.py); a multicast pair's tiles stay rows 2j, 2j + 1.
-    // (The other schedules always get a table: the branch would spill 128 x 256 stream-K.)
-    auto tile_at = [&](int i) {
-        if constexpr (Tr::SCHEDULE == DATA_PARALLEL) {
-            if (!order) {
-                if (tiles_m <= tiles_n) return (i % tiles_m) << 16 | (i / tiles_m);
-                const int q = i / Tr::MCAST, r = i % Tr::MCAST;
-                return ((q / tiles_n) * Tr::MCAST + r) << 16 | (q % tiles_n);
-            }
-        }
-        return order[i];
-    };
     const ScheduleArgs sargs{splits, sk_tiles, sk_ctas};
     TileScheduler<Tr::SCHEDULE> sched(num_tiles, k_iters, sargs);
     WorkUnit u;
@@ -79,7 +64,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
         if (t == 0) {
             RingCursor cur;
             while (sched.next(u)) {
-                const int packed = tile_at(u.tile);
+                const int packed = order[u.tile];
                 produce_unit<Tr>(ring, cur, sA, sB, &tmA, &tmA_short, &tmB, (packed >> 16) * BM, (packed & 0xffff) * BN,
                                  u.k_begin, u.k_end, M, a_rows, NoExtraLoads{}, BEdge{&tmB_short, N, b_rows});
             }
@@ -110,7 +95,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             }
             if (unit++ > 0) turns.wait(consumer, turn_parity);
         }
-        const int packed = tile_at(u.tile);
+        const int packed = order[u.tile];
         const int m0 = (packed >> 16) * BM, n0 = (packed & 0xffff) * BN;
         // This consumer's blocks hold rows of A (else it multiplies nothing). Streamed schedules
         // always multiply: the skip's branches cost 128 x 256 stream-K its last registers (a 24-byte spill).
