@@ -59,6 +59,19 @@ def patched_root(variant: str) -> Path:
     return root
 
 
+def traced_runs(engine2, p, a, w, o, buf, launches: int = 30, warmup: int = 10) -> list:
+    """Launch plan ``p`` (a @ w.t() into o) eagerly ``launches`` times, zeroing the patched kernel's trace
+    buffer ``buf`` before each; the buffer after each launch past ``warmup``, on the host."""
+    runs = []
+    for i in range(launches):
+        buf.zero_()
+        engine2.launch(p, a, w.t(), o)
+        torch.cuda.synchronize()
+        if i >= warmup:
+            runs.append(buf.cpu())
+    return runs
+
+
 def spread_pairs(table, clusters: int, pair: int, groups: int):
     """The order table with each wave's pairs permuted: a clustered launch places consecutive clusters on
     consecutive SMs of one GPC (probe_cluster_timeline.py), a plain one spreads consecutive CTAs over the

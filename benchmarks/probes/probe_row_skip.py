@@ -60,8 +60,27 @@ def record(out, name, t, errs, extra):
     out.flush()
 
 
-def dense(out, l2):
+def checked_runs(launches, xs, ws, outs):
+    """Each prepared dense launch (name -> engine.Engine2Launch of xs[i] @ ws[i].t() into outs[name][i]) run
+    once on set 0 and checked against an fp32 reference; returns ({name: fn(i)} for the timer, {name:
+    relative error}). The stream is taken at call time: the timer captures on its own stream."""
     dev = torch.cuda.current_device()
+    ref = xs[0].float() @ ws[0].t().float()
+    errs = {}
+    for v, L in launches.items():
+        L.run(raw_stream(dev), xs[0], ws[0].t(), outs[v][0], None, None, 1.0, 0.0)
+        torch.cuda.synchronize()
+        errs[v] = ((outs[v][0].float() - ref).norm() / ref.norm()).item()
+        assert errs[v] < 2e-2, (v, errs[v])
+
+    def run(v):
+        L = launches[v]
+        return lambda i: L.run(raw_stream(dev), xs[i], ws[i].t(), outs[v][i], None, None, 1.0, 0.0)
+
+    return {v: run(v) for v in launches}, errs
+
+
+def dense(out, l2):
     for M, N, K, bm, bn, schedule in DENSE:
         p = min((c for c in planner.candidates(M, N, K) if (c.bm, c.bn, c.schedule) == (bm, bn, schedule)
                  and not c.swap_ab and c.mcast == 1), key=lambda c: c.predicted_s)
@@ -74,21 +93,8 @@ def dense(out, l2):
             launches = {"skip": engine.Engine2Launch(xs[0], ws[0].t(), outs["skip"][0], bias=None, c=None, plan=p)}
         with Defines({"NO_ROW_SKIP": "1"}):
             launches["full"] = engine.Engine2Launch(xs[0], ws[0].t(), outs["full"][0], bias=None, c=None, plan=p)
-        ref = xs[0].float() @ ws[0].t().float()
-        errs = {}
-        for v, L in launches.items():
-            L.run(raw_stream(dev), xs[0], ws[0].t(), outs[v][0], None, None, 1.0, 0.0)
-            torch.cuda.synchronize()
-            errs[v] = ((outs[v][0].float() - ref).norm() / ref.norm()).item()
-            assert errs[v] < 2e-2, (v, errs[v])
-
-        def run(v):
-            L = launches[v]
-            # The stream at call time: the timer captures on its own stream.
-            return lambda i: L.run(raw_stream(dev), xs[i], ws[i].t(), outs[v][i], None, None, 1.0, 0.0)
-
-        res = time_interleaved({"base": lambda i: torch.mm(xs[i], ws[i].t()), "skip": run("skip"),
-                                "full": run("full")}, n)
+        runs, errs = checked_runs(launches, xs, ws, outs)
+        res = time_interleaved({"base": lambda i: torch.mm(xs[i], ws[i].t()), **runs}, n)
         record(out, f"{M}x{N}x{K} {bm}x{bn} {schedule}", {k: v.median_ms for k, v in res.timings.items()}, errs,
                {"M": M, "N": N, "K": K, "plan": repr(p), "baseline": "torch.mm"})
 

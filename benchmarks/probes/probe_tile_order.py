@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import engine, planner, schedule  # noqa: E402
 from gemmlab.gpu import sample_clocks  # noqa: E402
-from gemmlab.jit.launch import raw_stream  # noqa: E402
 from gemmlab.timer import sets_for, time_interleaved  # noqa: E402
+from probe_row_skip import checked_runs  # noqa: E402
 
 ORDERS = ("hilbert", "row_major", "column_major", "grouped")
 # (M, N, K, bm, bn, multicast): the broad set's mid class, 64-row tiles in one wave, and a 128-row one.
@@ -46,27 +46,15 @@ def launch_with_order(order, a, w, out, p):
     return L
 
 
-def build(M, N, K, bm, bn, mc, n_sets, p=None, orders=ORDERS):
-    p = p or plan_for(M, N, K, bm, bn, mc)
+def build(M, N, K, bm, bn, mc, n_sets):
+    p = plan_for(M, N, K, bm, bn, mc)
     xs = [torch.randn(M, K, device="cuda").bfloat16() for _ in range(n_sets)]
     ws = [torch.randn(N, K, device="cuda").bfloat16() for _ in range(n_sets)]
     outs = {o: [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(n_sets)]
-            for o in orders}
-    launches = {o: launch_with_order(o, xs[0], ws[0], outs[o][0], p) for o in orders}
-    dev = torch.cuda.current_device()
-    ref = xs[0].float() @ ws[0].t().float()
-    errs = {}
-    for o, L in launches.items():
-        L.run(raw_stream(dev), xs[0], ws[0].t(), outs[o][0], None, None, 1.0, 0.0)
-        torch.cuda.synchronize()
-        errs[o] = ((outs[o][0].float() - ref).norm() / ref.norm()).item()
-        assert errs[o] < 2e-2, (o, errs[o])
-
-    def run(o):
-        L = launches[o]
-        return lambda i: L.run(raw_stream(dev), xs[i], ws[i].t(), outs[o][i], None, None, 1.0, 0.0)
-
-    return p, xs, ws, {o: run(o) for o in orders}, errs
+            for o in ORDERS}
+    launches = {o: launch_with_order(o, xs[0], ws[0], outs[o][0], p) for o in ORDERS}
+    runs, errs = checked_runs(launches, xs, ws, outs)
+    return p, xs, ws, runs, errs
 
 
 def time_all(path):
