@@ -1,22 +1,25 @@
-"""Probe: source variants of the engine kernel's consumer, each plan built once per variant in one process
-and timed against torch.mm (graph replay, interleaved, inputs rotating over 2x the L2). For the 64-row
-mid tiles, which session 19 found waiting on "full" (their loads arrive at 53 B/clk an SM where cuBLAS's
-same tiling gets 66):
+"""Probe: source variants of the engine kernels' consumer, each plan built once per variant in one process
+and timed against the baseline (graph replay, interleaved, inputs rotating over 2x the L2). Written for the
+64-row mid tiles, which session 19 found waiting on "full" (their loads arrive at 53 B/clk an SM where
+cuBLAS's same tiling gets 66):
 
-  base     the kernels as they are;
-  uniform  the warpgroup index read through __shfl_sync from lane 0, which ptxas then knows to be
-           warp-uniform: the consumer's wgmma descriptors are computed in uniform registers (R2UR in the
-           64 x 96 tile's loop 34 -> 4, as cuBLAS's loop), so the wgmmas issue sooner after a slot lands;
-  early    each k-step's wgmmas waited for at once (wait_group 0) and their slot released right then,
-           instead of after the next k-step's wgmmas are issued (wait_group 1): a slot is held ~one k-step
-           less where the loads, not the tensor cores, bind (the tensor cores idle between k-steps);
-  both     uniform and early.
+  base       the kernels as they are (since session 20 the warpgroup index comes from warpgroup_index(),
+             lane 0's value through __shfl_sync, so the consumers' wgmma descriptors stay in uniform
+             registers);
+  divergent  the warpgroup index from threadIdx.x directly, the form before session 20 (ptxas cannot
+             tell the branch on it is warp-uniform: R2UR in the 64 x 96 tile's kernel 5 -> 34);
+  early      each k-step's wgmmas waited for at once (wait_group 0) and their slot released right then,
+             instead of after the next k-step's wgmmas are issued (wait_group 1). Measured in session 20:
+             x0.90 (the tensor cores idle between k-steps).
 
 Variants are patched copies of the kernel sources (probe_mc_parts.patched_root), compiled up front in a
-process pool per variant. Plans: the route's engine-kernel plan of the broad set's mid-class shapes with
-64-row tiles (every k-th, at most --limit), and a few 128-row controls.
+process pool per variant. Shapes (--pick): mid64, the route's engine-kernel plan of the broad set's
+mid-class shapes with 64-row tiles (every k-th, at most --limit) and three 128-row controls; broad, every
+k-th broad-set shape whose route is the engine kernel, any tile; moe, grouped_bench's MoE shapes on the
+grouped kernel against torch._grouped_mm.
 
-    python benchmarks/probes/probe_variants.py OUT.jsonl [--limit 24] [--variants base,uniform,early,both]
+    python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|moe] [--limit 24]
+        [--variants base,divergent]
 """
 import argparse
 import json
@@ -36,8 +39,9 @@ from gemmlab.gpu import sample_clocks  # noqa: E402
 from gemmlab.jit import compiler  # noqa: E402
 from gemmlab.timer import sets_for, time_interleaved  # noqa: E402
 
-UNIFORM = [("engine/gemm.cu", "const int wg = threadIdx.x / 128, t = threadIdx.x % 128;",
-            "const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0), t = threadIdx.x % 128;")]
+WG = "const int wg = warpgroup_index(), t = threadIdx.x % 128;"
+DIVERGENT = [(f, WG, "const int wg = threadIdx.x / 128, t = threadIdx.x % 128;")
+             for f in ("engine/gemm.cu", "engine/gemm_grouped.cu", "engine/gemm_fp8.cu")]
 EARLY = [("common/mainloop.cuh",
           "        wgmma_commit();\n        if (kt > k_begin) {\n            wgmma_wait<1>();\n"
           "            if (t == 0) ring.template release<Tr::MCAST>(prev);\n        }\n",
@@ -46,73 +50,135 @@ EARLY = [("common/mainloop.cuh",
          ("common/mainloop.cuh",
           "    wgmma_wait<0>();\n    if (t == 0) ring.template release<Tr::MCAST>(prev);\n}",
           "    (void)prev;\n}")]
-VARIANTS = {"base": [], "uniform": UNIFORM, "early": EARLY, "both": UNIFORM + EARLY}
+VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 
 
-def shapes(limit: int) -> list:
+def shapes(pick: str, limit: int) -> list:
+    """(name, M, N, K) of the broad set's shapes for --pick mid64 (with the 128-row controls) or broad."""
     cases = json.load(open(os.path.join(os.path.dirname(__file__), "..", "shapes", "broad.json")))["cases"]
     picked = []
     for c in cases:
         r = gemmlab.plan(c["M"], c["N"], c["K"])
-        if c["cls"] == "mid" and r.kernel == "engine" and r.plan is not None and r.plan.bm == 64 \
-                and not r.plan.swap_ab:
+        if r.kernel != "engine" or r.plan is None or r.plan.swap_ab or c["cls"] == "unaligned":
+            continue
+        if pick == "broad" or (c["cls"] == "mid" and r.plan.bm == 64):
             picked.append((c["name"], c["M"], c["N"], c["K"]))
     picked = picked[::max(1, len(picked) // limit)][:limit]
+    if pick == "broad":
+        return picked
     return picked + [(f"control {M}x{N}x{K}", M, N, K) for M, N, K in CONTROLS]
 
 
-def launches_for(roots: dict, p, a, w, outs):
-    """One Engine2Launch of plan p per variant, each compiled from its root. The compiler's first-level
-    memo is keyed without the root, so it is cleared at each switch (the memory and disk caches key the
-    sources themselves)."""
-    plain_root, out = compiler.KERNEL_ROOT, {}
-    try:
-        for v, root in roots.items():
-            compiler.KERNEL_ROOT = root
-            compiler._FAST.clear()
-            out[v] = engine.Engine2Launch(a, w.t(), outs[v][0], bias=None, c=None, plan=p)
-    finally:
-        compiler.KERNEL_ROOT = plain_root
+class UseRoot:
+    """Compile from kernel source root ``root`` while active. The compiler's first-level memo is keyed
+    without the root, so it is cleared at each switch (the memory and disk caches key the sources)."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def __enter__(self):
+        self.plain = compiler.KERNEL_ROOT
+        compiler.KERNEL_ROOT = self.root
         compiler._FAST.clear()
+
+    def __exit__(self, *exc):
+        compiler.KERNEL_ROOT = self.plain
+        compiler._FAST.clear()
+
+
+def moe(roots: dict, out, l2, gains: dict) -> None:
+    """The grouped kernel per variant on probe_row_skip's MoE shapes (uneven routing), against
+    torch._grouped_mm; checked against an fp32 reference first."""
+    from grouped_bench import shape_seed, uneven_offsets
+    from probe_row_skip import GROUPED
+
+    from gemmlab import grouped
+    for n_, (model, proj, G, N, K, T) in enumerate(GROUPED):
+        offs, sizes = uneven_offsets(G, T, shape_seed(model, proj, T, n_))
+        p = grouped.plan("contiguous", G, T, N, K)
+        n = sets_for(2 * (T * K + G * N * K + T * N), l2)
+        xs = [torch.randn(T, K, device="cuda").bfloat16() for _ in range(n)]
+        ws = [torch.randn(G, N, K, device="cuda").bfloat16() / 8 for _ in range(n)]
+        outs = {v: [torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(n)]
+                for v in roots}
+        ref = torch.cat([xs[0][offs[g]:offs[g + 1]].float() @ ws[0][g].float().t() for g in range(G)])
+        errs = {}
+        for v, root in roots.items():
+            with UseRoot(root):
+                grouped.launch(p, xs[0], ws[0], offs, 1, outs[v][0])
+            torch.cuda.synchronize()
+            errs[v] = ((outs[v][0].float() - ref).norm() / ref.norm()).item()
+            assert errs[v] < 2e-2, (v, errs[v])
+
+        def run(v):
+            def f(i):
+                with UseRoot(roots[v]):
+                    grouped.launch(p, xs[i], ws[i], offs, 1, outs[v][i])
+            return f
+
+        def base(i):
+            torch._grouped_mm(xs[i], ws[i].transpose(1, 2), offs=offs[1:])
+
+        res = time_interleaved({"torch": base, **{v: run(v) for v in roots}}, n)
+        report(out, f"{model} {proj} T={T}", f"G={G} {N}x{K}", p, res, errs, gains,
+               {"model": model, "proj": proj, "G": G, "N": N, "K": K, "T": T, "baseline": "torch._grouped_mm"})
+
+
+def report(out, name: str, shape: str, p, res, errs, gains: dict, extra: dict) -> None:
+    t = {k: v.median_ms for k, v in res.timings.items()}
+    for v in gains:
+        gains[v].append(t["base"] / t[v] if "base" in t else 1.0)
+    print(f"{name:40s} {shape}: torch {t['torch'] * 1e3:7.2f} us; "
+          + " ".join(f"{v} {t['torch'] / t[v]:.3f}" for v in gains), flush=True)
+    out.write(json.dumps({"suite": "consumer-variants", "name": name, **extra, "plan": repr(p), "ms": t,
+                          "ratio": {v: t["torch"] / t[v] for v in gains}, "rel_error": errs,
+                          "sm_clock_mhz": sample_clocks().sm_mhz,
+                          "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}) + "\n")
+    out.flush()
+
+
+def launches_for(roots: dict, p, a, w, outs):
+    """One Engine2Launch of plan p per variant, each compiled from its root."""
+    out = {}
+    for v, root in roots.items():
+        with UseRoot(root):
+            out[v] = engine.Engine2Launch(a, w.t(), outs[v][0], bias=None, c=None, plan=p)
     return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
+    ap.add_argument("--pick", choices=("mid64", "broad", "moe"), default="mid64")
     ap.add_argument("--limit", type=int, default=24)
-    ap.add_argument("--variants", default="base,uniform,early,both")
+    ap.add_argument("--variants", default="base,divergent")
     args = ap.parse_args()
     names = args.variants.split(",")
     roots = {}
     for v in names:
         parts.PATCHES[f"variant-{v}"] = VARIANTS[v]
         roots[v] = parts.patched_root(f"variant-{v}")
-    todo = shapes(args.limit)
-    for v in names:
-        parts.precompile([gemmlab.plan(M, N, K).plan for _, M, N, K in todo], roots[v])
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     gains = {v: [] for v in names}
     with open(args.out, "a") as out:
-        for name, M, N, K in todo:
-            p = gemmlab.plan(M, N, K).plan
-            n = sets_for(2 * (M * K + N * K + M * N), l2)
-            xs = [torch.randn(M, K, device="cuda").bfloat16() for _ in range(n)]
-            ws = [torch.randn(N, K, device="cuda").bfloat16() for _ in range(n)]
-            outs = {v: [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(n)]
-                    for v in names}
-            runs, errs = checked_runs(launches_for(roots, p, xs[0], ws[0], outs), xs, ws, outs)
-            res = time_interleaved({"torch": lambda i: torch.mm(xs[i], ws[i].t()), **runs}, n)
-            t = {k: v.median_ms for k, v in res.timings.items()}
+        if args.pick == "moe":
+            moe(roots, out, l2, gains)
+        else:
+            todo = shapes(args.pick, args.limit)
             for v in names:
-                gains[v].append(t["base"] / t[v] if "base" in t else 1.0)
-            print(f"{name:40s} {M}x{N}x{K} {p.bm}x{p.bn}: torch {t['torch'] * 1e3:7.2f} us; "
-                  + " ".join(f"{v} {t['torch'] / t[v]:.3f}" for v in names), flush=True)
-            out.write(json.dumps({"suite": "consumer-variants", "name": name, "M": M, "N": N, "K": K,
-                                  "plan": repr(p), "ms": t, "ratio": {v: t["torch"] / t[v] for v in names},
-                                  "rel_error": errs, "sm_clock_mhz": sample_clocks().sm_mhz,
-                                  "baseline": "torch.mm", "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}) + "\n")
+                parts.precompile([gemmlab.plan(M, N, K).plan for _, M, N, K in todo], roots[v])
+            for name, M, N, K in todo:
+                p = gemmlab.plan(M, N, K).plan
+                n = sets_for(2 * (M * K + N * K + M * N), l2)
+                xs = [torch.randn(M, K, device="cuda").bfloat16() for _ in range(n)]
+                ws = [torch.randn(N, K, device="cuda").bfloat16() for _ in range(n)]
+                outs = {v: [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+                            for _ in range(n)] for v in names}
+                runs, errs = checked_runs(launches_for(roots, p, xs[0], ws[0], outs), xs, ws, outs)
+                res = time_interleaved({"torch": lambda i: torch.mm(xs[i], ws[i].t()), **runs}, n)
+                report(out, name, f"{M}x{N}x{K} {p.bm}x{p.bn}", p, res, errs, gains,
+                       {"M": M, "N": N, "K": K, "baseline": "torch.mm"})
     for v in names:
         g = 1.0
         for x in gains[v]:

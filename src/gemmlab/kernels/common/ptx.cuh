@@ -18,6 +18,16 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
 }
 
+// The warpgroup of this thread (threadIdx.x / 128), read from lane 0 with __shfl_sync so the compiler
+// knows it is the same in every lane of the warp. A branch on it is then warp-uniform, and what the code
+// behind it computes from loop counters alone (the consumers' wgmma descriptors) stays in uniform
+// registers: from threadIdx.x directly, the 64 x 96 engine tile's consumer loop moved each descriptor from
+// a vector register with R2UR (34 R2UR in the kernel, 5 this way) and measured 2% slower in geomean on 24
+// mid-size 64-row plans (up to 13%; docs/worklog.md, session 20).
+__device__ __forceinline__ int warpgroup_index() {
+    return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+}
+
 // Memory consistency model, "fence.proxy.async": shared memory written by ordinary stores that the
 // async proxy (TMA, wgmma) reads next must be fenced by the writing threads before the barrier.
 __device__ __forceinline__ void fence_proxy_async_smem() {
