@@ -150,6 +150,20 @@ def test_plans_the_router_runs_on_the_broad_set_compile_clean(p):
     _check(p)
 
 
+def test_uniform_wg_mirrors_the_trait():
+    """Plan.uniform_wg says what GemmTraits::UNIFORM_WG decides: where it is off (streamed schedules,
+    epilogues other than a plain 16-bit one) the k-loop still moves its descriptors with R2UR, where it is on
+    it has none (``sass_expect``); both kinds are in the representative set."""
+    ps = [p for p in _representative() if not p.direct]
+    assert {p.uniform_wg for p in ps} == {False, True}
+    assert any(not p.uniform_wg and p.schedule not in planner.STREAMED for p in ps)  # the epilogue rule
+    for p in ps:
+        summary = sass.kernel_summary(engine2.compile_plan(p))
+        r2ur = [sum(1 for i in summary.instructions if i.address in lp.addresses and i.base == "R2UR")
+                for lp in sass.wgmma_loops(summary)]
+        assert r2ur and (all(n == 0 for n in r2ur) == p.uniform_wg), (p, r2ur)
+
+
 def test_prefetch_is_a_template_argument_after_mcast():
     p = planner.plan(16, 14336, 4096)
     q = dataclasses.replace(p, prefetch=8)

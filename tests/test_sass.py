@@ -57,3 +57,31 @@ def test_features_of_two_steps():
     assert {"LDG.128", "STG.128", "LDS.128", "STS.128", "FFMA"} <= set(k06) and "HGMMA" not in " ".join(k06)
     assert {"TMA load", "TMA multicast", "mbarrier", "cluster barrier", "setmaxnreg"} <= set(h07)
     assert "HGMMA 64x256x16" in h07 and "LDL/STL" not in h07
+
+
+# An outer loop (a persistent kernel's units) around an inner k-loop that issues the wgmmas: the claim looks
+# at the inner one only, so the outer loop's R2UR (per unit) do not count against it.
+NESTED = """
+        /*0000*/                   MOV R1, RZ ;
+.L_x_0:
+        /*0010*/                   R2UR UR4, R1 ;
+.L_x_1:
+        /*0020*/                   %s UR8, R2 ;
+        /*0030*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24 ;
+        /*0040*/                   ISETP.NE.AND P0, PT, R3, RZ, PT ;
+        /*0050*/              @P0  BRA `(.L_x_1) ;
+        /*0060*/                   ISETP.NE.AND P1, PT, R4, RZ, PT ;
+        /*0070*/              @P1  BRA `(.L_x_0) ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_the_wgmma_loop_claim_looks_at_the_innermost_wgmma_loop():
+    expect = sass.SassExpect(wgmma_loop_absent=(r"^R2UR",))
+    uniform = sass.summarize(sass.parse(NESTED % "MOV"))
+    moved = sass.summarize(sass.parse(NESTED % "R2UR"))
+    assert len(uniform.loops) == 2 and [lp.instructions for lp in sass.wgmma_loops(uniform)] == [4]
+    assert sass.check(expect, uniform) == []
+    fails = sass.check(expect, moved)
+    assert len(fails) == 1 and "1 instruction(s) matching '^R2UR' in the wgmma k-loop at 0x20" in fails[0]
+    assert "no ^R2UR in the wgmma k-loop" in expect.describe()

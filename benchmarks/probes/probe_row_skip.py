@@ -99,7 +99,10 @@ def dense(out, l2):
                {"M": M, "N": N, "K": K, "plan": repr(p), "baseline": "torch.mm"})
 
 
-def moe(out, l2):
+def moe_cases(l2, variants):
+    """Per GROUPED shape: (model, proj, G, N, K, T, offs, sizes, plan, sets, xs, ws, outs, ref): uneven
+    routing, the grouped plan, input sets rotating over 2x the L2, NaN-poisoned outputs per variant and
+    the fp32 reference of set 0."""
     for n_, (model, proj, G, N, K, T) in enumerate(GROUPED):
         offs, sizes = uneven_offsets(G, T, shape_seed(model, proj, T, n_))
         p = grouped.plan("contiguous", G, T, N, K)
@@ -107,8 +110,13 @@ def moe(out, l2):
         xs = [torch.randn(T, K, device="cuda").bfloat16() for _ in range(n)]
         ws = [torch.randn(G, N, K, device="cuda").bfloat16() / 8 for _ in range(n)]
         outs = {v: [torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(n)]
-                for v in ("skip", "full")}
+                for v in variants}
         ref = torch.cat([xs[0][offs[g]:offs[g + 1]].float() @ ws[0][g].float().t() for g in range(G)])
+        yield model, proj, G, N, K, T, offs, sizes, p, n, xs, ws, outs, ref
+
+
+def moe(out, l2):
+    for model, proj, G, N, K, T, offs, sizes, p, n, xs, ws, outs, ref in moe_cases(l2, ("skip", "full")):
         errs = {}
         for v in ("skip", "full"):
             with Defines({"NO_ROW_SKIP": "1" if v == "full" else "0"}):

@@ -5,20 +5,23 @@ cuBLAS's same tiling gets 66):
 
   base       the kernels as they are (since session 20 the warpgroup index comes from warpgroup_index(),
              lane 0's value through __shfl_sync, so the consumers' wgmma descriptors stay in uniform
-             registers);
-  divergent  the warpgroup index from threadIdx.x directly, the form before session 20 (ptxas cannot
-             tell the branch on it is warp-uniform: R2UR in the 64 x 96 tile's kernel 5 -> 34);
+             registers, GemmTraits::UNIFORM_WG: plain epilogues, schedules not streamed);
+  divergent  the warpgroup index from threadIdx.x directly everywhere, the form before session 20 (ptxas
+             cannot tell the branch on it is warp-uniform: R2UR in the 64 x 96 tile's kernel 5 -> 34);
   early      each k-step's wgmmas waited for at once (wait_group 0) and their slot released right then,
              instead of after the next k-step's wgmmas are issued (wait_group 1). Measured in session 20:
-             x0.90 (the tensor cores idle between k-steps).
+             x0.90 (the tensor cores idle between k-steps);
+  converge   the streamed schedules with the uniform index as well, and a __syncwarp after their divergent
+             partial stores, so their k-loops are proved uniform too (not measured yet).
 
 Variants are patched copies of the kernel sources (probe_mc_parts.patched_root), compiled up front in a
 process pool per variant. Shapes (--pick): mid64, the route's engine-kernel plan of the broad set's
 mid-class shapes with 64-row tiles (every k-th, at most --limit) and three 128-row controls; broad, every
-k-th broad-set shape whose route is the engine kernel, any tile; moe, grouped_bench's MoE shapes on the
-grouped kernel against torch._grouped_mm.
+k-th broad-set shape whose route is the engine kernel, any tile; streamed, the broad-set shapes whose route
+is stream-K or global split-K; moe, grouped_bench's MoE shapes on the grouped kernel against
+torch._grouped_mm.
 
-    python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|moe] [--limit 24]
+    python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
         [--variants base,divergent]
 """
 import argparse
@@ -39,8 +42,8 @@ from gemmlab.gpu import sample_clocks  # noqa: E402
 from gemmlab.jit import compiler  # noqa: E402
 from gemmlab.timer import sets_for, time_interleaved  # noqa: E402
 
-WG = "const int wg = warpgroup_index(), t = threadIdx.x % 128;"
-DIVERGENT = [(f, WG, "const int wg = threadIdx.x / 128, t = threadIdx.x % 128;")
+WG = "Tr::UNIFORM_WG ? warpgroup_index() : static_cast<int>(threadIdx.x / 128)"
+DIVERGENT = [(f, WG, "static_cast<int>(threadIdx.x / 128)")
              for f in ("engine/gemm.cu", "engine/gemm_grouped.cu", "engine/gemm_fp8.cu")]
 EARLY = [("common/mainloop.cuh",
           "        wgmma_commit();\n        if (kt > k_begin) {\n            wgmma_wait<1>();\n"
@@ -50,22 +53,34 @@ EARLY = [("common/mainloop.cuh",
          ("common/mainloop.cuh",
           "    wgmma_wait<0>();\n    if (t == 0) ring.template release<Tr::MCAST>(prev);\n}",
           "    (void)prev;\n}")]
-VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY}
+# converge: the streamed schedules (stream-K, global split-K) with the uniform index too, and a __syncwarp
+# after their divergent partial stores (one thread's flag release; the rank-sum's per-thread trip count),
+# after which ptxas proves the k-loop warp-uniform again: R2UR in their k-loops 16-32 -> 0 (CPU, session 20),
+# but 128 x 256 stream-K and 64 x 256 fp32 stream-K then spill (a few bytes).
+SK_RELEASE = "    if (t == 0) flag_release_add(&flags[2 * slot + consumer], 1);\n}"
+GSK_END = "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n}"
+CONVERGE = [("common/gemm_traits.cuh", "SCHEDULE != STREAM_K && SCHEDULE != SPLIT_K_GLOBAL && !kBias",
+             "!kBias"),
+            ("common/reduction.cuh", SK_RELEASE, SK_RELEASE[:-1] + "    __syncwarp();\n}"),
+            ("common/reduction.cuh", GSK_END, GSK_END[:-1] + "    __syncwarp();\n}")]
+VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 
 
 def shapes(pick: str, limit: int) -> list:
-    """(name, M, N, K) of the broad set's shapes for --pick mid64 (with the 128-row controls) or broad."""
+    """(name, M, N, K) of the broad set's shapes for --pick mid64 (with the 128-row controls), broad or
+    streamed."""
     cases = json.load(open(os.path.join(os.path.dirname(__file__), "..", "shapes", "broad.json")))["cases"]
     picked = []
     for c in cases:
         r = gemmlab.plan(c["M"], c["N"], c["K"])
         if r.kernel != "engine" or r.plan is None or r.plan.swap_ab or c["cls"] == "unaligned":
             continue
-        if pick == "broad" or (c["cls"] == "mid" and r.plan.bm == 64):
+        if pick == "broad" or (pick == "mid64" and c["cls"] == "mid" and r.plan.bm == 64) or (
+                pick == "streamed" and r.plan.schedule in ("stream_k", "split_k_global")):
             picked.append((c["name"], c["M"], c["N"], c["K"]))
     picked = picked[::max(1, len(picked) // limit)][:limit]
-    if pick == "broad":
+    if pick != "mid64":
         return picked
     return picked + [(f"control {M}x{N}x{K}", M, N, K) for M, N, K in CONTROLS]
 
@@ -90,19 +105,10 @@ class UseRoot:
 def moe(roots: dict, out, l2, gains: dict) -> None:
     """The grouped kernel per variant on probe_row_skip's MoE shapes (uneven routing), against
     torch._grouped_mm; checked against an fp32 reference first."""
-    from grouped_bench import shape_seed, uneven_offsets
-    from probe_row_skip import GROUPED
+    from probe_row_skip import moe_cases
 
     from gemmlab import grouped
-    for n_, (model, proj, G, N, K, T) in enumerate(GROUPED):
-        offs, sizes = uneven_offsets(G, T, shape_seed(model, proj, T, n_))
-        p = grouped.plan("contiguous", G, T, N, K)
-        n = sets_for(2 * (T * K + G * N * K + T * N), l2)
-        xs = [torch.randn(T, K, device="cuda").bfloat16() for _ in range(n)]
-        ws = [torch.randn(G, N, K, device="cuda").bfloat16() / 8 for _ in range(n)]
-        outs = {v: [torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(n)]
-                for v in roots}
-        ref = torch.cat([xs[0][offs[g]:offs[g + 1]].float() @ ws[0][g].float().t() for g in range(G)])
+    for model, proj, G, N, K, T, offs, sizes, p, n, xs, ws, outs, ref in moe_cases(l2, roots):
         errs = {}
         for v, root in roots.items():
             with UseRoot(root):
@@ -150,7 +156,7 @@ def launches_for(roots: dict, p, a, w, outs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--pick", choices=("mid64", "broad", "moe"), default="mid64")
+    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe"), default="mid64")
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("--variants", default="base,divergent")
     args = ap.parse_args()

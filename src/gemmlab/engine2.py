@@ -127,7 +127,9 @@ def sass_expect(p: planner.Plan):
     no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
     cluster barriers; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED);
     no GPU-wide fence inside a loop for data-parallel plans (split-K's cluster barrier and stream-K's
-    release are one, once per unit); programmatic dependent launch's wait and trigger."""
+    release are one, once per unit); programmatic dependent launch's wait and trigger; where the plan reads
+    its warpgroup index uniformly (``Plan.uniform_wg``), the k-loop's wgmma descriptors in uniform registers
+    (no R2UR in it)."""
     from .sass import PDL_OPCODES, SassExpect
 
     contains = [r"^HGMMA", r"^UTMALDG", *PDL_OPCODES]
@@ -148,7 +150,8 @@ def sass_expect(p: planner.Plan):
     if p.consumers > 1:
         contains += [r"^USETMAXREG"]
     return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True,
-                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule in ("data_parallel", "pingpong") else ())
+                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule in ("data_parallel", "pingpong") else (),
+                      wgmma_loop_absent=(r"^R2UR",) if p.uniform_wg else ())
 
 
 def hgmma_shapes(compiled) -> set[str]:

@@ -279,6 +279,14 @@ class Plan(_Tiling):
         return self.b_box_rows if self.mcast > 1 else min(self.bn, math.ceil(left / 8) * 8)
 
     @property
+    def uniform_wg(self) -> bool:
+        """GemmTraits::UNIFORM_WG: the kernel reads its warpgroup index warp-uniformly, so the k-loop's
+        wgmma descriptors stay in uniform registers: a plain epilogue (16-bit output, TMA-stored, no bias,
+        C or activation) and a schedule that is not streamed (elsewhere it spilled or bought nothing)."""
+        return (self.schedule not in STREAMED and self.bias_dtype is None and not self.activation
+                and not self.has_c and not self.direct and self.out_dtype != "fp32")
+
+    @property
     def workspace_floats(self) -> int:
         """Stream-K and global split-K: one bm x bn fp32 partial slot per streamed CTA (flags: 2 ints per
         slot)."""

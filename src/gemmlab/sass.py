@@ -314,6 +314,8 @@ class SassExpect:
     max_registers: int | None = None
     no_local_memory: bool = False
     loop_absent: tuple[str, ...] = ()  # opcode regexes that must not appear inside any loop body
+    # opcode regexes that must not appear in the innermost loops that issue wgmma (HGMMA): the k-loops
+    wgmma_loop_absent: tuple[str, ...] = ()
 
     def describe(self) -> list[str]:
         out = [f"contains {p}" for p in self.contains] + [f"lacks {p}" for p in self.absent]
@@ -324,6 +326,7 @@ class SassExpect:
         if self.no_local_memory:
             out.append("no local memory (no LDL/STL, no stack)")
         out += [f"no {p} inside a loop" for p in self.loop_absent]
+        out += [f"no {p} in the wgmma k-loop" for p in self.wgmma_loop_absent]
         return out
 
 
@@ -352,9 +355,25 @@ def check(expect: SassExpect, summary: SassSummary, resources=None) -> list[str]
                 if ins.address in lp.addresses and rx.search(ins.opcode)}
         if hits:
             fails.append(f"{', '.join(sorted(hits))} inside a loop (matches {p!r})")
+    if expect.wgmma_loop_absent:
+        for lp in wgmma_loops(summary):
+            for p in expect.wgmma_loop_absent:
+                rx = re.compile(p)
+                n = sum(1 for ins in summary.instructions if ins.address in lp.addresses and rx.search(ins.opcode))
+                if n:
+                    fails.append(f"{n} instruction(s) matching {p!r} in the wgmma k-loop at {lp.start:#x}")
     if expect.max_registers is not None and resources is not None and resources.registers > expect.max_registers:
         fails.append(f"{resources.registers} registers > {expect.max_registers}")
     return fails
+
+
+def wgmma_loops(summary: SassSummary) -> list[Loop]:
+    """The innermost loops that issue wgmma (HGMMA / QGMMA): loops holding one, none of whose inner loops
+    (a loop whose instructions it contains) holds one too."""
+    mma = {ins.address for ins in summary.instructions if ins.base in ("HGMMA", "QGMMA")}
+    holding = [lp for lp in summary.loops if lp.addresses & mma]
+    return [lp for lp in holding
+            if not any(o is not lp and o.addresses < lp.addresses and o.addresses & mma for o in holding)]
 
 
 def kernel_summary(compiled) -> SassSummary:

@@ -32,6 +32,8 @@ struct Fp8GemmTraits {
     static constexpr int ACT = kAct, SCHEDULE = DATA_PARALLEL, SCALE = kScale, PROMOTE = kPromote;
     static constexpr int MCAST = 1;  // no B multicast (GemmTraits::MCAST)
     static constexpr int PREFETCH = 0;  // no L2 prefetch (GemmTraits::PREFETCH)
+    // The warpgroup index read warp-uniformly with a plain 16-bit epilogue, as GemmTraits::UNIFORM_WG.
+    static constexpr bool UNIFORM_WG = !kBias && kAct == 0 && !kDirect && sizeof(TOut) == 2;
 
     static constexpr int CONSUMERS = BM == 64 ? 1 : 2;
     static constexpr int MI = BM / (64 * CONSUMERS);  // m64 blocks per consumer

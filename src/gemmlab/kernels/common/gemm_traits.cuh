@@ -63,6 +63,15 @@ struct GemmTraits {
     __device__ static constexpr int first_col(int consumer) { return COL_SPLIT ? consumer * CN : 0; }
     static constexpr int THREADS = 128 * (CONSUMERS + 1);
     static constexpr int CONSUMER_REGS = 232;  // two consumers: setmaxnreg, 128 x (40 + 2 x 232) <= 64 K
+    // The warpgroup index read warp-uniformly (ptx.cuh warpgroup_index: the k-loop's wgmma descriptors in
+    // uniform registers) where the epilogue is plain (16-bit output, TMA-stored, no bias, C or activation)
+    // and the schedule not streamed. Elsewhere it spilled or bought nothing (compile sweeps, session 20):
+    // the streamed schedules keep the loop's descriptors in vector registers anyway (their divergent partial
+    // stores) and 128 x 256 stream-K spilled 24 bytes; a bias spilled 4-720 bytes from 120 accumulators a
+    // thread up (128 x 240, 256 x 160, ping-pong 128 x 144), an activation there 4-8, fp32 output with
+    // bias and beta * C 56 at 128 x 128. Plain epilogues spilled nowhere.
+    static constexpr bool UNIFORM_WG = SCHEDULE != STREAM_K && SCHEDULE != SPLIT_K_GLOBAL && !kBias && !kC &&
+                                       kAct == 0 && !kDirect && sizeof(TOut) == 2;
 
     static constexpr u32 A_STAGE = BM * BK * sizeof(T), B_STAGE = BN * BK * sizeof(T);
     static constexpr u32 STAGE_BYTES = A_STAGE + B_STAGE;

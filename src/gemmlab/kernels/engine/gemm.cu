@@ -33,7 +33,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ Turns turns;  // PINGPONG only
 
-    const int wg = warpgroup_index(), t = threadIdx.x % 128;
+    const int wg = Tr::UNIFORM_WG ? warpgroup_index() : static_cast<int>(threadIdx.x / 128), t = threadIdx.x % 128;
     // B multicast: the rows of tiles padded to whole pairs (the host's order table lists the pairs).
     const int tiles_m = ((M + BM - 1) / BM + Tr::MCAST - 1) / Tr::MCAST * Tr::MCAST;
     const int tiles_n = (N + BN - 1) / BN, num_tiles = tiles_m * tiles_n;

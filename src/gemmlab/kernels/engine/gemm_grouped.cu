@@ -144,7 +144,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
     __shared__ Turns turns;  // PINGPONG only
     __shared__ TileQueue queue;  // CLAIM only
 
-    const int wg = warpgroup_index(), t = threadIdx.x % 128;
+    const int wg = Tr::UNIFORM_WG ? warpgroup_index() : static_cast<int>(threadIdx.x / 128), t = threadIdx.x % 128;
     const int tiles_n = (N + BN - 1) / BN, k_iters = (K + BK - 1) / BK;
     const int n_blocks = (N + 127) / 128;  // block scales: each expert's column blocks in tmSB's rows
     pdl_wait();  // programmatic dependent launch: the ranges below may be the previous kernel's output
