@@ -226,13 +226,15 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
             waves = full + (1 if rem else 0)
             t -= (waves - 1) * (epi - prof.tile_fixed_s)
     elif schedule == "pingpong":
-        # Two consumers take the CTA's tiles in turn: one's epilogue runs under the other's k-loop, so
-        # past the first tile each costs only its k-steps (its epilogue is hidden while it is shorter than
-        # the next tile's k-loop) plus the turn's fixed cost; the SM's last epilogue shows. Not fitted
-        # yet (no H200 record): the consumers' k-steps are priced as the cooperative tile's.
+        # Two consumers take the CTA's tiles in turn: one's epilogue (its fixed cost included) runs under
+        # the other's k-loop, so past the first tile each costs its k-steps, or half of k-loop + epilogue
+        # where the epilogue is the longer (the two consumers' tiles then alternate at that pace); the
+        # SM's last epilogue shows. The consumers' k-steps are priced as the cooperative tile's. A turn's
+        # fixed cost on top of each tile (before session 20) had ping-pong measure 0.85x its price on
+        # short-K shapes (broad-set records of 3f0f16e and d6515d0; docs/worklog.md).
         full, rem = divmod(tiles, G)
         kl = k * ks(G)
-        t = full * (max(kl, epi) + prof.tile_fixed_s) + (k * ks(rem) + prof.tile_fixed_s if rem else 0.0) + epi
+        t = full * max(kl, (kl + epi) / 2) + (k * ks(rem) if rem else 0.0) + epi
     elif schedule == "split_k":
         slots = max(1, prof.clusters(splits))
         waves = math.ceil(tiles / slots)
