@@ -434,7 +434,7 @@ def call_args(case: Case, t: Tensors):
 def classify(case: Case, t: Tensors, sm_count: int = 132, capacity=None) -> str:
     """The route the library takes for the case, from the engine's own router (``engine.route``,
     ``decode.plan``): "decode", "decode-splitk", "h11[-splitk][+copy][+direct]",
-    "engine[-splitk|-streamk][+copy][+direct]" (the engine kernel's schedule), "fp32",
+    "engine[-splitk|-streamk|-pingpong|-gsk][+copy][+direct]" (the engine kernel's schedule), "fp32",
     "empty", "epilogue-only"; "unknown" when the helpers moved (the call path is being refactored)."""
     M, N, K = case.M, case.N, case.K
     if M == 0 or N == 0:
@@ -454,7 +454,8 @@ def classify(case: Case, t: Tensors, sm_count: int = 132, capacity=None) -> str:
         if r.kernel == "decode":
             return "decode-splitk" if decode.plan(M, N, K, sm_count).splits > 1 else "decode"
         if r.kernel == "engine":
-            route = {"data_parallel": "engine", "split_k": "engine-splitk", "stream_k": "engine-streamk"}[r.plan.schedule]
+            route = {"data_parallel": "engine", "split_k": "engine-splitk", "stream_k": "engine-streamk",
+                     "pingpong": "engine-pingpong", "split_k_global": "engine-gsk"}[r.plan.schedule]
         else:
             route = "h11-splitk" if r.h11[1] > 1 else "h11"
         ok = engine._tma_ok
