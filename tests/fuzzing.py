@@ -39,7 +39,9 @@ ROUTES = ("decode", "decode-splitk", "h11", "h11-splitk", "h11-copy", "h11-shall
 # ``classify``'s; the records count both).
 # Since engine.route weighs the engine kernel against h11, the "h11*" targets mostly reach the engine
 # kernel (data-parallel and split-K); "h11-shallow" (large M x N, K <= 128: h11's overlapped epilogue
-# wins) is where the router still runs h11.
+# wins) is where the router still runs h11. "decode-splitk" (few tokens, N <= 1024, deep K: shapes the decode
+# kernel would split K for) reaches the engine kernel's swapped split-K plans: the router sends the decode
+# kernel no call it would split.
 ROUTE_WEIGHTS = {"decode": 20, "decode-splitk": 8, "h11": 18, "h11-splitk": 12, "h11-copy": 12, "h11-shallow": 8,
                  "fp32": 12, "large": 6, "tiny": 8, "empty": 4}
 MUTATIONS = ("fresh", "layout", "offset", "dtype", "stream", "epilogue", "alias")

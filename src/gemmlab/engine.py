@@ -368,6 +368,10 @@ def a_rows_loaded(M: int, a_mn: bool) -> int:
 
 
 DECODE_MAX_WEIGHT_DIM = 12288  # past it, h11 streams a weight faster than the decode kernel at any M
+# Nor does the router send the decode kernel a call its plan splits K for: on each of the broad set's five
+# such shapes (1 x 576 x 5120, 2 x 576 x 7168, 16 x 1024 x 2560, 32 x 896 x 4864, 32 x 1024 x 5120; H200,
+# shas 3f0f16e and c2b08e8) the engine kernel's swapped split-K plan ran 1.40-1.81x faster, and one of them
+# (2 x 576 x 7168) was priced the decode kernel's way (7.9 against 8.0 us): 0.92x torch.mm against 1.29x.
 
 
 def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
@@ -517,7 +521,8 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     1. ``plan`` forced: an (BN, splits) pair runs h11, a ``planner.Plan`` the engine kernel, "decode" the
        decode kernel (UnsupportedProblem where ``use_decode`` rules it out);
     2. where ``use_decode`` allows the decode kernel, it runs if its price (``decode.cost_s``) is at most
-       the engine kernel's best plan's (the plan model's); otherwise the call goes on to 3 and 4;
+       the engine kernel's best plan's (the plan model's) and its plan keeps K whole (see ``DECODE_MAX_WEIGHT_DIM``);
+       otherwise the call goes on to 3 and 4;
     3. a plan ``gemmlab tune hopper.h11_general`` saved for this shape on this GPU: h11;
     4. otherwise the plan model prices the engine kernel's best plan and h11's ``choose_plan`` plan
        (``h11_cost`` x the profile's ``h11_factor``, fitted to h11's broad-set records) and the cheaper
@@ -547,7 +552,7 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     if use_decode(a, b, out):
         new, new_s = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
         decode_s = decode.cost_s(M, N, K, sm_count, prof)
-        if decode_s <= new_s:
+        if decode_s <= new_s and decode.plan(M, N, K, sm_count).splits == 1:
             return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s)
     h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
     if h11 is not None:
