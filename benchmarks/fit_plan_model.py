@@ -288,7 +288,8 @@ def routed(s, d: dict, prof, decode_rule: str = "priced") -> dict | None:
 
     new = min(d["new"], key=lambda r: _price(s, r, prof)) if d["new"] else None
     if engine.decode_shape(*s):
-        priced_in = new is not None and decode.cost_s(*s, prof.sm_count, prof) <= _price(s, new, prof)
+        priced_in = new is not None and engine.decode_runs(*s, prof.sm_count, decode.cost_s(*s, prof.sm_count, prof),
+                                                           _price(s, new, prof))
         if decode_rule == "always" or priced_in:
             return d.get("decode")
     if new is None:

@@ -15,7 +15,8 @@ mid, prefill, square, unaligned):
   * ``as run``: the router's choice as recorded (the ``engine`` candidate);
   * ``oracle``: the best measured candidate of any kernel;
   * ``route``: ``engine.route``'s rule with the profile given (``--set`` overrides constants): the decode
-    kernel where ``decode.cost_s`` is at most the engine kernel's best plan's price, else h11 where
+    kernel where ``engine.decode_runs`` (``decode.cost_s`` at most the engine kernel's best plan's price, K
+    not split by the decode plan), else h11 where
     ``h11_factor`` x ``h11_cost`` is below that plan's price, else that plan. The plan is the planner's
     pick among all its candidates; only a plan that was measured can be scored, so the route is scored on
     the shapes where its choice has a record, and the shapes where it has none are listed (they need a GPU);
@@ -153,7 +154,7 @@ def route(case: Case, prof, measured_only: bool = False) -> Choice:
         new = planner.candidates(*s, profile=prof)[0]
         new_s = new.predicted_s
         rec = {plan_key(r): r for r in case.plans.values()}.get(plan_key(new))
-    if engine.decode_shape(*s) and decode.cost_s(*s, prof.sm_count, prof) <= new_s:
+    if engine.decode_shape(*s) and engine.decode_runs(*s, prof.sm_count, decode.cost_s(*s, prof.sm_count, prof), new_s):
         return Choice("decode", case.decode)
     h11_s = prof.h11_factor * engine.h11_cost(*s, prof=prof, direct=(s[1] * 2) % 16 != 0)
     if new_s < h11_s:

@@ -552,7 +552,7 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     if use_decode(a, b, out):
         new, new_s = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
         decode_s = decode.cost_s(M, N, K, sm_count, prof)
-        if decode_s <= new_s and decode.plan(M, N, K, sm_count).splits == 1:
+        if decode_runs(M, N, K, sm_count, decode_s, new_s):
             return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s)
     h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
     if h11 is not None:
@@ -563,6 +563,13 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     h11_s = prof.h11_factor * h11_cost(M, N, K, prof=prof, plan=h11, out_bytes=out.element_size(), direct=direct)
     kernel = "engine" if new_s < h11_s else "h11"
     return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s, decode_s=decode_s)
+
+
+def decode_runs(M: int, N: int, K: int, sm_count: int, decode_s: float, engine_s: float) -> bool:
+    """``route``'s rule 2 for a shape ``use_decode`` allows: the decode kernel's price ``decode_s``
+    (``decode.cost_s``) at most the engine kernel's ``engine_s``, and a decode plan that keeps K whole (see
+    ``DECODE_MAX_WEIGHT_DIM``). The benchmarks that replay the router on records ask it too."""
+    return decode_s <= engine_s and decode.plan(M, N, K, sm_count).splits == 1
 
 
 def _engine_plan(a, b, out, bias, has_c: bool, activation, direct: bool,
