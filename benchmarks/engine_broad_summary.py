@@ -33,14 +33,14 @@ def line(name: str, xs: list[float]) -> str:
 def load(path: Path, sha: str) -> dict:
     by = defaultdict(dict)
     for r in map(json.loads, open(path)):
-        if r.get("git_sha") == sha and r.get("ratio"):
+        if str(r.get("git_sha", "")).startswith(sha) and r.get("ratio"):
             by[(r["M"], r["N"], r["K"])][r["candidate"]] = r
     return by
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sha", required=True)
+    p.add_argument("--sha", required=True, help="a run's git sha, or a prefix of it")
     p.add_argument("--before", default=None, help="an earlier run's sha, compared over the shapes both timed")
     p.add_argument("--file", type=Path, default=RESULTS)
     args = p.parse_args()

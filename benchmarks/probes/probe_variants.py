@@ -18,11 +18,12 @@ Variants are patched copies of the kernel sources (probe_mc_parts.patched_root),
 process pool per variant. Shapes (--pick): mid64, the route's engine-kernel plan of the broad set's
 mid-class shapes with 64-row tiles (every k-th, at most --limit) and three 128-row controls; broad, every
 k-th broad-set shape whose route is the engine kernel, any tile; streamed, the broad-set shapes whose route
-is stream-K or global split-K; moe, grouped_bench's MoE shapes on the grouped kernel against
+is stream-K or global split-K; small, every k-th shape whose route is the engine kernel (swapped plans too)
+priced under 25 us; moe, grouped_bench's MoE shapes on the grouped kernel against
 torch._grouped_mm.
 
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
-        [--variants base,divergent]
+        [--variants base,divergent]   (--pick small --variants cold,base,warm2)
 """
 import argparse
 import json
@@ -63,7 +64,12 @@ CONVERGE = [("common/gemm_traits.cuh", "SCHEDULE != STREAM_K && SCHEDULE != SPLI
              "!kBias"),
             ("common/reduction.cuh", SK_RELEASE, SK_RELEASE[:-1] + "    __syncwarp();\n}"),
             ("common/reduction.cuh", GSK_END, GSK_END[:-1] + "    __syncwarp();\n}")]
-VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE}
+# cold / warm / warm2: before pdl_wait each CTA asks the L2 for nothing (EARLY_L2 0, the form before session
+# 22), for its first unit's first k-steps of the weight (1, the shipped form) or of both operands (2)
+# (mainloop.cuh prewarm_l2).
+COLD, WARM, WARM2 = ([("common/mainloop.cuh", "#define EARLY_L2 1", f"#define EARLY_L2 {v}")] for v in (0, 1, 2))
+VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE, "cold": COLD, "warm": WARM,
+            "warm2": WARM2}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 
 
@@ -74,7 +80,12 @@ def shapes(pick: str, limit: int) -> list:
     picked = []
     for c in cases:
         r = gemmlab.plan(c["M"], c["N"], c["K"])
-        if r.kernel != "engine" or r.plan is None or r.plan.swap_ab or c["cls"] == "unaligned":
+        if r.kernel != "engine" or r.plan is None or c["cls"] == "unaligned":
+            continue
+        if pick == "small" and r.plan.predicted_s < 25e-6:
+            picked.append((c["name"], c["M"], c["N"], c["K"]))
+            continue
+        if r.plan.swap_ab:
             continue
         if pick == "broad" or (pick == "mid64" and c["cls"] == "mid" and r.plan.bm == 64) or (
                 pick == "streamed" and r.plan.schedule in ("stream_k", "split_k_global")):
@@ -156,7 +167,7 @@ def launches_for(roots: dict, p, a, w, outs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe"), default="mid64")
+    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe", "small"), default="mid64")
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("--variants", default="base,divergent")
     args = ap.parse_args()

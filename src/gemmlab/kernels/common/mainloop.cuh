@@ -89,6 +89,28 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
     }
 }
 
+// Before pdl_wait (the kernel before may still be running): ask the L2 for the first k-steps (as many as
+// the ring holds) of this CTA's first unit, so the ring's first loads after the wait find them there
+// instead of waiting out HBM. Only the weight's boxes by default (B, or A where the tile is a block of
+// out^T): the kernel before, in a chain of layers, usually writes the activations, not the weight.
+// EARLY_L2 = 0: none; 1: the weight; 2: both operands (a probe's setting). A prefetch is a hint into the
+// L2, which every SM's writes go through, so a box the kernel before still writes is never read stale:
+// what the ring loads after pdl_wait comes from the L2 as it then is. K-major operands, one box each.
+#ifndef EARLY_L2
+#define EARLY_L2 1
+#endif
+template <class Tr>
+__device__ __forceinline__ void prewarm_l2(const CUtensorMap* tmA, const CUtensorMap* tmB, int m0, int n0, int k_begin,
+                                           int k_end) {
+    constexpr bool WARM_A = EARLY_L2 == 2 || (EARLY_L2 == 1 && Tr::TRANS_OUT);
+    constexpr bool WARM_B = EARLY_L2 == 2 || (EARLY_L2 == 1 && !Tr::TRANS_OUT);
+    const int last = min(k_end, k_begin + Tr::STAGES);
+    for (int kt = k_begin; kt < last; ++kt) {
+        if constexpr (WARM_A && !Tr::A_MN) tma_prefetch_2d(tmA, kt * Tr::BK, m0);
+        if constexpr (WARM_B && !Tr::B_MN) tma_prefetch_2d(tmB, kt * Tr::BK, n0);
+    }
+}
+
 // The producer warpgroup of a persistent kernel: it hands its registers to the consumers (setmaxnreg, PTX
 // ISA: 128 x (40 + 2 x 232) <= 64 K with two consumers; one consumer has 240+ at entry already), then its
 // first thread loads every work unit the scheduler gives this CTA. where(tile) -> int2: the tile's first

@@ -50,7 +50,18 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
         __syncthreads();
     }
     // Programmatic dependent launch: the set-up above overlapped the previous kernel's tail; nothing global
-    // (order table, operands, workspace, output) is touched before it has completed.
+    // (operands, workspace, output) is read or written before it has completed, except the L2 hints of
+    // prewarm_l2 (EARLY_L2; the order table is written once, by the host, when the plan is built).
+    if constexpr (EARLY_L2 > 0) {
+        if (threadIdx.x == 0) {
+            TileScheduler<Tr::SCHEDULE> first(num_tiles, k_iters, ScheduleArgs{splits, sk_tiles, sk_ctas});
+            WorkUnit f;
+            if (first.next(f)) {
+                const int packed = order[f.tile];
+                prewarm_l2<Tr>(&tmA, &tmB, (packed >> 16) * BM, (packed & 0xffff) * BN, f.k_begin, f.k_end);
+            }
+        }
+    }
     pdl_wait();
     pdl_trigger_early();
 
