@@ -23,7 +23,7 @@ priced under 25 us; moe, grouped_bench's MoE shapes on the grouped kernel agains
 torch._grouped_mm.
 
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
-        [--variants base,divergent]   (--pick small --variants cold,base,warm2)
+        [--variants base,divergent]   (--pick small --variants base,warm,warm32)
 """
 import argparse
 import json
@@ -64,12 +64,14 @@ CONVERGE = [("common/gemm_traits.cuh", "SCHEDULE != STREAM_K && SCHEDULE != SPLI
              "!kBias"),
             ("common/reduction.cuh", SK_RELEASE, SK_RELEASE[:-1] + "    __syncwarp();\n}"),
             ("common/reduction.cuh", GSK_END, GSK_END[:-1] + "    __syncwarp();\n}")]
-# cold / warm / warm2: before pdl_wait each CTA asks the L2 for nothing (EARLY_L2 0, the form before session
-# 22), for its first unit's first k-steps of the weight (1, the shipped form) or of both operands (2)
-# (mainloop.cuh prewarm_l2).
-COLD, WARM, WARM2 = ([("common/mainloop.cuh", "#define EARLY_L2 1", f"#define EARLY_L2 {v}")] for v in (0, 1, 2))
-VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE, "cold": COLD, "warm": WARM,
-            "warm2": WARM2}
+# warm / warm2 / warm32: before pdl_wait a CTA asks the L2 for its first unit's first k-steps of the weight
+# (EARLY_L2 1, its producer thread; warm32: thread 32, an idle warp of the producer warpgroup) or of both
+# operands (2) (mainloop.cuh prewarm_l2; off in the library: measured slower, session 22).
+WARM, WARM2 = ([("common/mainloop.cuh", "#define EARLY_L2 0", f"#define EARLY_L2 {v}")] for v in (1, 2))
+WARM32 = WARM + [("engine/gemm.cu", "        if (threadIdx.x == 0) {\n            TileScheduler<Tr::SCHEDULE> first(",
+                  "        if (threadIdx.x == 32) {\n            TileScheduler<Tr::SCHEDULE> first(")]
+VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE, "warm": WARM, "warm2": WARM2,
+            "warm32": WARM32}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 
 

@@ -97,7 +97,7 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
 // L2, which every SM's writes go through, so a box the kernel before still writes is never read stale:
 // what the ring loads after pdl_wait comes from the L2 as it then is. K-major operands, one box each.
 #ifndef EARLY_L2
-#define EARLY_L2 1
+#define EARLY_L2 0
 #endif
 template <class Tr>
 __device__ __forceinline__ void prewarm_l2(const CUtensorMap* tmA, const CUtensorMap* tmB, int m0, int n0, int k_begin,
