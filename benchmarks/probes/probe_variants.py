@@ -19,7 +19,7 @@ process pool per variant. Shapes (--pick): mid64, the route's engine-kernel plan
 mid-class shapes with 64-row tiles (every k-th, at most --limit) and three 128-row controls; broad, every
 k-th broad-set shape whose route is the engine kernel, any tile; streamed, the broad-set shapes whose route
 is stream-K or global split-K; small, every k-th shape whose route is the engine kernel (swapped plans too)
-priced under 25 us; moe, grouped_bench's MoE shapes on the grouped kernel against
+priced under 25 us; splitk, every k-th shape whose route is cluster split-K (swapped too); moe, grouped_bench's MoE shapes on the grouped kernel against
 torch._grouped_mm.
 
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
@@ -67,11 +67,13 @@ CONVERGE = [("common/gemm_traits.cuh", "SCHEDULE != STREAM_K && SCHEDULE != SPLI
 # warm / warm2 / warm32: before pdl_wait a CTA asks the L2 for its first unit's first k-steps of the weight
 # (EARLY_L2 1, its producer thread; warm32: thread 32, an idle warp of the producer warpgroup) or of both
 # operands (2) (mainloop.cuh prewarm_l2; off in the library: measured slower, session 22).
+# items1: the split-K reduction with one item's DSMEM loads in flight a thread (the form before session 22).
+ITEMS1 = [("common/gemm_traits.cuh", "#define SPLIT_ITEMS_DEFAULT 4", "#define SPLIT_ITEMS_DEFAULT 1")]
 WARM, WARM2 = ([("common/mainloop.cuh", "#define EARLY_L2 0", f"#define EARLY_L2 {v}")] for v in (1, 2))
 WARM32 = WARM + [("engine/gemm.cu", "        if (threadIdx.x == 0) {\n            TileScheduler<Tr::SCHEDULE> first(",
                   "        if (threadIdx.x == 32) {\n            TileScheduler<Tr::SCHEDULE> first(")]
 VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE, "warm": WARM, "warm2": WARM2,
-            "warm32": WARM32}
+            "warm32": WARM32, "items1": ITEMS1}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 
 
@@ -83,6 +85,9 @@ def shapes(pick: str, limit: int) -> list:
     for c in cases:
         r = gemmlab.plan(c["M"], c["N"], c["K"])
         if r.kernel != "engine" or r.plan is None or c["cls"] == "unaligned":
+            continue
+        if pick == "splitk" and r.plan.schedule == "split_k":
+            picked.append((c["name"], c["M"], c["N"], c["K"]))
             continue
         if pick == "small" and r.plan.predicted_s < 25e-6:
             picked.append((c["name"], c["M"], c["N"], c["K"]))
@@ -169,7 +174,7 @@ def launches_for(roots: dict, p, a, w, outs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe", "small"), default="mid64")
+    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe", "small", "splitk"), default="mid64")
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("--variants", default="base,divergent")
     args = ap.parse_args()
