@@ -4,10 +4,6 @@
 #include "ptx.cuh"
 #include "tile_scheduler.cuh"
 
-#ifndef SPLIT_ITEMS_DEFAULT
-#define SPLIT_ITEMS_DEFAULT 4
-#endif
-
 template <typename TIn, typename TOut, typename TBias,  // operand, output and bias element types
           int kBM, int kBN, int kStages,                // tile (rows x columns) and ring depth
           bool kAmn, bool kBmn,                         // operand stored MN-major (else K-major)
@@ -87,10 +83,8 @@ struct GemmTraits {
     static constexpr u32 SLAB_BYTES = 64 * 128;
     static constexpr u32 SLABS_BYTES = SCHEDULE == SPLIT_K ? 0 : CONSUMERS * 2 * SLAB_BYTES;
 
-    // SPLIT_K: each CTA's BM x BN fp32 partial, row stride LDP floats, over its drained stages; the
-    // reduction's items a thread sums at once (reduction.cuh split_reduce_store; 1 before session 22).
+    // SPLIT_K: each CTA's BM x BN fp32 partial, row stride LDP floats, over its drained stages.
     static constexpr int LDP = BN + 8;
-    static constexpr int SPLIT_ITEMS = SPLIT_ITEMS_DEFAULT;
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
     static_assert(!PING_PONG || BM <= 128, "ping-pong consumers hold whole tiles: 64 or 128 rows");

@@ -112,6 +112,28 @@ __device__ __forceinline__ void split_store_partial(const float (&acc)[Tr::MI][T
     }
 }
 
+// The four floats at `addr` in the cluster's `splits` partials, summed in a fixed order: this CTA's own
+// first, then the next ranks cyclically. Every remote load is issued before the first add (the
+// SM-to-SM network is slow: ~26 GB/s per SM in the h11 timeline), the own value read locally.
+__device__ __forceinline__ float4 cluster_sum_f32x4(u32 addr, int rank, int splits) {
+    float4 remote[7];  // cluster size <= 8, the portable limit
+#pragma unroll
+    for (int o = 1; o < 8; ++o) {
+        if (o < splits) remote[o - 1] = ld_cluster_f32x4(addr, (rank + o) % splits);
+    }
+    float4 sum = ld_shared_f32x4(addr);
+#pragma unroll
+    for (int o = 1; o < 8; ++o) {
+        if (o < splits) {
+            sum.x += remote[o - 1].x;
+            sum.y += remote[o - 1].y;
+            sum.z += remote[o - 1].z;
+            sum.w += remote[o - 1].w;
+        }
+    }
+    return sum;
+}
+
 // Four consecutive outputs from dst on, `valid` of them inside the tensor: one 16- or 8-byte store when
 // all are and the address is aligned for it, else one store per element.
 template <typename TO>
@@ -134,66 +156,31 @@ __device__ __forceinline__ void store_out4(TO* dst, const float (&v)[4], int val
 // the tensor (rows rank * ceil(valid / splits) .., valid = min(BM, M - m0): a tile hanging over M, as at
 // few tokens, shares out only the rows it has, so the ranks' DSMEM reads stay even), four columns per
 // item, over the consumer threads (ct = 0 .. CONSUMERS x 128 - 1), applies the epilogue and stores. Each
-// element is summed by one CTA in one order: its own partial first, then ranks rank + 1, rank + 2, ...
-// cyclically. Consecutive threads take consecutive columns (one 16-byte store each); under TRANS_OUT
-// consecutive rows, so that each of the item's four stores (one per out row) is a contiguous run across
-// the warp. A thread takes Tr::SPLIT_ITEMS items at a time and issues every remote (DSMEM) load of all of
-// them before the first add: the SM-to-SM network's round trip, not its rate, bounded the reduction with
-// one item's loads in flight (~26 GB/s an SM, docs/worklog.md session 6).
+// element is summed by one CTA in one order. Consecutive threads take consecutive columns (one 16-byte
+// store each); under TRANS_OUT consecutive rows, so that each of the item's four stores (one per out
+// row) is a contiguous run across the warp.
 template <class Tr>
 __device__ __forceinline__ void split_reduce_store(u32 part, int rank, int splits, int m0, int n0,
                                                    const EpilogueArgs<Tr>& ep, int ct) {
-    constexpr int C4 = Tr::BN / 4, STRIDE = Tr::CONSUMERS * 128, U = Tr::SPLIT_ITEMS;
+    constexpr int C4 = Tr::BN / 4;
     const int valid = min(Tr::BM, ep.M - m0);
     const int rows_per = (valid + splits - 1) / splits, r0 = rank * rows_per, r1 = min(valid, r0 + rows_per);
     const int rows = max(0, r1 - r0), items = rows * C4;
-    for (int i0 = ct; i0 < items; i0 += U * STRIDE) {
-        u32 addr[U];
-        int row[U], col[U];
-        bool live[U];
+    for (int i = ct; i < items; i += Tr::CONSUMERS * 128) {
+        const int rr = r0 + (kTransOut<Tr> ? i % rows : i / C4), c4 = (kTransOut<Tr> ? i / rows : i % C4) * 4;
+        const int r = m0 + rr, cc = n0 + c4;
+        if (r >= ep.M || cc >= ep.N) continue;
+        const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);
+        float v[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int i = i0 + u * STRIDE;
-            const int rr = r0 + (kTransOut<Tr> ? i % max(rows, 1) : i / C4);
-            const int c4 = (kTransOut<Tr> ? i / max(rows, 1) : i % C4) * 4;
-            row[u] = m0 + rr;
-            col[u] = n0 + c4;
-            live[u] = i < items && row[u] < ep.M && col[u] < ep.N;
-            addr[u] = part + 4 * (rr * Tr::LDP + c4);
-        }
-        float4 remote[U][7];  // cluster size <= 8, the portable limit
+        for (int h = 0; h < 4; ++h) v[h] = ep.apply(v[h], r, cc + h);
+        if constexpr (kTransOut<Tr>) {
 #pragma unroll
-        for (int o = 1; o < 8; ++o) {
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                if (o < splits && live[u]) remote[u][o - 1] = ld_cluster_f32x4(addr[u], (rank + o) % splits);
+            for (int h = 0; h < 4; ++h) {
+                if (cc + h < ep.N) *ep.out_at(r, cc + h) = from_float<typename Tr::TO>(v[h]);
             }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (!live[u]) continue;
-            float4 sum = ld_shared_f32x4(addr[u]);
-#pragma unroll
-            for (int o = 1; o < 8; ++o) {
-                if (o < splits) {
-                    sum.x += remote[u][o - 1].x;
-                    sum.y += remote[u][o - 1].y;
-                    sum.z += remote[u][o - 1].z;
-                    sum.w += remote[u][o - 1].w;
-                }
-            }
-            const int r = row[u], cc = col[u];
-            float v[4] = {sum.x, sum.y, sum.z, sum.w};
-#pragma unroll
-            for (int h = 0; h < 4; ++h) v[h] = ep.apply(v[h], r, cc + h);
-            if constexpr (kTransOut<Tr>) {
-#pragma unroll
-                for (int h = 0; h < 4; ++h) {
-                    if (cc + h < ep.N) *ep.out_at(r, cc + h) = from_float<typename Tr::TO>(v[h]);
-                }
-            } else {
-                store_out4(ep.out_at(r, cc), v, ep.N - cc);
-            }
+        } else {
+            store_out4(ep.out_at(r, cc), v, ep.N - cc);
         }
     }
 }
