@@ -1,0 +1,89 @@
+"""Probe: where a cluster split-K launch of the engine kernel spends its time (issue 14's small-M weight
+streams lose 1-1.8 us a call to cuBLAS at every candidate; session 22 ruled out the first loads' latency
+and the reduction's DSMEM round trips). A patched copy of the kernels (kernels/common/timeline.cuh) marks,
+per CTA, the entry (0), the first k-step landed for consumer 0 (2), its k-loop done (3), the partials
+visible after the first cluster barrier (4), its share of the reduction stored by thread 128 (5), the
+closing cluster barrier passed (6) and the exit (1): %globaltimer (ns, 32 ns steps and up) and clock64
+each. Eager launches of the route's plan, a synchronize after each, 30 runs after 10 warm-ups; phase
+lengths from clock64 (cycles over the CTA's own clock), medians over CTAs and runs. Records one line per
+shape under argv[1]."""
+import json, os, sys
+import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, "benchmarks")
+import probe_mc_parts as parts  # noqa: E402
+import gemmlab  # noqa: E402
+from gemmlab.jit import compiler  # noqa: E402
+
+SHAPES = [(64, 3072, 3072), (64, 5120, 5120), (77, 5120, 5120), (64, 4096, 3584), (16, 1152, 1024), (1, 576, 5120),
+          (256, 1536, 7168), (32, 4096, 4096)]
+EV = 8
+GEMM, LOOP = "engine/gemm.cu", "common/mainloop.cuh"
+PHASES = {"first_data": (0, 2), "k_loop": (2, 3), "partial_barrier": (3, 4), "reduce_store": (4, 5),
+          "release_barrier": (5, 6), "exit": (6, 1), "cta": (0, 1)}
+
+
+def timeline_patches(addr: int) -> list:
+    mark = lambda cond, e: f"TIMELINE_MARK({cond}, {e});"  # noqa: E731
+    return [
+        (GEMM, '#include "common/gemm_traits.cuh"',
+         f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
+        (GEMM, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + mark("threadIdx.x == 0", 0) + "\n"),
+        (GEMM, "u.k_begin, u.k_end, rows);\n", "u.k_begin, u.k_end, rows);\n        " + mark("wg == 1 && t == 0", 3) + "\n"),
+        (GEMM, "cluster_sync();  // every CTA's partial",
+         mark("wg == 1 && t == 0", 4) + " cluster_sync();  // every CTA's partial"),
+        (GEMM, "threadIdx.x - 128);\n", "threadIdx.x - 128);\n            " + mark("wg == 1 && t == 0", 5) + "\n"),
+        (GEMM, "cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory\n",
+         "cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory\n            "
+         + mark("wg == 1 && t == 0", 6) + "\n"),
+        (GEMM, "    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();",
+         "    " + mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
+        (LOOP, "        ring.wait_full(cur);\n        // This consumer's rows",
+         "        ring.wait_full(cur);\n        " + mark("consumer == 0 && t == 0 && kt == k_begin", 2)
+         + "\n        // This consumer's rows")]
+
+
+def main():
+    buf = torch.zeros(132 * EV * 3, dtype=torch.int64, device="cuda")
+    parts.PATCHES["splitk-timeline"] = timeline_patches(buf.data_ptr())
+    compiler.KERNEL_ROOT = parts.patched_root("splitk-timeline")
+    from gemmlab import engine2
+    from gemmlab.gpu import gpu_info
+    out = open(sys.argv[1], "a")
+    for M, N, K in SHAPES:
+        p = gemmlab.plan(M, N, K).plan
+        if p is None or p.schedule != "split_k":
+            print(f"{M}x{N}x{K}: route {gemmlab.plan(M, N, K)!r} is not split-K; skipped")
+            continue
+        a = torch.randn(M, K, device="cuda").bfloat16()
+        w = torch.randn(N, K, device="cuda").bfloat16()
+        o = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ref = a.float() @ w.float().t()
+        runs = [r.view(132, EV, 3)[: p.grid].double() for r in parts.traced_runs(engine2, p, a, w, o, buf)]
+        err = ((o.float() - ref).norm() / ref.norm()).item()
+        rec = {"suite": "splitk-timeline", "M": M, "N": N, "K": K, "plan": repr(p), "bm": p.bm, "bn": p.bn,
+               "splits": p.splits, "swap_ab": p.swap_ab, "grid": p.grid, "rel_error": err}
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        mhz = [(((r[:, 1, 1] - r[:, 0, 1]) / (r[:, 1, 0] - r[:, 0, 0])) * 1e3).median().item() for r in runs]
+        rec["cta_sm_mhz"] = med(mhz)
+        for name, (e0, e1) in PHASES.items():  # cycles between the marks, in us at the CTA's clock
+            rec[name + "_us"] = med([((r[:, e1, 1] - r[:, e0, 1]) / mz).median().item() for r, mz in zip(runs, mhz)])
+        rec["span_us"] = med([((r[:, 1, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
+        rec["start_spread_us"] = med([((r[:, 0, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
+        rec["kloop_end_spread_us"] = med([((r[:, 3, 0].max() - r[:, 3, 0].min()) / 1e3).item() for r in runs])
+        k_steps = -(-K // 64) // p.splits
+        rec["bytes_per_kstep"] = (p.bm + p.bn) * 128  # the A and B boxes a CTA loads a k-step
+        rec["k_steps"] = k_steps
+        rec.update({"gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")})
+        print(f"{M}x{N}x{K} {'swap ' if p.swap_ab else ''}{p.bm}x{p.bn} s{p.splits} grid {p.grid}: span "
+              f"{rec['span_us']:.2f} us (starts spread {rec['start_spread_us']:.2f}, k-loop ends spread "
+              f"{rec['kloop_end_spread_us']:.2f}); CTA {rec['cta_us']:.2f} = first data {rec['first_data_us']:.2f}"
+              f" + k-loop {rec['k_loop_us']:.2f} ({k_steps} k-steps) + partial/barrier {rec['partial_barrier_us']:.2f}"
+              f" + reduce {rec['reduce_store_us']:.2f} + release {rec['release_barrier_us']:.2f} + exit "
+              f"{rec['exit_us']:.2f} at {rec['cta_sm_mhz']:.0f} MHz (err {err:.1e})", flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
