@@ -2,7 +2,8 @@
 streams lose 1-1.8 us a call to cuBLAS at every candidate; session 22 ruled out the first loads' latency
 and the reduction's DSMEM round trips). A patched copy of the kernels (kernels/common/timeline.cuh) marks,
 per CTA, the entry (0), the first k-step landed for consumer 0 (2), its k-loop done (3), the partials
-written (4), the first cluster barrier passed (7), its share of the reduction stored by thread 128 (5), the
+written (4), the first cluster barrier passed (7), thread 128's first item of the reduction summed (8) and
+stored (9), its share of the reduction stored by thread 128 (5), the
 closing cluster barrier passed (6) and the exit (1): %globaltimer (ns, 32 ns steps and up) and clock64
 each. Eager launches of the route's plan, a synchronize after each, 30 runs after 10 warm-ups; phase
 lengths from clock64 (cycles over the CTA's own clock), medians over CTAs and runs. Records one line per
@@ -17,10 +18,11 @@ from gemmlab.jit import compiler  # noqa: E402
 
 SHAPES = [(64, 3072, 3072), (64, 5120, 5120), (77, 5120, 5120), (64, 4096, 3584), (16, 1152, 1024), (1, 576, 5120),
           (256, 1536, 7168), (32, 4096, 4096)]
-EV = 8
+EV = 12
+RED = "common/reduction.cuh"
 GEMM, LOOP = "engine/gemm.cu", "common/mainloop.cuh"
 PHASES = {"first_data": (0, 2), "k_loop": (2, 3), "partial_store": (3, 4), "cluster_barrier": (4, 7),
-          "reduce_store": (7, 5),
+          "reduce_store": (7, 5), "first_item_loads": (7, 8), "first_item_store": (8, 9), "other_items": (9, 5),
           "release_barrier": (5, 6), "exit": (6, 1), "cta": (0, 1)}
 
 
@@ -34,6 +36,14 @@ VARIANT_PATCHES = {"as-is": [], "relaxed": [
 def timeline_patches(addr: int) -> list:
     mark = lambda cond, e: f"TIMELINE_MARK({cond}, {e});"  # noqa: E731
     return [
+        ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {EV}"),
+        # inside the reduction: thread 128's first item summed (the mark waits for the sum: its condition
+        # reads it) and stored
+        (RED, "        const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);\n",
+         "        const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);\n"
+         "        " + mark("ct == 0 && i == ct && sum.x != 1.2345e-30f", 8) + "\n"),
+        (RED, "            store_out4(ep.out_at(r, cc), v, ep.N - cc);\n        }\n",
+         "            store_out4(ep.out_at(r, cc), v, ep.N - cc);\n        }\n        " + mark("ct == 0 && i == ct", 9) + "\n"),
         (GEMM, '#include "common/gemm_traits.cuh"',
          f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
         (GEMM, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + mark("threadIdx.x == 0", 0) + "\n"),
