@@ -67,11 +67,14 @@ CONVERGE = [("common/gemm_traits.cuh", "SCHEDULE != STREAM_K && SCHEDULE != SPLI
 # warm / warm2 / warm32: before pdl_wait a CTA asks the L2 for its first unit's first k-steps of the weight
 # (EARLY_L2 1, its producer thread; warm32: thread 32, an idle warp of the producer warpgroup) or of both
 # operands (2) (mainloop.cuh prewarm_l2; off in the library: measured slower, session 22).
+# pull: the split-K reduction through remote (DSMEM) loads after a cluster barrier, the form before
+# session 22 (SPLIT_PUSH off).
+PULL = [("common/gemm_traits.cuh", "#define SPLIT_PUSH_ON 1", "#define SPLIT_PUSH_ON 0")]
 WARM, WARM2 = ([("common/mainloop.cuh", "#define EARLY_L2 0", f"#define EARLY_L2 {v}")] for v in (1, 2))
 WARM32 = WARM + [("engine/gemm.cu", "        if (threadIdx.x == 0) {\n            TileScheduler<Tr::SCHEDULE> first(",
                   "        if (threadIdx.x == 32) {\n            TileScheduler<Tr::SCHEDULE> first(")]
 VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE, "warm": WARM, "warm2": WARM2,
-            "warm32": WARM32}
+            "warm32": WARM32, "pull": PULL}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 
 

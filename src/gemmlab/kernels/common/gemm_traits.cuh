@@ -4,6 +4,10 @@
 #include "ptx.cuh"
 #include "tile_scheduler.cuh"
 
+#ifndef SPLIT_PUSH_ON
+#define SPLIT_PUSH_ON 1
+#endif
+
 template <typename TIn, typename TOut, typename TBias,  // operand, output and bias element types
           int kBM, int kBN, int kStages,                // tile (rows x columns) and ring depth
           bool kAmn, bool kBmn,                         // operand stored MN-major (else K-major)
@@ -85,6 +89,10 @@ struct GemmTraits {
 
     // SPLIT_K: each CTA's BM x BN fp32 partial, row stride LDP floats, over its drained stages.
     static constexpr int LDP = BN + 8;
+    // SPLIT_PUSH: the ranks copy each other their row slices (reduction.cuh) where the partial and the
+    // receive slots (at most (splits - 1) x ceil(BM / splits) <= BM + 7 rows) fit the drained stages.
+    static constexpr bool SPLIT_PUSH = SPLIT_PUSH_ON && SCHEDULE == SPLIT_K &&
+                                       (2 * BM + 7) * LDP * 4 <= STAGES * (BM + BN) * BK * (int)sizeof(T);
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
     static_assert(!PING_PONG || BM <= 128, "ping-pong consumers hold whole tiles: 64 or 128 rows");

@@ -15,10 +15,15 @@
 //    1 / splits of it, all in parallel, where the stream-K owner reads every contributor's partial and
 //    stores the whole tile alone.
 //  * Split-K (thread-block cluster, h11's): every CTA leaves its partial in its own shared memory, and
-//    after a cluster barrier CTA r adds rows r * BM / splits .. of all partials through distributed
-//    shared memory, in rank order from its own, and stores them.
+//    CTA r adds rows r * BM / splits .. of all partials, in rank order from its own, and stores them.
+//    Pushed (Tr::SPLIT_PUSH): each CTA copies the other ranks' row slices of its partial into their
+//    shared memory (bulk copies, completed on the receiver's barrier), so the sums read local shared
+//    memory only; else (tiles whose partial and receive slots do not fit the drained stages) CTA r reads
+//    the other partials through distributed shared memory after a cluster barrier.
 #pragma once
 #include "epilogue_store.cuh"
+#include "mbarrier.cuh"
+#include "tma.cuh"
 
 // "red.release.gpu.global.add": the release makes every write that happens-before it (this thread's,
 // and the warpgroup's through the preceding bar.sync) visible to a thread that acquires the flag
@@ -113,25 +118,52 @@ __device__ __forceinline__ void split_store_partial(const float (&acc)[Tr::MI][T
 }
 
 // The four floats at `addr` in the cluster's `splits` partials, summed in a fixed order: this CTA's own
-// first, then the next ranks cyclically. Every remote load is issued before the first add (the
-// SM-to-SM network is slow: ~26 GB/s per SM in the h11 timeline), the own value read locally.
-__device__ __forceinline__ float4 cluster_sum_f32x4(u32 addr, int rank, int splits) {
-    float4 remote[7];  // cluster size <= 8, the portable limit
+// first, then the next ranks cyclically. Pulled (PUSH false): every remote load is issued before the first
+// add (the SM-to-SM network is slow: ~26 GB/s per SM in the h11 timeline), the own value read locally.
+// Pushed: rank + o's value sits in this CTA's receive slot o - 1, `slot` bytes apart, at `recv`.
+template <bool PUSH>
+__device__ __forceinline__ float4 split_sum_f32x4(u32 addr, u32 recv, u32 slot, int rank, int splits) {
+    float4 other[7];  // cluster size <= 8, the portable limit
 #pragma unroll
     for (int o = 1; o < 8; ++o) {
-        if (o < splits) remote[o - 1] = ld_cluster_f32x4(addr, (rank + o) % splits);
+        if (o < splits)
+            other[o - 1] = PUSH ? ld_shared_f32x4(recv + (o - 1) * slot) : ld_cluster_f32x4(addr, (rank + o) % splits);
     }
     float4 sum = ld_shared_f32x4(addr);
 #pragma unroll
     for (int o = 1; o < 8; ++o) {
         if (o < splits) {
-            sum.x += remote[o - 1].x;
-            sum.y += remote[o - 1].y;
-            sum.z += remote[o - 1].z;
-            sum.w += remote[o - 1].w;
+            sum.x += other[o - 1].x;
+            sum.y += other[o - 1].y;
+            sum.z += other[o - 1].z;
+            sum.w += other[o - 1].w;
         }
     }
     return sum;
+}
+
+// Split-K rows shared out: rank r sums rows r * ceil(valid / splits) .. (valid = min(BM, M - m0): a tile
+// hanging over M, as at few tokens, shares out only the rows it has, so the ranks' shares stay even).
+__device__ __forceinline__ int split_rows_per(int valid, int splits) { return (valid + splits - 1) / splits; }
+__device__ __forceinline__ int split_rows_of(int rank, int valid, int splits) {
+    const int per = split_rows_per(valid, splits);
+    return max(0, min(valid, (rank + 1) * per) - rank * per);
+}
+
+// Split-K, pushed (one thread, after the partial is in shared memory and fenced for the async proxy): the
+// arrival on this CTA's `bar` announcing the slices the other ranks will copy in, then this CTA's slice
+// of each other rank's rows into that rank's receive slot for it (slot splits - o - 1 of rank + o: the
+// receiver adds rank + o' from slot o' - 1).
+template <class Tr>
+__device__ __forceinline__ void split_push_slices(u32 part, u32 recv, u64* bar, int rank, int splits, int valid) {
+    constexpr u32 ROW = Tr::LDP * 4;
+    const u32 slot = split_rows_per(valid, splits) * ROW;
+    mbar_expect_tx(bar, (splits - 1) * split_rows_of(rank, valid, splits) * ROW);
+    for (int o = 1; o < splits; ++o) {
+        const int dst = (rank + o) % splits, rows = split_rows_of(dst, valid, splits);
+        if (rows > 0)
+            bulk_copy_to_peer(recv + (splits - o - 1) * slot, part + dst * slot, rows * ROW, smem_u32(bar), dst);
+    }
 }
 
 // Four consecutive outputs from dst on, `valid` of them inside the tensor: one 16- or 8-byte store when
@@ -152,25 +184,26 @@ __device__ __forceinline__ void store_out4(TO* dst, const float (&v)[4], int val
     }
 }
 
-// Split-K: after the cluster barrier, CTA `rank` of `splits` reduces its share of the tile's rows inside
-// the tensor (rows rank * ceil(valid / splits) .., valid = min(BM, M - m0): a tile hanging over M, as at
-// few tokens, shares out only the rows it has, so the ranks' DSMEM reads stay even), four columns per
-// item, over the consumer threads (ct = 0 .. CONSUMERS x 128 - 1), applies the epilogue and stores. Each
-// element is summed by one CTA in one order. Consecutive threads take consecutive columns (one 16-byte
-// store each); under TRANS_OUT consecutive rows, so that each of the item's four stores (one per out
-// row) is a contiguous run across the warp.
-template <class Tr>
+// Split-K: CTA `rank` of `splits` reduces its share of the tile's rows inside the tensor
+// (split_rows_of), four columns per item, over the consumer threads (ct = 0 .. CONSUMERS x 128 - 1),
+// applies the epilogue and stores. Each element is summed by one CTA in one order (split_sum_f32x4), pushed
+// or pulled alike. Consecutive threads take consecutive columns (one 16-byte store each); under TRANS_OUT
+// consecutive rows, so that each of the item's four stores (one per out row) is a contiguous run across
+// the warp. Pulled: after the cluster barrier. Pushed: once this CTA's barrier saw every slice land.
+template <class Tr, bool PUSH = false>
 __device__ __forceinline__ void split_reduce_store(u32 part, int rank, int splits, int m0, int n0,
-                                                   const EpilogueArgs<Tr>& ep, int ct) {
+                                                   const EpilogueArgs<Tr>& ep, int ct, u32 recv = 0) {
     constexpr int C4 = Tr::BN / 4;
     const int valid = min(Tr::BM, ep.M - m0);
-    const int rows_per = (valid + splits - 1) / splits, r0 = rank * rows_per, r1 = min(valid, r0 + rows_per);
-    const int rows = max(0, r1 - r0), items = rows * C4;
+    const int rows_per = split_rows_per(valid, splits), r0 = rank * rows_per;
+    const int rows = split_rows_of(rank, valid, splits), items = rows * C4;
+    const u32 slot = rows_per * Tr::LDP * 4;
     for (int i = ct; i < items; i += Tr::CONSUMERS * 128) {
         const int rr = r0 + (kTransOut<Tr> ? i % rows : i / C4), c4 = (kTransOut<Tr> ? i / rows : i % C4) * 4;
         const int r = m0 + rr, cc = n0 + c4;
         if (r >= ep.M || cc >= ep.N) continue;
-        const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);
+        const float4 sum = split_sum_f32x4<PUSH>(part + 4 * (rr * Tr::LDP + c4),
+                                                 recv + 4 * ((rr - r0) * Tr::LDP + c4), slot, rank, splits);
         float v[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
         for (int h = 0; h < 4; ++h) v[h] = ep.apply(v[h], r, cc + h);

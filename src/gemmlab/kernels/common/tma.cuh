@@ -30,6 +30,16 @@ __device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap* map, int c0, 
                  ::"l"(map), "r"(c0), "r"(c1) : "memory");
 }
 
+// Shared -> shared of CTA `cta` of this cluster ("cp.async.bulk.shared::cluster.shared::cta"): `bytes`
+// (a multiple of 16, both addresses 16-byte aligned) from this CTA's `src` to the same offsets as `dst`
+// and `bar` in the peer (mapa), completion signalled on the peer's barrier as transaction bytes.
+__device__ __forceinline__ void bulk_copy_to_peer(u32 dst, u32 src, u32 bytes, u32 bar, u32 cta) {
+    asm volatile(
+        "{\n\t.reg .b32 d, b;\n\tmapa.shared::cluster.u32 d, %0, %3;\n\tmapa.shared::cluster.u32 b, %2, %3;\n\t"
+        "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [d], [%1], %4, [b];\n\t}"
+        ::"r"(dst), "r"(src), "r"(bar), "r"(cta), "r"(bytes) : "memory");
+}
+
 // Shared -> global bulk tensor store. Writes made by ordinary stores (st.shared, stmatrix) must be
 // fenced with fence.proxy.async by the writing threads first.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {

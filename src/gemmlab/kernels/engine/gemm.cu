@@ -32,6 +32,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ Turns turns;  // PINGPONG only
+    __shared__ u64 slices;   // SPLIT_PUSH: the other ranks' row slices of the partial landed
 
     const int wg = Tr::UNIFORM_WG ? warpgroup_index() : static_cast<int>(threadIdx.x / 128), t = threadIdx.x % 128;
     // B multicast: the rows of tiles padded to whole pairs (the host's order table lists the pairs).
@@ -40,7 +41,8 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     const int k_iters = (K + BK - 1) / BK;
     if (threadIdx.x == 0) {
         if constexpr (Tr::PING_PONG) turns.init();
-        ring.init(Tr::SLOT_READERS * Tr::MCAST);
+        if constexpr (Tr::SPLIT_PUSH) mbar_init(&slices, 1);
+        ring.init(Tr::SLOT_READERS * Tr::MCAST);  // (then fence.mbarrier_init.release.cluster)
     }
     // B multicast: the peer's loads and releases land on this CTA's barriers, so both are initialised
     // before either CTA starts (barrier.cluster orders the inits before the peer's first use).
@@ -80,8 +82,12 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
                                  u.k_begin, u.k_end, M, a_rows, NoExtraLoads{}, BEdge{&tmB_short, N, b_rows});
             }
         }
-        if constexpr (Tr::SCHEDULE == SPLIT_K) {  // the consumers' two cluster barriers count every thread
-            cluster_sync();
+        if constexpr (Tr::SCHEDULE == SPLIT_K) {  // the consumers' cluster barriers count every thread
+            if constexpr (Tr::SPLIT_PUSH) {
+                cluster_sync_relaxed();
+            } else {
+                cluster_sync();
+            }
             cluster_sync_relaxed();
         }
         if constexpr (Tr::MCAST > 1) cluster_sync();  // the consumers' closing barrier (below)
@@ -122,9 +128,27 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             named_barrier_sync(3, Tr::CONSUMERS * 128);
             const u32 part = smem_u32(sA);
             split_store_partial<Tr>(acc, part, consumer, t);
-            cluster_sync();  // every CTA's partial is in its shared memory (barrier.cluster: release / acquire)
-            split_reduce_store<Tr>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128);
-            cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory
+            if constexpr (Tr::SPLIT_PUSH) {
+                // The partial's stores are read next by the bulk copies (async proxy): fenced by each
+                // writer, then a barrier of the consumers. The receive slots lie in the peers' drained stages, so no copy starts before
+                // every CTA of the cluster has left its k-loop (a relaxed cluster barrier: no data crosses
+                // CTAs through it; its wait also orders the peers' `slices` inits, released by their
+                // fence.mbarrier_init, before the copies complete on them). Then one thread copies the
+                // other ranks' slices out, and every thread waits for this CTA's slices to land.
+                const u32 recv = part + BM * Tr::LDP * 4;
+                fence_proxy_async_smem();
+                named_barrier_sync(3, Tr::CONSUMERS * 128);  // the fenced partial, ordered for thread 128
+                cluster_sync_relaxed();
+                if (threadIdx.x == 128)
+                    split_push_slices<Tr>(part, recv, &slices, u.split, sargs.splits, min(BM, ep.M - m0));
+                mbar_wait_parity(&slices, 0);
+                split_reduce_store<Tr, true>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128, recv);
+                cluster_sync_relaxed();  // no CTA leaves while a copy from its shared memory may be in flight
+            } else {
+                cluster_sync();  // every CTA's partial is in its shared memory (barrier.cluster: release / acquire)
+                split_reduce_store<Tr>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128);
+                cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory
+            }
         } else {
             if constexpr (Tr::SCHEDULE == SPLIT_K_GLOBAL) {
                 if (u.kind == UNIT_SPLIT) {  // the tile's ranks reduce and store it together
