@@ -13,6 +13,7 @@ import pytest
 
 from gemmlab import engine2, sass
 from gemmlab import planner
+from gemmlab.devices import H200
 
 
 def _check(p: planner.Plan) -> None:
@@ -162,6 +163,21 @@ def test_uniform_wg_mirrors_the_trait():
         r2ur = [sum(1 for i in summary.instructions if i.address in lp.addresses and i.base == "R2UR")
                 for lp in sass.wgmma_loops(summary)]
         assert r2ur and (all(n == 0 for n in r2ur) == p.uniform_wg), (p, r2ur)
+
+
+def test_split_push_mirrors_the_trait():
+    """Plan.split_push says what GemmTraits::SPLIT_PUSH decides: pushed split-K plans copy their slices with
+    bulk copies between CTAs and carry no GPU-wide fence, pulled ones (partial and receive slots too big for
+    their stages) the reverse (``sass_expect``); the router's split-K plans at few tokens push, and the
+    largest split-K tiles pull."""
+    ps = [c for M, N, K in ((64, 3072, 3072), (2, 576, 7168), (128, 6144, 24576), (16, 8192, 28672))
+          for c in planner.candidates(M, N, K, profile=H200, swap_ab=True) if c.schedule == "split_k"]
+    assert {p.split_push for p in ps} == {False, True}
+    assert planner.plan(64, 3072, 3072, profile=H200).split_push
+    for p in {p.name_expression: p for p in ps if p.bm == 128 and p.bn in (80, 256)}.values():
+        k = engine2.compile_plan(p)
+        text = sass.disassemble(k.cubin, k.mangled_name)
+        assert ("UBLKCP.S.S" in text) == p.split_push and ("MEMBAR.ALL.GPU" in text) != p.split_push, p
 
 
 def test_prefetch_is_a_template_argument_after_mcast():

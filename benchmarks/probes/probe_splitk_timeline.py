@@ -1,13 +1,15 @@
 """Probe: where a cluster split-K launch of the engine kernel spends its time (issue 14's small-M weight
-streams lose 1-1.8 us a call to cuBLAS at every candidate; session 22 ruled out the first loads' latency
-and the reduction's DSMEM round trips). A patched copy of the kernels (kernels/common/timeline.cuh) marks,
-per CTA, the entry (0), the first k-step landed for consumer 0 (2), its k-loop done (3), the partials
-written (4), the first cluster barrier passed (7), thread 128's first item of the reduction summed (8) and
-stored (9), its share of the reduction stored by thread 128 (5), the
-closing cluster barrier passed (6) and the exit (1): %globaltimer (ns, 32 ns steps and up) and clock64
-each. Eager launches of the route's plan, a synchronize after each, 30 runs after 10 warm-ups; phase
-lengths from clock64 (cycles over the CTA's own clock), medians over CTAs and runs. Records one line per
-shape under argv[1]."""
+streams lose 1-1.8 us a call to cuBLAS at every candidate; session 22 ruled out the first loads' latency).
+A patched copy of the kernels (kernels/common/timeline.cuh) marks, per CTA: the entry (0), the first
+k-step landed for consumer 0 (2), its k-loop done (3), the partial written (4), the first cluster barrier
+passed (7), [pushed: this CTA's slices landed (8)], its share of the reduction stored by thread 128 (5),
+the closing cluster barrier passed (6) and the exit (1): %globaltimer (ns, 32 ns steps and up) and clock64
+each. PROBE_VARIANT=pull: the pulled reduction (SPLIT_PUSH off; reduction.cuh), else the kernels as they
+are (pushed where the tile fits). Eager launches of the route's plan, a synchronize after each, 30 runs
+after 10 warm-ups; phase lengths from clock64 (cycles over the CTA's own clock), medians over CTAs and
+runs. Records one line per shape under argv[1]. (Session 22's first records, `splitk_timeline.jsonl`
+before 89bb6c4, timed the pulled form with marks inside its first item's remote loads, and a variant
+with the first cluster barrier relaxed.)"""
 import json, os, sys
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -16,52 +18,51 @@ import probe_mc_parts as parts  # noqa: E402
 import gemmlab  # noqa: E402
 from gemmlab.jit import compiler  # noqa: E402
 
-SHAPES = [(64, 3072, 3072), (64, 5120, 5120), (77, 5120, 5120), (64, 4096, 3584), (16, 1152, 1024), (1, 576, 5120),
+SHAPES = [(64, 3072, 3072), (64, 5120, 5120), (77, 5120, 5120), (64, 4096, 3584), (1, 576, 5120),
           (256, 1536, 7168), (32, 4096, 4096)]
 EV = 12
-RED = "common/reduction.cuh"
 GEMM, LOOP = "engine/gemm.cu", "common/mainloop.cuh"
+PUSH = os.environ.get("PROBE_VARIANT", "push") != "pull"
 PHASES = {"first_data": (0, 2), "k_loop": (2, 3), "partial_store": (3, 4), "cluster_barrier": (4, 7),
-          "reduce_store": (7, 5), "first_item_loads": (7, 8), "first_item_store": (8, 9), "other_items": (9, 5),
+          **({"slices_wait": (7, 8), "reduce_store": (8, 5)} if PUSH else {"reduce_store": (7, 5)}),
           "release_barrier": (5, 6), "exit": (6, 1), "cta": (0, 1)}
 
 
-# PROBE_VARIANT=relaxed: the first cluster barrier without release / acquire (no MEMBAR.ALL.GPU before its
-# arrive): a measurement of that fence's cost only, not a correct kernel (the partials' shared-memory
-# writes are then not ordered before the other CTAs' DSMEM reads).
-VARIANT_PATCHES = {"as-is": [], "relaxed": [
-    (GEMM, "cluster_sync();  // every CTA's partial", "cluster_sync_relaxed();  // every CTA's partial")]}
+def _mark(cond: str, e: int) -> str:
+    return f"TIMELINE_MARK({cond}, {e});"
+
+
+def _after(text: str, e: int, pad: str = "            ") -> tuple:
+    return (GEMM, text, text + pad + _mark("wg == 1 && t == 0", e) + "\n")
 
 
 def timeline_patches(addr: int) -> list:
-    mark = lambda cond, e: f"TIMELINE_MARK({cond}, {e});"  # noqa: E731
-    return [
+    common = [
         ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {EV}"),
-        # inside the reduction: thread 128's first item summed (the mark waits for the sum: its condition
-        # reads it) and stored
-        (RED, "        const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);\n",
-         "        const float4 sum = cluster_sum_f32x4(part + 4 * (rr * Tr::LDP + c4), rank, splits);\n"
-         "        " + mark("ct == 0 && i == ct && sum.x != 1.2345e-30f", 8) + "\n"),
-        (RED, "            store_out4(ep.out_at(r, cc), v, ep.N - cc);\n        }\n",
-         "            store_out4(ep.out_at(r, cc), v, ep.N - cc);\n        }\n        " + mark("ct == 0 && i == ct", 9) + "\n"),
         (GEMM, '#include "common/gemm_traits.cuh"',
          f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
-        (GEMM, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + mark("threadIdx.x == 0", 0) + "\n"),
-        (GEMM, "u.k_begin, u.k_end, rows);\n", "u.k_begin, u.k_end, rows);\n        " + mark("wg == 1 && t == 0", 3) + "\n"),
-        (GEMM, "cluster_sync();  // every CTA's partial",
-         mark("wg == 1 && t == 0", 4) + " cluster_sync();  // every CTA's partial"),
-        (GEMM, "cluster_sync();  // every CTA's partial is in its shared memory (barrier.cluster: release / acquire)\n",
-         "cluster_sync();  // every CTA's partial is in its shared memory (barrier.cluster: release / acquire)\n"
-         "            " + mark("wg == 1 && t == 0", 7) + "\n"),
-        (GEMM, "threadIdx.x - 128);\n", "threadIdx.x - 128);\n            " + mark("wg == 1 && t == 0", 5) + "\n"),
-        (GEMM, "cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory\n",
-         "cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory\n            "
-         + mark("wg == 1 && t == 0", 6) + "\n"),
+        (GEMM, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + _mark("threadIdx.x == 0", 0) + "\n"),
+        _after("u.k_begin, u.k_end, rows);\n", 3, "        "),
         (GEMM, "    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();",
-         "    " + mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
+         "    " + _mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
         (LOOP, "        ring.wait_full(cur);\n        // This consumer's rows",
-         "        ring.wait_full(cur);\n        " + mark("consumer == 0 && t == 0 && kt == k_begin", 2)
-         + "\n        // This consumer's rows")] + VARIANT_PATCHES[os.environ.get("PROBE_VARIANT", "as-is")]
+         "        ring.wait_full(cur);\n        " + _mark("consumer == 0 && t == 0 && kt == k_begin", 2)
+         + "\n        // This consumer's rows")]
+    if not PUSH:
+        return common + [
+            ("common/gemm_traits.cuh", "#define SPLIT_PUSH_ON 1", "#define SPLIT_PUSH_ON 0"),
+            (GEMM, "cluster_sync();  // every CTA's partial", _mark("wg == 1 && t == 0", 4) + " cluster_sync();  // every CTA's partial"),
+            _after("cluster_sync();  // every CTA's partial is in its shared memory (barrier.cluster: release / acquire)\n", 7),
+            _after("split_reduce_store<Tr>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128);\n", 5),
+            _after("cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory\n", 6)]
+    return common + [
+        (GEMM, "                fence_proxy_async_smem();\n",
+         "                " + _mark("wg == 1 && t == 0", 4) + "\n                fence_proxy_async_smem();\n"),
+        _after("ordered for thread 128\n                cluster_sync_relaxed();\n", 7, "                "),
+        _after("mbar_wait_parity(&slices, 0);\n", 8, "                "),
+        _after("threadIdx.x - 128, recv);\n", 5, "                "),
+        _after("cluster_sync_relaxed();  // no CTA leaves while a copy from its shared memory may be in flight\n", 6,
+               "                ")]
 
 
 def main():
@@ -95,7 +96,7 @@ def main():
         skew = [((r[:, 4, 0].view(-1, p.splits).max(1).values - r[:, 4, 0].view(-1, p.splits).min(1).values) / 1e3)
                 .median().item() for r in runs if r.shape[0] % p.splits == 0]
         rec["cluster_arrival_skew_us"] = med(skew) if skew else None
-        rec["variant"] = os.environ.get("PROBE_VARIANT", "as-is")
+        rec["variant"] = "push" if PUSH and p.split_push else "pull"
         rec["kloop_end_spread_us"] = med([((r[:, 3, 0].max() - r[:, 3, 0].min()) / 1e3).item() for r in runs])
         k_steps = -(-K // 64) // p.splits
         rec["bytes_per_kstep"] = (p.bm + p.bn) * 128  # the A and B boxes a CTA loads a k-step
@@ -105,7 +106,8 @@ def main():
               f"{rec['span_us']:.2f} us (starts spread {rec['start_spread_us']:.2f}, k-loop ends spread "
               f"{rec['kloop_end_spread_us']:.2f}); CTA {rec['cta_us']:.2f} = first data {rec['first_data_us']:.2f}"
               f" + k-loop {rec['k_loop_us']:.2f} ({k_steps} k-steps) + partial {rec['partial_store_us']:.2f}"
-              f" + barrier {rec['cluster_barrier_us']:.2f} (skew {rec['cluster_arrival_skew_us']}) + reduce {rec['reduce_store_us']:.2f} + release {rec['release_barrier_us']:.2f} + exit "
+              f" + barrier {rec['cluster_barrier_us']:.2f} (skew {rec['cluster_arrival_skew_us']})"
+              f" + slices {rec.get('slices_wait_us', 0):.2f} + reduce {rec['reduce_store_us']:.2f} + release {rec['release_barrier_us']:.2f} + exit "
               f"{rec['exit_us']:.2f} at {rec['cta_sm_mhz']:.0f} MHz (err {err:.1e})", flush=True)
         out.write(json.dumps(rec) + "\n")
         out.flush()

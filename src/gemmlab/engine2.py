@@ -125,7 +125,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, alpha: float = 
 def sass_expect(p: planner.Plan):
     """What the SASS of ``p``'s instantiation must show: wgmma (its shape: ``hgmma_shapes``), TMA loads,
     no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
-    cluster barriers; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED);
+    cluster barriers, and its pushed slices' bulk copies with no GPU-wide fence (``Plan.split_push``) or
+    the pulled form's fence; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED);
     no GPU-wide fence inside a loop for data-parallel plans (split-K's cluster barrier and stream-K's
     release are one, once per unit); programmatic dependent launch's wait and trigger; where the plan reads
     its warpgroup index uniformly (``Plan.uniform_wg``), the k-loop's wgmma descriptors in uniform registers
@@ -137,6 +138,10 @@ def sass_expect(p: planner.Plan):
     if p.schedule == "split_k":
         contains += [r"^UCGABAR_ARV", r"^UCGABAR_WAIT"]
         absent += [r"^UTMASTG"]
+        # pushed: the slices go out by bulk copies between CTAs, and no barrier with release semantics
+        # (MEMBAR.ALL.GPU) is left (the pulled form has one before its reads)
+        contains += [r"^UBLKCP\.S\.S"] if p.split_push else [r"^MEMBAR\.ALL\.GPU"]
+        absent += [r"^MEMBAR\.ALL\.GPU"] if p.split_push else [r"^UBLKCP"]
     elif p.direct:
         absent += [r"^UTMASTG"]
     else:

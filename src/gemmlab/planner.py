@@ -287,6 +287,14 @@ class Plan(_Tiling):
                 and not self.has_c and not self.direct and self.out_dtype != "fp32")
 
     @property
+    def split_push(self) -> bool:
+        """GemmTraits::SPLIT_PUSH: a cluster split-K plan whose ranks copy each other their row slices of the
+        partial (reduction.cuh) because the partial and the receive slots ((2 bm + 7) rows of bn + 8 fp32)
+        fit the drained stages; other split-K plans pull the slices through distributed shared memory."""
+        stage = (self.bm + self.bn) * BK * plan_cost.in_bytes(self.dtype)
+        return self.schedule == "split_k" and (2 * self.bm + 7) * (self.bn + 8) * 4 <= self.stages * stage
+
+    @property
     def workspace_floats(self) -> int:
         """Stream-K and global split-K: one bm x bn fp32 partial slot per streamed CTA (flags: 2 ints per
         slot)."""
