@@ -86,6 +86,10 @@ records (the engine kernel limited to its measured plans; its measured ratio to 
 1.071 -> 1.082 (oracle 1.100), held out 1.039 -> 1.046 (oracle 1.059); decode class 1.029 -> 1.062
 (oracle 1.072). ``h11_factor`` refitted to 1.073 (fit half's h11 records, now 145 of them; held out
 1.084).
+Since session 22 (not a fit): split-K plans whose partial and receive slots fit their stages push their
+slices to the other ranks by bulk copies (``Plan.split_push``), 1.0% faster over the broad set's 34 split-K
+routes than the pulled form these constants were fitted to (``splitk_push.jsonl``); ``cluster_sync_s``
+and ``dsmem_bytes_per_s`` are left until a broad run re-times the set.
 Since (session 9, not a fit): ``sm_l2_bytes_per_s`` 112 -> 88 GB/s (the all-SM rate over 132 SMs: partial
 grids of larger tiles ran as slow as their area says; the broad set's 30 changed picks ran 1.045x their
 earlier ratio) and ``misaligned_l2_factor`` 1.75 (the TMA's L2 rate at K-major rows 16- but not 32-byte
