@@ -96,6 +96,8 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
 // EARLY_L2 = 0: none; 1: the weight; 2: both operands (a probe's setting). A prefetch is a hint into the
 // L2, which every SM's writes go through, so a box the kernel before still writes is never read stale:
 // what the ring loads after pdl_wait comes from the L2 as it then is. K-major operands, one box each.
+// Off: measured 7% slower on the broad set's small shapes (docs/worklog.md, session 22; the prefetches
+// seem to hold the SM's TMA unit ahead of the ring's first loads); probe_variants.py times it.
 #ifndef EARLY_L2
 #define EARLY_L2 0
 #endif
