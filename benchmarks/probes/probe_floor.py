@@ -27,7 +27,7 @@ def variants(M, N, K):
         tag = ("swap " if p.swap_ab else "") + f"{p.bm}x{p.bn} {p.schedule} s{p.splits}"
         for q in sorted({p.stages, 4, 2}):
             v = dataclasses.replace(p, stages=q)
-            if q <= p.stages and (p.schedule != "split_k" or v.bm * (v.bn + 8) * 4 <= q * (v.bm + v.bn) * 128):
+            if q <= p.stages and (p.schedule != "split_k" or planner.split_rows_fit(v.bm, v.bm, v.bn, q, v.dtype)):
                 out[f"{'pick' if i == 0 and first else f'#{i}'} {tag} /{q}"] = v
     return out
 

@@ -51,8 +51,10 @@ def timeline_patches(addr: int) -> list:
     if not PUSH:
         return common + [
             ("common/gemm_traits.cuh", "#define SPLIT_PUSH_ON 1", "#define SPLIT_PUSH_ON 0"),
-            (GEMM, "cluster_sync();  // every CTA's partial", _mark("wg == 1 && t == 0", 4) + " cluster_sync();  // every CTA's partial"),
-            _after("cluster_sync();  // every CTA's partial is in its shared memory (barrier.cluster: release / acquire)\n", 7),
+            (GEMM, "cluster_sync();  // every CTA's partial",
+             _mark("wg == 1 && t == 0", 4) + " cluster_sync();  // every CTA's partial"),
+            _after("cluster_sync();  // every CTA's partial is in its shared memory (barrier.cluster: release / "
+                   "acquire)\n", 7),
             _after("split_reduce_store<Tr>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128);\n", 5),
             _after("cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory\n", 6)]
     return common + [
@@ -107,7 +109,8 @@ def main():
               f"{rec['kloop_end_spread_us']:.2f}); CTA {rec['cta_us']:.2f} = first data {rec['first_data_us']:.2f}"
               f" + k-loop {rec['k_loop_us']:.2f} ({k_steps} k-steps) + partial {rec['partial_store_us']:.2f}"
               f" + barrier {rec['cluster_barrier_us']:.2f} (skew {rec['cluster_arrival_skew_us']})"
-              f" + slices {rec.get('slices_wait_us', 0):.2f} + reduce {rec['reduce_store_us']:.2f} + release {rec['release_barrier_us']:.2f} + exit "
+              f" + slices {rec.get('slices_wait_us', 0):.2f} + reduce {rec['reduce_store_us']:.2f}"
+              f" + release {rec['release_barrier_us']:.2f} + exit "
               f"{rec['exit_us']:.2f} at {rec['cta_sm_mhz']:.0f} MHz (err {err:.1e})", flush=True)
         out.write(json.dumps(rec) + "\n")
         out.flush()

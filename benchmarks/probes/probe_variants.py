@@ -19,7 +19,8 @@ process pool per variant. Shapes (--pick): mid64, the route's engine-kernel plan
 mid-class shapes with 64-row tiles (every k-th, at most --limit) and three 128-row controls; broad, every
 k-th broad-set shape whose route is the engine kernel, any tile; streamed, the broad-set shapes whose route
 is stream-K or global split-K; small, every k-th shape whose route is the engine kernel (swapped plans too)
-priced under 25 us; splitk, every k-th shape whose route is cluster split-K (swapped too); moe, grouped_bench's MoE shapes on the grouped kernel against
+priced under 25 us; splitk, every k-th shape whose route is cluster split-K (swapped too);
+moe, grouped_bench's MoE shapes on the grouped kernel against
 torch._grouped_mm.
 
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]

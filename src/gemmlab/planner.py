@@ -291,8 +291,7 @@ class Plan(_Tiling):
         """GemmTraits::SPLIT_PUSH: a cluster split-K plan whose ranks copy each other their row slices of the
         partial (reduction.cuh) because the partial and the receive slots ((2 bm + 7) rows of bn + 8 fp32)
         fit the drained stages; other split-K plans pull the slices through distributed shared memory."""
-        stage = (self.bm + self.bn) * BK * plan_cost.in_bytes(self.dtype)
-        return self.schedule == "split_k" and (2 * self.bm + 7) * (self.bn + 8) * 4 <= self.stages * stage
+        return self.schedule == "split_k" and split_rows_fit(2 * self.bm + 7, self.bm, self.bn, self.stages, self.dtype)
 
     @property
     def workspace_floats(self) -> int:
@@ -364,13 +363,19 @@ def smem_bytes(bm: int, bn: int, stages: int, schedule: str, dtype: str = "bf16"
     return 1024 + stages * (bm + bn) * BK * plan_cost.in_bytes(dtype) + slabs
 
 
+def split_rows_fit(rows: int, bm: int, bn: int, stages: int, dtype: str = "bf16") -> bool:
+    """Whether `rows` rows of split-K's fp32 partial (bn + 8 floats apart, GemmTraits::LDP) fit over the
+    drained stages: bm of them always (the partial), 2 bm + 7 where the slices are pushed (the partial and
+    the receive slots, ``Plan.split_push``)."""
+    return rows * (bn + 8) * 4 <= stages * (bm + bn) * BK * plan_cost.in_bytes(dtype)
+
+
 def stages_for(bm: int, bn: int, schedule: str, dtype: str = "bf16", col_split: bool = False) -> int:
     """The deepest ring that fits (up to MAX_STAGES); split-K also needs its bm x (bn + 8) fp32 partial
     to fit over the stages. 0 if none fits."""
-    stage = (bm + bn) * BK * plan_cost.in_bytes(dtype)
     for q in range(MAX_STAGES, 1, -1):
         if smem_bytes(bm, bn, q, schedule, dtype, col_split) <= SMEM_LIMIT and (
-                schedule != "split_k" or bm * (bn + 8) * 4 <= q * stage):
+                schedule != "split_k" or split_rows_fit(bm, bm, bn, q, dtype)):
             return q
     return 0
 

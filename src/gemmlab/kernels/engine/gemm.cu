@@ -130,11 +130,12 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             split_store_partial<Tr>(acc, part, consumer, t);
             if constexpr (Tr::SPLIT_PUSH) {
                 // The partial's stores are read next by the bulk copies (async proxy): fenced by each
-                // writer, then a barrier of the consumers. The receive slots lie in the peers' drained stages, so no copy starts before
-                // every CTA of the cluster has left its k-loop (a relaxed cluster barrier: no data crosses
-                // CTAs through it; its wait also orders the peers' `slices` inits, released by their
-                // fence.mbarrier_init, before the copies complete on them). Then one thread copies the
-                // other ranks' slices out, and every thread waits for this CTA's slices to land.
+                // writer, then a barrier of the consumers. The receive slots lie in the peers' drained
+                // stages, so no copy starts before every CTA of the cluster has left its k-loop (a relaxed
+                // cluster barrier: no data crosses CTAs through it; its wait also orders the peers'
+                // `slices` inits, released by their fence.mbarrier_init, before the copies complete on
+                // them). Then one thread copies the other ranks' slices out, and every thread waits for
+                // this CTA's slices to land.
                 const u32 recv = part + BM * Tr::LDP * 4;
                 fence_proxy_async_smem();
                 named_barrier_sync(3, Tr::CONSUMERS * 128);  // the fenced partial, ordered for thread 128
