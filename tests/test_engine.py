@@ -64,6 +64,20 @@ def test_pad_copy_moves_16_byte_chunks_on_the_aligned_side(elem, src_vec, dst_ve
     assert sass.check(expect, summary, ck.resources) == []
 
 
+@pytest.mark.parametrize("elem, vec_a, vec_b", [(2, 0, 0), (2, 1, 0), (4, 0, 1)])
+def test_pad_copy_operands_stores_16_byte_chunks(elem, vec_a, vec_b):
+    """The operand copies' kernel: 16-byte stores into the aligned buffers, 16-byte loads where either job's
+    source allows them, and PDL's wait (ACQBULK: griddepcontrol.wait) and early trigger (PREEXIT)."""
+    ck = compile_kernel(engine.PAD_COPY_SOURCE, f"pad_copy_operands<{elem}, {vec_a}, {vec_b}>", arch="sm_90a")
+    summary = sass.kernel_summary(ck)
+    scalar = r"\.U16" if elem == 2 else r"(\.CONSTANT)?$"
+    expect = sass.SassExpect(
+        contains=(r"^STG\.E\.128$", rf"^LDG\.E{scalar}", r"^ACQBULK$", r"^PREEXIT$")
+        + ((r"^LDG\.E\.EF\.128$",) if vec_a or vec_b else ()),
+        absent=(() if vec_a or vec_b else (r"^LDG\.E\.EF\.128$",)), no_local_memory=True)
+    assert sass.check(expect, summary, ck.resources) == []
+
+
 # Plans: forced, tuned, validated ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("plan, K, message", [
@@ -190,6 +204,7 @@ _KIND_TYPES = {"ptr": {"u64", "b64"}, "i64": {"u64", "s64", "b64"}, "i32": {"u32
 @pytest.mark.parametrize("source, expr, kinds", [
     (engine.SOURCE, "hopper_h11<__nv_bfloat16, __nv_bfloat16, float, 128, 6, 0, 1, 0, 0, 1>", engine._H11_PARAMS),
     (engine.PAD_COPY_SOURCE, "pad_copy<2, 1, 0>", ("ptr", "i64", "ptr", "i64", "i64", "i32")),
+    (engine.PAD_COPY_SOURCE, "pad_copy_operands<2, 1, 0>", engine._COPY_PARAMS),
     ("engine/decode.cu", "engine_decode<__nv_bfloat16, __nv_bfloat16, float, 2, 2, 1, 2, 1, 0, 1>", decode._PARAMS),
     (planner.SOURCE, planner.plan(3000, 3000, 3000, has_c=True, bias_dtype="fp32").name_expression, engine._E2_PARAMS),
 ])

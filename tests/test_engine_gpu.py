@@ -167,6 +167,41 @@ def test_split_k_in_a_cuda_graph():
         assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("shape", [(33, 257, 129), (300, 1001, 777)])
+def test_operand_copies_follow_the_kernel_that_writes_them(shape):
+    """Both operands unaligned: one PDL launch copies both (``pad_copy_operands``), and it must wait for the
+    GEMM before it, which writes its A. A chain of three calls, each reading the last one's output (odd
+    widths: every call copies), eager and replayed from a CUDA graph with new inputs."""
+    import gemmlab
+
+    M, N, K = shape
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5,
+          torch.randn(K, N, device="cuda", dtype=torch.bfloat16) / N**0.5]
+
+    def chain(x):
+        y = gemmlab.matmul(x, ws[0].t())  # (M, N)
+        z = gemmlab.matmul(y, ws[1].t())  # (M, K)
+        return gemmlab.matmul(z, ws[0].t())
+
+    def reference(x):
+        w0, w1 = ws[0].double(), ws[1].double()
+        return ((x.double() @ w0.t()).to(torch.bfloat16).double() @ w1.t()).to(torch.bfloat16).double() @ w0.t()
+
+    out = chain(x)
+    torch.cuda.synchronize()
+    assert rel_error(out, reference(x)) <= 2 * TOL[torch.bfloat16]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = chain(x)
+    for _ in range(3):
+        poison_(out)
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_error(out, reference(x)) <= 2 * TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("src_cols, dst_cols", [(4095, 4096), (4096, 4095), (4095, 4095), (4104, 4104), (3, 9)])
 def test_pad_copy_between_row_strides(dtype, src_cols, dst_cols):

@@ -104,6 +104,7 @@ def test_kernels_for_unaligned_and_strided_operands(engine_on_meta):
         (base[1:64 * 200 + 1].view(64, 200)[:, :130], torch.empty(130, 96, device="meta", dtype=BF16)),
         (torch.empty(64, 130, device="meta", dtype=BF16), torch.empty(96, 260, device="meta", dtype=BF16)[:, ::2].t()),
         (torch.empty(130, 64, device="meta", dtype=FP16).t(), torch.empty(130, 96, device="meta", dtype=FP16)[:, 1:91]),
+        (torch.empty(64, 129, device="meta", dtype=BF16), torch.empty(257, 129, device="meta", dtype=BF16).t()),
     ]
     copies = []
     for a, b in cases:
@@ -111,8 +112,9 @@ def test_kernels_for_unaligned_and_strided_operands(engine_on_meta):
         want = engine_kernels(args, engine_on_meta)
         assert planned(args) == want
         copies.append(sorted(e for _, e in want if e.startswith("pad_copy")))
-    # a: misaligned base; a: rows of 260 B (b: strided rows, torch's copy); b: misaligned base.
-    assert copies == [["pad_copy<2, 0, 1>"]] * 3
+    # a: misaligned base; a: rows of 260 B (b: strided rows, torch's copy); b: misaligned base; both
+    # operands' rows of 258 B: one launch copies both.
+    assert copies == [["pad_copy_operands<2, 0, 0>"]] * 4
 
 
 def test_fp32_calls_need_the_ladders_best_step():

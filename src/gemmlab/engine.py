@@ -633,23 +633,85 @@ def _operand_layout(x: torch.Tensor, k_dim: int) -> tuple[bool, int | None]:
 
 class _OperandCopy:
     """An operand TMA cannot read as it is (a leading dimension or base not 16-byte aligned): copied on
-    every call into a fresh buffer with 32-byte aligned rows (``pad_copy`` through a prepared launch when
-    the view has unit column stride, else torch's copy)."""
+    every call into a fresh buffer with 32-byte aligned rows, by ``pad_copy_operands`` where the view has
+    unit column stride and 2- or 4-byte elements (``unit``), else by torch's copy (``_OperandCopies``)."""
 
     def __init__(self, view: torch.Tensor):
         self.rows, self.cols = view.shape
         self.dtype, self.device = view.dtype, view.device
-        dst = _aligned_empty(self.rows, self.cols, self.dtype, self.device)
-        unit = view.stride(1) == 1 and view.element_size() in (2, 4)
-        self.copy = _PadCopy(view, dst) if unit else None
+        self.es = view.element_size()
+        self.unit = view.stride(1) == 1 and self.es in (2, 4)
+        self.vec = int(view.data_ptr() % 16 == 0 and (view.stride(0) * self.es) % 16 == 0)  # 16-byte loads
+        self.lds, self.ldd = view.stride(0), self.fresh().stride(0)
 
-    def __call__(self, view: torch.Tensor, stream: int) -> torch.Tensor:
-        dst = _aligned_empty(self.rows, self.cols, self.dtype, self.device)
-        if self.copy is None:
-            dst.copy_(view)
+    def fresh(self) -> torch.Tensor:
+        return _aligned_empty(self.rows, self.cols, self.dtype, self.device)
+
+
+class _OperandCopies:
+    """The operand copies of one prepared GEMM launch (``_OperandCopy`` for A, B or both, None where the
+    operand is read as it is), made on every call: the unit-stride ones in one launch of
+    ``pad_copy_operands`` (kernels/engine/pad_copy.cu: both operands' copies in one grid, launched with
+    PDL so the GEMM after it is scheduled while it copies), the others by torch's copy."""
+
+    def __init__(self, copy_a: _OperandCopy | None, copy_b: _OperandCopy | None):
+        self.a, self.b = copy_a, copy_b
+        units = [c for c in (copy_a, copy_b) if c is not None and c.unit]
+        if len(units) == 2 and units[0].es != units[1].es:  # one launch per element size
+            self.launches = [_CopyLaunch([units[0]]), _CopyLaunch([units[1]])]
         else:
-            self.copy(view, dst, stream)
-        return dst
+            self.launches = [_CopyLaunch(units)] if units else []
+
+    def __call__(self, va: torch.Tensor, vb: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tensors TMA reads: va / vb where they need no copy, else fresh aligned copies of them."""
+        pairs = [(c, v, c.fresh()) for c, v in ((self.a, va), (self.b, vb)) if c is not None]
+        for c, v, dst in pairs:
+            if not c.unit:
+                dst.copy_(v)
+        for launch in self.launches:
+            launch([(v, dst) for c, v, dst in pairs if any(c is j for j in launch.jobs)], stream)
+        ta = pairs[0][2] if self.a is not None else va
+        tb = pairs[-1][2] if self.b is not None else vb
+        return ta, tb
+
+
+# pad_copy_operands' parameters: A's job (src, lds, dst, ldd, rows, cols, blocks), then B's (no blocks).
+_COPY_PARAMS = ("ptr", "i64", "ptr", "i64", "i64", "i32", "i32", "ptr", "i64", "ptr", "i64", "i64", "i32")
+
+
+def _copy_blocks(rows: int, cols: int, es: int, sm_count: int) -> int:
+    """Blocks of 256 threads for a pad copy: one 16-byte chunk a thread, at most 8 blocks an SM."""
+    return max(1, min(math.ceil(rows * math.ceil(cols / (16 // es)) / 256), sm_count * 8))
+
+
+class _CopyLaunch:
+    """``pad_copy_operands`` prepared for one or two ``_OperandCopy`` jobs of one element size."""
+
+    def __init__(self, jobs: list[_OperandCopy]):
+        self.jobs = jobs
+        first, last = jobs[0], jobs[-1]
+        expr = f"pad_copy_operands<{first.es}, {first.vec}, {last.vec}>"
+        compiled = compile_kernel(PAD_COPY_SOURCE, expr, arch="sm_90a", name=f"engine.{expr}")
+        sms = _sm_count(first.device)
+        blocks = [_copy_blocks(j.rows, j.cols, j.es, sms) for j in jobs]
+        self.launcher = Launcher(compiled, _COPY_PARAMS, grid=sum(blocks), block=256,
+                                 device_index=_index(first.device), pdl=True)
+        L = self.launcher
+        for base, j in zip((0, 7), jobs + jobs[:1]):  # one job: B's is A's with no rows (and no blocks)
+            L.set_i64(base + 1, j.lds)
+            L.set_i64(base + 3, j.ldd)
+            L.set_i64(base + 4, j.rows if base == 0 or len(jobs) == 2 else 0)
+            L.set_i32(base + 5, j.cols)
+        L.set_i32(6, blocks[0])
+
+    def __call__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], stream: int) -> None:
+        """pairs: (source view, aligned destination) of each job, in the jobs' order."""
+        L = self.launcher
+        with L.lock:
+            for base, (src, dst) in zip((0, 7), pairs + pairs[:1]):
+                L.set_ptr(base, src.data_ptr())
+                L.set_ptr(base + 2, dst.data_ptr())
+            L.launch(stream)
 
 
 class _PadCopy:
@@ -664,8 +726,7 @@ class _PadCopy:
         expr = f"pad_copy<{es}, {vec(src)}, {vec(dst)}>"
         compiled = compile_kernel(PAD_COPY_SOURCE, expr, arch="sm_90a", name=f"engine.{expr}")
         rows, cols = src.shape
-        chunks = rows * math.ceil(cols / (16 // es))
-        blocks = max(1, min(math.ceil(chunks / 256), _sm_count(src.device) * 8))
+        blocks = _copy_blocks(rows, cols, es, _sm_count(src.device))
         self.launcher = Launcher(compiled, ("ptr", "i64", "ptr", "i64", "i64", "i32"), grid=blocks, block=256,
                                  device_index=_index(src.device))
         self.launcher.set_args((src, src.stride(0), dst, dst.stride(0), rows, cols))
@@ -694,6 +755,7 @@ class H11Launch:
         dev = _index(a.device)
         ta, a_mn, self.copy_a = _operand_plan(a, 1)
         tb, b_mn, self.copy_b = _operand_plan(b, 0)
+        self.copies = _OperandCopies(self.copy_a, self.copy_b) if self.copy_a or self.copy_b else None
         self.a_view, self.b_view = _view_fn(a_mn, 1), _view_fn(b_mn, 0)
         # An output TMA cannot write (rows not 16-byte aligned) is stored by the consumers from the epilogue's
         # slab, row by row (DIRECT). At 4095^3 that cost 33 us over a TMA store, against 51 us for an aligned
@@ -743,8 +805,7 @@ class H11Launch:
             L.set_map(_C, self.map_a.tmap)
 
     def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
-        ta = self.copy_a(self.a_view(a), stream) if self.copy_a else a
-        tb = self.copy_b(self.b_view(b), stream) if self.copy_b else b
+        ta, tb = self.copies(self.a_view(a), self.b_view(b), stream) if self.copies else (a, b)
         L = self.launcher
         with L.lock:
             pa = ta.data_ptr()
@@ -841,6 +902,7 @@ class Engine2Launch:
         N = kb.shape[1]
         ta, a_mn, self.copy_a = _operand_plan(ka, 1)
         tb, b_mn, self.copy_b = _operand_plan(kb, 0)
+        self.copies = _OperandCopies(self.copy_a, self.copy_b) if self.copy_a or self.copy_b else None
         self.direct = direct = not _tma_ok(out)
         if (a_mn, b_mn, direct) != (p.kernel_a_mn, p.kernel_b_mn, p.direct):
             raise UnsupportedProblem(f"plan is for a_mn={p.a_mn}, b_mn={p.b_mn}, direct={p.direct}; the tensors "
@@ -885,8 +947,7 @@ class Engine2Launch:
     def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
         if self.swap_ab:
             a, b = b, a
-        ta = self.copy_a(self.a_view(a), stream) if self.copy_a else a
-        tb = self.copy_b(self.b_view(b), stream) if self.copy_b else b
+        ta, tb = self.copies(self.a_view(a), self.b_view(b), stream) if self.copies else (a, b)
         ws = stream_k_workspace(self.plan, self.dev, stream) if self.stream_k else None
         L = self.launcher
         with L.lock:
@@ -991,7 +1052,7 @@ def _operand(x: torch.Tensor, k_dim: int) -> tuple[torch.Tensor, bool]:
     view, mn, copy = _operand_plan(x, k_dim)
     if copy is None:
         return view, mn
-    return copy(_view_fn(mn, k_dim)(x), raw_stream(_index(x.device))), mn
+    return _OperandCopies(copy, None)(_view_fn(mn, k_dim)(x), None, raw_stream(_index(x.device)))[0], mn
 
 
 def _view_fn(mn_major: bool, k_dim: int) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -148,9 +148,10 @@ def kernels_for(args: tuple, target: Target) -> list[Kernel]:
         return [Kernel(decode.SOURCE, expr, f"engine.decode[{expr[14:-1]}]")]
     a_mn, copy_a = _operand(a, 1)
     b_mn, copy_b = _operand(b, 0)
-    copies = [k for k in (copy_a, copy_b) if k is not None]
     if r.kernel == "engine":
-        return copies + [Kernel(planner.SOURCE, r.plan.name_expression, r.plan.compiled_name)]
+        first, second = (copy_b, copy_a) if r.plan.swap_ab else (copy_a, copy_b)  # the kernel's A, B
+        return _copies(first, second) + [Kernel(planner.SOURCE, r.plan.name_expression, r.plan.compiled_name)]
+    copies = _copies(copy_a, copy_b)
     bn, splits = r.h11
     direct = not engine._tma_ok(out)
     q = engine._qsize(bn, a.element_size(), split=splits > 1)
@@ -161,8 +162,9 @@ def kernels_for(args: tuple, target: Target) -> list[Kernel]:
     return copies + [h11]
 
 
-def _operand(x: torch.Tensor, k_dim: int) -> tuple[bool, Kernel | None]:
-    """``engine._operand_plan``'s choice for one operand: (read MN-major?, the aligned-copy kernel or None)."""
+def _operand(x: torch.Tensor, k_dim: int) -> tuple[bool, tuple[int, int] | None]:
+    """``engine._operand_plan``'s choice for one operand: (read MN-major?, None where TMA reads it as it
+    is or torch's copy makes it, else (element bytes, 16-byte source loads) of its ``pad_copy_operands`` job)."""
     k_major = x.t() if k_dim == 0 else x
     mn_major = x if k_dim == 0 else x.t()
     if k_major.stride(1) == 1 and engine._tma_ok(k_major):
@@ -173,9 +175,20 @@ def _operand(x: torch.Tensor, k_dim: int) -> tuple[bool, Kernel | None]:
     es = view.element_size()
     if view.stride(1) != 1 or es not in (2, 4):
         return mn, None  # torch's copy
-    vec = int(view.data_ptr() % 16 == 0 and (view.stride(0) * es) % 16 == 0)
-    expr = f"pad_copy<{es}, {vec}, 1>"  # into a fresh buffer with 16-byte aligned rows
-    return mn, Kernel(engine.PAD_COPY_SOURCE, expr, f"engine.{expr}")
+    return mn, (es, int(view.data_ptr() % 16 == 0 and (view.stride(0) * es) % 16 == 0))
+
+
+def _copies(first: tuple[int, int] | None, second: tuple[int, int] | None) -> list[Kernel]:
+    """``engine._OperandCopies``' launches for the kernel's A and B jobs (``_operand``): one
+    ``pad_copy_operands`` for both (a lone job's second vector flag repeats its own), two where the
+    element sizes differ."""
+    jobs = [j for j in (first, second) if j is not None]
+    groups = [jobs[:1], jobs[1:]] if len(jobs) == 2 and jobs[0][0] != jobs[1][0] else [jobs] if jobs else []
+    out = []
+    for g in groups:
+        expr = f"pad_copy_operands<{g[0][0]}, {g[0][1]}, {g[-1][1]}>"
+        out.append(Kernel(engine.PAD_COPY_SOURCE, expr, f"engine.{expr}"))
+    return out
 
 
 def gemms_of(call: GemmCall, backward: bool = False) -> list[tuple]:
