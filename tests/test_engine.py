@@ -78,6 +78,55 @@ def test_pad_copy_operands_stores_16_byte_chunks(elem, vec_a, vec_b):
     assert sass.check(expect, summary, ck.resources) == []
 
 
+@pytest.mark.parametrize("case", ["both", "a-offset"])
+def test_prepared_copies_share_one_pdl_launch_and_feed_the_gemm(monkeypatch, case):
+    """Unaligned operands through Engine2Launch (driver faked): one ``pad_copy_operands`` launch with PDL
+    copies them, from the call's tensors into fresh 32-byte-aligned buffers, and the GEMM's A and B
+    descriptors point at those buffers. "both": rows of 258 B on both sides (two jobs); "a-offset": A's
+    base 2 bytes off (one job; B's job repeats A's addresses with no rows, and the grid is A's blocks)."""
+    import fakes
+
+    launchers = fakes.fake_driver(monkeypatch, engine)
+    monkeypatch.setattr(engine, "_index", lambda device: 0)
+    monkeypatch.setattr(engine, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(engine, "device_order_table", lambda *a, **k: torch.zeros(4, dtype=torch.int32))
+    M, N, K = (33, 257, 129) if case == "both" else (100, 256, 128)
+
+    def operands():
+        if case == "both":
+            return torch.randn(M, K).bfloat16(), torch.randn(N, K).bfloat16()
+        return torch.randn(M * K + 1).bfloat16()[1:].view(M, K), torch.randn(N, K).bfloat16()
+
+    a, w = operands()
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    r = engine.route(a, w.t(), out, bias=None, activation=None, has_c=False, sm_count=132)
+    assert r.kernel == "engine" and not r.plan.swap_ab
+    call = engine.Engine2Launch(a, w.t(), out, bias=None, c=None, plan=r.plan)
+    copy, gemm = launchers
+    assert copy.config["pdl"] and gemm.config["pdl"]
+    jobs = 2 if case == "both" else 1
+    blocks = [engine._copy_blocks(M, K, 2, 132), engine._copy_blocks(N, K, 2, 132)][:jobs]
+    assert copy.config["grid"] == sum(blocks)
+    for _ in range(2):  # new tensors each call: only addresses change
+        a, w = operands()
+        call.run(5, a, w.t(), out, None, None, 1.0, 0.0)
+        (stream, cv), (_, gv) = copy.launches[-1], gemm.launches[-1]
+        assert stream == 5
+        ldd = -(-K // 16) * 16  # 32-byte rows
+        assert cv[0] == ("ptr", a.data_ptr()) and cv[1] == ("i64", K) and cv[3] == ("i64", ldd)
+        assert cv[4:7] == [("i64", M), ("i32", K), ("i32", blocks[0])]
+        da = cv[2][1]
+        assert da % 32 == 0 and da != a.data_ptr()
+        if jobs == 2:
+            assert cv[7] == ("ptr", w.data_ptr()) and cv[8:13] == [("i64", K), cv[9], ("i64", ldd), ("i64", N),
+                                                                   ("i32", K)]
+            assert gv[engine._E2_B][2] == cv[9][1] != da
+        else:
+            assert cv[7] == cv[0] and cv[9] == cv[2] and cv[11] == ("i64", 0)
+            assert gv[engine._E2_B][2] == w.data_ptr()
+        assert gv[engine._E2_A][2] == da
+
+
 # Plans: forced, tuned, validated ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("plan, K, message", [

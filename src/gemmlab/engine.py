@@ -642,10 +642,13 @@ class _OperandCopy:
         self.es = view.element_size()
         self.unit = view.stride(1) == 1 and self.es in (2, 4)
         self.vec = int(view.data_ptr() % 16 == 0 and (view.stride(0) * self.es) % 16 == 0)  # 16-byte loads
-        self.lds, self.ldd = view.stride(0), self.fresh().stride(0)
+        self.lds = view.stride(0)
+        self.ldd = _aligned_empty(1, self.cols, self.dtype, "meta").stride(0)
+        self.size, self.stride = (self.rows, self.cols), (self.ldd, 1)
 
     def fresh(self) -> torch.Tensor:
-        return _aligned_empty(self.rows, self.cols, self.dtype, self.device)
+        """A new (rows, cols) buffer with rows ldd elements apart (``_aligned_empty``'s layout)."""
+        return torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
 
 
 class _OperandCopies:
@@ -656,23 +659,23 @@ class _OperandCopies:
 
     def __init__(self, copy_a: _OperandCopy | None, copy_b: _OperandCopy | None):
         self.a, self.b = copy_a, copy_b
-        units = [c for c in (copy_a, copy_b) if c is not None and c.unit]
-        if len(units) == 2 and units[0].es != units[1].es:  # one launch per element size
-            self.launches = [_CopyLaunch([units[0]]), _CopyLaunch([units[1]])]
+        units = [i for i, c in enumerate((copy_a, copy_b)) if c is not None and c.unit]
+        self.torch_copies = [i for i, c in enumerate((copy_a, copy_b)) if c is not None and not c.unit]
+        if len(units) == 2 and copy_a.es != copy_b.es:  # one launch per element size
+            groups = [units[:1], units[1:]]
         else:
-            self.launches = [_CopyLaunch(units)] if units else []
+            groups = [units] if units else []
+        self.launches = [_CopyLaunch([(copy_a, copy_b)[i] for i in g], g) for g in groups]
 
     def __call__(self, va: torch.Tensor, vb: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The tensors TMA reads: va / vb where they need no copy, else fresh aligned copies of them."""
-        pairs = [(c, v, c.fresh()) for c, v in ((self.a, va), (self.b, vb)) if c is not None]
-        for c, v, dst in pairs:
-            if not c.unit:
-                dst.copy_(v)
+        srcs = (va, vb)
+        dsts = (va if self.a is None else self.a.fresh(), vb if self.b is None else self.b.fresh())
+        for i in self.torch_copies:
+            dsts[i].copy_(srcs[i])
         for launch in self.launches:
-            launch([(v, dst) for c, v, dst in pairs if any(c is j for j in launch.jobs)], stream)
-        ta = pairs[0][2] if self.a is not None else va
-        tb = pairs[-1][2] if self.b is not None else vb
-        return ta, tb
+            launch(srcs, dsts, stream)
+        return dsts
 
 
 # pad_copy_operands' parameters: A's job (src, lds, dst, ldd, rows, cols, blocks), then B's (no blocks).
@@ -685,32 +688,33 @@ def _copy_blocks(rows: int, cols: int, es: int, sm_count: int) -> int:
 
 
 class _CopyLaunch:
-    """``pad_copy_operands`` prepared for one or two ``_OperandCopy`` jobs of one element size."""
+    """``pad_copy_operands`` prepared for one or two ``_OperandCopy`` jobs of one element size, the copies of
+    operands ``slots`` (0: A, 1: B) of ``_OperandCopies``. One job: B's job repeats A's with no rows."""
 
-    def __init__(self, jobs: list[_OperandCopy]):
-        self.jobs = jobs
-        first, last = jobs[0], jobs[-1]
-        expr = f"pad_copy_operands<{first.es}, {first.vec}, {last.vec}>"
+    def __init__(self, jobs: list[_OperandCopy], slots: list[int]):
+        self.first, self.second = slots[0], slots[-1]
+        a, b = jobs[0], jobs[-1]
+        expr = f"pad_copy_operands<{a.es}, {a.vec}, {b.vec}>"
         compiled = compile_kernel(PAD_COPY_SOURCE, expr, arch="sm_90a", name=f"engine.{expr}")
-        sms = _sm_count(first.device)
+        sms = _sm_count(a.device)
         blocks = [_copy_blocks(j.rows, j.cols, j.es, sms) for j in jobs]
-        self.launcher = Launcher(compiled, _COPY_PARAMS, grid=sum(blocks), block=256,
-                                 device_index=_index(first.device), pdl=True)
-        L = self.launcher
-        for base, j in zip((0, 7), jobs + jobs[:1]):  # one job: B's is A's with no rows (and no blocks)
+        L = self.launcher = Launcher(compiled, _COPY_PARAMS, grid=sum(blocks), block=256,
+                                     device_index=_index(a.device), pdl=True)
+        for base, j in ((0, a), (7, b)):
             L.set_i64(base + 1, j.lds)
             L.set_i64(base + 3, j.ldd)
             L.set_i64(base + 4, j.rows if base == 0 or len(jobs) == 2 else 0)
             L.set_i32(base + 5, j.cols)
         L.set_i32(6, blocks[0])
 
-    def __call__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], stream: int) -> None:
-        """pairs: (source view, aligned destination) of each job, in the jobs' order."""
-        L = self.launcher
+    def __call__(self, srcs: tuple, dsts: tuple, stream: int) -> None:
+        """srcs / dsts: (A's, B's) source views and aligned destinations; this launch's slots are copied."""
+        L, i, j = self.launcher, self.first, self.second
         with L.lock:
-            for base, (src, dst) in zip((0, 7), pairs + pairs[:1]):
-                L.set_ptr(base, src.data_ptr())
-                L.set_ptr(base + 2, dst.data_ptr())
+            L.set_ptr(0, srcs[i].data_ptr())
+            L.set_ptr(2, dsts[i].data_ptr())
+            L.set_ptr(7, srcs[j].data_ptr())
+            L.set_ptr(9, dsts[j].data_ptr())
             L.launch(stream)
 
 
