@@ -661,11 +661,8 @@ class _OperandCopies:
         self.a, self.b = copy_a, copy_b
         units = [i for i, c in enumerate((copy_a, copy_b)) if c is not None and c.unit]
         self.torch_copies = [i for i, c in enumerate((copy_a, copy_b)) if c is not None and not c.unit]
-        if len(units) == 2 and copy_a.es != copy_b.es:  # one launch per element size
-            groups = [units[:1], units[1:]]
-        else:
-            groups = [units] if units else []
-        self.launches = [_CopyLaunch([(copy_a, copy_b)[i] for i in g], g) for g in groups]
+        # A and B share one dtype (ops._validate), so one launch takes both jobs
+        self.launch = _CopyLaunch([(copy_a, copy_b)[i] for i in units], units) if units else None
 
     def __call__(self, va: torch.Tensor, vb: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The tensors TMA reads: va / vb where they need no copy, else fresh aligned copies of them."""
@@ -673,8 +670,8 @@ class _OperandCopies:
         dsts = (va if self.a is None else self.a.fresh(), vb if self.b is None else self.b.fresh())
         for i in self.torch_copies:
             dsts[i].copy_(srcs[i])
-        for launch in self.launches:
-            launch(srcs, dsts, stream)
+        if self.launch is not None:
+            self.launch(srcs, dsts, stream)
         return dsts
 
 
@@ -688,8 +685,8 @@ def _copy_blocks(rows: int, cols: int, es: int, sm_count: int) -> int:
 
 
 class _CopyLaunch:
-    """``pad_copy_operands`` prepared for one or two ``_OperandCopy`` jobs of one element size, the copies of
-    operands ``slots`` (0: A, 1: B) of ``_OperandCopies``. One job: B's job repeats A's with no rows."""
+    """``pad_copy_operands`` prepared for one or two ``_OperandCopy`` jobs (one dtype), the copies of operands
+    ``slots`` (0: A, 1: B) of ``_OperandCopies``. One job: B's job repeats A's with no rows."""
 
     def __init__(self, jobs: list[_OperandCopy], slots: list[int]):
         self.first, self.second = slots[0], slots[-1]

@@ -88,8 +88,10 @@ records (the engine kernel limited to its measured plans; its measured ratio to 
 1.084).
 Since session 22 (not a fit): split-K plans whose partial and receive slots fit their stages push their
 slices to the other ranks by bulk copies (``Plan.split_push``), 1.0% faster over the broad set's 34 split-K
-routes than the pulled form these constants were fitted to (``splitk_push.jsonl``); ``cluster_sync_s``
-and ``dsmem_bytes_per_s`` are left until a broad run re-times the set.
+routes than the pulled form these constants were fitted to (``splitk_push.jsonl``). Refitted on the
+broad run that times the pushed form (017f6fcd4095, all 297 shapes; ``--only cluster_sync_s
+dsmem_bytes_per_s split_k_kstep_factor``): the descent leaves all three where they are (held-out pick
+1.0135, worst 1.187 either way).
 Since (session 9, not a fit): ``sm_l2_bytes_per_s`` 112 -> 88 GB/s (the all-SM rate over 132 SMs: partial
 grids of larger tiles ran as slow as their area says; the broad set's 30 changed picks ran 1.045x their
 earlier ratio) and ``misaligned_l2_factor`` 1.75 (the TMA's L2 rate at K-major rows 16- but not 32-byte

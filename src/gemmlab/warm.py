@@ -179,16 +179,13 @@ def _operand(x: torch.Tensor, k_dim: int) -> tuple[bool, tuple[int, int] | None]
 
 
 def _copies(first: tuple[int, int] | None, second: tuple[int, int] | None) -> list[Kernel]:
-    """``engine._OperandCopies``' launches for the kernel's A and B jobs (``_operand``): one
-    ``pad_copy_operands`` for both (a lone job's second vector flag repeats its own), two where the
-    element sizes differ."""
+    """``engine._OperandCopies``' launch for the kernel's A and B jobs (``_operand``; one dtype): one
+    ``pad_copy_operands`` for both, a lone job's second vector flag repeating its own."""
     jobs = [j for j in (first, second) if j is not None]
-    groups = [jobs[:1], jobs[1:]] if len(jobs) == 2 and jobs[0][0] != jobs[1][0] else [jobs] if jobs else []
-    out = []
-    for g in groups:
-        expr = f"pad_copy_operands<{g[0][0]}, {g[0][1]}, {g[-1][1]}>"
-        out.append(Kernel(engine.PAD_COPY_SOURCE, expr, f"engine.{expr}"))
-    return out
+    if not jobs:
+        return []
+    expr = f"pad_copy_operands<{jobs[0][0]}, {jobs[0][1]}, {jobs[-1][1]}>"
+    return [Kernel(engine.PAD_COPY_SOURCE, expr, f"engine.{expr}")]
 
 
 def gemms_of(call: GemmCall, backward: bool = False) -> list[tuple]:
