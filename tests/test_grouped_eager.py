@@ -131,6 +131,25 @@ def test_prepared_launch_passes_what_launch_passes(driver, case):
             assert g == w, (i, g, w)
 
 
+@pytest.mark.parametrize("mode", ["bf16", "tensor"])
+def test_short_a_boxes_follow_a(driver, mode):
+    """A's four short boxes (the tile over a group's last rows loads the fewest rows that hold them): bm / 16
+    .. bm / 2 rows (at least 8) of A's 128-byte rows, A's geometry otherwise, at A's address on every call."""
+    c = _case(mode, T=40)
+    p, prob, out = _planned(c, direct=False)
+    launch = grouped.GroupedLaunch(p, c["a"], c["b"], _ranges(c), prob.lead, out, c.get("scale_a"),
+                                   c.get("scale_b"), prob.sb_step)
+    assert grouped.short_a_rows(64) == (8, 8, 16, 32) and grouped.short_a_rows(256) == (16, 32, 64, 128)
+    for seed in (1, 2):
+        c2 = _case(mode, T=40, seed=seed)
+        launch.run(3, c2["a"], c2["b"], _ranges(c2), out, c2.get("scale_a"), c2.get("scale_b"))
+        got = driver.launchers[-1].launches[-1][1]
+        whole = got[grouped._P_A][1]
+        for i, h in zip(grouped._P_A_SHORT, grouped.short_a_rows(p.bm)):
+            assert got[i][2] == c2["a"].data_ptr() == got[grouped._P_A][2]
+            assert got[i][1] == {**whole, "box": (h, whole["box"][1])}
+
+
 def test_params_match_the_kernel_signature():
     """PARAMS (what GroupedLaunch's parameter block holds) has the kernel's parameters in order and size,
     for bf16 and block-scaled FP8 instantiations."""

@@ -839,3 +839,68 @@ def test_mn_major_b_every_tile(monkeypatch, tile, schedule, G):
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
     y = gemmlab.grouped_mm(a, b, offs)  # the eager path's own plan for it
     _check(y, grouped.reference_grouped_mm(a, b, offs), "bf16")
+
+
+# Group sizes on both sides of every short A box (8, 16, 32, 64, 128 rows: grouped.short_a_rows of the
+# tiles) and of whole tiles, an empty group among them.
+_BOX_SIZES = [1, 8, 9, 16, 17, 31, 33, 64, 65, 100, 127, 128, 0, 129, 200, 255, 257]
+
+
+def _sized_offsets(sizes):
+    offs = torch.zeros(len(sizes) + 1, dtype=torch.int64)
+    offs[1:] = torch.cumsum(torch.tensor(sizes), 0)
+    return offs.to(torch.int32).cuda()
+
+
+@pytest.mark.parametrize("tile,schedule", [(t, "data_parallel") for t in grouped.TILES]
+                         + [((128, 128), "stream_k"), ((64, 256), "pingpong"), ((128, 128), "pingpong")])
+@pytest.mark.parametrize("kind", ["bf16", "bf16-mn-b", "masked"])
+def test_short_a_boxes_at_every_group_size(monkeypatch, tile, schedule, kind):
+    """A tile over a group's last rows loads the shortest of A's short boxes that holds them (gemm_grouped.cu's
+    a_box): group sizes on both sides of each box's rows and of the tile, K-major and MN-major b, and the
+    masked layout (counts of those sizes in slabs of 257). The slot's rows past the box keep stale data
+    from earlier tiles; only rows past the group depend on them, and those are never stored."""
+    monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)
+    G, N, K = len(_BOX_SIZES), 392, 1088
+    g = torch.Generator().manual_seed(5)
+    if kind == "masked":
+        C = max(_BOX_SIZES)
+        a = torch.randn(G, C, K, generator=g).cuda().bfloat16()
+        ranges = torch.tensor(_BOX_SIZES, dtype=torch.int32).cuda()
+        layout, T, out_shape = "masked", C, (G, C, N)
+    else:
+        T = sum(_BOX_SIZES)
+        a = torch.randn(T, K, generator=g).cuda().bfloat16()
+        ranges = _sized_offsets(_BOX_SIZES)
+        layout, out_shape = "contiguous", (T, N)
+    w = torch.randn(G, K, N, generator=g) if kind == "bf16-mn-b" else torch.randn(G, N, K, generator=g)
+    b = (w / K ** 0.5).cuda().bfloat16()
+    b = b.transpose(1, 2) if kind == "bf16-mn-b" else b
+    p = next((c for c in grouped.candidates(layout, G, T, N, K, b_mn=kind == "bf16-mn-b")
+              if (c.bm, c.bn, c.schedule) == (*tile, schedule)), None)
+    if p is None:
+        pytest.skip(f"no {tile} {schedule} plan for {kind}")
+    p = dataclasses.replace(p, direct=False)
+    out, frame = _framed(out_shape, torch.bfloat16)
+    offs, counts = (None, ranges) if kind == "masked" else (ranges, None)
+    grouped.run(a, b, offs, counts=counts, out=out, plan=p)
+    _check(out, grouped.reference_grouped_mm(a, b, offs, counts=counts), "bf16")
+
+
+@pytest.mark.parametrize("scale", ["tensor", "block"])
+@pytest.mark.parametrize("tile", grouped.FP8_TILES)
+def test_fp8_short_a_boxes_at_every_group_size(tile, scale):
+    """The same group sizes with e4m3 operands: A's short boxes are 128-byte rows of e4m3 as its whole box,
+    per-tensor scales (one per group for b) and block scales (A's row-scale box still BM + 4 rows)."""
+    G, N, K = len(_BOX_SIZES), 392, 1024
+    T = sum(_BOX_SIZES)
+    if scale == "tensor":
+        a, b, sa, sb = _fp8_operands((T,), G, N, K, per_group=True, seed=17)
+    else:
+        a, b, sa, sb = _block_operands((T,), G, N, K, seed=17)
+    offs = _sized_offsets(_BOX_SIZES)
+    p = _fp8_tile_plan(G, T, N, K, tile, "bf16", scale=scale)
+    out, frame = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=p, scale_a=sa, scale_b=sb)
+    _check(out, grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb), "bf16")
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()

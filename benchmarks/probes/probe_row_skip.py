@@ -99,11 +99,11 @@ def dense(out, l2):
                {"M": M, "N": N, "K": K, "plan": repr(p), "baseline": "torch.mm"})
 
 
-def moe_cases(l2, variants):
-    """Per GROUPED shape: (model, proj, G, N, K, T, offs, sizes, plan, sets, xs, ws, outs, ref): uneven
+def moe_cases(l2, variants, shapes=None):
+    """Per GROUPED shape (or per shape of ``shapes``, the same tuples): (model, proj, G, N, K, T, offs, sizes, plan, sets, xs, ws, outs, ref): uneven
     routing, the grouped plan, input sets rotating over 2x the L2, NaN-poisoned outputs per variant and
     the fp32 reference of set 0."""
-    for n_, (model, proj, G, N, K, T) in enumerate(GROUPED):
+    for n_, (model, proj, G, N, K, T) in enumerate(shapes or GROUPED):
         offs, sizes = uneven_offsets(G, T, shape_seed(model, proj, T, n_))
         p = grouped.plan("contiguous", G, T, N, K)
         n = sets_for(2 * (T * K + G * N * K + T * N), l2)

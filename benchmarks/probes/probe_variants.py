@@ -71,12 +71,21 @@ CONVERGE = [("common/gemm_traits.cuh", "SCHEDULE != STREAM_K && SCHEDULE != SPLI
 # pull: the split-K reduction through remote (DSMEM) loads after a cluster barrier, the form before
 # session 22 (SPLIT_PUSH off).
 PULL = [("common/gemm_traits.cuh", "#define SPLIT_PUSH_ON 1", "#define SPLIT_PUSH_ON 0")]
+# fullA: the grouped kernel's A boxes all BM rows (no short boxes over a group's last rows), the form before
+# session 23.
+FULL_A = [("engine/gemm_grouped.cu", "#define GROUPED_SHORT_A 1", "#define GROUPED_SHORT_A 0")]
 WARM, WARM2 = ([("common/mainloop.cuh", "#define EARLY_L2 0", f"#define EARLY_L2 {v}")] for v in (1, 2))
 WARM32 = WARM + [("engine/gemm.cu", "        if (threadIdx.x == 0) {\n            TileScheduler<Tr::SCHEDULE> first(",
                   "        if (threadIdx.x == 32) {\n            TileScheduler<Tr::SCHEDULE> first(")]
 VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE, "warm": WARM, "warm2": WARM2,
-            "warm32": WARM32, "pull": PULL}
+            "warm32": WARM32, "pull": PULL, "fullA": FULL_A}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
+# --pick moe: probe_row_skip's four MoE shapes and small-T ones where groups hold a few rows (DBRX, Mixtral
+# decode-sized batches, DeepSeek-V2-Lite's 64 experts).
+MOE_SHAPES = [("mixtral", "gate_up", 8, 28672, 4096, 4096), ("mixtral", "down", 8, 4096, 14336, 4096),
+              ("mixtral22b", "gate_up", 8, 32768, 6144, 512), ("qwen_moe", "gate_up", 60, 2816, 2048, 16384),
+              ("dbrx", "gate_up", 16, 21504, 6144, 512), ("mixtral", "gate_up", 8, 28672, 4096, 256),
+              ("dsv2lite", "gate_up", 64, 2816, 2048, 256), ("mixtral22b", "down", 8, 6144, 16384, 512)]
 
 
 def shapes(pick: str, limit: int) -> list:
@@ -128,7 +137,7 @@ def moe(roots: dict, out, l2, gains: dict) -> None:
     from probe_row_skip import moe_cases
 
     from gemmlab import grouped
-    for model, proj, G, N, K, T, offs, sizes, p, n, xs, ws, outs, ref in moe_cases(l2, roots):
+    for model, proj, G, N, K, T, offs, sizes, p, n, xs, ws, outs, ref in moe_cases(l2, roots, MOE_SHAPES):
         errs = {}
         for v, root in roots.items():
             with UseRoot(root):

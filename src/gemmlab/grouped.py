@@ -727,6 +727,7 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
         a2, b = a2.view(torch.uint8), b.view(torch.uint8)
     row = 128 // a2.element_size()
     map_a = _tensor_map(a2, (p.bm, row))
+    maps_a_short = tuple(_tensor_map(a2, (h, row)) for h in short_a_rows(p.bm))
     map_b = _tensor_map(*_b_rows(b, p))
     # out's map: 64-row x one-128-byte-swizzle-row pieces, as the dense engine's (A's map where unused).
     map_c = map_a if p.direct else _tensor_map(o2, (64, 128 // o2.element_size()))
@@ -741,8 +742,14 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     scales = (scale_a, scale_b, np.int32(sb_step)) if fp8 else (o2, o2, np.int32(0))  # (bf16 reads none)
     # stream-K: partials and flags; claimed tiles: the counter in the flags; else neither is read.
     ws, flags = _workspace(p, a.device) if p.schedule == "stream_k" or p.claim else (o2, o2)
-    args = head + scales + (o2, np.int64(o2.stride(0)), ws, flags)
+    args = head + scales + (o2, np.int64(o2.stride(0)), ws, flags) + maps_a_short
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def short_a_rows(bm: int) -> tuple[int, int, int, int]:
+    """Rows of A's four short boxes (kernels/engine/gemm_grouped.cu's short_a_rows): bm / 16, bm / 8, bm / 4,
+    bm / 2, at least 8. A tile over a group's last rows loads the fewest that hold them."""
+    return tuple(max(8, bm >> s) for s in (4, 3, 2, 1))
 
 
 def _b_rows(b: torch.Tensor, p: GroupedPlan) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -1070,9 +1077,10 @@ def _check_call(a, b, offsets, counts, out, out_dtype, scale_a, scale_b) -> Grou
 
 # The grouped kernel's parameters, in order (engine_gemm_grouped in kernels/engine/gemm_grouped.cu).
 PARAMS = ("tmap", "tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "ptr", "ptr", "i32",
-          "ptr", "i64", "ptr", "ptr")
+          "ptr", "i64", "ptr", "ptr", "tmap", "tmap", "tmap", "tmap")
 _P_A, _P_B, _P_C, _P_SA_MAP, _P_SB_MAP, _P_RANGES = range(6)
 _P_SA, _P_SB, _P_OUT, _P_WS, _P_FLAGS = 12, 13, 15, 17, 18
+_P_A_SHORT = (19, 20, 21, 22)  # A's short boxes (short_a_rows)
 
 
 class GroupedLaunch:
@@ -1119,6 +1127,8 @@ class GroupedLaunch:
         dt = torch.uint8 if self.fp8 else a.dtype  # TMA moves FP8 as bytes; a k-step is one 128-byte row
         row = 128 // a2.element_size()
         self.map_a = self.map_a_short = MapSlot(L, _P_A, a2.data_ptr(), *a2.shape, a2.stride(0), dt, (p.bm, row))
+        self.maps_a_short = [MapSlot(L, i, a2.data_ptr(), *a2.shape, a2.stride(0), dt, (h, row))
+                             for i, h in zip(_P_A_SHORT, short_a_rows(p.bm))]
         self.map_b = self.map_b_short = MapSlot(L, _P_B, b2.data_ptr(), *b2.shape, b2.stride(0), dt, b_box)
         # One output descriptor (no tail piece): its index doubles as OutputMaps' tail index.
         box = (64, 128 // o2.element_size())
@@ -1146,7 +1156,10 @@ class GroupedLaunch:
         L = self.launcher
         with L.lock:
             po = out.data_ptr()
-            point_maps(self, a.data_ptr(), b.data_ptr(), po)
+            pa = a.data_ptr()
+            point_maps(self, pa, b.data_ptr(), po)
+            for m in self.maps_a_short:
+                m.point_at(pa)
             point_scale_maps(self, views)
             L.set_ptr(_P_RANGES, ranges.data_ptr())
             L.set_ptr(_P_SA, scale_a.data_ptr() if self.fp8 else po)  # bf16 reads no scales

@@ -30,9 +30,11 @@
 // (total, N). GROUPS_MASKED: A (G, capacity, K) seen as (G * capacity, K), counts say how many rows of
 // each slab are valid; out (G, capacity, N), rows past a count untouched.
 // One 2-D tensor map for all of A and one for B seen as (G * N, K). A tile at the end of a group loads
-// BM rows that run into the next group's rows (or TMA zero fill past the tensor): each output row
-// depends on its own A row only, and the epilogue stores only the group's rows. Likewise a tile at
-// the right edge loads B rows of the next group's weight into columns >= N, which are never stored.
+// BM rows, or where the group has BM / 2 or fewer rows left, the shortest of four short boxes of A (BM / 16
+// .. BM / 2 rows, tmA1 .. tmA4) that holds them; either box may run into the next group's rows (or TMA
+// zero fill past the tensor), and the slot's rows past a short box keep stale data: each output row
+// depends on its own A row only, and the epilogue stores only the group's rows. Likewise a tile at the
+// right edge loads B rows of the next group's weight into columns >= N, which are never stored.
 // MN-major B (Tr::B_MN, bf16 / fp16): b[g] given as its transpose, stored (K, N) with N contiguous (a weight
 // kept as torch._grouped_mm's (G, K, N), or the backward's dy @ w[g]); one 2-D map over all groups' (G * K, N)
 // rows, group g's k-step kt at row g K + kt BK. K is then a multiple of BK (the host's rule): no k-step
@@ -103,6 +105,24 @@ __host__ __device__ constexpr unsigned scale_bytes() {
     else return 0;
 }
 
+// A's short boxes (tmA1 .. tmA4): i = 0 .. 3 holds BM / 16, BM / 8, BM / 4, BM / 2 rows, at least 8 (one
+// 128-byte swizzle atom); gemmlab.grouped.short_a_rows builds the same. A tile over a group's last rows
+// loads the fewest of them that hold the group's rows (the kernel's a_box): 2-row groups of a 128-row tile
+// move 8 rows of A a k-step, not 128.
+// GROUPED_SHORT_A 0 (a probe's setting): every A box whole, the form before session 23.
+#ifndef GROUPED_SHORT_A
+#define GROUPED_SHORT_A 1
+#endif
+template <int BM>
+__host__ __device__ constexpr int short_a_rows(int i) {
+    return (BM >> (4 - i)) > 8 ? (BM >> (4 - i)) : 8;
+}
+struct ShortA {
+    const CUtensorMap* map;
+    int M;     // produce_unit's M: the group's end (a short box), or INT_MAX (a whole BM-row box)
+    int rows;  // the box's rows
+};
+
 // The same traits with every store DIRECT: the block that crosses its group's last row.
 template <class Tr>
 struct DirectStores : Tr {
@@ -118,7 +138,9 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                     const __grid_constant__ CUtensorMap tmSB, const int* __restrict__ ranges, int lead, int G,
                     int limit, int N, int K, int panel, const float* __restrict__ scale_a,
                     const float* __restrict__ scale_b, int sb_step, typename Tr::TO* __restrict__ Out,
-                    long long ldo, float* workspace, int* flags) {
+                    long long ldo, float* workspace, int* flags, const __grid_constant__ CUtensorMap tmA1,
+                    const __grid_constant__ CUtensorMap tmA2, const __grid_constant__ CUtensorMap tmA3,
+                    const __grid_constant__ CUtensorMap tmA4) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     constexpr bool FP8 = sizeof(T) == 1;  // Fp8GemmTraits: e4m3 bytes, 128-deep k-steps
@@ -166,8 +188,21 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
         else return TileScheduler<Tr::SCHEDULE>(total, k_iters, ScheduleArgs{1, streamed ? rem : 0, streamed ? (int)gridDim.x : 0});
     }();
     WorkUnit u;
+    // A's box for the tile `gt`: BM rows where more than half of them are its group's, else the shortest of
+    // A's short boxes (tmA1 .. tmA4: short_a_rows) that holds the group's rows from the tile's first; the
+    // slot's other rows keep stale data, which make only rows past the group (never stored). ShortA's M
+    // (the group's end) tells produce_unit the box is short; INT_MAX: whole.
+    auto a_box = [&](const GroupTile& gt, int m0) {
+        const int left = gt.rows - gt.m * BM;
+        ShortA s{&tmA, 0x7fffffff, BM};
+        if (!GROUPED_SHORT_A) return s;
+        if (left <= short_a_rows<BM>(3)) s = ShortA{&tmA4, m0 + left, short_a_rows<BM>(3)};
+        if (left <= short_a_rows<BM>(2)) s = ShortA{&tmA3, m0 + left, short_a_rows<BM>(2)};
+        if (left <= short_a_rows<BM>(1)) s = ShortA{&tmA2, m0 + left, short_a_rows<BM>(1)};
+        if (left <= short_a_rows<BM>(0)) s = ShortA{&tmA1, m0 + left, short_a_rows<BM>(0)};
+        return s;
+    };
     if (wg == 0) {
-        // M = INT_MAX: every box is a whole BM rows (the rows past the group are discarded).
         if constexpr (BLOCK) {  // the k-step's scale boxes ride with its operands (produce_all's loop plus them)
             if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
             if (t == 0) {
@@ -175,8 +210,9 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                 while (sched.next(u)) {
                     const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
                     const int m0 = gt.row0 + gt.m * BM, n0 = gt.n * BN;
-                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, &tmA, &tmB, m0, gt.g * N + n0, u.k_begin, u.k_end,
-                                     0x7fffffff, BM,
+                    const ShortA sa = a_box(gt, m0);
+                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, sa.map, &tmB, m0, gt.g * N + n0, u.k_begin, u.k_end,
+                                     sa.M, sa.rows,
                                      GroupedScaleLoads<GroupedScales<Tr>>{s_scales, &tmSA, &tmSB, m0,
                                                                           gt.g * n_blocks + n0 / 128});
                 }
@@ -187,15 +223,24 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                 RingCursor pcur;
                 while (sched.next(u)) {
                     const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
-                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, &tmA, &tmB, gt.row0 + gt.m * BM, gt.n * BN, u.k_begin,
-                                     u.k_end, 0x7fffffff, BM, NoExtraLoads{}, BEdge{}, gt.g * K);
+                    const int m0 = gt.row0 + gt.m * BM;
+                    const ShortA sa = a_box(gt, m0);
+                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, sa.map, &tmB, m0, gt.n * BN, u.k_begin, u.k_end, sa.M,
+                                     sa.rows, NoExtraLoads{}, BEdge{}, gt.g * K);
                 }
             }
         } else {
-            produce_all<Tr>(ring, sched, sA, sB, &tmA, &tmA, &tmB, 0x7fffffff, BM, [&](int tile) {
-                const GroupTile gt = groups.template locate<BM>(tile, G, tiles_n, panel);
-                return make_int2(gt.row0 + gt.m * BM, gt.g * N + gt.n * BN);
-            });
+            if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+            if (t == 0) {
+                RingCursor pcur;
+                while (sched.next(u)) {
+                    const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
+                    const int m0 = gt.row0 + gt.m * BM;
+                    const ShortA sa = a_box(gt, m0);
+                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, sa.map, &tmB, m0, gt.g * N + gt.n * BN, u.k_begin,
+                                     u.k_end, sa.M, sa.rows);
+                }
+            }
         }
         return;
     }
