@@ -1,7 +1,10 @@
 """Run the grouped kernel once per tile and schedule on small ragged groups, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck  python3 benchmarks/grouped_sanitize.py
-    compute-sanitizer --tool racecheck python3 benchmarks/grouped_sanitize.py
+    compute-sanitizer --tool memcheck --leak-check no --report-api-errors no python3 benchmarks/grouped_sanitize.py
+    compute-sanitizer --tool racecheck python3 benchmarks/grouped_sanitize.py --only bf16
+
+(cuda-core's descriptor code probes the driver with cuGetProcAddress for entry points it may lack: memcheck
+reports those as API errors unless told not to, as tests/test_sanitizer_gpu.py does.)
 
 Group sizes on both sides of every short A box (8, 16, 32, 64, 128 rows) and of whole tiles, an empty group
 among them; bf16 with K-major and MN-major b, the masked layout, and e4m3 with per-tensor and block
@@ -10,6 +13,7 @@ scales. Each run prints the plan and its relative error against the float64 refe
 poisoned), says so and the script exits 1.
 """
 
+import argparse
 import dataclasses
 import sys
 
@@ -47,9 +51,16 @@ def cases():
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=None, help="comma-separated case names (bf16, bf16 MN-major b, bf16 masked, "
+                                                 "e4m3 tensor, e4m3 block)")
+    args = ap.parse_args()
+    only = None if args.only is None else set(args.only.split(","))
     grouped.MN_MAJOR_B_OFFERED = True
     failed = 0
     for name, a, b, offs, counts, sa, sb, kw in cases():
+        if only is not None and name not in only:
+            continue
         layout = "masked" if counts is not None else "contiguous"
         G, N, K = b.shape
         rows = a.shape[1] if counts is not None else a.shape[0]
