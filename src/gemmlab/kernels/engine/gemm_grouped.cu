@@ -203,43 +203,23 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
         return s;
     };
     if (wg == 0) {
-        if constexpr (BLOCK) {  // the k-step's scale boxes ride with its operands (produce_all's loop plus them)
-            if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
-            if (t == 0) {
-                RingCursor pcur;
-                while (sched.next(u)) {
-                    const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
-                    const int m0 = gt.row0 + gt.m * BM, n0 = gt.n * BN;
-                    const ShortA sa = a_box(gt, m0);
-                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, sa.map, &tmB, m0, gt.g * N + n0, u.k_begin, u.k_end,
-                                     sa.M, sa.rows,
-                                     GroupedScaleLoads<GroupedScales<Tr>>{s_scales, &tmSA, &tmSB, m0,
-                                                                          gt.g * n_blocks + n0 / 128});
-                }
-            }
-        } else if constexpr (Tr::B_MN) {  // B rows are every group's K rows in turn: group g's from g K
-            if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
-            if (t == 0) {
-                RingCursor pcur;
-                while (sched.next(u)) {
-                    const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
-                    const int m0 = gt.row0 + gt.m * BM;
-                    const ShortA sa = a_box(gt, m0);
-                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, sa.map, &tmB, m0, gt.n * BN, u.k_begin, u.k_end, sa.M,
-                                     sa.rows, NoExtraLoads{}, BEdge{}, gt.g * K);
-                }
-            }
-        } else {
-            if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
-            if (t == 0) {
-                RingCursor pcur;
-                while (sched.next(u)) {
-                    const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
-                    const int m0 = gt.row0 + gt.m * BM;
-                    const ShortA sa = a_box(gt, m0);
-                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, sa.map, &tmB, m0, gt.g * N + gt.n * BN, u.k_begin,
-                                     u.k_end, sa.M, sa.rows);
-                }
+        if constexpr (Tr::CONSUMERS > 1) setmaxnreg_dec<40>();
+        if (t == 0) {
+            RingCursor pcur;
+            while (sched.next(u)) {
+                const GroupTile gt = groups.template locate<BM>(u.tile, G, tiles_n, panel);
+                const int m0 = gt.row0 + gt.m * BM, n0 = gt.n * BN;
+                const ShortA sa = a_box(gt, m0);
+                // K-major B: rows g N + n0 .. of the (G N, K) map; MN-major B: columns n0 .., group g's K rows
+                // from g K.
+                const int b_row = Tr::B_MN ? n0 : gt.g * N + n0, b_k0 = Tr::B_MN ? gt.g * K : 0;
+                if constexpr (BLOCK)  // the k-step's scale boxes ride with its operands
+                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, sa.map, &tmB, m0, b_row, u.k_begin, u.k_end, sa.M,
+                                     sa.rows, GroupedScaleLoads<GroupedScales<Tr>>{s_scales, &tmSA, &tmSB, m0,
+                                                                                    gt.g * n_blocks + n0 / 128});
+                else
+                    produce_unit<Tr>(ring, pcur, sA, sB, &tmA, sa.map, &tmB, m0, b_row, u.k_begin, u.k_end, sa.M,
+                                     sa.rows, NoExtraLoads{}, BEdge{}, b_k0);
             }
         }
         return;
