@@ -64,6 +64,12 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and t.stride(0) >= t.shape[1])
 
 
+def rows_16b(t: torch.Tensor) -> int:
+    """1 where a 2-D view's rows all start on 16-byte boundaries (base and row stride), so a pad copy moves
+    whole 16-byte chunks of them (``pad_copy.cu``'s SRC_VEC / DST_VEC), else 0."""
+    return int(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0)
+
+
 def _aligned_empty(rows: int, cols: int, dtype: torch.dtype, device) -> torch.Tensor:
     """An uninitialized (rows, cols) view whose rows start on 32-byte boundaries (padding hidden): TMA needs
     16, and rows 16- but not 32-byte aligned cut its L2 rate by ``misaligned_l2_factor`` (1.75x, H200)."""
@@ -641,7 +647,7 @@ class _OperandCopy:
         self.dtype, self.device = view.dtype, view.device
         self.es = view.element_size()
         self.unit = view.stride(1) == 1 and self.es in (2, 4)
-        self.vec = int(view.data_ptr() % 16 == 0 and (view.stride(0) * self.es) % 16 == 0)  # 16-byte loads
+        self.vec = rows_16b(view)  # 16-byte loads
         self.lds = view.stride(0)
         self.ldd = _aligned_empty(1, self.cols, self.dtype, "meta").stride(0)
         self.size, self.stride = (self.rows, self.cols), (self.ldd, 1)
@@ -720,11 +726,7 @@ class _PadCopy:
 
     def __init__(self, src: torch.Tensor, dst: torch.Tensor):
         es = src.element_size()
-
-        def vec(t: torch.Tensor) -> int:
-            return int(t.data_ptr() % 16 == 0 and (t.stride(0) * es) % 16 == 0)
-
-        expr = f"pad_copy<{es}, {vec(src)}, {vec(dst)}>"
+        expr = f"pad_copy<{es}, {rows_16b(src)}, {rows_16b(dst)}>"
         compiled = compile_kernel(PAD_COPY_SOURCE, expr, arch="sm_90a", name=f"engine.{expr}")
         rows, cols = src.shape
         blocks = _copy_blocks(rows, cols, es, _sm_count(src.device))

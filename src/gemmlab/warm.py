@@ -175,7 +175,7 @@ def _operand(x: torch.Tensor, k_dim: int) -> tuple[bool, tuple[int, int] | None]
     es = view.element_size()
     if view.stride(1) != 1 or es not in (2, 4):
         return mn, None  # torch's copy
-    return mn, (es, int(view.data_ptr() % 16 == 0 and (view.stride(0) * es) % 16 == 0))
+    return mn, (es, engine.rows_16b(view))
 
 
 def _copies(first: tuple[int, int] | None, second: tuple[int, int] | None) -> list[Kernel]:
