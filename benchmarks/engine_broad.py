@@ -3,7 +3,7 @@ kernel, the current engine (h11, ``gemmlab.engine``) and torch.mm, interleaved i
 
     PYTHONPATH=src python3 benchmarks/engine_broad.py --out $OUT/engine_broad.jsonl [--limit 40]
         [--shapes "2040,3584,3584;512,1024,4096"] [--classes mid,unaligned] [--budget-s 300]
-        [--tiles 64x160,64x208 --max-m 1536]
+        [--tiles 64x160,64x208 --max-m 1536] [--swap-any --min-m 65]
 
 Shapes come from ``benchmarks/shapes/broad.json`` (``gemmlab.broad_shapes``), spread over the set in a
 fixed order when ``--limit`` takes a subset. Per shape the candidates are: ``model`` (``plan()``'s pick),
@@ -69,10 +69,11 @@ def load_cases(args) -> list[dict]:
     return cases
 
 
-def candidate_plans(M: int, N: int, K: int, profile, tiles=()) -> dict[str, planner.Plan]:
+def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = False) -> dict[str, planner.Plan]:
     """name -> plan: the model's pick, the best of each other schedule (without B multicast), the best with
     B multicast where it is offered, the best of another tile height,
-    and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN")."""
+    and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN");
+    ``swap_any``: the best swapped plans of any token count (``swapped_plans``)."""
     cands = planner.candidates(M, N, K, profile=profile, schedules=planner.SCHEDULES)
     offered = planner.candidates(M, N, K, profile=profile)
     best = offered[0]  # what the planner offers
@@ -93,6 +94,28 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=()) -> dict[str, plan
     alt = next((c for c in cands if c.bm != best.bm and c.schedule == best.schedule and c.mcast == best.mcast), None)
     if alt is not None:
         out[f"best bm={alt.bm}"] = alt
+    if swap_any:
+        out.update(swapped_plans(M, N, K, profile, best))
+    return out
+
+
+def swapped_plans(M: int, N: int, K: int, profile, best: planner.Plan) -> dict[str, planner.Plan]:
+    """The model's best swapped plan (out^T = W @ A^T: the tokens on the wgmma's n side) of each offered
+    schedule at any M and over any number of token columns, which the planner offers only up to
+    SWAP_PAD_MAX_M tokens and SWAP_PAD_COLUMNS columns (data-parallel): "swap <schedule>"."""
+    keep = planner.SWAP_MAX_M, planner.SWAP_PAD_MAX_M, planner.SWAP_PAD_COLUMNS
+    planner.SWAP_MAX_M = planner.SWAP_PAD_MAX_M = planner.SWAP_PAD_COLUMNS = 1 << 30
+    planner._CACHE.clear()
+    try:
+        swapped = [c for c in planner.candidates(M, N, K, profile=profile, swap_ab=True) if c.swap_ab]
+    finally:
+        planner.SWAP_MAX_M, planner.SWAP_PAD_MAX_M, planner.SWAP_PAD_COLUMNS = keep
+        planner._CACHE.clear()
+    out = {}
+    for sched in ("data_parallel", "pingpong", "stream_k", "split_k"):
+        alt = min((c for c in swapped if c.schedule == sched), key=lambda c: c.predicted_s, default=None)
+        if alt is not None and alt != best:
+            out[f"swap {sched}"] = alt
     return out
 
 
@@ -123,15 +146,22 @@ def main() -> None:
                    help="skip shapes with an engine record of that git sha in PATH (finish a cut-short run)")
     p.add_argument("--tiles", default="", help="BMxBN,...: also time the model's best plan of each of these tiles")
     p.add_argument("--max-m", type=int, default=0, help="only shapes with M <= this")
+    p.add_argument("--min-m", type=int, default=0, help="only shapes with M >= this")
+    p.add_argument("--lean", action="store_true",
+                   help="only the model's pick, the router's choice and the --tiles / --swap-any candidates")
+    p.add_argument("--swap-any", action="store_true",
+                   help="also time the best swapped plan of each schedule at any M (swapped_plans)")
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     args = p.parse_args()
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
     info = gpu_info()
     prof = engine2._profile(torch.device("cuda"))
-    cases = [c for c in load_cases(args) if not args.max_m or c["M"] <= args.max_m]
+    cases = [c for c in load_cases(args) if (not args.max_m or c["M"] <= args.max_m) and c["M"] >= args.min_m]
     tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
-    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof, tiles)) for c in cases]
+    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof, tiles, args.swap_any)) for c in cases]
+    if args.lean:
+        per_case = [(c, {k: v for k, v in ps.items() if not k.startswith("best ")}) for c, ps in per_case]
     precompile([pl for _, ps in per_case for pl in ps.values()], args.workers)
     sha = git_sha()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -151,9 +181,9 @@ def main() -> None:
         runs = {name: (lambda i, pl=pl: engine.gemm(*sets[i], plan=pl)) for name, pl in plans.items()}
         runs["engine"] = lambda i: engine.gemm(*sets[i])
         route = engine.plan(M, N, K, sm_count=info.sm_count)
-        if route.kernel == "engine":  # what gemmlab.matmul ran before the router: h11's plan
+        if route.kernel == "engine" and not args.lean:  # what gemmlab.matmul ran before the router: h11's plan
             runs["h11"] = lambda i, h=route.h11: engine.gemm(*sets[i], plan=h)
-        if route.decode_s is not None and route.kernel != "decode":  # priced out: the decode kernel beside
+        if route.decode_s is not None and route.kernel != "decode" and not args.lean:  # priced out: decode beside
             runs["decode"] = lambda i: engine.gemm(*sets[i], plan="decode")
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2])}
         passing, errors = check_candidates(runs, sets[0][2], ref)
