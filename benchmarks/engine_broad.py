@@ -70,7 +70,8 @@ def load_cases(args) -> list[dict]:
 
 
 def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = False) -> dict[str, planner.Plan]:
-    """name -> plan: the model's pick, the best of each other schedule (without B multicast), the best with
+    """name -> plan: the model's pick (and the best plain plan, "plain", where the pick is swapped), the best
+    of each other schedule (without B multicast), the best with
     B multicast where it is offered, the best of another tile height,
     and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN");
     ``swap_any``: the best swapped plans of any token count (``swapped_plans``)."""
@@ -78,6 +79,10 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = 
     offered = planner.candidates(M, N, K, profile=profile)
     best = offered[0]  # what the planner offers
     out = {"model": best}
+    if best.swap_ab:  # the best plain plan beside a swapped pick
+        alt = next((c for c in offered if not c.swap_ab), None)
+        if alt is not None:
+            out["plain"] = alt
     for bm, bn in tiles:
         alt = next((c for c in offered if (c.bm, c.bn) == (bm, bn) and not c.swap_ab), None)
         if alt is not None and alt != best:

@@ -28,7 +28,14 @@ def test_swapped_plans_are_offered_where_they_apply(monkeypatch):
     assert past and all(math.ceil(p.M / p.bn) <= planner.SWAP_PAD_COLUMNS and p.schedule == "data_parallel"
                         for p in past)
     assert any(p.bn < p.M for p in past) and any(p.bn >= p.M for p in past)
+    wide = _swapped(planner.SWAP_PAD_MAX_M + 1, 14336, 4096)  # SWAP_WIDE: any columns, no split-K
+    assert wide and max(p.tiles_n for p in wide) > planner.SWAP_PAD_COLUMNS
+    assert {p.schedule for p in wide} >= {"data_parallel", "pingpong", "stream_k"}
+    assert all(p.schedule != "split_k" for p in wide)
+    monkeypatch.setattr(planner, "SWAP_WIDE", False)
     assert not _swapped(planner.SWAP_PAD_MAX_M + 1, 14336, 4096)
+    assert "SWAP_WIDE" in planner.swap_problem(planner.SWAP_PAD_MAX_M + 1, "bf16")
+    monkeypatch.setattr(planner, "SWAP_WIDE", True)
     assert not _swapped(16, 14336, 4096, out_dtype="fp32")  # the transposed store writes 16-bit output
     assert planner.swap_problem(16, "bf16") is None and "16-bit" in planner.swap_problem(16, "fp32")
     monkeypatch.setattr(planner, "SWAP_AB", False)
@@ -121,6 +128,35 @@ def test_past_swap_max_m_the_padding_rule_ranks_swapped_tiles_of_few_columns(M, 
         r = _route(M, N, K)  # gemmlab.matmul runs it, weighed against h11 at the plain plan's price
         assert r.kernel == "engine" and r.plan == first
     assert planner.candidates(M, N, K, swap_ab=False)[0] == plain
+
+
+@pytest.mark.parametrize("M, N, K, swapped", [
+    # swap_any_probe.jsonl (H200): the swapped pick / the plain one, ratios to torch.mm
+    (12608, 768, 3072, True),  # 128 x 144 ping-pong over 99 token columns: 1.050 / 0.951
+    (5000, 896, 4864, True),  # 128 x 144 ping-pong: 1.020 / 0.944
+    (3000, 1024, 3072, True),  # 128 x 192 data-parallel: 1.020 / 0.953
+    (4096, 4096, 4096, False),  # square, aligned: the plain and swapped plans priced alike
+    (1536, 6144, 6144, False),  # swapped priced within the margin (it measured 1.008 / 1.037)
+    (300, 3584, 14336, False)])  # at most SWAP_PAD_MAX_M tokens: the padding rule (split-K swapped: 0.996 / 1.199)
+def test_past_swap_pad_max_m_a_swapped_plan_goes_first_only_priced_below_the_margin(M, N, K, swapped):
+    """SWAP_WIDE: past SWAP_PAD_MAX_M tokens the best swapped plan goes first only where the model prices it
+    below SWAP_WIDE_MARGIN x the best plain plan; otherwise the best plain plan does. Either way the rest
+    stay in the model's order."""
+    ps = planner.candidates(M, N, K)
+    first = ps[0]
+    assert first.swap_ab == swapped, first
+    plain = next(p for p in ps if not p.swap_ab)
+    best_swapped = next((p for p in ps if p.swap_ab), None)
+    if M > planner.SWAP_PAD_MAX_M:
+        assert best_swapped is not None
+        assert (best_swapped.predicted_s < planner.SWAP_WIDE_MARGIN * plain.predicted_s) == swapped
+    if swapped:
+        assert first.schedule != "split_k" and first.tiles_n > planner.SWAP_PAD_COLUMNS
+        r = _route(M, N, K)  # gemmlab.matmul runs it at its own price
+        assert r.kernel == "engine" and r.plan == first
+    rest = [p for p in ps if p is not first]
+    keys = [planner.plan_key(p) for p in rest]
+    assert keys == sorted(keys)
 
 
 def test_the_module_flag_and_the_cache_keep_the_two_apart(monkeypatch):

@@ -83,6 +83,15 @@ CASES = [
     ((300, 4104, 2000), 128, 112, "data_parallel", {"has_c": True, "dtype": "fp16", "out_dtype": "fp16"}),
     ((490, 1001, 1000), 128, 176, "data_parallel", {"direct": True, "bias_dtype": "fp32"}),
     ((130, 4104, 777), 64, 64, "data_parallel", {}),
+    # past SWAP_PAD_MAX_M (SWAP_WIDE): many token columns, every schedule but split-K, ragged tokens
+    ((5000, 896, 1024), 128, 144, "pingpong", {}),  # 35 token columns, the last 104 tokens
+    ((3000, 1024, 2000), 128, 192, "data_parallel", {"bias_dtype": "bf16", "activation": "silu"}),
+    ((2050, 3000, 1000), 256, 192, "data_parallel", {}),
+    ((2050, 3000, 1000), 128, 192, "data_parallel", {"has_c": True, "dtype": "fp16", "out_dtype": "fp16"}),
+    ((1300, 1280, 4096), 128, 240, "stream_k", {"bias_dtype": "fp32"}),
+    ((4777, 1008, 1024), 128, 96, "pingpong", {"activation": "gelu"}),
+    ((777, 1001, 1000), 128, 176, "data_parallel", {"direct": True, "activation": "gelu"}),
+    ((1023, 4097, 1025), 128, 256, "data_parallel", {"direct": True}),
     # NARROW_TALL: 128 / 256 weight rows over one column of few tokens (ragged rows and tokens too)
     ((16, 14336, 4096), 128, 16, "data_parallel", {}),
     ((32, 43008, 1024), 128, 32, "data_parallel", {"bias_dtype": "bf16", "activation": "silu"}),
@@ -118,7 +127,8 @@ def test_beta_c_reads_a_column_major_c():
     ((16, 4104, 14336), 64, 16, "stream_k"), ((16, 1000, 8192), 64, 16, "split_k_global"),
     ((64, 14336, 1024), 64, 64, "pingpong"), ((200, 8192, 5376), 64, 208, "data_parallel"),
     ((8, 28672, 4096), 256, 16, "data_parallel"), ((32, 14336, 4096), 128, 32, "data_parallel"),
-    ((300, 5120, 2048), 128, 112, "data_parallel")])
+    ((300, 5120, 2048), 128, 112, "data_parallel"), ((5000, 896, 1024), 128, 144, "pingpong"),
+    ((1300, 1280, 4096), 128, 240, "stream_k")])
 def test_swapped_plans_are_bitwise_deterministic(shape, bm, bn, schedule):
     p = _pick(*shape, bm, bn, schedule)
     first = _run(p, seed=3)[0].clone()
@@ -127,10 +137,11 @@ def test_swapped_plans_are_bitwise_deterministic(shape, bm, bn, schedule):
         assert torch.equal(again.view(torch.int16), first.view(torch.int16)), p
 
 
-@pytest.mark.parametrize("M, N, K", [(16, 8192, 1024), (200, 6144, 1024)])
+@pytest.mark.parametrize("M, N, K", [(16, 8192, 1024), (200, 6144, 1024), (12608, 768, 3072)])
 def test_matmul_runs_a_routed_swapped_plan_prepared_in_a_graph_and_as_the_custom_op(monkeypatch, M, N, K):
-    """With planner.SWAP_AB set, 16x8192x1024 routes to a swapped plan (the model prices it ahead), and
-    200x6144x1024 to 128 x 112 swapped tiles over two token columns (SWAP_PAD_MAX_M's rule): gemmlab.matmul's
+    """With planner.SWAP_AB set, 16x8192x1024 routes to a swapped plan (the model prices it ahead),
+    200x6144x1024 to 128 x 112 swapped tiles over two token columns (SWAP_PAD_MAX_M's rule), and 12608x768x3072
+    to ping-pong 128 x 144 swapped tiles over 88 token columns (SWAP_WIDE): gemmlab.matmul's
     prepared call (twice: the second reuses it), a CUDA graph of it, and the custom op all match float64
     and each other bit for bit."""
     import gemmlab

@@ -582,16 +582,18 @@ def _engine_plan(a, b, out, bias, has_c: bool, activation, direct: bool,
                  prof: DeviceProfile) -> tuple[planner.Plan, float]:
     """The engine kernel's plan for these tensors' dtypes, layouts, epilogue and output, and its price
     for weighing it against the decode kernel and h11. Up to ``planner.SWAP_PREFER_M`` tokens, and past
-    ``planner.SWAP_MAX_M`` where the padding rule ranks it first, the plan is the model's best swapped one (it
-    runs faster than the model says, H200 records), priced as the best plain plan: the router's choice of
-    kernel stays what the model's prices of plain plans decide."""
+    ``planner.SWAP_MAX_M`` where the padding rule ranks it first (up to ``SWAP_PAD_MAX_M``), the plan is the
+    model's best swapped one (it runs faster than the model says, H200 records), priced as the best plain
+    plan: the router's choice of kernel stays what the model's prices of plain plans decide. Past
+    ``SWAP_PAD_MAX_M`` a swapped plan is first only where the model prices it lower (SWAP_WIDE): its price."""
     M, K = a.shape
     (a_mn, a_pitch), (b_mn, b_pitch) = _operand_layout(a, 1), _operand_layout(b, 0)
     kw = dict(dtype=_DT[a.dtype], out_dtype=_DT[out.dtype], bias_dtype=_DT[bias.dtype] if bias is not None else None,
               has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct, profile=prof,
               a_pitch=a_pitch, b_pitch=b_pitch)
     run = planner.plan(M, b.shape[1], K, **kw)
-    if run.swap_ab and (M <= planner.SWAP_PREFER_M or M > planner.SWAP_MAX_M):  # a rule's pick, not the model's
+    by_rule = M <= planner.SWAP_PREFER_M or planner.SWAP_MAX_M < M <= planner.SWAP_PAD_MAX_M
+    if run.swap_ab and by_rule:  # a rule's pick, not the model's
         return run, planner.plan(M, b.shape[1], K, swap_ab=False, **kw).predicted_s
     return run, run.predicted_s
 

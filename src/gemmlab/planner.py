@@ -86,6 +86,19 @@ SWAP_PREFER_M = 32
 SWAP_PAD_MAX_M = 512
 SWAP_PAD_COLUMNS = 3
 SWAP_PAD_EXPONENT = 0.75
+# Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped plans of every offered schedule but split-K are
+# priced too, over any number of token columns, and the best of them goes first where the model prices it
+# below SWAP_WIDE_MARGIN x the best plain plan's time. Swapped, the weight's rows take the tile's 128 (or
+# 256) and the tokens its width in steps of 16 (cuBLAS's sm90 kernels tile that way), so narrow weights
+# (N = 768..1152) and ragged token counts pad less and fill the waves better. Measured (H200,
+# swap_any_probe.jsonl, 06656d3: the 217 broad-set shapes with M > 64, the pick against the best swapped plan
+# of each schedule): on the 161 shapes past 512 tokens the rule changes 18 picks, 15 of them faster by
+# more than 2% (12608x768x3072 0.951 -> 1.050x torch.mm, 5000x896x4864 0.944 -> 1.020, 3000x1024x3072
+# 0.953 -> 1.020, 5000x5120x14336 0.947 -> 0.987, 1023x4097x1025 2.49 -> 2.75), none slower by more
+# than 2%; without the margin 29 picks change, two of them 2.2-2.8% slower. Swapped split-K lost nearly
+# everywhere (0.72x torch.mm geomean; 300x3584x14336 1.199 -> 0.996).
+SWAP_WIDE = True
+SWAP_WIDE_MARGIN = 0.99
 # B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
 # load B's tile once between them (TMA multicast). Offered when MCAST_OFFERED is set or
 # ``candidates(mcast=True)`` asks; ``mcast_problem`` says where it cannot run.
@@ -502,8 +515,8 @@ _CACHE: dict = {}
 
 def swap_problem(M: int, out_dtype: str) -> str | None:
     """Why no swapped plan is offered for M tokens and this output dtype, or None."""
-    if M > SWAP_PAD_MAX_M:
-        return f"swap AB is offered up to M = {SWAP_PAD_MAX_M} tokens"
+    if M > SWAP_PAD_MAX_M and not SWAP_WIDE:
+        return f"swap AB is offered up to M = {SWAP_PAD_MAX_M} tokens (SWAP_WIDE is off)"
     if out_dtype == "fp32":
         return "the transposed store writes 16-bit output only"
     return None
@@ -544,7 +557,8 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
     # Swapped plans tile the transposed problem (N x M x K: the weight's rows by the tokens), the kernel's
     # B operand then being A (so A's layout limits its boxes), at widths up to the tokens rounded to 16.
     problems = [(False, M, N, b_mn)] + ([(True, N, M, a_mn)] if swap else [])
-    padded = M > SWAP_MAX_M  # past it data-parallel swapped plans of few token columns only (SWAP_PAD_MAX_M)
+    wide = M > SWAP_PAD_MAX_M  # SWAP_WIDE: every schedule but split-K, any token columns
+    padded = SWAP_MAX_M < M <= SWAP_PAD_MAX_M  # data-parallel swapped plans of few token columns only
     for swapped, pm, pn, kb_mn in problems:
         for bm, bn in TILES:
             if swapped and (bn > math.ceil(M / 16) * 16 or (padded and math.ceil(M / bn) > SWAP_PAD_COLUMNS)):
@@ -557,9 +571,15 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
             tile = _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn,
                                direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
             dp_only = narrow_tall or (swapped and padded)
-            plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")]
+            plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")
+                      and not (swapped and wide and p.schedule == "split_k")]
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
+    if swap and wide and plans and plans[0].swap_ab:
+        plain = next((p for p in plans if not p.swap_ab), None)
+        if plain is not None and plans[0].predicted_s >= SWAP_WIDE_MARGIN * plain.predicted_s:
+            plans.remove(plain)
+            plans.insert(0, plain)
     if swap and padded and plans and not plans[0].swap_ab and _padding_prefers_swap(M, plans):
         first = next(p for p in plans if p.swap_ab)
         plans.remove(first)
