@@ -28,10 +28,9 @@ def test_swapped_plans_are_offered_where_they_apply(monkeypatch):
     assert past and all(math.ceil(p.M / p.bn) <= planner.SWAP_PAD_COLUMNS and p.schedule == "data_parallel"
                         for p in past)
     assert any(p.bn < p.M for p in past) and any(p.bn >= p.M for p in past)
-    wide = _swapped(planner.SWAP_PAD_MAX_M + 1, 14336, 4096)  # SWAP_WIDE: any columns, no split-K
+    wide = _swapped(planner.SWAP_PAD_MAX_M + 1, 14336, 4096)  # SWAP_WIDE: any columns, DP and ping-pong
     assert wide and max(p.tiles_n for p in wide) > planner.SWAP_PAD_COLUMNS
-    assert {p.schedule for p in wide} >= {"data_parallel", "pingpong", "stream_k"}
-    assert all(p.schedule != "split_k" for p in wide)
+    assert {p.schedule for p in wide} == {"data_parallel", "pingpong"}
     monkeypatch.setattr(planner, "SWAP_WIDE", False)
     assert not _swapped(planner.SWAP_PAD_MAX_M + 1, 14336, 4096)
     assert "SWAP_WIDE" in planner.swap_problem(planner.SWAP_PAD_MAX_M + 1, "bf16")
@@ -151,7 +150,7 @@ def test_past_swap_pad_max_m_a_swapped_plan_goes_first_only_priced_below_the_mar
         assert best_swapped is not None
         assert (best_swapped.predicted_s < planner.SWAP_WIDE_MARGIN * plain.predicted_s) == swapped
     if swapped:
-        assert first.schedule != "split_k" and first.tiles_n > planner.SWAP_PAD_COLUMNS
+        assert first.schedule in ("data_parallel", "pingpong") and first.tiles_n > planner.SWAP_PAD_COLUMNS
         r = _route(M, N, K)  # gemmlab.matmul runs it at its own price
         assert r.kernel == "engine" and r.plan == first
     rest = [p for p in ps if p is not first]

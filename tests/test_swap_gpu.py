@@ -83,12 +83,12 @@ CASES = [
     ((300, 4104, 2000), 128, 112, "data_parallel", {"has_c": True, "dtype": "fp16", "out_dtype": "fp16"}),
     ((490, 1001, 1000), 128, 176, "data_parallel", {"direct": True, "bias_dtype": "fp32"}),
     ((130, 4104, 777), 64, 64, "data_parallel", {}),
-    # past SWAP_PAD_MAX_M (SWAP_WIDE): many token columns, every schedule but split-K, ragged tokens
+    # past SWAP_PAD_MAX_M (SWAP_WIDE): many token columns, data-parallel and ping-pong, ragged tokens
     ((5000, 896, 1024), 128, 144, "pingpong", {}),  # 35 token columns, the last 104 tokens
     ((3000, 1024, 2000), 128, 192, "data_parallel", {"bias_dtype": "bf16", "activation": "silu"}),
     ((2050, 3000, 1000), 256, 192, "data_parallel", {}),
     ((2050, 3000, 1000), 128, 192, "data_parallel", {"has_c": True, "dtype": "fp16", "out_dtype": "fp16"}),
-    ((1300, 1280, 4096), 128, 240, "stream_k", {"bias_dtype": "fp32"}),
+    ((1300, 1280, 4096), 128, 240, "data_parallel", {"bias_dtype": "fp32"}),
     ((4777, 1008, 1024), 128, 96, "pingpong", {"activation": "gelu"}),
     ((777, 1001, 1000), 128, 176, "data_parallel", {"direct": True, "activation": "gelu"}),
     ((1023, 4097, 1025), 128, 256, "data_parallel", {"direct": True}),
@@ -128,7 +128,7 @@ def test_beta_c_reads_a_column_major_c():
     ((64, 14336, 1024), 64, 64, "pingpong"), ((200, 8192, 5376), 64, 208, "data_parallel"),
     ((8, 28672, 4096), 256, 16, "data_parallel"), ((32, 14336, 4096), 128, 32, "data_parallel"),
     ((300, 5120, 2048), 128, 112, "data_parallel"), ((5000, 896, 1024), 128, 144, "pingpong"),
-    ((1300, 1280, 4096), 128, 240, "stream_k")])
+    ((1300, 1280, 4096), 128, 240, "data_parallel")])
 def test_swapped_plans_are_bitwise_deterministic(shape, bm, bn, schedule):
     p = _pick(*shape, bm, bn, schedule)
     first = _run(p, seed=3)[0].clone()

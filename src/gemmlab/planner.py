@@ -86,9 +86,9 @@ SWAP_PREFER_M = 32
 SWAP_PAD_MAX_M = 512
 SWAP_PAD_COLUMNS = 3
 SWAP_PAD_EXPONENT = 0.75
-# Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped plans of every offered schedule but split-K are
-# priced too, over any number of token columns, and the best of them goes first where the model prices it
-# below SWAP_WIDE_MARGIN x the best plain plan's time. Swapped, the weight's rows take the tile's 128 (or
+# Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped data-parallel and ping-pong plans are priced too, over
+# any number of token columns, and the best of them goes first where the model prices it below
+# SWAP_WIDE_MARGIN x the best plain plan's time. Swapped, the weight's rows take the tile's 128 (or
 # 256) and the tokens its width in steps of 16 (cuBLAS's sm90 kernels tile that way), so narrow weights
 # (N = 768..1152) and ragged token counts pad less and fill the waves better. Measured (H200,
 # swap_any_probe.jsonl, 06656d3: the 217 broad-set shapes with M > 64, the pick against the best swapped plan
@@ -96,7 +96,12 @@ SWAP_PAD_EXPONENT = 0.75
 # more than 2% (12608x768x3072 0.951 -> 1.050x torch.mm, 5000x896x4864 0.944 -> 1.020, 3000x1024x3072
 # 0.953 -> 1.020, 5000x5120x14336 0.947 -> 0.987, 1023x4097x1025 2.49 -> 2.75), none slower by more
 # than 2%; without the margin 29 picks change, two of them 2.2-2.8% slower. Swapped split-K lost nearly
-# everywhere (0.72x torch.mm geomean; 300x3584x14336 1.199 -> 0.996).
+# everywhere (0.72x torch.mm geomean; 300x3584x14336 1.199 -> 0.996). Held out (swap_wide_heldout.jsonl,
+# 93af8f9: 90 of 400 random shapes past 512 tokens whose pick the rule made swapped, against the best plain
+# plan): x1.059 geomean, 76 faster by more than 2% (520x4608x4608 0.738 -> 0.929x torch.mm, 20000x1024x1792
+# 1.040 -> 1.125), 7 slower by more than 2%, the worst a swapped stream-K plan (3500x1280x32000: 0.941 ->
+# 0.725; the probe's swapped stream-K 0.95x torch.mm geomean against data-parallel's 1.08): stream-K is not
+# offered swapped past SWAP_PAD_MAX_M either.
 SWAP_WIDE = True
 SWAP_WIDE_MARGIN = 0.99
 # B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
@@ -572,7 +577,7 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
                                direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
             dp_only = narrow_tall or (swapped and padded)
             plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")
-                      and not (swapped and wide and p.schedule == "split_k")]
+                      and not (swapped and wide and p.schedule not in ("data_parallel", "pingpong"))]
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
     if swap and wide and plans and plans[0].swap_ab:
