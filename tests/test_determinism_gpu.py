@@ -125,9 +125,10 @@ def test_every_decode_variant_with_split_k_is_bitwise_deterministic():
 
 
 # Decode, the engine kernel's split-K (100x1000x3000, 1x1024x14336), data-parallel (777x555x333) and
-# stream-K (5000x5120x14336) plans as engine.route picks them.
+# stream-K (8192x9216x8192 with bias + silu) plans as engine.route picks them, and swapped plans over many
+# token columns (SWAP_WIDE): data-parallel (5000x5120x14336 with bias + silu), ping-pong (12608x768x3072).
 @pytest.mark.parametrize("shape", [(16, 4096, 4096), (100, 1000, 3000), (1, 1024, 14336), (777, 555, 333),
-                                   (5000, 5120, 14336)])
+                                   (5000, 5120, 14336), (12608, 768, 3072), (8192, 9216, 8192)])
 def test_public_call_is_bitwise_repeatable_and_address_independent(shape):
     """gemmlab.matmul on the same values, run after run and from copies at other addresses (same layout
     and alignment), gives the same bits: the plan depends on the shape and layout, not on the pointers."""

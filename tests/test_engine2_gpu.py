@@ -225,7 +225,9 @@ ROUTED = [
     ((640, 3001, 2047), torch.float16, torch.float32, True, torch.float32, "gelu", True),  # copies, direct
     ((777, 555, 333), torch.bfloat16, torch.float32, False, None, "gelu_tanh", True),
     ((333, 520, 264), torch.float16, None, True, torch.float16, "relu", False),
-    ((5000, 5120, 14336), torch.bfloat16, None, False, None, None, False),  # stream-K
+    ((5000, 5120, 14336), torch.bfloat16, None, False, None, None, False),  # swapped ping-pong (SWAP_WIDE)
+    ((12608, 768, 3072), torch.float16, None, False, torch.float16, "silu", False),  # swapped, 99 token columns
+    ((8192, 9216, 8192), torch.bfloat16, None, False, None, None, False),  # stream-K
 ]
 
 
@@ -262,13 +264,14 @@ def test_matmul_routes_to_the_engine_kernel_and_matches_float64(case):
 
 
 def test_routed_stream_k_is_bitwise_deterministic_and_replays_in_a_graph():
-    """The router's stream-K plan (5000x5120x14336) through gemmlab.matmul: the same bits run after run,
+    """The router's stream-K plan (8192x9216x8192; 5000x5120x14336's until SWAP_WIDE) through gemmlab.matmul:
+    the same bits run after run,
     and captured in a CUDA graph (after an eager call prepared it and grew the workspace) it replays
     with the same bits."""
     import gemmlab
 
-    assert gemmlab.plan(5000, 5120, 14336).plan.schedule == "stream_k"
-    a, b, _, _ = _routed_case((5000, 5120, 14336), torch.bfloat16, None, False, None, None, False, seed=7)
+    assert gemmlab.plan(8192, 9216, 8192).plan.schedule == "stream_k"
+    a, b, _, _ = _routed_case((8192, 9216, 8192), torch.bfloat16, None, False, None, None, False, seed=7)
     first = gemmlab.matmul(a, b)
     for _ in range(3):
         again = gemmlab.matmul(a, b)

@@ -8,7 +8,8 @@ unaligned operands and outputs; the engine kernel (``kernels/engine/gemm.cu``) t
 with 64- and 128-row tiles, stream-K all streamed (64 and 128 rows) and hybrid (full data-parallel wave +
 streamed tiles), copies + direct stores under each schedule, epilogues (bias + relu, silu, fp32 output
 with beta * C), B multicast (64- and 128-row tiles, a padding tile), and calls the router itself sends to
-the engine kernel (one with B multicast); the decode kernel (forced) unsplit and split-K.
+the engine kernel (one with B multicast, two swapped over many token columns: SWAP_WIDE); the decode kernel
+(forced) unsplit and split-K.
 """
 
 import os
@@ -106,6 +107,13 @@ x, wx = r(256, 2048), r(512, 2048)
 route = engine.route(x, wx.t(), out_for(256, 512), bias=None, activation=None, has_c=False, sm_count=sm)
 assert route.kernel == "engine", route
 run("engine routed", x, wx.t())
+
+# SWAP_WIDE: past 512 tokens the router's swapped plans over many token columns (the last one short)
+for (M, N, K), sched in (((2050, 640, 256), "data_parallel"), ((3000, 1024, 256), "pingpong")):
+    x, wx = r(M, K), r(N, K)
+    route = engine.route(x, wx.t(), out_for(M, N), bias=None, activation=None, has_c=False, sm_count=sm)
+    assert route.kernel == "engine" and route.plan.swap_ab and route.plan.schedule == sched, route
+    run(f"engine routed, swapped {sched}", x, wx.t())
 
 x = r(7, 256)
 assert engine.use_decode(x, r(14, 256).t())

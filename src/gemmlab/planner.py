@@ -86,8 +86,8 @@ SWAP_PREFER_M = 32
 SWAP_PAD_MAX_M = 512
 SWAP_PAD_COLUMNS = 3
 SWAP_PAD_EXPONENT = 0.75
-# Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped data-parallel and ping-pong plans are priced too, over
-# any number of token columns, and the best of them goes first where the model prices it below
+# Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped data-parallel and ping-pong plans of 128 and 256
+# weight rows (the heights measured there) are priced too, over any number of token columns, and the best of them goes first where the model prices it below
 # SWAP_WIDE_MARGIN x the best plain plan's time. Swapped, the weight's rows take the tile's 128 (or
 # 256) and the tokens its width in steps of 16 (cuBLAS's sm90 kernels tile that way), so narrow weights
 # (N = 768..1152) and ragged token counts pad less and fill the waves better. Measured (H200,
@@ -577,7 +577,8 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
                                direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
             dp_only = narrow_tall or (swapped and padded)
             plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")
-                      and not (swapped and wide and p.schedule not in ("data_parallel", "pingpong"))]
+                      and not (swapped and wide and (p.schedule not in ("data_parallel", "pingpong")
+                                                     or bm < 128))]
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
     if swap and wide and plans and plans[0].swap_ab:
