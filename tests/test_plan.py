@@ -84,8 +84,10 @@ def test_template_args_name_every_choice():
     assert p.direct  # 50257 fp32 elements: rows not 16-byte aligned
     assert int(args[3]) == p.bm and int(args[4]) == p.bn and int(args[5]) == p.stages
     assert args[12] == str(planner.SCHEDULES.index(p.schedule))
-    # MN-major B needs 64-column boxes; a heavy epilogue keeps 256-row tiles narrow.
-    assert all(c.bn % 64 == 0 for c in planner.candidates(4096, 4096, 4096, b_mn=True))
+    # MN-major B needs 64-column boxes (the kernel's B: b unless swapped, where b is its A); a heavy epilogue
+    # keeps 256-row tiles narrow.
+    assert all(c.bn % 64 == 0 for c in planner.candidates(4096, 4096, 4096, b_mn=True) if not c.swap_ab)
+    assert all(c.bn % 64 == 0 for c in planner.candidates(4096, 4096, 4096, a_mn=True) if c.swap_ab)
     heavy = planner.candidates(4096, 4096, 4096, out_dtype="fp32")
     assert max(c.bn for c in heavy if c.bm == 256) == 112
     assert max(c.bn for c in heavy if c.bm == 256 and c.schedule == "stream_k") == 96
