@@ -25,6 +25,7 @@ time, torch's, the ratio and whether PDL was on. Every instantiation is compiled
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -69,12 +70,14 @@ def load_cases(args) -> list[dict]:
     return cases
 
 
-def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = False) -> dict[str, planner.Plan]:
+def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = False,
+                    alt_profile=None) -> dict[str, planner.Plan]:
     """name -> plan: the model's pick (and the best plain plan, "plain", where the pick is swapped), the best
     of each other schedule (without B multicast), the best with
     B multicast where it is offered, the best of another tile height,
     and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN");
-    ``swap_any``: the best swapped plans of any token count (``swapped_plans``)."""
+    ``swap_any``: the best swapped plans of any token count (``swapped_plans``); ``alt_profile``: the pick
+    under that profile ("alt": e.g. the constants before a change, ``--alt NAME=VALUE``)."""
     cands = planner.candidates(M, N, K, profile=profile, schedules=planner.SCHEDULES)
     offered = planner.candidates(M, N, K, profile=profile)
     best = offered[0]  # what the planner offers
@@ -101,6 +104,12 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = 
         out[f"best bm={alt.bm}"] = alt
     if swap_any:
         out.update(swapped_plans(M, N, K, profile, best))
+    if alt_profile is not None:  # the pick under other profile constants ("alt"), where it differs
+        planner._CACHE.clear()
+        alt = planner.candidates(M, N, K, profile=alt_profile)[0]
+        planner._CACHE.clear()
+        if alt != best:
+            out["alt"] = alt
     return out
 
 
@@ -154,6 +163,8 @@ def main() -> None:
     p.add_argument("--min-m", type=int, default=0, help="only shapes with M >= this")
     p.add_argument("--lean", action="store_true",
                    help="only the model's pick, the router's choice and the --tiles / --swap-any candidates")
+    p.add_argument("--alt", nargs="*", default=[], metavar="NAME=VALUE",
+                   help="also time the pick under the profile with these constants (candidate 'alt')")
     p.add_argument("--swap-any", action="store_true",
                    help="also time the best swapped plan of each schedule at any M (swapped_plans)")
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
@@ -164,7 +175,9 @@ def main() -> None:
     prof = engine2._profile(torch.device("cuda"))
     cases = [c for c in load_cases(args) if (not args.max_m or c["M"] <= args.max_m) and c["M"] >= args.min_m]
     tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
-    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof, tiles, args.swap_any)) for c in cases]
+    alt = dataclasses.replace(prof, **{k: type(getattr(prof, k))(float(v)) for k, v in (a.split("=") for a in args.alt)}) \
+        if args.alt else None
+    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof, tiles, args.swap_any, alt)) for c in cases]
     if args.lean:
         per_case = [(c, {k: v for k, v in ps.items() if not k.startswith("best ")}) for c, ps in per_case]
     precompile([pl for _, ps in per_case for pl in ps.values()], args.workers)

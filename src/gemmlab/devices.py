@@ -130,6 +130,10 @@ class DeviceProfile:
     partial_bytes_per_s: float = 24.4e9  # one SM writing or reading an fp32 stream-K partial (L2)
     dsmem_bytes_per_s: float = 8.7e9  # one SM reading its cluster's split-K partials (SM-to-SM network)
     cluster_sync_s: float = 3.2e-6  # split-K: two cluster barriers and the partial's round through smem
+    # ... for partials of at least cluster_sync_area (rows x columns); smaller ones pay from
+    # cluster_sync_small_s up to it in proportion (plan_cost.split_sync_s)
+    cluster_sync_small_s: float = 2.0e-6
+    cluster_sync_area: int = 8192
     direct_store_bytes_per_s: float = 7.9e9  # one SM storing its tile row by row (output rows not 16-byte aligned)
     # stream-K: once per launch. Fitted when every captured launch carried a flags fill kernel; with the fill
     # gone the same plans ran 1.0-1.5 us faster (H200, 3278dd1). Kept until a broad run re-times the set: set

@@ -177,6 +177,17 @@ def tile_epilogue_s(bm: int, bn: int, out_bytes: int, prof: DeviceProfile, direc
     return prof.tile_fixed_s + bm * bn * out_bytes / rate
 
 
+def split_sync_s(area: int, prof: DeviceProfile) -> float:
+    """A cluster split-K launch's fixed cost after its k-loop for a partial of ``area`` rows x columns:
+    ``cluster_sync_s`` (fitted on the broad set, where split-K tiles are mostly 64-128 x 64-256) from
+    ``cluster_sync_area`` up, and less for smaller partials, from ``cluster_sync_small_s`` in proportion
+    (the pushed reduction's copies, sums and stores scale with the partial; session 22's timeline: the
+    barriers alone 0.16-0.24 us). Priced at 3.2 us, the swapped 64 x 16 split-K plans of 16x1152x1024 and
+    32x1024x1024 and the 64 x 64 one of 256x512x2048 lost to data-parallel plans they beat by 4-15%."""
+    small = prof.cluster_sync_small_s
+    return small + (prof.cluster_sync_s - small) * min(1.0, area / prof.cluster_sync_area)
+
+
 def _rows_loaded(M: int, bm: int) -> float:
     """Rows of A a tile loads, averaged over the rows of tiles (the last loads what it has, to 8)."""
     tm = math.ceil(M / bm)
@@ -246,7 +257,8 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
         waves = math.ceil(tiles / slots)
         active = min(tiles, slots) * splits
         k_per = math.ceil(k / splits)
-        reduce = (prof.cluster_sync_s + (splits - 1) / splits * min(bm, M) * bn * 4 / prof.dsmem_bytes_per_s
+        area = min(bm, M) * bn
+        reduce = (split_sync_s(area, prof) + (splits - 1) / splits * area * 4 / prof.dsmem_bytes_per_s
                   + min(bm, M) * bn * out_bytes / splits / prof.store_bytes_per_s)
         t = waves * (k_per * ks(active) * prof.split_k_kstep_factor + reduce)
     elif schedule == "stream_k":
