@@ -158,6 +158,21 @@ def test_model_prices_waves_splits_and_streams():
     assert three < one
 
 
+def test_a_small_split_k_partial_pays_less_fixed_cost():
+    """plan_cost.split_sync_s: cluster_sync_s from cluster_sync_area up, down to cluster_sync_small_s in
+    proportion below it; the tiny split-K plans it lets the model pick ran faster than the data-parallel ones
+    it picked before (split_sync_probe.jsonl, H200: 256x512x2048 1.042x torch.mm against 0.907,
+    16x1152x1024 1.050 against 0.977, 4x512x14336 1.110 against a swapped stream-K plan's 0.539)."""
+    prof = devices.H200
+    big = plan_cost.split_sync_s(prof.cluster_sync_area, prof)
+    assert big == plan_cost.split_sync_s(128 * 256, prof) == prof.cluster_sync_s
+    assert plan_cost.split_sync_s(0, prof) == prof.cluster_sync_small_s < prof.cluster_sync_s
+    small = [plan_cost.split_sync_s(a, prof) for a in (64 * 16, 64 * 32, 64 * 64, 64 * 112)]
+    assert small == sorted(small) and small[-1] < big
+    for shape in ((256, 512, 2048), (16, 1152, 1024), (4, 512, 14336), (32, 256, 14336)):
+        assert planner.plan(*shape).schedule == "split_k", shape
+
+
 def _fit_script():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
@@ -168,24 +183,27 @@ def _fit_script():
 
 
 def test_model_picks_well_on_the_broad_set_it_was_fitted_to_and_on_the_held_out_half():
-    """The fit script's checks on the engine kernel's own H200 records (the two newest broad runs, 240cc15
-    and 6417c0c: all 297 shapes), asserted: fitted on the even half of the sorted shapes, the model's pick
-    among each shape's measured plans (ties broken as the planner breaks them) runs within 2% of the best
-    (geomean) and 25% at worst on both halves (fit half: 1.011 / 1.216, held out: 1.007 / 1.105);
-    measured / predicted within 0.12 mean |log|. The first full run (ac16df0, older code) stays within 1%
-    / 18%."""
+    """The fit script's checks on the engine kernel's own H200 records, asserted. The two newest full runs
+    (be963b8 and 017f6fc: all 297 shapes each, the kernel as it is priced now), split into the even half of
+    the sorted shapes and the odd (held out): the model's pick among each shape's measured plans (ties
+    broken as the planner breaks them) runs within 2% of the best (geomean) and 25% at worst on both
+    halves (1.012 / 1.217 and 1.011 / 1.177), measured / predicted within 0.13 mean |log| (0.123 / 0.121).
+    The runs the constants were first fitted to (240cc15 + 6417c0c, ac16df0) timed older code (split-K
+    reduced by pulled loads, no swapped plans): there the pick stays within 2% / 35% (small split-K
+    partials are priced for today's pushed reduction: 1x50257x768 1.30)."""
     fit = _fit_script()
-    recs, train = fit.broad_records(fit.BROAD_SHAS)
+    recs, train = fit.broad_records(("be963b807ace", "017f6fcd4095f62e7cc541c210d30bf086552dab"))
     held = {(r["M"], r["N"], r["K"]) for r in recs} - train
     assert len(train) >= 140 and len(held) >= 140
     for half in (train, held):
         e = fit.broad_eval(recs, half, devices.H200)
-        assert e["records"] >= 500 and e["abs_log"] <= 0.12
+        assert e["records"] >= 1500 and e["abs_log"] <= 0.13
         assert e["pick_gm"] <= 1.02 and e["pick_worst"] <= 1.25, e
-    recs, train = fit.broad_records("ac16df0070a2")
-    for half in (train, {(r["M"], r["N"], r["K"]) for r in recs} - train):
-        e = fit.broad_eval(recs, half, devices.H200)
-        assert e["abs_log"] <= 0.12 and e["pick_gm"] <= 1.01 and e["pick_worst"] <= 1.18, e
+    for shas in (fit.BROAD_SHAS, "ac16df0070a2"):
+        recs, train = fit.broad_records(shas)
+        for half in (train, {(r["M"], r["N"], r["K"]) for r in recs} - train):
+            e = fit.broad_eval(recs, half, devices.H200)
+            assert e["abs_log"] <= 0.12 and e["pick_gm"] <= 1.02 and e["pick_worst"] <= 1.35, e
 
 
 @pytest.mark.parametrize("M, N, K", [(8, 28672, 4096), (8, 152064, 3584), (4, 27648, 5120), (8, 32000, 4096)])

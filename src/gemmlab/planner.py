@@ -87,10 +87,11 @@ SWAP_PAD_MAX_M = 512
 SWAP_PAD_COLUMNS = 3
 SWAP_PAD_EXPONENT = 0.75
 # Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped data-parallel and ping-pong plans of 128 and 256
-# weight rows (the heights measured there) are priced too, over any number of token columns, and the best of them goes first where the model prices it below
-# SWAP_WIDE_MARGIN x the best plain plan's time. Swapped, the weight's rows take the tile's 128 (or
-# 256) and the tokens its width in steps of 16 (cuBLAS's sm90 kernels tile that way), so narrow weights
-# (N = 768..1152) and ragged token counts pad less and fill the waves better. Measured (H200,
+# weight rows (the heights measured there) are priced too, over any number of token columns, and the best
+# of them goes first where the model prices it below SWAP_WIDE_MARGIN x the best plain plan's time.
+# Swapped, the weight's rows take the tile's 128 (or 256) and the tokens its width in steps of 16
+# (cuBLAS's sm90 kernels tile that way), so narrow weights (N = 768..1152) and ragged token counts pad
+# less and fill the waves better. Measured (H200,
 # swap_any_probe.jsonl, 06656d3: the 217 broad-set shapes with M > 64, the pick against the best swapped plan
 # of each schedule): on the 161 shapes past 512 tokens the rule changes 18 picks, 15 of them faster by
 # more than 2% (12608x768x3072 0.951 -> 1.050x torch.mm, 5000x896x4864 0.944 -> 1.020, 3000x1024x3072
@@ -562,11 +563,12 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
     # Swapped plans tile the transposed problem (N x M x K: the weight's rows by the tokens), the kernel's
     # B operand then being A (so A's layout limits its boxes), at widths up to the tokens rounded to 16.
     problems = [(False, M, N, b_mn)] + ([(True, N, M, a_mn)] if swap else [])
-    wide = M > SWAP_PAD_MAX_M  # SWAP_WIDE: every schedule but split-K, any token columns
+    wide = M > SWAP_PAD_MAX_M  # SWAP_WIDE: 128- and 256-row data-parallel and ping-pong, any token columns
     padded = SWAP_MAX_M < M <= SWAP_PAD_MAX_M  # data-parallel swapped plans of few token columns only
     for swapped, pm, pn, kb_mn in problems:
         for bm, bn in TILES:
-            if swapped and (bn > math.ceil(M / 16) * 16 or (padded and math.ceil(M / bn) > SWAP_PAD_COLUMNS)):
+            if swapped and (bn > math.ceil(M / 16) * 16 or (padded and math.ceil(M / bn) > SWAP_PAD_COLUMNS)
+                            or (wide and bm < 128)):
                 continue
             narrow_tall = (bm, bn) in NARROW_TALL
             if narrow_tall and (not swapped or bn < M or not _tall_fills(pm, pn, bm, bn, prof.sm_count)):
@@ -577,8 +579,7 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
                                direct, heavy, out_bytes, prof, offered, mcast, mis[::-1] if swapped else mis)
             dp_only = narrow_tall or (swapped and padded)
             plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")
-                      and not (swapped and wide and (p.schedule not in ("data_parallel", "pingpong")
-                                                     or bm < 128))]
+                      and not (swapped and wide and p.schedule not in ("data_parallel", "pingpong"))]
     prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
     if swap and wide and plans and plans[0].swap_ab:
