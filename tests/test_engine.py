@@ -287,9 +287,11 @@ def test_route_runs_the_kernel_the_model_prices_cheaper(M, N, K):
     r = _route(M, N, K)
     prof = engine.plan_profile(132)
     assert r.how == "model" and r.plan == planner.plan(M, N, K, profile=prof) and r.h11 == engine.choose_plan(M, N, K, 132)
-    h11_s = prof.h11_factor * engine.h11_cost(M, N, K, prof=prof, plan=r.h11, direct=(N * 2) % 16 != 0)
+    h11_s = prof.h11_factor * engine.h11_cost(M, N, K, prof=engine._weighing_profile(prof), plan=r.h11,
+                                              direct=(N * 2) % 16 != 0)
     assert r.h11_s == pytest.approx(h11_s)
-    assert r.kernel == ("engine" if r.plan.predicted_s < h11_s else "h11")
+    assert r.engine_s is not None
+    assert r.kernel == ("engine" if r.engine_s < h11_s else "h11")
     assert ("engine kernel" if r.kernel == "engine" else f"h11 BN={r.h11[0]}") in repr(r)
 
 
@@ -328,10 +330,27 @@ def test_route_prices_the_decode_kernel_against_the_engine_kernel(M, N, K, kerne
     assert r.plan == planner.plan(M, N, K, profile=prof)
     assert r.decode_s == pytest.approx(decode.cost_s(M, N, K, 132, prof))
     whole_k = decode.plan(M, N, K, 132).splits == 1
-    assert (r.kernel == "decode") == (r.decode_s <= r.plan.predicted_s and whole_k)
+    _, price = engine._engine_plan(*_meta(M, N, K), None, False, None, False, prof)
+    assert r.engine_s == pytest.approx(price)
+    assert (r.kernel == "decode") == (r.decode_s <= price and whole_k)
     assert r.kernel == kernel
     assert r.how == ("decode priced" if kernel == "decode" else "model")
     assert ("decode kernel" in repr(r)) == (kernel == "decode")
+
+
+@pytest.mark.parametrize("M, N, K", [(1, 1536, 7168), (2, 3072, 3072), (2, 1536, 8960), (16, 4096, 4096)])
+def test_route_weighs_the_engine_kernel_without_the_small_split_discount(M, N, K):
+    """plan_cost.split_sync_s lets the engine kernel pick small split-K plans, but the router weighs its
+    price against the decode kernel's (and h11's) as before the discount (engine._weighing_profile): on
+    these decode shapes the engine kernel's discounted pick ran 6-11% slower than the decode kernel
+    (1x1536x7168 1.208x torch.mm against 1.338; split_sync_probe.jsonl, the broad run be963b8)."""
+    prof = engine.plan_profile(132)
+    weigh = engine._weighing_profile(prof)
+    assert weigh is engine._weighing_profile(prof) and weigh.cluster_sync_small_s == prof.cluster_sync_s
+    r = _route(M, N, K)
+    assert r.kernel == "decode"
+    assert r.plan == planner.plan(M, N, K, profile=prof)  # the engine kernel's own pick is the discounted one
+    assert r.decode_s > r.plan.predicted_s or r.plan != planner.plan(M, N, K, profile=weigh)
 
 
 def test_route_prices_no_decode_kernel_where_it_cannot_run():

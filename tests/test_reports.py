@@ -61,7 +61,7 @@ def test_model_report_says_what_matmul_runs():
         assert m.predicted_us == pytest.approx(r.plan.predicted_s * 1e6)
         assert kernel is None or m.kernel == kernel
     dec = modelling.model_report(16, 4096, 4096, profile="H200").matmul
-    assert dec.decode_priced_us is not None and dec.decode_priced_us <= dec.predicted_us
+    assert dec.decode_priced_us is not None and dec.decode_priced_us <= dec.engine_priced_us
     fp16 = modelling.model_report(4096, 4096, 4096, dtype="fp16", profile="H200").matmul
     assert fp16 is not None and "bf16" not in fp16.summary
     assert modelling.model_report(4096, 4096, 4096, dtype="fp8", profile="H200").matmul is None

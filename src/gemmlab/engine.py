@@ -458,8 +458,9 @@ class Route:
     ``plan``: the engine kernel's best plan by the model (also when h11 or the decode kernel runs; None for
     forced and tuned h11 plans); ``h11_s``: h11's plan priced by the
     same model x ``h11_factor`` (None where not weighed); ``decode_s``: the decode kernel's price
-    (``decode.cost_s``; None where ``use_decode`` rules it out); ``how``: why this kernel ("decode priced",
-    "tuned", "forced", "model")."""
+    (``decode.cost_s``; None where ``use_decode`` rules it out); ``engine_s``: the engine kernel's price the
+    other two were weighed against (``_engine_plan``; None where none was weighed); ``how``: why this kernel
+    ("decode priced", "tuned", "forced", "model")."""
 
     kernel: str
     M: int
@@ -470,6 +471,7 @@ class Route:
     h11: tuple[int, int] | None = None
     h11_s: float | None = None
     decode_s: float | None = None
+    engine_s: float | None = None
 
     def __repr__(self) -> str:
         head = f"Route({self.M}x{self.N}x{self.K}: "
@@ -559,16 +561,17 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
         new, new_s = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
         decode_s = decode.cost_s(M, N, K, sm_count, prof)
         if decode_runs(M, N, K, sm_count, decode_s, new_s):
-            return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s)
+            return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s, engine_s=new_s)
     h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
     if h11 is not None:
         return Route("h11", M, N, K, "tuned", h11=h11, decode_s=decode_s)
     h11 = choose_plan(M, N, K, sm_count, capacity)
     if new is None:
         new, new_s = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
-    h11_s = prof.h11_factor * h11_cost(M, N, K, prof=prof, plan=h11, out_bytes=out.element_size(), direct=direct)
+    h11_s = prof.h11_factor * h11_cost(M, N, K, prof=_weighing_profile(prof), plan=h11, out_bytes=out.element_size(),
+                                       direct=direct)
     kernel = "engine" if new_s < h11_s else "h11"
-    return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s, decode_s=decode_s)
+    return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s, decode_s=decode_s, engine_s=new_s)
 
 
 def decode_runs(M: int, N: int, K: int, sm_count: int, decode_s: float, engine_s: float) -> bool:
@@ -585,17 +588,43 @@ def _engine_plan(a, b, out, bias, has_c: bool, activation, direct: bool,
     ``planner.SWAP_MAX_M`` where the padding rule ranks it first (up to ``SWAP_PAD_MAX_M``), the plan is the
     model's best swapped one (it runs faster than the model says, H200 records), priced as the best plain
     plan: the router's choice of kernel stays what the model's prices of plain plans decide. Past
-    ``SWAP_PAD_MAX_M`` a swapped plan is first only where the model prices it lower (SWAP_WIDE): its price."""
+    ``SWAP_PAD_MAX_M`` a swapped plan is first only where the model prices it lower (SWAP_WIDE): its price.
+    The price is the model's before ``plan_cost.split_sync_s`` (``_weighing_profile``): the decode kernel's
+    and h11's prices were fitted against it, and the small split-K plans that discount lets the engine
+    kernel pick ran 6-11% slower than the decode kernel on the decode shapes it would move there
+    (1x1536x7168 1.208x torch.mm against 1.338, 2x3072x3072 1.264 against 1.416; split_sync_probe.jsonl and
+    the broad run be963b8)."""
     M, K = a.shape
     (a_mn, a_pitch), (b_mn, b_pitch) = _operand_layout(a, 1), _operand_layout(b, 0)
     kw = dict(dtype=_DT[a.dtype], out_dtype=_DT[out.dtype], bias_dtype=_DT[bias.dtype] if bias is not None else None,
               has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct, profile=prof,
               a_pitch=a_pitch, b_pitch=b_pitch)
     run = planner.plan(M, b.shape[1], K, **kw)
+    weigh = _weighing_profile(prof)
+    if weigh is not prof and (run.schedule == "split_k" or run.swap_ab or M <= decode.MAX_M):
+        kw["profile"] = weigh  # the price as the router weighed it before the discount: that profile's pick
+        first = planner.plan(M, b.shape[1], K, **kw)
+    else:
+        first = run
     by_rule = M <= planner.SWAP_PREFER_M or planner.SWAP_MAX_M < M <= planner.SWAP_PAD_MAX_M
-    if run.swap_ab and by_rule:  # a rule's pick, not the model's
+    if first.swap_ab and by_rule:  # a rule's pick, not the model's
         return run, planner.plan(M, b.shape[1], K, swap_ab=False, **kw).predicted_s
-    return run, run.predicted_s
+    return run, first.predicted_s
+
+
+_WEIGHING: dict = {}
+
+
+def _weighing_profile(prof: DeviceProfile) -> DeviceProfile:
+    """``prof`` without ``plan_cost.split_sync_s``'s discount for small split-K partials (every partial pays
+    ``cluster_sync_s``): what ``route`` weighs the engine kernel's price by (``_engine_plan``). One object per
+    profile, so that the planner's cache keeps its plans."""
+    if prof.cluster_sync_small_s == prof.cluster_sync_s:
+        return prof
+    hit = _WEIGHING.get(id(prof))
+    if hit is None or hit[0] is not prof:
+        hit = _WEIGHING[id(prof)] = (prof, dataclasses.replace(prof, cluster_sync_small_s=prof.cluster_sync_s))
+    return hit[1]
 
 
 _DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

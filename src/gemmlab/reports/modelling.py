@@ -128,6 +128,8 @@ class MatmulPlan:
     predicted_us: float | None = doc("the plan model's time of the engine kernel's plan")
     h11_priced_us: float | None = doc("h11's plan priced by the same model (None where not weighed)")
     decode_priced_us: float | None = doc("the decode kernel's price (None where it cannot run the shape)")
+    engine_priced_us: float | None = doc("the engine kernel's price the router weighed h11 and the decode "
+                                         "kernel against (its plan's, before the small split-K discount)")
     summary: str = doc("gemmlab.plan(M, N, K)'s repr")
 
 
@@ -447,7 +449,7 @@ def matmul_plan(M: int, N: int, K: int, dtype: str, sm_count: int) -> MatmulPlan
     return MatmulPlan(kernel=r.kernel, how=r.how, tile=[p.bm, p.bn] if p else None, schedule=p.schedule if p else None,
                       splits=p.splits if p else None, stages=p.stages if p else None,
                       predicted_us=us(p.predicted_s) if p else None, h11_priced_us=us(r.h11_s),
-                      decode_priced_us=us(r.decode_s), summary=repr(r))
+                      decode_priced_us=us(r.decode_s), engine_priced_us=us(r.engine_s), summary=repr(r))
 
 
 def _limiters(km: KernelModel, sol_tflops: float, ridge: float) -> list[Limiter]:
