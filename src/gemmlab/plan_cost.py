@@ -97,7 +97,8 @@ Since session 24 (not a fit): a split-K partial smaller than ``cluster_sync_area
 Chosen on the two newest broad runs' records (fit / held-out mean |log| 0.128 / 0.124 -> 0.123 / 0.121, pick
 1.013 / 1.011 -> 1.012 / 1.011, the three picks it moves the measured best); the 45 picks it changes on the
 broad set and 300 random small shapes timed against the old ones (``split_sync_probe.jsonl``): where the
-router runs the engine kernel (28) x1.075 geomean, 11 faster by more than 2%, 4 slower by 2-4%.
+router runs the engine kernel (23) x1.089 geomean, 8 faster by more than 2%, 4 slower by 2-4%. The router
+weighs the engine kernel against the decode kernel and h11 without the discount (``engine._weighing_profile``).
 Since (session 9, not a fit): ``sm_l2_bytes_per_s`` 112 -> 88 GB/s (the all-SM rate over 132 SMs: partial
 grids of larger tiles ran as slow as their area says; the broad set's 30 changed picks ran 1.045x their
 earlier ratio) and ``misaligned_l2_factor`` 1.75 (the TMA's L2 rate at K-major rows 16- but not 32-byte
