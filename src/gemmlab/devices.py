@@ -116,6 +116,8 @@ class DeviceProfile:
     # 132 SMs 1.004x; 512x3072x3072 0.894 / 0.991x; 1024^3 0.880 / 0.951x). On the broad set (3e08f7d) it
     # moved the pick on 30 aligned shapes, which then ran 1.045x their earlier ratio (24 faster, 6 slower).
     sm_l2_bytes_per_s: float = 88e9
+    # A 64-row tile's loads draw from L2 this many times the rates above (plan_cost.kstep_s).
+    tile64_l2_factor: float = 1.2
     # K-major rows 16- but not 32-byte aligned (bf16 K % 16 == 8): the TMA's L2 -> SMEM rate divided by this.
     # Measured (H200, tma_pitch.jsonl: 132 SMs loading 128 x 64 boxes of an L2-resident operand, 8 stages
     # in flight): 5.06 TB/s at rows of 3000 elements against 8.83-8.89 TB/s at 3008 / 3024 / 3040 / 3072.

@@ -117,7 +117,7 @@ def in_bytes(dtype: str) -> int:
 
 def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_share: float, prof: DeviceProfile,
             clock_mhz: float, dtype: str = "bf16", one_consumer: bool | None = None, mcast: int = 1,
-            misaligned: bool | tuple[bool, bool] = False, ring_latency: bool = True) -> float:
+            misaligned: bool | tuple[bool, bool] = False, ring_latency: bool = True, l2_factor: float = 1.0) -> float:
     """One 64-deep k-step of a bm x bn tile loading ``rows`` rows of A, on one of ``active_sms`` SMs.
     ``ring_latency=False``: without the ring's round-trip term (a slot refilled only after its k-step; see
     below), for kernels measured to run at their byte rate with a shallow ring (the grouped ping-pong).
@@ -130,6 +130,7 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     eff = prof.engine_mma_efficiency * (prof.one_consumer_efficiency if alone else 1.0)
     t_mma = 2.0 * bm * bn * BK / (prof.flop_per_clk_sm[dtype] * clock * eff)
     bw = min(prof.sm_l2_bytes_per_s, prof.engine_l2_bytes_per_s / max(1, active_sms))
+    bw *= l2_factor
     mis_a, mis_b = misaligned if isinstance(misaligned, tuple) else (misaligned, misaligned)
     fa, fb = (prof.misaligned_l2_factor if m else 1.0 for m in (mis_a, mis_b))
     stage = (rows + bn) * BK * in_bytes(dtype)
@@ -235,13 +236,14 @@ def predict_s(M: int, N: int, K: int, *, bm: int, bn: int, schedule: str, stages
     rows = _rows_loaded(M, bm)
     loaded, unique, hbm_share = _traffic(M, N, K, bm, bn, dtype, out_bytes)
     epi = tile_epilogue_s(bm, bn, out_bytes, prof, direct)
+    l2_factor = prof.tile64_l2_factor if bm == 64 and schedule in ("data_parallel", "pingpong") else 1.0
 
     def ks(active: int) -> float:
         # Ping-pong: two consumers alternate, so a 64-row tile's k-steps do not pay the one-consumer
         # penalty (64-row ping-pong ran at 0.80x its price with it; 128-row 1.05x, data-parallel 1.04x).
         return kstep_s(bm, bn, rows, stages, active, hbm_share, prof, clock, dtype,
                        one_consumer=False if schedule == "pingpong" or col_split else None, mcast=mcast,
-                       misaligned=misaligned)
+                       misaligned=misaligned, l2_factor=l2_factor)
 
     if schedule == "data_parallel":
         full, rem = divmod(tiles, G)
