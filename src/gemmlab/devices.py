@@ -116,7 +116,9 @@ class DeviceProfile:
     # 132 SMs 1.004x; 512x3072x3072 0.894 / 0.991x; 1024^3 0.880 / 0.951x). On the broad set (3e08f7d) it
     # moved the pick on 30 aligned shapes, which then ran 1.045x their earlier ratio (24 faster, 6 slower).
     sm_l2_bytes_per_s: float = 88e9
-    # A 64-row tile's loads draw from L2 this many times the rates above (plan_cost.kstep_s).
+    # A 64-row data-parallel / ping-pong tile's loads draw from L2 this many times the rates above: such plans
+    # ran at a median 0.85-0.89 of their price on the broad set (105-140 GB/s an SM measured), taller tiles
+    # at 1.03-1.06; its 46 changed picks ran x1.060 (tile64_l2_probe.jsonl; plan_cost.DEVICE_CONSTANTS_FIT).
     tile64_l2_factor: float = 1.2
     # K-major rows 16- but not 32-byte aligned (bf16 K % 16 == 8): the TMA's L2 -> SMEM rate divided by this.
     # Measured (H200, tma_pitch.jsonl: 132 SMs loading 128 x 64 boxes of an L2-resident operand, 8 stages

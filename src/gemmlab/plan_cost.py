@@ -10,7 +10,8 @@ floored by the HBM time of the operands. One 64-deep k-step of a BM x BN tile co
     warpgroup, BM = 64, keeps ``one_consumer_efficiency`` of that: nothing covers its k-step turnaround
     and its epilogue),
   * the TMA bytes (the A rows a tile really loads + BN rows of B, 64 deep) at the SM's share of the L2:
-    min(``sm_l2_bytes_per_s``, ``engine_l2_bytes_per_s`` / active SMs),
+    min(``sm_l2_bytes_per_s``, ``engine_l2_bytes_per_s`` / active SMs), ``tile64_l2_factor`` times that
+    for 64-row data-parallel and ping-pong tiles,
   * the shared-memory traffic (each m64 wgmma reads its A block and all of B; the TMA writes the
     stage) at ``smem_bytes_per_clk``,
   * a load's round trip over the stages in flight: ``l2_latency_s`` when the loads hit L2 ..
@@ -99,6 +100,14 @@ Chosen on the two newest broad runs' records (fit / held-out mean |log| 0.128 / 
 broad set and 300 random small shapes timed against the old ones (``split_sync_probe.jsonl``): where the
 router runs the engine kernel (23) x1.089 geomean, 8 faster by more than 2%, 4 slower by 2-4%. The router
 weighs the engine kernel against the decode kernel and h11 without the discount (``engine._weighing_profile``).
+Since session 25 (not a fit): a 64-row data-parallel or ping-pong tile draws L2 at ``tile64_l2_factor`` (1.2) x
+that rate. On four broad runs such plans ran at a median 0.85-0.89 of their price (64 x 128..208 tiles drew
+105-140 GB/s an SM), taller tiles at 1.03-1.06; split-K and stream-K plans of 64 rows showed no such bias and
+keep the rate. Fit / held-out mean |log| 0.121 -> 0.118 on be963b8 + 4b5933e (flat from 1.2 to 1.5; 1.2
+keeps the fewest changed picks). The 46 picks it changes (10 of the broad set, 36 of random shapes M 65-3000)
+timed against the old ones (``tile64_l2_probe.jsonl``): x1.060 geomean, 27 faster by more than 2%, 8 slower
+(the random 36: x1.074, 17 -> 26 at or above torch.mm). Scaling it down with the share of loads HBM
+supplies scored no better on those records (x1.053-1.057).
 Since (session 9, not a fit): ``sm_l2_bytes_per_s`` 112 -> 88 GB/s (the all-SM rate over 132 SMs: partial
 grids of larger tiles ran as slow as their area says; the broad set's 30 changed picks ran 1.045x their
 earlier ratio) and ``misaligned_l2_factor`` 1.75 (the TMA's L2 rate at K-major rows 16- but not 32-byte
@@ -122,6 +131,7 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     ``ring_latency=False``: without the ring's round-trip term (a slot refilled only after its k-step; see
     below), for kernels measured to run at their byte rate with a shallow ring (the grouped ping-pong).
     ``one_consumer``: one consumer warpgroup runs the SM's wgmmas alone (default: 64-row tiles).
+    ``l2_factor``: the tile's loads draw from L2 this many times the SM's rate (``tile64_l2_factor``).
     ``mcast``: CTAs sharing B's tile by multicast (each loads bn / mcast of its rows from the L2).
     ``misaligned``: (A, B) or both: the operand's rows are 16- but not 32-byte aligned
     (``misaligned_operands``): the TMA draws its bytes from the L2 ``misaligned_l2_factor`` times slower."""
