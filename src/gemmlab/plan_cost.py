@@ -101,7 +101,7 @@ broad set and 300 random small shapes timed against the old ones (``split_sync_p
 router runs the engine kernel (23) x1.089 geomean, 8 faster by more than 2%, 4 slower by 2-4%. The router
 weighs the engine kernel against the decode kernel and h11 without the discount (``engine._weighing_profile``).
 Since session 25 (not a fit): a 64-row data-parallel or ping-pong tile draws L2 at ``tile64_l2_factor`` (1.2) x
-that rate. On four broad runs such plans ran at a median 0.85-0.89 of their price (64 x 128..208 tiles drew
+that rate. On five broad runs such plans ran at a median 0.85-0.89 of their price (64 x 128..208 tiles drew
 105-140 GB/s an SM), taller tiles at 1.03-1.06; split-K and stream-K plans of 64 rows showed no such bias and
 keep the rate. Fit / held-out mean |log| 0.121 -> 0.118 on be963b8 + 4b5933e (flat from 1.2 to 1.5; 1.2
 keeps the fewest changed picks). The 46 picks it changes (10 of the broad set, 36 of random shapes M 65-3000)
