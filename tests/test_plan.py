@@ -207,8 +207,8 @@ def test_model_picks_well_on_the_broad_set_it_was_fitted_to_and_on_the_held_out_
 
 
 def test_a_64_row_data_parallel_tile_draws_the_l2_faster():
-    """64-row data-parallel and ping-pong tiles ran at 0.80-0.85 of their price on the broad set (their
-    TMA drew 105-140 GB/s an SM from L2 against the 88 the model allowed); ``tile64_l2_factor`` lets their
+    """64-row data-parallel and ping-pong tiles ran at a median 0.85-0.89 of their price on the broad set
+    (their TMA drew 105-140 GB/s an SM from L2 against the 88 the model allowed); ``tile64_l2_factor`` lets their
     k-steps draw 1.2 x that rate, and only theirs: taller tiles and split-K / stream-K plans are priced as
     before. With it 1000x1152x6912 runs 64 x 144 (1.016x torch.mm, tile64_l2_probe.jsonl) instead of
     128 x 80 (0.903x)."""

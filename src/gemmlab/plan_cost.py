@@ -139,8 +139,7 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     alone = bm == 64 if one_consumer is None else one_consumer
     eff = prof.engine_mma_efficiency * (prof.one_consumer_efficiency if alone else 1.0)
     t_mma = 2.0 * bm * bn * BK / (prof.flop_per_clk_sm[dtype] * clock * eff)
-    bw = min(prof.sm_l2_bytes_per_s, prof.engine_l2_bytes_per_s / max(1, active_sms))
-    bw *= l2_factor
+    bw = min(prof.sm_l2_bytes_per_s, prof.engine_l2_bytes_per_s / max(1, active_sms)) * l2_factor
     mis_a, mis_b = misaligned if isinstance(misaligned, tuple) else (misaligned, misaligned)
     fa, fb = (prof.misaligned_l2_factor if m else 1.0 for m in (mis_a, mis_b))
     stage = (rows + bn) * BK * in_bytes(dtype)
