@@ -226,6 +226,24 @@ def test_a_64_row_data_parallel_tile_draws_the_l2_faster():
     assert (q.bm, q.bn) == (128, 80), q
 
 
+def test_changed_picks_draws_the_shapes_a_profile_change_moves():
+    """``benchmarks/changed_picks.py`` (the held-out draw of a profile change) keeps only shapes whose pick
+    moves in tile, schedule, splits, swap or multicast, and draws none where the profile is the same."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import changed_picks
+    finally:
+        sys.path.pop(0)
+    flat = dataclasses.replace(devices.H200, tile64_l2_factor=1.0)
+    drawn, shapes = changed_picks.changed(flat, (65, 3000), 4, seed=1)
+    assert len(shapes) == 4 and drawn >= 4
+    for s in shapes:
+        assert 65 <= s[0] <= 3000
+        old, new = (changed_picks.pick_key(planner.candidates(*s, profile=q)[0]) for q in (flat, devices.H200))
+        assert old != new, s
+    assert changed_picks.changed(devices.H200, (65, 3000), 4, seed=1, tries=40) == (40, [])
+
+
 @pytest.mark.parametrize("M, N, K", [(8, 28672, 4096), (8, 152064, 3584), (4, 27648, 5120), (8, 32000, 4096)])
 def test_a_weight_streamed_from_hbm_prefers_the_deeper_ring(M, N, K):
     """Where every plan streams the weight once from HBM (M <= 32, wide N), the bytes a ring keeps in flight

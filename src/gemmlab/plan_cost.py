@@ -106,7 +106,8 @@ that rate. On five broad runs such plans ran at a median 0.85-0.89 of their pric
 keep the rate. Fit / held-out mean |log| 0.121 -> 0.118 on be963b8 + 4b5933e (flat from 1.2 to 1.5; 1.2
 keeps the fewest changed picks). The 46 picks it changes (10 of the broad set, 36 of random shapes M 65-3000)
 timed against the old ones (``tile64_l2_probe.jsonl``): x1.060 geomean, 27 faster by more than 2%, 8 slower
-(the random 36: x1.074, 17 -> 26 at or above torch.mm); at M 1-64 (36 random changed picks) x0.999. Scaling it down with the share of loads HBM
+(the random 36: x1.074, 17 -> 26 at or above torch.mm); at M 1-64 (36 random changed picks)
+x0.999. Scaling it down with the share of loads HBM
 supplies scored no better on those records (x1.053-1.057).
 Since (session 9, not a fit): ``sm_l2_bytes_per_s`` 112 -> 88 GB/s (the all-SM rate over 132 SMs: partial
 grids of larger tiles ran as slow as their area says; the broad set's 30 changed picks ran 1.045x their
