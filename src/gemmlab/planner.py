@@ -678,7 +678,7 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
 
 
 def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn: int, stages: int,
-             tie_s: float | None = None) -> tuple:
+             tie_s: float | None = None, ctas: float = 1.0) -> tuple:
     """How candidates are ordered: by predicted time, ties (at the HBM floor) broken for data-parallel
     before split or streamed, then by ``tie_s`` (``Plan.tie_s``: for swapped plans of up to SWAP_PREFER_M
     tokens the model's time without the floor, else the price), then the deeper ring in bytes (stages x
@@ -693,12 +693,21 @@ def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn
     time ranks those the same way on 14 of the 16 shapes (the two others within 1%)."""
     rows = min(bm, math.ceil((M - (math.ceil(M / bm) - 1) * bm) / 8) * 8)
     tie = predicted_s if tie_s is None else tie_s
-    return (round(predicted_s, 9), SCHEDULES.index(schedule), splits, round(tie, 9), -stages * (rows + bn), -bm * bn)
+    return (round(predicted_s, 9), SCHEDULES.index(schedule), splits, round(tie, 9), -ctas * stages * (rows + bn),
+            -bm * bn)
 
 
 def plan_key(p: Plan) -> tuple:
     """``rank_key`` of a plan."""
-    return rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages, p.tie_s or None)
+    return rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages, p.tie_s or None,
+                    streaming_ctas(p))
+
+
+def streaming_ctas(p: Plan) -> float:
+    """The CTAs a plan keeps streaming on average over its waves: its CTAs of work over the waves they take
+    on its grid (a partial last wave leaves SMs without loads in flight)."""
+    work = math.ceil(p.kernel_m / p.bm) * math.ceil(p.kernel_n / p.bn) * p.splits
+    return work / math.ceil(work / max(1, p.grid))
 
 
 def plan(M: int, N: int, K: int, *, dtype=None, out_dtype=None, device=None, profile: DeviceProfile | None = None,
