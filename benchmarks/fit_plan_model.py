@@ -134,7 +134,7 @@ def broad_eval(recs: list[dict], half: set, prof) -> dict:
         if r["schedule"] not in planner.OFFERED_SCHEDULES:  # timed beside, never picked: not a candidate
             continue
         key = planner.rank_key(pick_vs_oracle.price(s, r, prof), ks[0], r["schedule"], r["splits"], r["bm"], r["bn"],
-                               r["stages"])
+                               r["stages"], ctas=pick_vs_oracle.streaming_ctas(s, r))
         by[s].append((key, r["time_ms"]))
     loss = [min(v)[1] / min(m for _, m in v) for v in by.values()]
     return {"abs_log": statistics.fmean(logs), "pick_gm": math.exp(statistics.fmean(map(math.log, loss))),

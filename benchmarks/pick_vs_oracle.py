@@ -106,6 +106,13 @@ def kernel_problem(s, r) -> tuple[int, int, int]:
     return (s[1], s[0], s[2]) if "swap AB" in (r.get("plan") or "") else tuple(s)
 
 
+def streaming_ctas(s, r) -> float:
+    """``planner.streaming_ctas`` of a record's plan (its CTAs loading, averaged over its waves)."""
+    m, n, _ = kernel_problem(s, r)
+    work = math.ceil(m / r["bm"]) * math.ceil(n / r["bn"]) * r["splits"]
+    return work / math.ceil(work / max(1, r.get("grid") or 132))
+
+
 def mcast_of(r) -> int:
     """A record's B multicast (``Plan.mcast``; records before the field say it in the plan's repr)."""
     return r.get("mcast") or (2 if "B multicast" in (r.get("plan") or "") else 1)
@@ -139,7 +146,7 @@ def route(case: Case, prof, measured_only: bool = False) -> Choice:
         def key(r):
             swapped = "swap AB" in (r.get("plan") or "")
             return planner.rank_key(price(s, r, prof), s[1] if swapped else s[0], r["schedule"], r["splits"],
-                                    r["bm"], r["bn"], r["stages"])
+                                    r["bm"], r["bn"], r["stages"], ctas=streaming_ctas(s, r))
 
         rec = min(offered, key=key)
         new_s, new = price(s, rec, prof), rec

@@ -109,7 +109,7 @@ assert route.kernel == "engine", route
 run("engine routed", x, wx.t())
 
 # SWAP_WIDE: past 512 tokens the router's swapped plans over many token columns (the last one short)
-for (M, N, K), sched in (((2050, 640, 256), "data_parallel"), ((3000, 1024, 256), "pingpong")):
+for (M, N, K), sched in (((2050, 1152, 256), "data_parallel"), ((3000, 1024, 256), "pingpong")):
     x, wx = r(M, K), r(N, K)
     route = engine.route(x, wx.t(), out_for(M, N), bias=None, activation=None, has_c=False, sm_count=sm)
     assert route.kernel == "engine" and route.plan.swap_ab and route.plan.schedule == sched, route

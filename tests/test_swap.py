@@ -118,7 +118,7 @@ def test_past_swap_max_m_the_padding_rule_ranks_swapped_tiles_of_few_columns(M, 
     assert first.swap_ab == swapped, first
     plain = next(p for p in ps if not p.swap_ab)
     rest = [p for p in ps if p is not first]
-    keys = [planner.rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages) for p in rest]
+    keys = [planner.plan_key(p) for p in rest]
     assert keys == sorted(keys)  # only the rule's pick moves
     if swapped:
         assert first.tiles_n <= planner.SWAP_PAD_COLUMNS and first.schedule == plain.schedule == "data_parallel"

@@ -681,9 +681,11 @@ def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn
              tie_s: float | None = None, ctas: float = 1.0) -> tuple:
     """How candidates are ordered: by predicted time, ties (at the HBM floor) broken for data-parallel
     before split or streamed, then by ``tie_s`` (``Plan.tie_s``: for swapped plans of up to SWAP_PREFER_M
-    tokens the model's time without the floor, else the price), then the deeper ring in bytes (stages x
-    (A rows loaded + bn): a weight streamed from HBM runs faster with more bytes in flight; 64 x 256 with
-    5 stages ran 3-7% faster than 128 x 256 with 4 at M <= 32, broad set), then the larger tile.
+    tokens the model's time without the floor, else the price), then the grid's ring in bytes (``ctas``,
+    ``streaming_ctas``: the CTAs loading on average over the waves, x stages x (A rows loaded + bn): a weight
+    streamed from HBM runs faster with more bytes in flight; 64 x 256 with 5 stages ran 3-7% faster than
+    128 x 256 with 4 at M <= 32, broad set; counted over the grid rather than per CTA, the 18 changed ties
+    of tie_break_probe.jsonl ran x1.029, none slower), then the larger tile.
 
     The swapped plans' ``tie_s``: at the decode weight streams every swapped tile height is priced at the
     floor, but taller tiles re-read the tokens less and run fewer tiles a SM. Measured (H200,
