@@ -109,8 +109,7 @@ def kernel_problem(s, r) -> tuple[int, int, int]:
 def streaming_ctas(s, r) -> float:
     """``planner.streaming_ctas`` of a record's plan (its CTAs loading, averaged over its waves)."""
     m, n, _ = kernel_problem(s, r)
-    work = math.ceil(m / r["bm"]) * math.ceil(n / r["bn"]) * r["splits"]
-    return work / math.ceil(work / max(1, r.get("grid") or 132))
+    return planner.streaming_ctas(m, n, r["bm"], r["bn"], r["splits"], r.get("grid") or 132)
 
 
 def mcast_of(r) -> int:

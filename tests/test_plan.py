@@ -263,7 +263,8 @@ def test_a_weight_streamed_from_hbm_prefers_the_deeper_ring(M, N, K):
     plain = planner.candidates(M, N, K, swap_ab=False)
     p = plain[0]
     ref = next(c for c in plain if (c.bm, c.bn, c.schedule, c.stages) == (64, 256, "data_parallel", 5))
-    ring = lambda c: planner.streaming_ctas(c) * c.stages * (c.a_rows + c.bn)  # noqa: E731
+    ring = lambda c: (planner.streaming_ctas(c.kernel_m, c.kernel_n, c.bm, c.bn, c.splits, c.grid)  # noqa: E731
+                      * c.stages * (c.a_rows + c.bn))
     assert p.bm == 64 and ring(p) >= ring(ref) and p.predicted_s == ref.predicted_s, (p, ref)
     # More stages of the same tile: a faster stream, never slower.
     t = [plan_cost.stream_s(8, 256, s, 112, 1.0, prof) for s in (2, 4, 8)]

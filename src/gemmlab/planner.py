@@ -702,14 +702,14 @@ def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn
 def plan_key(p: Plan) -> tuple:
     """``rank_key`` of a plan."""
     return rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages, p.tie_s or None,
-                    streaming_ctas(p))
+                    streaming_ctas(p.kernel_m, p.kernel_n, p.bm, p.bn, p.splits, p.grid))
 
 
-def streaming_ctas(p: Plan) -> float:
-    """The CTAs a plan keeps streaming on average over its waves: its CTAs of work over the waves they take
-    on its grid (a partial last wave leaves SMs without loads in flight)."""
-    work = math.ceil(p.kernel_m / p.bm) * math.ceil(p.kernel_n / p.bn) * p.splits
-    return work / math.ceil(work / max(1, p.grid))
+def streaming_ctas(m: int, n: int, bm: int, bn: int, splits: int, grid: int) -> float:
+    """The CTAs a plan of the kernel's m x n problem keeps streaming on average over its waves: its CTAs of
+    work over the waves they take on its grid (a partial last wave leaves SMs without loads in flight)."""
+    work = math.ceil(m / bm) * math.ceil(n / bn) * splits
+    return work / math.ceil(work / max(1, grid))
 
 
 def plan(M: int, N: int, K: int, *, dtype=None, out_dtype=None, device=None, profile: DeviceProfile | None = None,
