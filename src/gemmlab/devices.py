@@ -151,7 +151,7 @@ class DeviceProfile:
     gsk_kstep_factor: float = 1.0  # its k-step against a data-parallel one's
     gsk_partial_bytes_per_s: float = 100e9  # one SM writing (and reading) its share of fp32 partials (L2)
     gsk_fixed_s: float = 1.0e-6  # the flags' round trip and the slower ranks' wait
-    one_consumer_efficiency: float = 0.68  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
+    one_consumer_efficiency: float = 0.85  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit
     # half of the shapes; benchmarks/fit_plan_model.py --route --decode). ``decode.plan_time`` (which picks the

@@ -65,7 +65,7 @@ the best measured (before: 9.4% / 7.8%, worst 2.42x / 2.39x).
   engine_l2_bytes_per_s 11.6 TB/s, sm_l2_bytes_per_s 112 GB/s, l2_latency_s 1.22 us, hbm_latency_s
   1.72 us (constrained >= the L2's), smem_bytes_per_clk 201, engine_mma_efficiency 0.94 (a separate
   field from gemmlab.model's mma_efficiency; it did not move), one_consumer_efficiency 0.68 (64-row
-  tiles), hbm_read_bytes_per_s 3.64 TB/s; split-K: cluster_sync_s 3.2 us, dsmem_bytes_per_s 8.7 GB/s,
+  tiles; 0.85 since session 26, below), hbm_read_bytes_per_s 3.64 TB/s; split-K: cluster_sync_s 3.2 us, dsmem_bytes_per_s 8.7 GB/s,
   split_k_kstep_factor 1.225 (a split's k-step costs that much more than a data-parallel one's);
   stream-K: partial_bytes_per_s 24.4 GB/s, stream_k_fixed_s 1.04 us per launch, stream_k_kstep_factor
   1.35 (the best stream-K plan beat the best data-parallel one on 21 of 296 shapes). The two factors
@@ -109,6 +109,14 @@ timed against the old ones (``tile64_l2_probe.jsonl``): x1.060 geomean, 27 faste
 (the random 36: x1.074, 17 -> 26 at or above torch.mm); at M 1-64 (36 random changed picks)
 x0.999. Scaling it down with the share of loads HBM
 supplies scored no better on those records (x1.053-1.057).
+Since session 26 (not a fit): ``one_consumer_efficiency`` 0.68 -> 0.85. Once the 64-row tiles' L2 rate was
+raised (above), their MMA term bound the wide ones (64 x 144..256), and those ran 5-20% faster than priced
+(300x5120x27648 64 x 208 1.07x torch.mm, priced behind the swapped 128 x 112 at 1.00x). Fit / held-out mean
+|log| 0.120 / 0.119 -> 0.118 / 0.117, pick 1.010 / 1.010 -> 1.007 / 1.009 (fit worst 1.215 -> 1.143) on
+5ef0de8 + ba041bc; 0.8-0.9 pick alike. It moves 6 broad-set picks and ~3.5% of random shapes at M 65-3000
+(none at M <= 64, no grouped or FP8 pick of their suites); the 36 changed picks timed against the old ones
+(``one_consumer_probe.jsonl``): x1.028 geomean, 13 faster by more than 2%, 4 slower (1132x1408x14336 0.91x),
+at or above torch.mm 20 -> 27 (318x6144x12288 0.77 -> 0.99x, 2074x1024x9216 0.83 -> 1.01x).
 Since (session 9, not a fit): ``sm_l2_bytes_per_s`` 112 -> 88 GB/s (the all-SM rate over 132 SMs: partial
 grids of larger tiles ran as slow as their area says; the broad set's 30 changed picks ran 1.045x their
 earlier ratio) and ``misaligned_l2_factor`` 1.75 (the TMA's L2 rate at K-major rows 16- but not 32-byte
