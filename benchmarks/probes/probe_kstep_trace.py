@@ -37,7 +37,14 @@ from gemmlab.jit import compiler  # noqa: E402
 # (M, N, K, bm, bn, mcast): the mid 64-row tiles, multicast twin, and a 128-row tile that beats cuBLAS.
 PLANS = [(1024, 768, 3072, 64, 96, 1), (1024, 768, 3072, 64, 96, 2), (640, 1024, 5120, 64, 80, 1),
          (128, 4096, 4096, 64, 64, 1), (1536, 1024, 4096, 128, 96, 1)]
+if os.environ.get("PROBE_PLANS"):  # "M,N,K,bm,bn,mcast;..."
+    PLANS = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_PLANS"].split(";")]
+# PROBE_BUILD=launch: the trace on top of probe_mc_parts' "launch" build, where a multicast plan is a
+# clustered launch whose CTAs share nothing (own loads, own releases, no cluster barriers): the same tile
+# traced plainly (mcast 1) and clustered (mcast 2), to see where a clustered launch's CTAs lose time.
+BUILD = os.environ.get("PROBE_BUILD", "")
 KMAX, CTAS = 128, 132
+WG_LINE = "const int wg = Tr::UNIFORM_WG ? warpgroup_index() : static_cast<int>(threadIdx.x / 128), t = threadIdx.x % 128;"
 
 
 def trace_patches(addr: int) -> list:
@@ -49,8 +56,7 @@ def trace_patches(addr: int) -> list:
               "}\n")
     return [
         ("engine/gemm.cu", '#include "common/mainloop.cuh"', helper + '#include "common/mainloop.cuh"'),
-        ("engine/gemm.cu", "const int wg = threadIdx.x / 128, t = threadIdx.x % 128;",
-         "const int wg = threadIdx.x / 128, t = threadIdx.x % 128;\n    if (threadIdx.x == 0) ktrace(3, 0);"),
+        ("engine/gemm.cu", WG_LINE, WG_LINE + "\n    if (threadIdx.x == 0) ktrace(3, 0);"),
         ("common/mainloop.cuh", "        u64* bar = ring.acquire(cur, a_bytes + b_bytes + Extra::bytes);",
          "        u64* bar = ring.acquire(cur, a_bytes + b_bytes + Extra::bytes);\n        ktrace(0, kt);"),
         ("common/mainloop.cuh", "        ring.wait_full(cur);\n        // This consumer's rows",
@@ -83,7 +89,7 @@ def summarize(tr, k_iters: int, stages: int) -> dict:
 
 def main():
     buf = torch.zeros(CTAS * 4 * KMAX, dtype=torch.int32, device="cuda")
-    parts.PATCHES["ktrace"] = trace_patches(buf.data_ptr())
+    parts.PATCHES["ktrace"] = trace_patches(buf.data_ptr()) + (parts.PATCHES[BUILD] if BUILD else [])
     compiler.KERNEL_ROOT = parts.patched_root("ktrace")
     from gemmlab import engine2
     from gemmlab.gpu import gpu_info, sample_clocks
@@ -105,7 +111,7 @@ def main():
         tr = (tr - tr[:, :, 3:4, :1]) % (1 << 32)  # 32-bit clock deltas from the CTA's start mark
         tr[:, :, 3] = 0
         s = summarize(tr, (K + 63) // 64, p.stages)
-        rec = {"suite": "kstep-trace", "M": M, "N": N, "K": K, "bm": bm, "bn": bn, "mcast": mc,
+        rec = {"suite": "kstep-trace", "build": BUILD or "shipped", "M": M, "N": N, "K": K, "bm": bm, "bn": bn, "mcast": mc,
                "stages": p.stages, "plan": repr(p), "rel_error": err, **s, "sm_clock_mhz": sample_clocks().sm_mhz,
                "gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}
         print(f"{M}x{N}x{K} {bm}x{bn} mc{mc} {p.stages} st: first issue {s['first_issue']:.0f} full "
