@@ -93,6 +93,17 @@ def main():
     compiler.KERNEL_ROOT = parts.patched_root("ktrace")
     from gemmlab import engine2
     from gemmlab.gpu import gpu_info, sample_clocks
+    order = "pairs for mcast 2"
+    if os.environ.get("PROBE_SWAP_ORDER") == "1":  # launch build: the orders exchanged (probe_mc_parts)
+        assert BUILD == "launch"
+        from gemmlab.schedule import device_order_table
+
+        def swapped_order(p, device):
+            if p.mcast > 1:
+                return device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, device)
+            return device_order_table("hilbert", p.tiles_m, p.tiles_n, 8, device, pair_m=2 if p.tiles_m % 2 == 0 else 1)
+        engine2.plan_order = swapped_order
+        order = "swapped: pairs for mcast 1"
     prof = engine2._profile(torch.device("cuda"))
     out = open(sys.argv[1], "a")
     for M, N, K, bm, bn, mc in PLANS:
@@ -111,7 +122,7 @@ def main():
         tr = (tr - tr[:, :, 3:4, :1]) % (1 << 32)  # 32-bit clock deltas from the CTA's start mark
         tr[:, :, 3] = 0
         s = summarize(tr, (K + 63) // 64, p.stages)
-        rec = {"suite": "kstep-trace", "build": BUILD or "shipped", "M": M, "N": N, "K": K, "bm": bm, "bn": bn, "mcast": mc,
+        rec = {"suite": "kstep-trace", "build": BUILD or "shipped", "order": order, "M": M, "N": N, "K": K, "bm": bm, "bn": bn, "mcast": mc,
                "stages": p.stages, "plan": repr(p), "rel_error": err, **s, "sm_clock_mhz": sample_clocks().sm_mhz,
                "gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}
         print(f"{M}x{N}x{K} {bm}x{bn} mc{mc} {p.stages} st: first issue {s['first_issue']:.0f} full "
