@@ -96,6 +96,9 @@ class DeviceProfile:
     ring_handoff_s: float = 0.25e-6  # extra per stage refill when a producer warp waits on an "empty" barrier
     mma_efficiency: float = 0.94  # fraction of the tensor peak at the recorded clock a wgmma-bound loop keeps
     kstep_turnaround_clk: float = 200.0  # tensor pipe drained + token barrier round trip, per k-step
+    # FP8 block scales on tiles with more than two copies of the k-loop (planner.fp8_sb_phases > 2: 96, 160,
+    # 224 wide): their k-steps against the same price otherwise (planner.fp8_predict_s; session 26).
+    fp8_block_phases_factor: float = 1.08
     epilogue_bytes_per_s: float = 14.5e9  # one CTA writing its C tile out while its tensor work waits
     # The CUDA-core k-tile model (``predict_cuda_core``); where they come from is in the docstring above.
     issue_efficiency: float = 0.75  # fraction of issue / LSU-dispatch slots a binding fp32 loop fills

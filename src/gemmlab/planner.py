@@ -813,13 +813,18 @@ def fp8_stages_for(bm: int, bn: int, scale: str = "tensor") -> int:
 
 
 def fp8_predict_s(M: int, N: int, K: int, bm: int, bn: int, stages: int, promote: int,
-                  prof: DeviceProfile, part_split: int = 1) -> float:
+                  prof: DeviceProfile, part_split: int = 1, scale: str = "tensor") -> float:
     """A first, unfitted model of one data-parallel FP8 plan: the bf16 engine's constants with FP8's
     tensor rate (``flop_per_clk_sm['fp8']``). Per 128-deep k-step the larger of the MMAs and the TMA
     bytes at the SM's share of L2; per promotion the consumer drains its wgmmas (``kstep_turnaround_clk``,
     half hidden by the other consumer with two of them); per tile the fixed cost and the store; the
     busiest SM runs ceil(tiles / SMs) tiles; floored by the operands' HBM time. Split promotion
-    (``part_split`` column parts) drains once per part. Not yet checked against a measurement."""
+    (``part_split`` column parts) drains once per part. Block scales on a tile that keeps more than two
+    copies of its k-loop (``fp8_sb_phases``: 96, 160, 224 wide) run their k-steps
+    ``fp8_block_phases_factor`` slower: measured (H200, session 26, fp8_tiles_probe.jsonl) 128 x 224
+    block-scaled plans 3-15% behind 128 x 192 / 128 x 256 ones on the same shapes (8192x6144x4096 385.7
+    against 347.6 us) where the model priced them 0.2-5% ahead; per-tensor plans of the same tile do not
+    lag so. Otherwise not yet checked against a measurement."""
     clock = prof.plan_clock_mhz * 1e6
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
     active = min(tiles, prof.sm_count)
@@ -831,7 +836,8 @@ def fp8_predict_s(M: int, N: int, K: int, bm: int, bn: int, stages: int, promote
     promotions = k if promote == 0 else math.ceil(k / promote)
     drain = prof.kstep_turnaround_clk / clock * (1.0 if bm == 64 else 0.5)
     out_bytes = 2
-    tile_s = k * max(mma, load) + (promotions if promote else 1) * part_split * drain + prof.tile_fixed_s \
+    phased = prof.fp8_block_phases_factor if scale == "block" and fp8_sb_phases(bn) > 2 else 1.0
+    tile_s = k * max(mma, load) * phased + (promotions if promote else 1) * part_split * drain + prof.tile_fixed_s \
         + bm * bn * out_bytes / prof.store_bytes_per_s
     t = prof.launch_s + math.ceil(tiles / prof.sm_count) * tile_s
     hbm = (M * K + N * K + 2 * M * N) / prof.hbm_bytes_per_s
@@ -955,7 +961,7 @@ def fp8_candidates(M: int, N: int, K: int, *, scale: str = "tensor", out_dtype=N
         plans.append(Fp8Plan(M=M, N=N, K=K, bm=bm, bn=bn, stages=stages, grid=min(prof.sm_count, tiles),
                              scale=scale, promote=promote, part_split=split, out_dtype=odt, bias_dtype=bdt,
                              activation=activation, direct=direct,
-                             predicted_s=fp8_predict_s(M, N, K, bm, bn, stages, promote, prof, split)))
+                             predicted_s=fp8_predict_s(M, N, K, bm, bn, stages, promote, prof, split, scale)))
     plans.sort(key=lambda p: (round(p.predicted_s, 9), -p.bm * p.bn))
     return plans
 
