@@ -169,6 +169,28 @@ def test_split_promotion_plans():
     assert planner.fp8_stages_for(128, 256) == 4 and planner.fp8_stages_for(128, 256, "block") == 3
 
 
+def test_block_scales_price_the_k_loop_copies():
+    """Block scales on a tile of more than two column phases (96, 160, 224 wide: four copies of the k-loop)
+    cost fp8_block_phases_factor more a k-step than the same tile's per-tensor plan; tiles of one or two
+    phases cost the same in both modes. Measured (H200, fp8_tiles_probe.jsonl): 128 x 224 block ran 3-15%
+    behind 128 x 192 / 128 x 256 where the model without the factor priced it ahead, so those shapes' block
+    plans run 192 or 256 wide (8192x6144x4096: 128 x 224 385.7 us, 128 x 192 347.6)."""
+    prof = planner.H200
+    assert prof.fp8_block_phases_factor > 1.0
+    args = (8192, 6144, 4096)
+    for bn, phases in ((224, 4), (160, 4), (96, 4), (192, 2), (128, 1), (256, 1)):
+        assert planner.fp8_sb_phases(bn) == phases
+        st = planner.fp8_stages_for(128, bn, "block")
+        tensor = planner.fp8_predict_s(*args, 128, bn, st, 1, prof, planner.fp8_part_split(128, bn))
+        block = planner.fp8_predict_s(*args, 128, bn, st, 1, prof, planner.fp8_part_split(128, bn), "block")
+        assert (block > tensor * 1.02) if phases > 2 else block == tensor, (bn, block, tensor)
+    for shape in ((8192, 6144, 4096), (8192, 14336, 4096), (2048, 14336, 4096), (8192, 8192, 8192)):
+        p = planner.plan_fp8(*shape, scale="block")
+        assert planner.fp8_sb_phases(p.bn) <= 2, p
+    # Per-tensor plans are priced as before: 128 x 224 stays a per-tensor pick.
+    assert planner.plan_fp8(8192, 6144, 4096).bn == 224
+
+
 def test_fp8_plan_rejects_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="scale mode"):
         planner.plan_fp8(128, 128, 128, scale="rowwise")
