@@ -85,6 +85,15 @@ def run_probe(suite: str, shapes, variants, path: str, note=None) -> None:
             report(out, suite, M, N, K, vs, r, gpu, note=note(M, N, K) if note else "")
 
 
+def profiled_probe(suite: str, shapes, variants, note=None) -> None:
+    """A probe's main: ``run_probe`` over ``shapes`` with ``variants(M, N, K, profile)`` planned for the GPU
+    this runs on (``engine2._profile``), records appended to the path in ``sys.argv[1]``."""
+    import sys
+
+    prof = engine2._profile(torch.device("cuda"))
+    run_probe(suite, shapes, lambda M, N, K: variants(M, N, K, prof), sys.argv[1], note=note)
+
+
 def profile_launches(calls, plans, path: str) -> None:
     """For Nsight Compute (``ncu --profile-from-start off``): compile ``plans`` (a process pool), warm every
     one of ``calls`` ([(name, fn)]) up, then launch each once between cudaProfilerStart and cudaProfilerStop

@@ -4,11 +4,10 @@ not; mid shapes with deep K) more requests in flight than the ring holds should 
 operands sit in L2 it should cost nothing. Each shape: the model's pick and its two runners-up at d = 0, 4, 8,
 16, against torch.mm and the routed call (graph replay, interleaved). Records one line per shape to argv[1]."""
 import dataclasses, os, sys
-import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemmlab import engine2, planner  # noqa: E402
-from plans_vs_torch import run_probe  # noqa: E402
+from gemmlab import planner  # noqa: E402
+from plans_vs_torch import profiled_probe  # noqa: E402
 
 SHAPES = [(1, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (16, 8192, 8192), (1, 16384, 16384),
           (8, 28672, 4096), (16, 4096, 4096), (128, 4096, 4096), (300, 5120, 27648), (200, 8192, 5376),
@@ -30,10 +29,5 @@ def variants(M, N, K, prof):
     return out
 
 
-def main():
-    prof = engine2._profile(torch.device("cuda"))
-    run_probe("prefetch-probe", SHAPES, lambda M, N, K: variants(M, N, K, prof), sys.argv[1])
-
-
 if __name__ == "__main__":
-    main()
+    profiled_probe("prefetch-probe", SHAPES, variants)

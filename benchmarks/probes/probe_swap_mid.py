@@ -5,11 +5,10 @@ the model's two best plain plans, its four best swapped ones (SWAP_MAX_M raised 
 swapped 64-row tile as wide as the tokens, against torch.mm and the routed call (graph replay, interleaved;
 every result checked against an fp32 product first). Records one line per shape to argv[1]."""
 import math, os, sys
-import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemmlab import engine2, planner  # noqa: E402
-from plans_vs_torch import plan_tag as tag, run_probe  # noqa: E402
+from gemmlab import planner  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
 
 SHAPES = [(77, 5120, 5120), (77, 12288, 4096), (77, 6144, 4096), (77, 2560, 10240), (200, 8192, 5376),
           (200, 8192, 3072), (200, 4096, 4096), (200, 1024, 2048), (200, 4608, 36864), (200, 5376, 4096),
@@ -33,10 +32,5 @@ def variants(M, N, K, prof):
     return out
 
 
-def main():
-    prof = engine2._profile(torch.device("cuda"))
-    run_probe("swap-mid-probe", SHAPES, lambda M, N, K: variants(M, N, K, prof), sys.argv[1])
-
-
 if __name__ == "__main__":
-    main()
+    profiled_probe("swap-mid-probe", SHAPES, variants)

@@ -9,12 +9,11 @@ import math
 import os
 import sys
 
-import torch
 
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemmlab import broad_shapes, engine2, planner  # noqa: E402
-from plans_vs_torch import plan_tag as tag, run_probe  # noqa: E402
+from gemmlab import broad_shapes, planner  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
 
 HELD_OUT = [(96, 8192, 4096), (150, 14336, 4096), (180, 2048, 8192), (250, 3584, 3584), (384, 4096, 11008),
             (400, 3072, 3072), (100, 4096, 4096), (200, 5376, 4096), (320, 6144, 4096), (448, 2560, 10240)]
@@ -48,10 +47,5 @@ def variants(M, N, K, prof):
     return out
 
 
-def main():
-    prof = engine2._profile(torch.device("cuda"))
-    run_probe("swap-multi-probe", SHAPES, lambda M, N, K: variants(M, N, K, prof), sys.argv[1])
-
-
 if __name__ == "__main__":
-    main()
+    profiled_probe("swap-multi-probe", SHAPES, variants)

@@ -8,12 +8,11 @@ interleaved; every result checked against an fp32 product first). One line per s
 import os
 import sys
 
-import torch
 
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemmlab import engine2, planner  # noqa: E402
-from plans_vs_torch import plan_tag as tag, run_probe  # noqa: E402
+from gemmlab import planner  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
 
 SHAPES = [(1, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (8, 28672, 4096), (32, 28672, 4096),
           (32, 43008, 5376), (16, 4096, 14336), (32, 8192, 8192), (1, 16384, 16384), (16, 16384, 16384),
@@ -36,10 +35,5 @@ def variants(M, N, K, prof):
     return out
 
 
-def main():
-    prof = engine2._profile(torch.device("cuda"))
-    run_probe("swap-tall-probe", SHAPES, lambda M, N, K: variants(M, N, K, prof), sys.argv[1])
-
-
 if __name__ == "__main__":
-    main()
+    profiled_probe("swap-tall-probe", SHAPES, variants)

@@ -18,12 +18,11 @@ import math
 import os
 import sys
 
-import torch
 
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gemmlab import engine2, planner, plan_cost  # noqa: E402
-from plans_vs_torch import plan_tag as tag, run_probe  # noqa: E402
+from gemmlab import planner  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
 
 SHAPES = [(64, 4096, 3584), (77, 5120, 5120), (64, 3072, 3072), (64, 5120, 5120), (1, 5120, 5120),
           (32, 896, 896), (32, 1024, 1024), (4, 5120, 4096), (2, 8192, 6144), (8, 28672, 4096),
@@ -57,11 +56,6 @@ def variants(M, N, K, prof):
     return out
 
 
-def main():
-    prof = engine2._profile(torch.device("cuda"))
-    run_probe("tall-split-probe", SHAPES, lambda M, N, K: variants(M, N, K, prof), sys.argv[1],
-              note=lambda M, N, K: f" ({N * K * 2 / 1e6:.0f} MB of weight)")
-
-
 if __name__ == "__main__":
-    main()
+    profiled_probe("tall-split-probe", SHAPES, variants,
+                   note=lambda M, N, K: f" ({N * K * 2 / 1e6:.0f} MB of weight)")
