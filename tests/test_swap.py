@@ -106,7 +106,7 @@ def test_past_the_preference_the_model_ranks_both():
     # several columns of token tiles (swap_multi_probe.jsonl: swapped / plain)
     (200, 5376, 4096, True),  # 128 x 80 over 3 columns (240 tokens): 1.219 / 1.114
     (200, 4096, 4096, True),  # 64 x 112 over 2 (224): 1.080 / 0.986
-    (300, 5120, 27648, False),  # plain 64 x 208 (320 rows): 1.069 against swapped 128 x 112's 0.990 (one_consumer_probe)
+    (300, 5120, 27648, False),  # plain 64 x 208 (320 rows): 1.069 / swapped 128 x 112 0.990 (one_consumer_probe)
     (300, 7168, 16384, True)])  # 128 x 160 over 2 (320): 0.964 / 0.878
 def test_past_swap_max_m_the_padding_rule_ranks_swapped_tiles_of_few_columns(M, N, K, swapped):
     """SWAP_PAD_MAX_M: the best swapped plan of up to SWAP_PAD_COLUMNS token columns goes first where the best

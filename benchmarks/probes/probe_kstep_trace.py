@@ -44,7 +44,8 @@ if os.environ.get("PROBE_PLANS"):  # "M,N,K,bm,bn,mcast;..."
 # traced plainly (mcast 1) and clustered (mcast 2), to see where a clustered launch's CTAs lose time.
 BUILD = os.environ.get("PROBE_BUILD", "")
 KMAX, CTAS = 128, 132
-WG_LINE = "const int wg = Tr::UNIFORM_WG ? warpgroup_index() : static_cast<int>(threadIdx.x / 128), t = threadIdx.x % 128;"
+WG_LINE = ("const int wg = Tr::UNIFORM_WG ? warpgroup_index() : static_cast<int>(threadIdx.x / 128), "
+           "t = threadIdx.x % 128;")
 
 
 def trace_patches(addr: int) -> list:
@@ -122,7 +123,8 @@ def main():
         tr = (tr - tr[:, :, 3:4, :1]) % (1 << 32)  # 32-bit clock deltas from the CTA's start mark
         tr[:, :, 3] = 0
         s = summarize(tr, (K + 63) // 64, p.stages)
-        rec = {"suite": "kstep-trace", "build": BUILD or "shipped", "order": order, "M": M, "N": N, "K": K, "bm": bm, "bn": bn, "mcast": mc,
+        rec = {"suite": "kstep-trace", "build": BUILD or "shipped", "order": order, "M": M, "N": N, "K": K,
+               "bm": bm, "bn": bn, "mcast": mc,
                "stages": p.stages, "plan": repr(p), "rel_error": err, **s, "sm_clock_mhz": sample_clocks().sm_mhz,
                "gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}
         print(f"{M}x{N}x{K} {bm}x{bn} mc{mc} {p.stages} st: first issue {s['first_issue']:.0f} full "

@@ -8,9 +8,10 @@ the tokens rarely, and its partial is small (128 x 16 fp32: 8 KB) where the plai
 reduces 128 x 64-80 (32-40 KB) over the SM-to-SM network.
 
 Per shape: the model's pick, and for each tall height (128, 256) and token width (the tokens, or half of
-them, rounded up to 16, at least 16) the swapped plans of every schedule (data-parallel, cluster split-K at each split, stream-K,
-global split-K) whose grid is at most the SMs and (but data-parallel) at least 0.6 of them, against torch.mm and the routed call (graph replay,
-interleaved; every result checked against an fp32 product first). One line per shape to argv[1].
+them, rounded up to 16, at least 16) the swapped plans of every schedule (data-parallel, cluster split-K at
+each split, stream-K, global split-K) whose grid is at most the SMs and (but data-parallel) at least 0.6 of
+them, against torch.mm and the routed call (graph replay, interleaved; every result checked against an fp32
+product first). One line per shape to argv[1].
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_tall_split.py OUT.jsonl
     PROBE_SHAPES="64,4096,3584;1,5120,5120" ... (instead of the default list)"""

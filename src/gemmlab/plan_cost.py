@@ -65,7 +65,8 @@ the best measured (before: 9.4% / 7.8%, worst 2.42x / 2.39x).
   engine_l2_bytes_per_s 11.6 TB/s, sm_l2_bytes_per_s 112 GB/s, l2_latency_s 1.22 us, hbm_latency_s
   1.72 us (constrained >= the L2's), smem_bytes_per_clk 201, engine_mma_efficiency 0.94 (a separate
   field from gemmlab.model's mma_efficiency; it did not move), one_consumer_efficiency 0.68 (64-row
-  tiles; 0.85 since session 26, below), hbm_read_bytes_per_s 3.64 TB/s; split-K: cluster_sync_s 3.2 us, dsmem_bytes_per_s 8.7 GB/s,
+  tiles; 0.85 since session 26, below), hbm_read_bytes_per_s 3.64 TB/s; split-K: cluster_sync_s 3.2 us,
+  dsmem_bytes_per_s 8.7 GB/s,
   split_k_kstep_factor 1.225 (a split's k-step costs that much more than a data-parallel one's);
   stream-K: partial_bytes_per_s 24.4 GB/s, stream_k_fixed_s 1.04 us per launch, stream_k_kstep_factor
   1.35 (the best stream-K plan beat the best data-parallel one on 21 of 296 shapes). The two factors
