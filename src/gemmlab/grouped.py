@@ -51,7 +51,7 @@ import torch
 
 from . import ops, plan_cost
 from .devices import DeviceProfile
-from .engine import OutputMaps, _index, point_maps, stream_k_workspace
+from .engine import OutputMaps, _index, point_maps, store_boxes, stream_k_workspace
 from .errors import UnsupportedProblem
 from .fp8 import check_scale_tensors
 from .jit.launch import Launcher, MapSlot, raw_stream
@@ -69,10 +69,16 @@ SCHEDULES = ("data_parallel", "stream_k", "pingpong")
 _SCHEDULE_INDEX = {"data_parallel": 0, "stream_k": 2, "pingpong": 3}  # gemm_traits.cuh's Schedule
 _SCHEDULE_NOTE = {"data_parallel": "", "stream_k": ", stream-K", "pingpong": ", ping-pong"}
 # Ping-pong (bf16 / fp16): two consumers, each with whole tiles in turn, so one's epilogue runs under the
-# other's k-loop (the dense engine's PINGPONG). A consumer holds a whole tile's accumulators, so 64 x 256
-# and 128 x 128 (128 floats a thread, as the cooperative 128 x 256); 128 x 192 spills 44-180 bytes (the
-# grouped epilogue keeps both store paths), and widths between would need tail pieces (TAIL == 0 here).
-PINGPONG_TILES = ((64, 256), (128, 128))
+# other's k-loop (the dense engine's PINGPONG). A consumer holds a whole tile's accumulators: 64 x 256 and
+# 128 x 128 (128 floats a thread, as the cooperative 128 x 256), and 128 x 160 / 128 x 176 (160 / 176
+# floats; the dense planner's pick for experts of ~300-2000 rows at N 21504-32768, Mixtral's and DBRX's
+# gate/up), whose last 32 / 48 columns go out through a tail piece. 128 x 192 spills 24-32 bytes (the
+# grouped epilogue keeps both store paths), 128 x 176 8 where every block is thread-stored
+# (``pingpong_problem``).
+PINGPONG_TILES = ((64, 256), (128, 128), (128, 160), (128, 176))
+# Tiles with a tail piece (bn % 64 columns) are listed by ``candidates``; ``plan`` takes one only when
+# offered.
+TAIL_TILES_OFFERED = False
 # Offered: measured beside the rest (H200, 5074ec4, grouped.jsonl, --all-tiles on 10 MoE shapes) 128 x 128
 # ping-pong was the fastest plan on the many-expert shapes (Qwen1.5-MoE / DeepSeek-V2-Lite, 1.05-1.15x
 # the data-parallel pick), 64 x 256 ping-pong within noise of 128 x 256 on Mixtral gate/up.
@@ -406,6 +412,8 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     K_priced = math.ceil(K / 2) if fp8 else K
     plans = []
     for bm, bn, schedule in tile_schedules(fp8, odt):
+        if b_mn and bn % 64:  # MN-major b is loaded in 64-column boxes
+            continue
         stages = stages_for(bm, bn, table, scale, schedule)
         # Tiles there can be: contiguous, sum ceil(rows_g / bm) <= ceil(T / bm) + G; masked, G ceil(C / bm).
         if layout == "contiguous":
@@ -414,6 +422,8 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
             most = groups * math.ceil(rows / bm) * math.ceil(N / bn)
         uneven = layout == "contiguous"
         all_direct = direct or crossing_share(expected_rows, bm, uneven) >= ALL_DIRECT_SHARE
+        if schedule == "pingpong" and pingpong_problem(bm, bn, odt, all_direct):
+            continue
         t, busy = _price(groups, expected_rows, N, K_priced, bm, bn, stages, prof, out_bytes, uneven, direct,
                          schedule)
         plans.append((busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=bm, bn=bn,
@@ -452,6 +462,14 @@ def tile_schedules(fp8: bool, out_dtype: str):
     yield from ((bm, bn, "pingpong") for bm, bn in PINGPONG_TILES)
 
 
+def pingpong_problem(bm: int, bn: int, out_dtype: str, direct: bool) -> str | None:
+    """Why a ping-pong tile has no plan, or None. The compile sweep (tests/test_grouped.py, ``-m slow``):
+    128 x 176 with every block stored by the threads (DIRECT) and 16-bit output spills 8 bytes."""
+    if (bm, bn) == (128, 176) and direct and out_dtype != "fp32":
+        return "128 x 176 ping-pong spills with every block thread-stored (16-bit output)"
+    return None
+
+
 def stream_k_problem(bm: int, bn: int, out_dtype: str) -> str | None:
     """Why a tile has no stream-K plan, or None. The compile sweep (tests/test_grouped.py, ``-m slow``):
     with the partials' code the one-consumer 64 x 256 tile spills 4 bytes (16-bit output), 128 x 256
@@ -466,8 +484,10 @@ def stream_k_problem(bm: int, bn: int, out_dtype: str) -> str | None:
 def plan(layout: str, groups: int, rows: int, N: int, K: int, **kw) -> GroupedPlan:
     """The cheapest plan of ``candidates`` (same arguments) among the offered schedules: a stream-K one only
     where it is priced at most ``STREAM_K_MARGIN`` of the cheapest data-parallel one (and
-    ``STREAM_K_OFFERED``), ping-pong only with ``PINGPONG_OFFERED``. Pure Python; no GPU needed."""
-    ranked = [c for c in candidates(layout, groups, rows, N, K, **kw) if c.schedule != "pingpong" or PINGPONG_OFFERED]
+    ``STREAM_K_OFFERED``), ping-pong only with ``PINGPONG_OFFERED``, tiles with a tail piece only with
+    ``TAIL_TILES_OFFERED``. Pure Python; no GPU needed."""
+    ranked = [c for c in candidates(layout, groups, rows, N, K, **kw)
+              if (c.schedule != "pingpong" or PINGPONG_OFFERED) and (c.bn % 64 == 0 or TAIL_TILES_OFFERED)]
     dp = next(c for c in ranked if c.schedule == "data_parallel")
     return next(c for c in ranked if c.schedule != "stream_k" or (
         STREAM_K_OFFERED and c.predicted_s <= STREAM_K_MARGIN * dp.predicted_s))
@@ -688,10 +708,10 @@ def _launch_fn():
     return launch
 
 
-def _tensor_map(t, box):
+def _tensor_map(t, box, swizzle_bytes: int = 128):
     from .jit.launch import tensor_map_2d
 
-    return tensor_map_2d(t, box)
+    return tensor_map_2d(t, box, swizzle_bytes=swizzle_bytes)
 
 
 def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tensor, lead: int,
@@ -729,8 +749,11 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     map_a = _tensor_map(a2, (p.bm, row))
     maps_a_short = tuple(_tensor_map(a2, (h, row)) for h in short_a_rows(p.bm))
     map_b = _tensor_map(*_b_rows(b, p))
-    # out's map: 64-row x one-128-byte-swizzle-row pieces, as the dense engine's (A's map where unused).
-    map_c = map_a if p.direct else _tensor_map(o2, (64, 128 // o2.element_size()))
+    # out's maps: 64-row x one-128-byte-swizzle-row pieces and the tail piece (bn % piece columns,
+    # unswizzled), as the dense engine's (A's map where unused; the full piece's where no tail).
+    box, tail, _ = store_boxes(p.bn, o2)
+    map_c = map_a if p.direct else _tensor_map(o2, box)
+    map_ct = map_c if p.direct or not tail else _tensor_map(o2, tail, swizzle_bytes=0)
     if block:  # per k-step one box of each (from multiples of 4): A's bm + 4 row scales, B's 8 column blocks
         map_sa = _tensor_map_flat(scale_rows_mn_major(scale_a), (1, p.bm + 4))
         map_sb = _tensor_map_flat(scale_rows_mn_major(scale_b), (1, 8))
@@ -742,7 +765,7 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     scales = (scale_a, scale_b, np.int32(sb_step)) if fp8 else (o2, o2, np.int32(0))  # (bf16 reads none)
     # stream-K: partials and flags; claimed tiles: the counter in the flags; else neither is read.
     ws, flags = _workspace(p, a.device) if p.schedule == "stream_k" or p.claim else (o2, o2)
-    args = head + scales + (o2, np.int64(o2.stride(0)), ws, flags) + maps_a_short
+    args = head + scales + (o2, np.int64(o2.stride(0)), ws, flags) + maps_a_short + (map_ct,)
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
 
 
@@ -1077,10 +1100,11 @@ def _check_call(a, b, offsets, counts, out, out_dtype, scale_a, scale_b) -> Grou
 
 # The grouped kernel's parameters, in order (engine_gemm_grouped in kernels/engine/gemm_grouped.cu).
 PARAMS = ("tmap", "tmap", "tmap", "tmap", "tmap", "ptr", "i32", "i32", "i32", "i32", "i32", "i32", "ptr", "ptr", "i32",
-          "ptr", "i64", "ptr", "ptr", "tmap", "tmap", "tmap", "tmap")
+          "ptr", "i64", "ptr", "ptr", "tmap", "tmap", "tmap", "tmap", "tmap")
 _P_A, _P_B, _P_C, _P_SA_MAP, _P_SB_MAP, _P_RANGES = range(6)
 _P_SA, _P_SB, _P_OUT, _P_WS, _P_FLAGS = 12, 13, 15, 17, 18
 _P_A_SHORT = (19, 20, 21, 22)  # A's short boxes (short_a_rows)
+_P_C_TAIL = 23  # out's tail piece (bn % piece columns), or out's map again
 
 
 class GroupedLaunch:
@@ -1130,9 +1154,7 @@ class GroupedLaunch:
         self.maps_a_short = [MapSlot(L, i, a2.data_ptr(), *a2.shape, a2.stride(0), dt, (h, row))
                              for i, h in zip(_P_A_SHORT, short_a_rows(p.bm))]
         self.map_b = self.map_b_short = MapSlot(L, _P_B, b2.data_ptr(), *b2.shape, b2.stride(0), dt, b_box)
-        # One output descriptor (no tail piece): its index doubles as OutputMaps' tail index.
-        box = (64, 128 // o2.element_size())
-        self.maps_c = OutputMaps(L, _P_C, _P_C, o2, (box, None, 0), p.direct, self.map_a)
+        self.maps_c = OutputMaps(L, _P_C, _P_C_TAIL, o2, store_boxes(p.bn, o2), p.direct, self.map_a)
         self.map_sa = self.map_sb = None
         if self.block:  # per k-step one box of each (from multiples of 4): A's bm + 4 row scales, B's 8 blocks
             self.map_sa, self.sa_in_place = self._scale_map(_P_SA_MAP, scale_a, (1, p.bm + 4))

@@ -140,16 +140,16 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                     const float* __restrict__ scale_b, int sb_step, typename Tr::TO* __restrict__ Out,
                     long long ldo, float* workspace, int* flags, const __grid_constant__ CUtensorMap tmA1,
                     const __grid_constant__ CUtensorMap tmA2, const __grid_constant__ CUtensorMap tmA3,
-                    const __grid_constant__ CUtensorMap tmA4) {
+                    const __grid_constant__ CUtensorMap tmA4, const __grid_constant__ CUtensorMap tmCt) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     constexpr bool FP8 = sizeof(T) == 1;  // Fp8GemmTraits: e4m3 bytes, 128-deep k-steps
     constexpr bool BLOCK = scale_mode<Tr>() == SCALE_BLOCK;
     constexpr bool SK = Tr::SCHEDULE == STREAM_K, PP = Tr::PING_PONG;
     static_assert((Tr::SCHEDULE == DATA_PARALLEL || ((SK || PP) && !FP8)) && !Tr::A_MN && !Tr::HAS_C &&
-                      !Tr::HAS_BIAS && Tr::ACT == 0 && Tr::TAIL == 0 && (!Tr::B_MN || !FP8),
+                      !Tr::HAS_BIAS && Tr::ACT == 0 && (!Tr::B_MN || !FP8),
                   "grouped: K-major A (B too for e4m3), data-parallel (or bf16 / fp16 stream-K, ping-pong), no "
-                  "epilogue terms, whole store pieces");
+                  "epilogue terms");
     static_assert(!CLAIM || Tr::SCHEDULE == DATA_PARALLEL || PP, "tiles in claim order: whole tiles only");
     if constexpr (FP8) static_assert(Tr::PRODUCER_REGS == 40, "the producer gives the consumers 232 registers");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + scale_bytes<Tr>() +
@@ -284,7 +284,7 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                 store_block<DirectStores<Tr>>(acc[mi], r, gt.n * BN, dep, slabs, pieces, nullptr, nullptr, t,
                                               consumer);
             } else {
-                store_block<Tr>(acc[mi], gt.row0 + r, gt.n * BN, tep, slabs, pieces, &tmC, &tmC, t, consumer);
+                store_block<Tr>(acc[mi], gt.row0 + r, gt.n * BN, tep, slabs, pieces, &tmC, &tmCt, t, consumer);
             }
         }
     }
