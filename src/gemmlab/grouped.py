@@ -77,7 +77,9 @@ _SCHEDULE_NOTE = {"data_parallel": "", "stream_k": ", stream-K", "pingpong": ", 
 # (``pingpong_problem``).
 PINGPONG_TILES = ((64, 256), (128, 128), (128, 160), (128, 176))
 # Tiles with a tail piece (bn % 64 columns) are listed by ``candidates``; ``plan`` takes one only when
-# offered.
+# offered. Not offered: priced 1-5% ahead of the pick on the 8-16-expert gate/up shapes, they measured
+# behind it (H200, abf9e72, grouped_bench --all-tiles, 12 shapes of Mixtral, Mixtral 8x22B, DBRX and
+# Qwen1.5-MoE): 128 x 176 ping-pong 0.965x the pick in geomean (0.92-1.00x), 128 x 160 0.919x.
 TAIL_TILES_OFFERED = False
 # Offered: measured beside the rest (H200, 5074ec4, grouped.jsonl, --all-tiles on 10 MoE shapes) 128 x 128
 # ping-pong was the fastest plan on the many-expert shapes (Qwen1.5-MoE / DeepSeek-V2-Lite, 1.05-1.15x

@@ -40,8 +40,9 @@
 // rows, group g's k-step kt at row g K + kt BK. K is then a multiple of BK (the host's rule): no k-step
 // reads into the next group's rows.
 // Stores: a consumer's 64-row block that lies wholly inside its group goes out as the dense engine's
-// TMA store (one map over all of out; the map clips columns >= N). The block that crosses the group's
-// last row cannot (its box would write the next group's rows): the threads store its rows
+// TMA store (one map over all of out, tmC; the map clips columns >= N), its last BN % PIECE columns (128 x
+// 160 / 176: 32 / 48) through the tail piece's map tmCt (tmC again where the tile has none). The block that
+// crosses the group's last row cannot (its box would write the next group's rows): the threads store its rows
 // (store_piece_rows, bounded by the group's rows and N). With Tr::DIRECT (out's rows not 16-byte
 // aligned: no TMA map over out) every block is stored that way.
 // MAX_G: the group table's capacity (128 or 512); the smaller table leaves room for one more stage at
