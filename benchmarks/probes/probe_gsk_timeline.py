@@ -1,0 +1,96 @@
+"""Probe: where a global split-K launch spends its fixed time. probe_split_fixed.py put it at ~7-8 us at
+512 x 1024 (128 x 128 tiles, 2-4 ranks), against ~1.5 us for the data-parallel plan and ~3 us for
+cuBLAS, while its k-steps run faster than cuBLAS's per unit of K. A patched copy of the kernels
+(kernels/common/timeline.cuh) marks, per CTA (consumer 0's thread 0): the entry (0), its first k-step
+landed (2), its k-loop done (3), its partial written to the workspace by every consumer thread (4), the
+other ranks' flags acquired (7), its slice summed and stored (5), the exit (1): %globaltimer and clock64.
+Eager launches, a synchronize after each, 30 runs after 10 warm-ups; phase lengths from clock64 at the
+CTA's clock, medians over CTAs and runs. One line per plan to argv[1].
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_gsk_timeline.py OUT.jsonl
+    PROBE_PLANS="512,1024,4096,128,128,4;..." (M, N, K, bm, bn, splits)"""
+import json, os, sys
+import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, "benchmarks")
+import probe_mc_parts as parts  # noqa: E402
+from gemmlab import planner  # noqa: E402
+from gemmlab.jit import compiler  # noqa: E402
+
+PLANS = [(512, 1024, 4096, 128, 128, 4), (512, 1024, 8192, 128, 128, 4), (512, 1024, 4096, 128, 128, 2),
+         (512, 1024, 2048, 128, 128, 4), (256, 1536, 7168, 128, 96, 4)]
+if os.environ.get("PROBE_PLANS"):
+    PLANS = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_PLANS"].split(";")]
+EV = 12
+GEMM, LOOP, RED = "engine/gemm.cu", "common/mainloop.cuh", "common/reduction.cuh"
+PHASES = {"first_data": (0, 2), "k_loop": (2, 3), "partial_write": (3, 4), "flags_wait": (4, 7),
+          "reduce_store": (7, 5), "exit": (5, 1), "cta": (0, 1)}
+
+
+def _mark(cond: str, e: int) -> str:
+    return f"TIMELINE_MARK({cond}, {e});"
+
+
+def patches(addr: int) -> list:
+    return [
+        ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {EV}"),
+        (GEMM, '#include "common/gemm_traits.cuh"',
+         f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
+        (GEMM, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + _mark("threadIdx.x == 0", 0) + "\n"),
+        (GEMM, "u.k_begin, u.k_end, rows);\n",
+         "u.k_begin, u.k_end, rows);\n        " + _mark("wg == 1 && t == 0", 3) + "\n"),
+        (GEMM, "    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();",
+         "    " + _mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
+        (LOOP, "        ring.wait_full(cur);\n        // This consumer's rows",
+         "        ring.wait_full(cur);\n        " + _mark("consumer == 0 && t == 0 && kt == k_begin", 2)
+         + "\n        // This consumer's rows"),
+        (RED, "    named_barrier_sync(3, CT);\n    if (ct == 0) {\n        flag_release_add(",
+         "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 4) + "\n    if (ct == 0) {\n        flag_release_add("),
+        (RED, "    named_barrier_sync(3, CT);\n    const int q0 = rank * Q / splits",
+         "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 7) + "\n    const int q0 = rank * Q / splits"),
+        (RED, "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n",
+         "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n    " + _mark("ct == 0", 5) + "\n"),
+    ]
+
+
+def main():
+    buf = torch.zeros(132 * EV * 3, dtype=torch.int64, device="cuda")
+    parts.PATCHES["gsk-timeline"] = patches(buf.data_ptr())
+    compiler.KERNEL_ROOT = parts.patched_root("gsk-timeline")
+    from gemmlab import engine2
+    from gemmlab.gpu import gpu_info
+    prof = engine2._profile(torch.device("cuda"))
+    out = open(sys.argv[1], "a")
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    for M, N, K, bm, bn, s in PLANS:
+        p = next(c for c in planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES)
+                 if (c.bm, c.bn, c.schedule, c.splits, c.swap_ab, c.mcast) == (bm, bn, "split_k_global", s, False, 1))
+        a = torch.randn(M, K, device="cuda").bfloat16()
+        w = torch.randn(N, K, device="cuda").bfloat16()
+        o = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        ref = a.float() @ w.float().t()
+        runs = [r.view(132, EV, 3)[: p.grid].double() for r in parts.traced_runs(engine2, p, a, w, o, buf)]
+        err = ((o.float() - ref).norm() / ref.norm()).item()
+        rec = {"suite": "gsk-timeline", "M": M, "N": N, "K": K, "plan": repr(p), "bm": bm, "bn": bn, "splits": s,
+               "grid": p.grid, "rel_error": err, "k_steps": -(-K // 64) // s}
+        mhz = [(((r[:, 1, 1] - r[:, 0, 1]) / (r[:, 1, 0] - r[:, 0, 0])) * 1e3).median().item() for r in runs]
+        rec["cta_sm_mhz"] = med(mhz)
+        for name, (e0, e1) in PHASES.items():
+            rec[name + "_us"] = med([((r[:, e1, 1] - r[:, e0, 1]) / mz).median().item() for r, mz in zip(runs, mhz)])
+        rec["span_us"] = med([((r[:, 1, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
+        rec["start_spread_us"] = med([((r[:, 0, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
+        rec["kloop_end_spread_us"] = med([((r[:, 3, 0].max() - r[:, 3, 0].min()) / 1e3).item() for r in runs])
+        rec["flags_wait_max_us"] = med([((r[:, 7, 1] - r[:, 4, 1]) / mz).max().item() for r, mz in zip(runs, mhz)])
+        rec.update({"gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")})
+        print(f"{M}x{N}x{K} {bm}x{bn} gsk x{s} grid {p.grid}: span {rec['span_us']:.2f} us (starts spread "
+              f"{rec['start_spread_us']:.2f}, k-loop ends spread {rec['kloop_end_spread_us']:.2f}); CTA "
+              f"{rec['cta_us']:.2f} = first data {rec['first_data_us']:.2f} + k-loop {rec['k_loop_us']:.2f} "
+              f"({rec['k_steps']} k-steps) + partial {rec['partial_write_us']:.2f} + flags {rec['flags_wait_us']:.2f}"
+              f" (max {rec['flags_wait_max_us']:.2f}) + reduce/store {rec['reduce_store_us']:.2f} + exit "
+              f"{rec['exit_us']:.2f} at {rec['cta_sm_mhz']:.0f} MHz (err {err:.1e})", flush=True)
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
