@@ -127,6 +127,7 @@ def sass_expect(p: planner.Plan):
     no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
     cluster barriers, and its pushed slices' bulk copies with no GPU-wide fence (``Plan.split_push``) or
     the pulled form's fence; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED);
+    global split-K's bulk copies to and from the workspace (``Plan.gsk_bulk``);
     no GPU-wide fence inside a loop for data-parallel plans (split-K's cluster barrier and stream-K's
     release are one, once per unit); programmatic dependent launch's wait and trigger; where the plan reads
     its warpgroup index uniformly (``Plan.uniform_wg``), the k-loop's wgmma descriptors in uniform registers
@@ -148,6 +149,8 @@ def sass_expect(p: planner.Plan):
         contains += [r"^UTMASTG"] + ([r"^STSM"] if p.out_dtype != "fp32" else [])
     if p.schedule in planner.STREAMED:
         contains += [r"^RED"]
+    if p.gsk_bulk:  # global split-K's slices out to the workspace and back in by bulk copies
+        contains += [r"^UBLKCP\.G\.S", r"^UBLKCP\.S\.G"]
     if p.mcast > 1:  # B multicast: half of B's box to both CTAs, the cluster barriers at start and end
         contains += [r"^UTMALDG\.2D\.MULTICAST", r"^UCGABAR_ARV", r"^UCGABAR_WAIT"]
     if p.prefetch:  # the L2 prefetch of the boxes further on

@@ -313,10 +313,21 @@ class Plan(_Tiling):
         return self.schedule == "split_k" and split_rows_fit(2 * self.bm + 7, self.bm, self.bn, self.stages, self.dtype)
 
     @property
+    def gsk_bulk(self) -> bool:
+        """GemmTraits::GSK_BULK: a global split-K plan whose ranks exchange the same row slices through the
+        workspace by bulk copies (reduction.cuh gsk_bulk_exchange), where they fit the drained stages as
+        ``split_push``'s do; other global split-K plans store and load their fragments thread by thread."""
+        return self.schedule == "split_k_global" and split_rows_fit(2 * self.bm + 7, self.bm, self.bn, self.stages,
+                                                                     self.dtype)
+
+    @property
     def workspace_floats(self) -> int:
-        """Stream-K and global split-K: one bm x bn fp32 partial slot per streamed CTA (flags: 2 ints per
-        slot)."""
-        return self.sk_ctas * self.bm * self.bn if self.schedule in STREAMED else 0
+        """Stream-K and global split-K: one fp32 partial slot per streamed CTA (flags: 2 ints per slot), bm x bn
+        floats, or for global split-K bm rows of bn + 8 (GemmTraits::LDP: the bulk exchange copies the
+        partial's rows as they lie in shared memory)."""
+        if self.schedule not in STREAMED:
+            return 0
+        return self.sk_ctas * self.bm * (self.bn + 8 if self.schedule == "split_k_global" else self.bn)
 
     def store_boxes(self) -> tuple[tuple[int, int], tuple[int, int] | None, int]:
         """The TMA store boxes over out, (rows, cols): a full piece's, the tail piece's (BN % piece columns;

@@ -7,6 +7,9 @@
 #ifndef SPLIT_PUSH_ON
 #define SPLIT_PUSH_ON 1
 #endif
+#ifndef GSK_BULK_ON
+#define GSK_BULK_ON 1
+#endif
 
 template <typename TIn, typename TOut, typename TBias,  // operand, output and bias element types
           int kBM, int kBN, int kStages,                // tile (rows x columns) and ring depth
@@ -93,6 +96,11 @@ struct GemmTraits {
     // receive slots (at most (splits - 1) x ceil(BM / splits) <= BM + 7 rows) fit the drained stages.
     static constexpr bool SPLIT_PUSH = SPLIT_PUSH_ON && SCHEDULE == SPLIT_K &&
                                        (2 * BM + 7) * LDP * 4 <= STAGES * (BM + BN) * BK * (int)sizeof(T);
+    // GSK_BULK: global split-K's ranks exchange the same row slices through the global workspace by bulk
+    // copies (reduction.cuh gsk_bulk_reduce_store) where the partial and the receive slots fit likewise;
+    // else each thread stores and loads its fragments (gsk_reduce_store).
+    static constexpr bool GSK_BULK = GSK_BULK_ON && SCHEDULE == SPLIT_K_GLOBAL &&
+                                     (2 * BM + 7) * LDP * 4 <= STAGES * (BM + BN) * BK * (int)sizeof(T);
 
     static_assert(BM == 64 || BM == 128 || BM == 256, "tile heights 64, 128, 256");
     static_assert(!PING_PONG || BM <= 128, "ping-pong consumers hold whole tiles: 64 or 128 rows");

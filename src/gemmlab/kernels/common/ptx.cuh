@@ -33,6 +33,11 @@ __device__ __forceinline__ int warpgroup_index() {
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// The same between the generic proxy and the async proxy (bulk copies) for global memory: global split-K's
+// partials, written and read by bulk copies, published and acquired through generic-proxy flags.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 
 // "bar.sync" with an id and a thread count: a barrier for one warpgroup (or a few) only.
 __device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {

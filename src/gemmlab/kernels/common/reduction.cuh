@@ -13,7 +13,11 @@
 //    it; each reader takes 1 off each flag it read, so the flags are 0 again at the launch's end (no
 //    memset). Every CTA writes one partial, reads 1 / splits of the tile from each rank and stores
 //    1 / splits of it, all in parallel, where the stream-K owner reads every contributor's partial and
-//    stores the whole tile alone.
+//    stores the whole tile alone. Bulk (Tr::GSK_BULK): the ranks exchange split-K's row slices instead:
+//    each CTA puts its partial in its drained stages (as split-K does), one thread copies the slices the
+//    other ranks sum to its workspace slot by bulk copies and raises its flag once they are written, then
+//    bulk-copies this rank's slice of every other rank's slot into its receive slots; the sums are the
+//    pushed split-K's (split_reduce_store), from shared memory.
 //  * Split-K (thread-block cluster, h11's): every CTA leaves its partial in its own shared memory, and
 //    CTA r adds rows r * BM / splits .. of all partials, in rank order from its own, and stores them.
 //    Pushed (Tr::SPLIT_PUSH): each CTA copies the other ranks' row slices of its partial into their
@@ -242,6 +246,41 @@ __device__ __forceinline__ void store_pair(const EpilogueArgs<Tr>& ep, int r, in
     }
     dst[0] = from_float<TO>(v0);
     if (c + 1 < ep.N) dst[1] = from_float<TO>(v1);
+}
+
+// Global split-K through bulk copies (Tr::GSK_BULK; see the top of this file). The partial (BM rows of LDP
+// floats) is in shared memory at `part`, fenced for the async proxy and seen by every consumer thread (a
+// barrier); this runs in one thread. Slot `first + rank` of the workspace holds this CTA's partial in the
+// same row layout; the slice of rank d lies at d x slot bytes in both. The bulk stores complete before the
+// flag's release (wait_group, then a proxy fence: the async proxy's writes ordered before the generic
+// release); the readers acquire, fence, and bulk-load their slice of each other rank into receive slot
+// splits - o - 1 for rank - o, as split_push_slices places them, completed on `bar`.
+template <class Tr>
+__device__ __forceinline__ void gsk_bulk_exchange(u32 part, u32 recv, u64* bar, float* ws, int* flags, int rank,
+                                                  int splits, int first, int valid) {
+    constexpr u32 ROW = Tr::LDP * 4;
+    const u32 slot = split_rows_per(valid, splits) * ROW;
+    unsigned char* mine = reinterpret_cast<unsigned char*>(ws + (long long)(first + rank) * Tr::BM * Tr::LDP);
+    for (int o = 1; o < splits; ++o) {
+        const int dst = (rank + o) % splits, rows = split_rows_of(dst, valid, splits);
+        if (rows > 0) bulk_store_global(mine + dst * slot, part + dst * slot, rows * ROW);
+    }
+    tma_store_commit();
+    tma_store_wait_all<0>();
+    fence_proxy_async_global();
+    flag_release_add(&flags[2 * (first + rank)], splits - 1);
+    const int rows = split_rows_of(rank, valid, splits);
+    mbar_expect_tx(bar, (splits - 1) * rows * ROW);
+    for (int o = 1; o < splits; ++o) {
+        const int src = (rank - o + splits) % splits;
+        int* flag = &flags[2 * (first + src)];
+        while (flag_acquire(flag) <= 0) __nanosleep(32);
+        flag_take(flag);
+        fence_proxy_async_global();
+        const unsigned char* theirs =
+            reinterpret_cast<const unsigned char*>(ws + (long long)(first + src) * Tr::BM * Tr::LDP);
+        if (rows > 0) bulk_load_global(recv + (splits - o - 1) * slot, theirs + rank * slot, rows * ROW, smem_u32(bar));
+    }
 }
 
 // Global split-K (see the top of this file): this CTA is rank `rank` of the `splits` (<= 4) CTAs

@@ -40,6 +40,21 @@ __device__ __forceinline__ void bulk_copy_to_peer(u32 dst, u32 src, u32 bytes, u
         ::"r"(dst), "r"(src), "r"(bar), "r"(cta), "r"(bytes) : "memory");
 }
 
+// Shared -> global bulk copy ("cp.async.bulk.global.shared::cta.bulk_group"): `bytes` (a multiple of 16,
+// both addresses 16-byte aligned), completed with this thread's bulk async-group (tma_store_commit, then
+// tma_store_wait_all). Shared memory written by ordinary stores is fenced for the async proxy first.
+__device__ __forceinline__ void bulk_store_global(void* dst, u32 src, u32 bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+
+// Global -> shared bulk copy ("cp.async.bulk.shared::cluster.global"), its completion signalled on this
+// CTA's barrier `bar` as transaction bytes (the same rules as bulk_store_global).
+__device__ __forceinline__ void bulk_load_global(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
 // Shared -> global bulk tensor store. Writes made by ordinary stores (st.shared, stmatrix) must be
 // fenced with fence.proxy.async by the writing threads first.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {

@@ -32,7 +32,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * BN * BK);
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ Turns turns;  // PINGPONG only
-    __shared__ u64 slices;   // SPLIT_PUSH: the other ranks' row slices of the partial landed
+    __shared__ u64 slices;   // SPLIT_PUSH, GSK_BULK: the other ranks' row slices of the partial landed
 
     const int wg = Tr::UNIFORM_WG ? warpgroup_index() : static_cast<int>(threadIdx.x / 128), t = threadIdx.x % 128;
     // B multicast: the rows of tiles padded to whole pairs (the host's order table lists the pairs).
@@ -41,7 +41,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
     const int k_iters = (K + BK - 1) / BK;
     if (threadIdx.x == 0) {
         if constexpr (Tr::PING_PONG) turns.init();
-        if constexpr (Tr::SPLIT_PUSH) mbar_init(&slices, 1);
+        if constexpr (Tr::SPLIT_PUSH || Tr::GSK_BULK) mbar_init(&slices, 1);
         ring.init(Tr::SLOT_READERS * Tr::MCAST);  // (then fence.mbarrier_init.release.cluster)
     }
     // B multicast: the peer's loads and releases land on this CTA's barriers, so both are initialised
@@ -151,7 +151,26 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
                 cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory
             }
         } else {
-            if constexpr (Tr::SCHEDULE == SPLIT_K_GLOBAL) {
+            if constexpr (Tr::GSK_BULK) {
+                if (u.kind == UNIT_SPLIT) {  // the ranks exchange row slices through the workspace (bulk)
+                    // Both consumers' wgmmas are done with the stages before either overwrites them (bar 3);
+                    // the partial's stores are fenced for the bulk copies by each writer, then barred for
+                    // thread 128, which copies; every thread waits for this rank's slices to land.
+                    named_barrier_sync(3, Tr::CONSUMERS * 128);
+                    const u32 part = smem_u32(sA), recv = part + BM * Tr::LDP * 4;
+                    split_store_partial<Tr>(acc, part, consumer, t);
+                    fence_proxy_async_smem();
+                    named_barrier_sync(3, Tr::CONSUMERS * 128);
+                    const int valid = min(BM, ep.M - m0);
+                    if (threadIdx.x == 128)
+                        gsk_bulk_exchange<Tr>(part, recv, &slices, workspace, flags, u.split, sargs.splits,
+                                              blockIdx.x - u.split, valid);
+                    mbar_wait_parity(&slices, 0);
+                    split_reduce_store<Tr, true>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128, recv);
+                    continue;
+                }
+            }
+            if constexpr (Tr::SCHEDULE == SPLIT_K_GLOBAL && !Tr::GSK_BULK) {
                 if (u.kind == UNIT_SPLIT) {  // the tile's ranks reduce and store it together
                     gsk_reduce_store<Tr>(acc, workspace, flags, u.split, sargs.splits, blockIdx.x - u.split, consumer,
                                          t, m0, n0, ep);
