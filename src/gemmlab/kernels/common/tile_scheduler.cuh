@@ -19,6 +19,8 @@
 //    the tiles: CTA b < sk_ctas runs k-steps [r k / splits, (r + 1) k / splits) (r = b % splits) of
 //    streamed tile b / splits: one unit, no CTA straddles two tiles. Its `splits` CTAs reduce the tile together
 //    through the global workspace (reduction.cuh, gsk_reduce_store): no cluster, so no co-residency limit.
+//    A CTA runs its split unit after its data-parallel tiles (every CTA has as many: whole waves), so the
+//    unit is its last and its reduction may use the drained ring (GSK_BULK) while no load is in flight.
 #pragma once
 
 // PINGPONG: data-parallel tiles, whole tiles handed to the two consumer warpgroups in turn (gemm.cu).
@@ -85,6 +87,9 @@ struct TileScheduler {
             next_dp = -1;  // exactly one unit per CTA
             return u.tile < num_tiles;
         } else {
+            if constexpr (SCHED == SPLIT_K_GLOBAL) {  // data-parallel tiles first, then the split unit
+                if (next_dp < dp_tiles()) return whole_tile(u);
+            }
             if constexpr (STREAMED) {
                 if (sk_it < sk_end) {
                     const int s = (int)(sk_it / k_iters);  // streamed tile index
@@ -102,13 +107,17 @@ struct TileScheduler {
                 }
             }
             if (next_dp >= dp_tiles()) return false;
-            u.tile = next_dp;
-            u.k_begin = 0;
-            u.k_end = k_iters;
-            u.kind = UNIT_WHOLE;
-            u.split = 0;
-            next_dp += gridDim.x;
-            return true;
+            return whole_tile(u);
         }
+    }
+
+    __device__ __forceinline__ bool whole_tile(WorkUnit& u) {
+        u.tile = next_dp;
+        u.k_begin = 0;
+        u.k_end = k_iters;
+        u.kind = UNIT_WHOLE;
+        u.split = 0;
+        next_dp += gridDim.x;
+        return true;
     }
 };
