@@ -6,7 +6,8 @@ float64: h11 unsplit and split-K (a forced plan of clusters of 3), the aligned c
 unaligned operands and outputs; the engine kernel (``kernels/engine/gemm.cu``) through forced
 ``planner.Plan``s: data-parallel with 64- (a 16-wide tail piece), 128- and 256-row tiles, cluster split-K
 with 64- and 128-row tiles, stream-K all streamed (64 and 128 rows) and hybrid (full data-parallel wave +
-streamed tiles), copies + direct stores under each schedule, epilogues (bias + relu, silu, fp32 output
+streamed tiles), global split-K (its bulk exchange, all split and hybrid, and a 256-row tile's thread
+stores), copies + direct stores under each schedule, epilogues (bias + relu, silu, fp32 output
 with beta * C), B multicast (64- and 128-row tiles, a padding tile), and calls the router itself sends to
 the engine kernel (one with B multicast, two swapped over many token columns: SWAP_WIDE); the decode kernel
 (forced) unsplit and split-K.
@@ -89,6 +90,12 @@ run("engine stream-K 128-row, fp32 out + beta * C", r(256, 2048), r(512, 2048).t
     plan=engine_plan("stream_k", 128), out=out_for(256, 512, dtype=torch.float32),
     c=r(256, 512, dtype=torch.float32), beta=-0.5, alpha=2.0)
 run("engine stream-K hybrid", r(640, 1024), r(2304, 1024).t(), plan=engine_plan("stream_k", hybrid=True))
+# Global split-K (not offered; runnable): the bulk exchange through the workspace (GSK_BULK), all split and
+# hybrid (a data-parallel wave first), bias; and a tile whose slices do not fit (thread stores and loads).
+run("engine global split-K 128-row, bulk exchange", r(512, 2048), r(1024, 2048).t(),
+    plan=engine_plan("split_k_global", 128), bias=r(1024))
+run("engine global split-K hybrid", r(1000, 1024), r(3000, 1024).t(), plan=engine_plan("split_k_global", hybrid=True))
+run("engine global split-K 256-row", r(700, 3000), r(1920, 3000).t(), plan=engine_plan("split_k_global", 256))
 run("engine ping-pong 128-row", r(1100, 512), r(2048, 512).t(), plan=engine_plan("pingpong", 128), bias=r(2048))
 run("engine ping-pong 64-row, silu", r(300, 512), r(4000, 512).t(), plan=engine_plan("pingpong", 64), activation="silu")
 for sched in ("data_parallel", "split_k", "stream_k"):
