@@ -5,7 +5,9 @@ cuBLAS, while its k-steps run faster than cuBLAS's per unit of K. A patched copy
 landed (2), its k-loop done (3), its partial written to the workspace by every consumer thread (4), the
 other ranks' flags acquired (7), its slice summed and stored (5), the exit (1): %globaltimer and clock64.
 Eager launches, a synchronize after each, 30 runs after 10 warm-ups; phase lengths from clock64 at the
-CTA's clock, medians over CTAs and runs. One line per plan to argv[1].
+CTA's clock, medians over CTAs and runs. One line per plan to argv[1]. The marks sit in the thread-store
+exchange (gsk_reduce_store), so the patched copy builds that form (GSK_BULK_ON 0; the records of
+gsk_timeline.jsonl are of it, from before the bulk exchange); the bulk form's phases are not marked yet.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_gsk_timeline.py OUT.jsonl
     PROBE_PLANS="512,1024,4096,128,128,4;..." (M, N, K, bm, bn, splits)"""
@@ -33,6 +35,7 @@ def _mark(cond: str, e: int) -> str:
 
 def patches(addr: int) -> list:
     return [
+        ("common/gemm_traits.cuh", "#define GSK_BULK_ON 1", "#define GSK_BULK_ON 0"),
         ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {EV}"),
         (GEMM, '#include "common/gemm_traits.cuh"',
          f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
@@ -61,33 +64,21 @@ def main():
     from gemmlab.gpu import gpu_info
     prof = engine2._profile(torch.device("cuda"))
     out = open(sys.argv[1], "a")
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    med = parts.median
     for M, N, K, bm, bn, s in PLANS:
         p = next(c for c in planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES)
                  if (c.bm, c.bn, c.schedule, c.splits, c.swap_ab, c.mcast) == (bm, bn, "split_k_global", s, False, 1))
-        a = torch.randn(M, K, device="cuda").bfloat16()
-        w = torch.randn(N, K, device="cuda").bfloat16()
-        o = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        ref = a.float() @ w.float().t()
-        runs = [r.view(132, EV, 3)[: p.grid].double() for r in parts.traced_runs(engine2, p, a, w, o, buf)]
-        err = ((o.float() - ref).norm() / ref.norm()).item()
+        runs, err = parts.traced_plan(engine2, p, M, N, K, buf, EV)
         rec = {"suite": "gsk-timeline", "M": M, "N": N, "K": K, "plan": repr(p), "bm": bm, "bn": bn, "splits": s,
                "grid": p.grid, "rel_error": err, "k_steps": -(-K // 64) // s}
-        mhz = [(((r[:, 1, 1] - r[:, 0, 1]) / (r[:, 1, 0] - r[:, 0, 0])) * 1e3).median().item() for r in runs]
-        rec["cta_sm_mhz"] = med(mhz)
-        for name, (e0, e1) in PHASES.items():
-            rec[name + "_us"] = med([((r[:, e1, 1] - r[:, e0, 1]) / mz).median().item() for r, mz in zip(runs, mhz)])
-        rec["span_us"] = med([((r[:, 1, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
-        rec["start_spread_us"] = med([((r[:, 0, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
-        rec["kloop_end_spread_us"] = med([((r[:, 3, 0].max() - r[:, 3, 0].min()) / 1e3).item() for r in runs])
+        stats, mhz = parts.timeline_stats(runs, PHASES)
+        rec.update(stats)
         rec["flags_wait_max_us"] = med([((r[:, 7, 1] - r[:, 4, 1]) / mz).max().item() for r, mz in zip(runs, mhz)])
         rec.update({"gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")})
-        print(f"{M}x{N}x{K} {bm}x{bn} gsk x{s} grid {p.grid}: span {rec['span_us']:.2f} us (starts spread "
-              f"{rec['start_spread_us']:.2f}, k-loop ends spread {rec['kloop_end_spread_us']:.2f}); CTA "
-              f"{rec['cta_us']:.2f} = first data {rec['first_data_us']:.2f} + k-loop {rec['k_loop_us']:.2f} "
-              f"({rec['k_steps']} k-steps) + partial {rec['partial_write_us']:.2f} + flags {rec['flags_wait_us']:.2f}"
-              f" (max {rec['flags_wait_max_us']:.2f}) + reduce/store {rec['reduce_store_us']:.2f} + exit "
-              f"{rec['exit_us']:.2f} at {rec['cta_sm_mhz']:.0f} MHz (err {err:.1e})", flush=True)
+        print(f"{M}x{N}x{K} {bm}x{bn} gsk x{s} grid {p.grid}: {parts.timeline_head(rec, rec['k_steps'])}"
+              f" + partial {rec['partial_write_us']:.2f} + flags {rec['flags_wait_us']:.2f}"
+              f" (max {rec['flags_wait_max_us']:.2f}) + reduce/store {rec['reduce_store_us']:.2f}"
+              + parts.timeline_tail(rec, err), flush=True)
         out.write(json.dumps(rec) + "\n")
         out.flush()
 

@@ -72,6 +72,51 @@ def traced_runs(engine2, p, a, w, o, buf, launches: int = 30, warmup: int = 10) 
     return runs
 
 
+def traced_plan(engine2, p, M: int, N: int, K: int, buf, events: int) -> tuple[list, float]:
+    """``traced_runs`` of plan ``p`` on fresh bf16 operands of M x N x K (out poisoned with NaN): the runs'
+    traces as (CTAs of the grid, events, 3) float64 tensors, and the result's error against an fp32
+    product (relative Frobenius)."""
+    a = torch.randn(M, K, device="cuda").bfloat16()
+    w = torch.randn(N, K, device="cuda").bfloat16()
+    o = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ref = a.float() @ w.float().t()
+    runs = [r.view(132, events, 3)[: p.grid].double() for r in traced_runs(engine2, p, a, w, o, buf)]
+    return runs, ((o.float() - ref).norm() / ref.norm()).item()
+
+
+def median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+def timeline_stats(runs, phases: dict) -> tuple[dict, list]:
+    """From traced runs (per run a (CTAs, events, 3) tensor of %globaltimer ns, clock64, %smid; event 0 the
+    entry, 1 the exit, 3 the k-loop's end): each CTA's SM clock (median over CTAs, per run), the length of
+    each phase (name: (first event, last event)) in us at the CTA's own clock (median over CTAs, then over
+    runs), the span of the launch and the spread of the CTAs' starts and k-loop ends (us). Returns (record
+    fields, per-run clocks in MHz)."""
+    mhz = [(((r[:, 1, 1] - r[:, 0, 1]) / (r[:, 1, 0] - r[:, 0, 0])) * 1e3).median().item() for r in runs]
+    rec = {"cta_sm_mhz": median(mhz)}
+    for name, (e0, e1) in phases.items():
+        rec[name + "_us"] = median([((r[:, e1, 1] - r[:, e0, 1]) / mz).median().item() for r, mz in zip(runs, mhz)])
+    rec["span_us"] = median([((r[:, 1, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
+    rec["start_spread_us"] = median([((r[:, 0, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
+    rec["kloop_end_spread_us"] = median([((r[:, 3, 0].max() - r[:, 3, 0].min()) / 1e3).item() for r in runs])
+    return rec, mhz
+
+
+def timeline_head(rec: dict, k_steps: int) -> str:
+    """The part of a timeline probe's line every probe prints: span, spreads, the CTA's entry to its
+    k-loop's end."""
+    return (f"span {rec['span_us']:.2f} us (starts spread {rec['start_spread_us']:.2f}, k-loop ends spread "
+            f"{rec['kloop_end_spread_us']:.2f}); CTA {rec['cta_us']:.2f} = first data {rec['first_data_us']:.2f}"
+            f" + k-loop {rec['k_loop_us']:.2f} ({k_steps} k-steps)")
+
+
+def timeline_tail(rec: dict, err: float) -> str:
+    """The line's end: the exit, the CTAs' clock and the result's error."""
+    return f" + exit {rec['exit_us']:.2f} at {rec['cta_sm_mhz']:.0f} MHz (err {err:.1e})"
+
+
 def spread_pairs(table, clusters: int, pair: int, groups: int):
     """The order table with each wave's pairs permuted: a clustered launch places consecutive clusters on
     consecutive SMs of one GPC (probe_cluster_timeline.py), a plain one spreads consecutive CTAs over the

@@ -79,39 +79,26 @@ def main():
         if p is None or p.schedule != "split_k":
             print(f"{M}x{N}x{K}: route {gemmlab.plan(M, N, K)!r} is not split-K; skipped")
             continue
-        a = torch.randn(M, K, device="cuda").bfloat16()
-        w = torch.randn(N, K, device="cuda").bfloat16()
-        o = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        ref = a.float() @ w.float().t()
-        runs = [r.view(132, EV, 3)[: p.grid].double() for r in parts.traced_runs(engine2, p, a, w, o, buf)]
-        err = ((o.float() - ref).norm() / ref.norm()).item()
+        runs, err = parts.traced_plan(engine2, p, M, N, K, buf, EV)
         rec = {"suite": "splitk-timeline", "M": M, "N": N, "K": K, "plan": repr(p), "bm": p.bm, "bn": p.bn,
                "splits": p.splits, "swap_ab": p.swap_ab, "grid": p.grid, "rel_error": err}
-        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-        mhz = [(((r[:, 1, 1] - r[:, 0, 1]) / (r[:, 1, 0] - r[:, 0, 0])) * 1e3).median().item() for r in runs]
-        rec["cta_sm_mhz"] = med(mhz)
-        for name, (e0, e1) in PHASES.items():  # cycles between the marks, in us at the CTA's clock
-            rec[name + "_us"] = med([((r[:, e1, 1] - r[:, e0, 1]) / mz).median().item() for r, mz in zip(runs, mhz)])
-        rec["span_us"] = med([((r[:, 1, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
-        rec["start_spread_us"] = med([((r[:, 0, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
+        med = parts.median
+        stats, mhz = parts.timeline_stats(runs, PHASES)  # phases in us at each CTA's clock
+        rec.update(stats)
         # the cluster's CTAs arriving at the first barrier: latest - earliest, median over clusters and runs
         skew = [((r[:, 4, 0].view(-1, p.splits).max(1).values - r[:, 4, 0].view(-1, p.splits).min(1).values) / 1e3)
                 .median().item() for r in runs if r.shape[0] % p.splits == 0]
         rec["cluster_arrival_skew_us"] = med(skew) if skew else None
         rec["variant"] = "push" if PUSH and p.split_push else "pull"
-        rec["kloop_end_spread_us"] = med([((r[:, 3, 0].max() - r[:, 3, 0].min()) / 1e3).item() for r in runs])
         k_steps = -(-K // 64) // p.splits
         rec["bytes_per_kstep"] = (p.bm + p.bn) * 128  # the A and B boxes a CTA loads a k-step
         rec["k_steps"] = k_steps
         rec.update({"gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")})
-        print(f"{M}x{N}x{K} {'swap ' if p.swap_ab else ''}{p.bm}x{p.bn} s{p.splits} grid {p.grid}: span "
-              f"{rec['span_us']:.2f} us (starts spread {rec['start_spread_us']:.2f}, k-loop ends spread "
-              f"{rec['kloop_end_spread_us']:.2f}); CTA {rec['cta_us']:.2f} = first data {rec['first_data_us']:.2f}"
-              f" + k-loop {rec['k_loop_us']:.2f} ({k_steps} k-steps) + partial {rec['partial_store_us']:.2f}"
+        print(f"{M}x{N}x{K} {'swap ' if p.swap_ab else ''}{p.bm}x{p.bn} s{p.splits} grid {p.grid}: "
+              f"{parts.timeline_head(rec, k_steps)} + partial {rec['partial_store_us']:.2f}"
               f" + barrier {rec['cluster_barrier_us']:.2f} (skew {rec['cluster_arrival_skew_us']})"
               f" + slices {rec.get('slices_wait_us', 0):.2f} + reduce {rec['reduce_store_us']:.2f}"
-              f" + release {rec['release_barrier_us']:.2f} + exit "
-              f"{rec['exit_us']:.2f} at {rec['cta_sm_mhz']:.0f} MHz (err {err:.1e})", flush=True)
+              f" + release {rec['release_barrier_us']:.2f}" + parts.timeline_tail(rec, err), flush=True)
         out.write(json.dumps(rec) + "\n")
         out.flush()
 
