@@ -48,11 +48,13 @@ def patches(addr: int) -> list:
          "        ring.wait_full(cur);\n        " + _mark("consumer == 0 && t == 0 && kt == k_begin", 2)
          + "\n        // This consumer's rows"),
         (RED, "    named_barrier_sync(3, CT);\n    if (ct == 0) {\n        flag_release_add(",
-         "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 4) + "\n    if (ct == 0) {\n        flag_release_add("),
+         "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 4)
+         + "\n    if (ct == 0) {\n        flag_release_add("),
         (RED, "    named_barrier_sync(3, CT);\n    const int q0 = rank * Q / splits",
          "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 7) + "\n    const int q0 = rank * Q / splits"),
         (RED, "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n",
-         "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n    " + _mark("ct == 0", 5) + "\n"),
+         "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n    " + _mark("ct == 0", 5)
+         + "\n"),
     ]
 
 

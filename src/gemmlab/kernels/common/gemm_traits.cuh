@@ -97,7 +97,7 @@ struct GemmTraits {
     static constexpr bool SPLIT_PUSH = SPLIT_PUSH_ON && SCHEDULE == SPLIT_K &&
                                        (2 * BM + 7) * LDP * 4 <= STAGES * (BM + BN) * BK * (int)sizeof(T);
     // GSK_BULK: global split-K's ranks exchange the same row slices through the global workspace by bulk
-    // copies (reduction.cuh gsk_bulk_reduce_store) where the partial and the receive slots fit likewise;
+    // copies (reduction.cuh gsk_bulk_exchange) where the partial and the receive slots fit likewise;
     // else each thread stores and loads its fragments (gsk_reduce_store).
     static constexpr bool GSK_BULK = GSK_BULK_ON && SCHEDULE == SPLIT_K_GLOBAL &&
                                      (2 * BM + 7) * LDP * 4 <= STAGES * (BM + BN) * BK * (int)sizeof(T);

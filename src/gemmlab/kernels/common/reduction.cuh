@@ -279,7 +279,8 @@ __device__ __forceinline__ void gsk_bulk_exchange(u32 part, u32 recv, u64* bar, 
         fence_proxy_async_global();
         const unsigned char* theirs =
             reinterpret_cast<const unsigned char*>(ws + (long long)(first + src) * Tr::BM * Tr::LDP);
-        if (rows > 0) bulk_load_global(recv + (splits - o - 1) * slot, theirs + rank * slot, rows * ROW, smem_u32(bar));
+        if (rows > 0)
+            bulk_load_global(recv + (splits - o - 1) * slot, theirs + rank * slot, rows * ROW, smem_u32(bar));
     }
 }
 
