@@ -5,9 +5,12 @@ cuBLAS, while its k-steps run faster than cuBLAS's per unit of K. A patched copy
 landed (2), its k-loop done (3), its partial written to the workspace by every consumer thread (4), the
 other ranks' flags acquired (7), its slice summed and stored (5), the exit (1): %globaltimer and clock64.
 Eager launches, a synchronize after each, 30 runs after 10 warm-ups; phase lengths from clock64 at the
-CTA's clock, medians over CTAs and runs. One line per plan to argv[1]. The marks sit in the thread-store
-exchange (gsk_reduce_store), so the patched copy builds that form (GSK_BULK_ON 0; the records of
-gsk_timeline.jsonl are of it, from before the bulk exchange); the bulk form's phases are not marked yet.
+CTA's clock, medians over CTAs and runs. One line per plan to argv[1].
+PROBE_FORM=thread: the thread-store exchange (gsk_reduce_store; the patched copy sets GSK_BULK_ON 0), the
+form of gsk_timeline.jsonl's first records. PROBE_FORM=bulk (default: the kernel as it is where the slices
+fit, GSK_BULK): after the k-loop (3), the partial staged and barred (4), the slices' bulk stores complete
+(6), every peer's flag acquired and its slice's load issued (7), this rank's slices landed (8), summed and
+stored (5), exit (1); not run yet.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_gsk_timeline.py OUT.jsonl
     PROBE_PLANS="512,1024,4096,128,128,4;..." (M, N, K, bm, bn, splits)"""
@@ -25,8 +28,13 @@ if os.environ.get("PROBE_PLANS"):
     PLANS = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_PLANS"].split(";")]
 EV = 12
 GEMM, LOOP, RED = "engine/gemm.cu", "common/mainloop.cuh", "common/reduction.cuh"
+FORM = os.environ.get("PROBE_FORM", "bulk")
 PHASES = {"first_data": (0, 2), "k_loop": (2, 3), "partial_write": (3, 4), "flags_wait": (4, 7),
           "reduce_store": (7, 5), "exit": (5, 1), "cta": (0, 1)}
+if FORM == "bulk":
+    PHASES = {"first_data": (0, 2), "k_loop": (2, 3), "partial_stage": (3, 4), "bulk_stores": (4, 6),
+              "flags_loads_issued": (6, 7), "slices_wait": (7, 8), "reduce_store": (8, 5), "exit": (5, 1),
+              "cta": (0, 1)}
 
 
 def _mark(cond: str, e: int) -> str:
@@ -34,8 +42,7 @@ def _mark(cond: str, e: int) -> str:
 
 
 def patches(addr: int) -> list:
-    return [
-        ("common/gemm_traits.cuh", "#define GSK_BULK_ON 1", "#define GSK_BULK_ON 0"),
+    common = [
         ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {EV}"),
         (GEMM, '#include "common/gemm_traits.cuh"',
          f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
@@ -46,7 +53,23 @@ def patches(addr: int) -> list:
          "    " + _mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
         (LOOP, "        ring.wait_full(cur);\n        // This consumer's rows",
          "        ring.wait_full(cur);\n        " + _mark("consumer == 0 && t == 0 && kt == k_begin", 2)
-         + "\n        // This consumer's rows"),
+         + "\n        // This consumer's rows")]
+    if FORM == "bulk":  # gemm.cu's GSK_BULK branch (thread 128 = consumer 0's thread 0) and gsk_bulk_exchange
+        return common + [
+            (GEMM, "const int valid = min(BM, ep.M - m0);\n",
+             "const int valid = min(BM, ep.M - m0);\n                    " + _mark("threadIdx.x == 128", 4) + "\n"),
+            (RED, "    tma_store_wait_all<0>();\n    fence_proxy_async_global();\n",
+             "    tma_store_wait_all<0>();\n    " + _mark("true", 6) + "\n    fence_proxy_async_global();\n"),
+            (RED, "rows * ROW, smem_u32(bar));\n    }\n}\n",
+             "rows * ROW, smem_u32(bar));\n    }\n    " + _mark("true", 7) + "\n}\n"),
+            (GEMM, "                    mbar_wait_parity(&slices, 0);\n                    split_reduce_store<Tr, true>",
+             "                    mbar_wait_parity(&slices, 0);\n                    " + _mark("threadIdx.x == 128", 8)
+             + "\n                    split_reduce_store<Tr, true>"),
+            (GEMM, "threadIdx.x - 128, recv);\n                    continue;",
+             "threadIdx.x - 128, recv);\n                    " + _mark("threadIdx.x == 128", 5)
+             + "\n                    continue;")]
+    return common + [  # the thread-store form (gsk_reduce_store)
+        ("common/gemm_traits.cuh", "#define GSK_BULK_ON 1", "#define GSK_BULK_ON 0"),
         (RED, "    named_barrier_sync(3, CT);\n    if (ct == 0) {\n        flag_release_add(",
          "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 4)
          + "\n    if (ct == 0) {\n        flag_release_add("),
@@ -54,8 +77,7 @@ def patches(addr: int) -> list:
          "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 7) + "\n    const int q0 = rank * Q / splits"),
         (RED, "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n",
          "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n    " + _mark("ct == 0", 5)
-         + "\n"),
-    ]
+         + "\n")]
 
 
 def main():
@@ -75,12 +97,15 @@ def main():
                "grid": p.grid, "rel_error": err, "k_steps": -(-K // 64) // s}
         stats, mhz = parts.timeline_stats(runs, PHASES)
         rec.update(stats)
-        rec["flags_wait_max_us"] = med([((r[:, 7, 1] - r[:, 4, 1]) / mz).max().item() for r, mz in zip(runs, mhz)])
-        rec.update({"gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")})
-        print(f"{M}x{N}x{K} {bm}x{bn} gsk x{s} grid {p.grid}: {parts.timeline_head(rec, rec['k_steps'])}"
-              f" + partial {rec['partial_write_us']:.2f} + flags {rec['flags_wait_us']:.2f}"
-              f" (max {rec['flags_wait_max_us']:.2f}) + reduce/store {rec['reduce_store_us']:.2f}"
-              + parts.timeline_tail(rec, err), flush=True)
+        # the slowest CTA's wait for the other ranks' flags (thread form: 4 -> 7; bulk: 6 -> 7, with the loads)
+        e0 = 6 if FORM == "bulk" else 4
+        rec["flags_wait_max_us"] = med([((r[:, 7, 1] - r[:, e0, 1]) / mz).max().item() for r, mz in zip(runs, mhz)])
+        rec.update({"form": FORM, "gpu": gpu_info().name, "git_sha": os.environ.get("GEMMLAB_GIT_SHA")})
+        phases = " + ".join(f"{name} {rec[name + '_us']:.2f}" for name in PHASES
+                            if name not in ("first_data", "k_loop", "exit", "cta"))
+        print(f"{M}x{N}x{K} {bm}x{bn} gsk x{s} ({FORM}) grid {p.grid}: {parts.timeline_head(rec, rec['k_steps'])}"
+              f" + {phases} (slowest flags wait {rec['flags_wait_max_us']:.2f})" + parts.timeline_tail(rec, err),
+              flush=True)
         out.write(json.dumps(rec) + "\n")
         out.flush()
 
