@@ -151,6 +151,8 @@ def sass_expect(p: planner.Plan):
         contains += [r"^RED"]
     if p.gsk_bulk:  # global split-K's slices out to the workspace and back in by bulk copies
         contains += [r"^UBLKCP\.G\.S", r"^UBLKCP\.S\.G"]
+    elif p.schedule == "split_k_global":  # the thread-store form: none (the Python mirror of GSK_BULK)
+        absent += [r"^UBLKCP"]
     if p.mcast > 1:  # B multicast: half of B's box to both CTAs, the cluster barriers at start and end
         contains += [r"^UTMALDG\.2D\.MULTICAST", r"^UCGABAR_ARV", r"^UCGABAR_WAIT"]
     if p.prefetch:  # the L2 prefetch of the boxes further on
