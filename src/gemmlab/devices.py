@@ -150,10 +150,14 @@ class DeviceProfile:
     h11_factor: float = 1.073  # h11's measured / modelled time (its plan priced as the engine kernel's)
     split_k_kstep_factor: float = 1.225  # a split-K CTA's k-step against a data-parallel one's (fitted)
     stream_k_kstep_factor: float = 1.35  # a streamed k-step against a data-parallel one's (fitted)
-    # Global split-K (planner schedule "split_k_global"): unfitted first values (see plan_cost.predict_s).
-    gsk_kstep_factor: float = 1.0  # its k-step against a data-parallel one's
-    gsk_partial_bytes_per_s: float = 100e9  # one SM writing (and reading) its share of fp32 partials (L2)
-    gsk_fixed_s: float = 1.0e-6  # the flags' round trip and the slower ranks' wait
+    # Global split-K (planner schedule "split_k_global", not offered; see plan_cost.predict_s). Fitted (grid,
+    # session 27) on its 101 records with the bulk exchange (65cb301: probe_split_fixed.py at 512 x 1024 and
+    # K 1-16k, probe_deep_k.py's 13 shapes): mean |log measured / priced| 0.167 -> 0.078 (the first values
+    # 1.0, 100 GB/s, 1 us priced it 17% fast). Offered with these prices it would rank worse than today's
+    # picks on the deep-K probe (its pick 1.03 -> 1.08 behind the best measured), so it stays unoffered.
+    gsk_kstep_factor: float = 1.02  # its k-step against a data-parallel one's
+    gsk_partial_bytes_per_s: float = 30e9  # one SM writing (and reading) its share of fp32 partials
+    gsk_fixed_s: float = 2.0e-6  # the flags' round trips and the slower ranks' wait
     one_consumer_efficiency: float = 0.85  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit
