@@ -7,8 +7,8 @@ reference for both layouts (with the kernel's clamping of bad offsets / counts);
 launch replaced by the reference; and a Python mirror of the kernel's tile walk (group_scheduler.cuh, with
 panels) covering every stored element exactly once, TMA-stored blocks inside their group.
 
-The default run compiles 16 instantiations; ``-m slow`` compiles every tile x layout x dtype x out dtype x
-group-table size (120).
+The default run compiles 39 representative instantiations; ``-m slow`` compiles every plan ``candidates``
+lists for each layout x dtype x out dtype x group table (and MN-major b, claim order): 558.
 """
 
 import dataclasses
