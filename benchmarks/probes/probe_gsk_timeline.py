@@ -27,7 +27,7 @@ PLANS = [(512, 1024, 4096, 128, 128, 4), (512, 1024, 8192, 128, 128, 4), (512, 1
 if os.environ.get("PROBE_PLANS"):
     PLANS = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_PLANS"].split(";")]
 EV = 12
-GEMM, LOOP, RED = "engine/gemm.cu", "common/mainloop.cuh", "common/reduction.cuh"
+GEMM, RED = "engine/gemm.cu", "common/reduction.cuh"
 FORM = os.environ.get("PROBE_FORM", "bulk")
 PHASES = {"first_data": (0, 2), "k_loop": (2, 3), "partial_write": (3, 4), "flags_wait": (4, 7),
           "reduce_store": (7, 5), "exit": (5, 1), "cta": (0, 1)}
@@ -37,23 +37,11 @@ if FORM == "bulk":
               "cta": (0, 1)}
 
 
-def _mark(cond: str, e: int) -> str:
-    return f"TIMELINE_MARK({cond}, {e});"
+_mark = parts.timeline_mark
 
 
 def patches(addr: int) -> list:
-    common = [
-        ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {EV}"),
-        (GEMM, '#include "common/gemm_traits.cuh"',
-         f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
-        (GEMM, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + _mark("threadIdx.x == 0", 0) + "\n"),
-        (GEMM, "u.k_begin, u.k_end, rows);\n",
-         "u.k_begin, u.k_end, rows);\n        " + _mark("wg == 1 && t == 0", 3) + "\n"),
-        (GEMM, "    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();",
-         "    " + _mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
-        (LOOP, "        ring.wait_full(cur);\n        // This consumer's rows",
-         "        ring.wait_full(cur);\n        " + _mark("consumer == 0 && t == 0 && kt == k_begin", 2)
-         + "\n        // This consumer's rows")]
+    common = parts.timeline_common_patches(addr, EV)
     if FORM == "bulk":  # gemm.cu's GSK_BULK branch (thread 128 = consumer 0's thread 0) and gsk_bulk_exchange
         return common + [
             (GEMM, "const int valid = min(BM, ep.M - m0);\n",

@@ -72,6 +72,30 @@ def traced_runs(engine2, p, a, w, o, buf, launches: int = 30, warmup: int = 10) 
     return runs
 
 
+def timeline_mark(cond: str, e: int) -> str:
+    """kernels/common/timeline.cuh's mark of event ``e`` where ``cond`` holds, as source text to patch in."""
+    return f"TIMELINE_MARK({cond}, {e});"
+
+
+def timeline_common_patches(addr: int, events: int) -> list:
+    """The marks every engine-kernel timeline probe patches in: the trace buffer at ``addr`` with ``events``
+    events a CTA, the CTA's entry (0), consumer 0's k-loop done (3), its exit (1) and its first k-step
+    landed (2)."""
+    gemm, loop, mark = "engine/gemm.cu", "common/mainloop.cuh", timeline_mark
+    return [
+        ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {events}"),
+        (gemm, '#include "common/gemm_traits.cuh"',
+         f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
+        (gemm, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + mark("threadIdx.x == 0", 0) + "\n"),
+        (gemm, "u.k_begin, u.k_end, rows);\n",
+         "u.k_begin, u.k_end, rows);\n        " + mark("wg == 1 && t == 0", 3) + "\n"),
+        (gemm, "    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();",
+         "    " + mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
+        (loop, "        ring.wait_full(cur);\n        // This consumer's rows",
+         "        ring.wait_full(cur);\n        " + mark("consumer == 0 && t == 0 && kt == k_begin", 2)
+         + "\n        // This consumer's rows")]
+
+
 def traced_plan(engine2, p, M: int, N: int, K: int, buf, events: int) -> tuple[list, float]:
     """``traced_runs`` of plan ``p`` on fresh bf16 operands of M x N x K (out poisoned with NaN): the runs'
     traces as (CTAs of the grid, events, 3) float64 tensors, and the result's error against an fp32

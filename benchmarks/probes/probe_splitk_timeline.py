@@ -21,15 +21,14 @@ from gemmlab.jit import compiler  # noqa: E402
 SHAPES = [(64, 3072, 3072), (64, 5120, 5120), (77, 5120, 5120), (64, 4096, 3584), (1, 576, 5120),
           (256, 1536, 7168), (32, 4096, 4096)]
 EV = 12
-GEMM, LOOP = "engine/gemm.cu", "common/mainloop.cuh"
+GEMM = "engine/gemm.cu"
 PUSH = os.environ.get("PROBE_VARIANT", "push") != "pull"
 PHASES = {"first_data": (0, 2), "k_loop": (2, 3), "partial_store": (3, 4), "cluster_barrier": (4, 7),
           **({"slices_wait": (7, 8), "reduce_store": (8, 5)} if PUSH else {"reduce_store": (7, 5)}),
           "release_barrier": (5, 6), "exit": (6, 1), "cta": (0, 1)}
 
 
-def _mark(cond: str, e: int) -> str:
-    return f"TIMELINE_MARK({cond}, {e});"
+_mark = parts.timeline_mark
 
 
 def _after(text: str, e: int, pad: str = "            ") -> tuple:
@@ -37,17 +36,7 @@ def _after(text: str, e: int, pad: str = "            ") -> tuple:
 
 
 def timeline_patches(addr: int) -> list:
-    common = [
-        ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {EV}"),
-        (GEMM, '#include "common/gemm_traits.cuh"',
-         f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
-        (GEMM, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + _mark("threadIdx.x == 0", 0) + "\n"),
-        _after("u.k_begin, u.k_end, rows);\n", 3, "        "),
-        (GEMM, "    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();",
-         "    " + _mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
-        (LOOP, "        ring.wait_full(cur);\n        // This consumer's rows",
-         "        ring.wait_full(cur);\n        " + _mark("consumer == 0 && t == 0 && kt == k_begin", 2)
-         + "\n        // This consumer's rows")]
+    common = parts.timeline_common_patches(addr, EV)
     if not PUSH:
         return common + [
             ("common/gemm_traits.cuh", "#define SPLIT_PUSH_ON 1", "#define SPLIT_PUSH_ON 0"),
