@@ -46,8 +46,7 @@ def patches(addr: int) -> list:
         return common + [
             (GEMM, "const int valid = min(BM, ep.M - m0);\n",
              "const int valid = min(BM, ep.M - m0);\n                    " + _mark("threadIdx.x == 128", 4) + "\n"),
-            (RED, "1 << ((rank + o) % splits));\n    }\n",
-             "1 << ((rank + o) % splits));\n    }\n    " + _mark("true", 6) + "\n"),
+            (RED, "  // a bit per reader\n", "  // a bit per reader\n    " + _mark("true", 6) + "\n"),
             (RED, "        if (waiting) __nanosleep(32);\n    }\n",
              "        if (waiting) __nanosleep(32);\n    }\n    " + _mark("true", 7) + "\n"),
             (GEMM, "                    mbar_wait_parity(&slices, 0);\n                    split_reduce_store<Tr, true>",

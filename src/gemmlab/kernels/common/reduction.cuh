@@ -263,27 +263,16 @@ __device__ __forceinline__ void flag_take_bits(int* flag, int bits) {
     asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;" ::"l"(flag), "r"(-bits) : "memory");
 }
 
-// Wait until at most `pending` (0 .. 2) of this thread's committed bulk groups are incomplete.
-__device__ __forceinline__ void bulk_wait_pending(int pending) {
-    if (pending >= 2) {
-        tma_store_wait_all<2>();
-    } else if (pending == 1) {
-        tma_store_wait_all<1>();
-    } else {
-        tma_store_wait_all<0>();
-    }
-}
-
 // Global split-K through bulk copies (Tr::GSK_BULK; see the top of this file). The partial (BM rows of LDP
 // floats) is in shared memory at `part`, fenced for the async proxy and seen by every consumer thread (a
 // barrier); this runs in one thread. Slot `first + rank` of the workspace holds this CTA's partial in the
-// same row layout; the slice of rank d lies at d x slot bytes in both. Each slice is its own bulk group,
-// released to its reader as soon as it is written: bit d of this CTA's flag (wait_group, then a proxy fence:
-// the async proxy's writes ordered before the generic release). The reader polls every other rank's flag
-// at once (relaxed loads in flight together), and as each shows its bit it acquires (fence), takes the bit
-// and bulk-loads that rank's slice into receive slot o - 1 for rank + o (as split_push_slices places them),
-// completed on `bar`. The flag is back at 0 once every reader took its bit. Timed in probe_gsk_timeline.py:
-// polling the ranks in turn cost a round trip each (docs/worklog.md, session 28).
+// same row layout; the slice of rank d lies at d x slot bytes in both. The bulk stores complete before the
+// flag's release (wait_group, then a proxy fence: the async proxy's writes ordered before the generic
+// release), which raises one bit per reader (bit d for rank d). The reader polls every other rank's flag at
+// once (relaxed loads in flight together), and as each shows its bit it acquires (fence), takes the bit and
+// bulk-loads that rank's slice into receive slot o - 1 for rank + o (as split_push_slices places them),
+// completed on `bar`. The flag is back at 0 once every reader took its bit. A release per slice, as each
+// store completes, measured slower: each release waits ~0.45 us (docs/worklog.md, session 28).
 template <class Tr>
 __device__ __forceinline__ void gsk_bulk_exchange(u32 part, u32 recv, u64* bar, float* ws, int* flags, int rank,
                                                   int splits, int first, int valid) {
@@ -294,14 +283,11 @@ __device__ __forceinline__ void gsk_bulk_exchange(u32 part, u32 recv, u64* bar, 
     for (int o = 1; o < splits; ++o) {
         const int dst = (rank + o) % splits, rows = split_rows_of(dst, valid, splits);
         if (rows > 0) bulk_store_global(mine + dst * slot, part + dst * slot, rows * ROW);
-        tma_store_commit();  // one group a slice (an empty one where the rank has no rows)
     }
-    int* my_flag = &flags[2 * (first + rank)];
-    for (int o = 1; o < splits; ++o) {
-        bulk_wait_pending(splits - 1 - o);  // the groups of slices o + 1 .. may still be in flight
-        fence_proxy_async_global();
-        flag_release_add(my_flag, 1 << ((rank + o) % splits));
-    }
+    tma_store_commit();
+    tma_store_wait_all<0>();
+    fence_proxy_async_global();
+    flag_release_add(&flags[2 * (first + rank)], ((1 << splits) - 1) & ~(1 << rank));  // a bit per reader
     const int rows = split_rows_of(rank, valid, splits);
     mbar_expect_tx(bar, (splits - 1) * rows * ROW);
     u32 waiting = ((1u << splits) - 1) & ~(1u << rank);

@@ -1,0 +1,66 @@
+"""Probe: what bounds a small tile's k-step when each SM runs one tile. At 512x1024x8192 (the prefill suite's
+worst shape) the 64 x 64 data-parallel plan runs 0.160 us a 64-deep k-step where cuBLAS's 64 x 64 kernel
+runs 0.107 (probe_split_fixed.py), and 128 x 128 tiles do four times the work in twice the time. One build
+a process (PROBE_VARIANT), patching a copy of the kernel sources (probe_mc_parts.patched_root):
+  asis   the kernel as it is;
+  half   each consumer issues two of its four k16 wgmma steps a k-step (the loads unchanged);
+  none   no wgmma at all: the ring's loads and releases alone, the memory side's rate;
+The results of half and none are wrong by design (the probe reports them as bad). If half runs near none,
+the k-step is bound by its loads, not by the wgmma chain; if half runs near twice asis's rate, the chain
+of dependent wgmmas of one consumer is the bound and splitting K over two consumers would pay.
+
+    PROBE_VARIANT=half PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_kstep_bound.py OUT.jsonl
+    PROBE_SHAPES="512,1024,8192;..." PROBE_TILES="64,64;64,128;128,128" """
+import os
+import sys
+
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import probe_mc_parts as parts  # noqa: E402
+from gemmlab import planner  # noqa: E402
+from gemmlab.jit import compiler  # noqa: E402
+
+SHAPES = [(512, 1024, 4096), (512, 1024, 8192), (300, 1600, 6400), (1024, 768, 3072)]
+if os.environ.get("PROBE_SHAPES"):
+    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+TILES = [(64, 64), (64, 128), (128, 64), (128, 128)]
+if os.environ.get("PROBE_TILES"):
+    TILES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_TILES"].split(";")]
+LOOP = "        wgmma_fence();\n#pragma unroll\n        for (int k = 0; k < 4; ++k) {"
+PATCHES = {
+    "asis": [],
+    "half": [("common/mainloop.cuh", LOOP, LOOP.replace("k < 4", "k < 2"))],
+    "none": [("common/mainloop.cuh", LOOP, LOOP.replace("k < 4", "k < 0"))],
+}
+
+
+def variants(M, N, K, prof):
+    cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES)
+    out = {}
+    for bm, bn in TILES:
+        p = next((c for c in cands if (c.bm, c.bn, c.schedule, c.swap_ab, c.mcast, c.col_split)
+                  == (bm, bn, "data_parallel", False, 1, False)), None)
+        if p is not None:
+            out[f"{bm}x{bn} data_parallel/{p.stages}"] = p
+    return out
+
+
+def main():
+    variant = os.environ.get("PROBE_VARIANT", "asis")
+    parts.PATCHES.setdefault(variant, PATCHES[variant])
+    compiler.KERNEL_ROOT = root = parts.patched_root(variant)
+    from gemmlab import engine2
+    import torch
+    from gemmlab.gpu import gpu_info
+    from plans_vs_torch import report, time_plans
+    prof = engine2._profile(torch.device("cuda"))
+    plans = {s: variants(*s, prof) for s in SHAPES}
+    parts.precompile([p for d in plans.values() for p in d.values()], root)
+    out = open(sys.argv[1], "a")
+    for (M, N, K), vs in plans.items():
+        r = time_plans(M, N, K, vs, prepared=False)
+        report(out, f"kstep-bound-{variant}", M, N, K, vs, r, gpu_info().name)
+
+
+if __name__ == "__main__":
+    main()
