@@ -8,9 +8,9 @@ Eager launches, a synchronize after each, 30 runs after 10 warm-ups; phase lengt
 CTA's clock, medians over CTAs and runs. One line per plan to argv[1].
 PROBE_FORM=thread: the thread-store exchange (gsk_reduce_store; the patched copy sets GSK_BULK_ON 0), the
 form of gsk_timeline.jsonl's first records. PROBE_FORM=bulk (default: the kernel as it is where the slices
-fit, GSK_BULK): after the k-loop (3), the partial staged and barred (4), every slice's bulk store complete
-and released (6), every peer's flag bit acquired and its slice's load issued (7), this rank's slices landed
-(8), summed and stored (5), exit (1).
+fit, GSK_BULK): after the k-loop (3), the partial staged and barred (4), the slices' bulk stores complete
+(6), every peer's flag acquired and its slice's load issued (7), this rank's slices landed (8), summed and
+stored (5), exit (1); not run yet.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_gsk_timeline.py OUT.jsonl
     PROBE_PLANS="512,1024,4096,128,128,4;..." (M, N, K, bm, bn, splits)"""
@@ -46,9 +46,10 @@ def patches(addr: int) -> list:
         return common + [
             (GEMM, "const int valid = min(BM, ep.M - m0);\n",
              "const int valid = min(BM, ep.M - m0);\n                    " + _mark("threadIdx.x == 128", 4) + "\n"),
-            (RED, "  // a bit per reader\n", "  // a bit per reader\n    " + _mark("true", 6) + "\n"),
-            (RED, "        if (waiting) __nanosleep(32);\n    }\n",
-             "        if (waiting) __nanosleep(32);\n    }\n    " + _mark("true", 7) + "\n"),
+            (RED, "    tma_store_wait_all<0>();\n    fence_proxy_async_global();\n",
+             "    tma_store_wait_all<0>();\n    " + _mark("true", 6) + "\n    fence_proxy_async_global();\n"),
+            (RED, "rows * ROW, smem_u32(bar));\n    }\n}\n",
+             "rows * ROW, smem_u32(bar));\n    }\n    " + _mark("true", 7) + "\n}\n"),
             (GEMM, "                    mbar_wait_parity(&slices, 0);\n                    split_reduce_store<Tr, true>",
              "                    mbar_wait_parity(&slices, 0);\n                    " + _mark("threadIdx.x == 128", 8)
              + "\n                    split_reduce_store<Tr, true>"),

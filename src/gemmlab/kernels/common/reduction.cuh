@@ -15,9 +15,9 @@
 //    1 / splits of it, all in parallel, where the stream-K owner reads every contributor's partial and
 //    stores the whole tile alone. Bulk (Tr::GSK_BULK): the ranks exchange split-K's row slices instead:
 //    each CTA puts its partial in its drained stages (as split-K does), one thread copies the slices the
-//    other ranks sum to its workspace slot by bulk copies and raises one bit of its flag for each slice
-//    once it is written, then bulk-copies this rank's slice of every other rank's slot into its receive
-//    slots as each bit shows; the sums are the pushed split-K's (split_reduce_store), from shared memory.
+//    other ranks sum to its workspace slot by bulk copies and raises its flag once they are written, then
+//    bulk-copies this rank's slice of every other rank's slot into its receive slots; the sums are the
+//    pushed split-K's (split_reduce_store), from shared memory.
 //  * Split-K (thread-block cluster, h11's): every CTA leaves its partial in its own shared memory, and
 //    CTA r adds rows r * BM / splits .. of all partials, in rank order from its own, and stores them.
 //    Pushed (Tr::SPLIT_PUSH): each CTA copies the other ranks' row slices of its partial into their
@@ -248,36 +248,17 @@ __device__ __forceinline__ void store_pair(const EpilogueArgs<Tr>& ep, int r, in
     if (c + 1 < ep.N) dst[1] = from_float<TO>(v1);
 }
 
-// "ld.relaxed.gpu": a poll that does not order the loads after it (several flags polled at once); a
-// fence_acquire after it has seen the released value makes the pair an acquire (PTX ISA "Memory Consistency
-// Model": fence-based acquire pattern).
-__device__ __forceinline__ int flag_relaxed(const int* flag) {
-    int v;
-    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
-    return v;
-}
-__device__ __forceinline__ void fence_acquire_gpu() {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
-__device__ __forceinline__ void flag_take_bits(int* flag, int bits) {
-    asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;" ::"l"(flag), "r"(-bits) : "memory");
-}
-
 // Global split-K through bulk copies (Tr::GSK_BULK; see the top of this file). The partial (BM rows of LDP
 // floats) is in shared memory at `part`, fenced for the async proxy and seen by every consumer thread (a
 // barrier); this runs in one thread. Slot `first + rank` of the workspace holds this CTA's partial in the
 // same row layout; the slice of rank d lies at d x slot bytes in both. The bulk stores complete before the
 // flag's release (wait_group, then a proxy fence: the async proxy's writes ordered before the generic
-// release), which raises one bit per reader (bit d for rank d). The reader polls every other rank's flag at
-// once (relaxed loads in flight together), and as each shows its bit it acquires (fence), takes the bit and
-// bulk-loads that rank's slice into receive slot o - 1 for rank + o (as split_push_slices places them),
-// completed on `bar`. The flag is back at 0 once every reader took its bit. A release per slice, as each
-// store completes, measured slower: each release waits ~0.45 us (docs/worklog.md, session 28).
+// release); the readers acquire, fence, and bulk-load their slice of each other rank into receive slot
+// splits - o - 1 for rank - o, as split_push_slices places them, completed on `bar`.
 template <class Tr>
 __device__ __forceinline__ void gsk_bulk_exchange(u32 part, u32 recv, u64* bar, float* ws, int* flags, int rank,
                                                   int splits, int first, int valid) {
     constexpr u32 ROW = Tr::LDP * 4;
-    constexpr int MAXS = 4;
     const u32 slot = split_rows_per(valid, splits) * ROW;
     unsigned char* mine = reinterpret_cast<unsigned char*>(ws + (long long)(first + rank) * Tr::BM * Tr::LDP);
     for (int o = 1; o < splits; ++o) {
@@ -287,28 +268,19 @@ __device__ __forceinline__ void gsk_bulk_exchange(u32 part, u32 recv, u64* bar, 
     tma_store_commit();
     tma_store_wait_all<0>();
     fence_proxy_async_global();
-    flag_release_add(&flags[2 * (first + rank)], ((1 << splits) - 1) & ~(1 << rank));  // a bit per reader
+    flag_release_add(&flags[2 * (first + rank)], splits - 1);
     const int rows = split_rows_of(rank, valid, splits);
     mbar_expect_tx(bar, (splits - 1) * rows * ROW);
-    u32 waiting = ((1u << splits) - 1) & ~(1u << rank);
-    while (waiting) {
-        int seen[MAXS];
-#pragma unroll
-        for (int src = 0; src < MAXS; ++src)
-            seen[src] = (waiting >> src & 1) ? flag_relaxed(&flags[2 * (first + src)]) : 0;
-#pragma unroll
-        for (int src = 0; src < MAXS; ++src) {
-            if (!(seen[src] >> rank & 1)) continue;
-            fence_acquire_gpu();
-            flag_take_bits(&flags[2 * (first + src)], 1 << rank);
-            fence_proxy_async_global();
-            const int o = (src - rank + splits) % splits;
-            const unsigned char* theirs =
-                reinterpret_cast<const unsigned char*>(ws + (long long)(first + src) * Tr::BM * Tr::LDP);
-            if (rows > 0) bulk_load_global(recv + (o - 1) * slot, theirs + rank * slot, rows * ROW, smem_u32(bar));
-            waiting &= ~(1u << src);
-        }
-        if (waiting) __nanosleep(32);
+    for (int o = 1; o < splits; ++o) {
+        const int src = (rank - o + splits) % splits;
+        int* flag = &flags[2 * (first + src)];
+        while (flag_acquire(flag) <= 0) __nanosleep(32);
+        flag_take(flag);
+        fence_proxy_async_global();
+        const unsigned char* theirs =
+            reinterpret_cast<const unsigned char*>(ws + (long long)(first + src) * Tr::BM * Tr::LDP);
+        if (rows > 0)
+            bulk_load_global(recv + (splits - o - 1) * slot, theirs + rank * slot, rows * ROW, smem_u32(bar));
     }
 }
 
