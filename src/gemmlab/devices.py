@@ -158,6 +158,9 @@ class DeviceProfile:
     gsk_kstep_factor: float = 1.02  # its k-step against a data-parallel one's
     gsk_partial_bytes_per_s: float = 30e9  # one SM writing (and reading) its share of fp32 partials
     gsk_fixed_s: float = 2.0e-6  # the flags' round trips and the slower ranks' wait
+    # Offered where its price times this factor is the lowest (0: not offered): a margin for the price's
+    # error (mean |log| 0.078 above) before it displaces a plan priced almost as fast.
+    gsk_rank_factor: float = 0.0
     one_consumer_efficiency: float = 0.85  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit

@@ -238,6 +238,9 @@ class Plan(_Tiling):
     # Column split (GemmTraits::COL_SPLIT): a 64-row data-parallel tile's two consumers take half its columns
     # each (64 x bn / 2), where one consumer alone runs one chain of dependent wgmmas.
     col_split: bool = False
+    # What ``rank_key`` orders by where it is not ``predicted_s`` (0: the same): global split-K's price
+    # times the profile's ``gsk_rank_factor``.
+    rank_s: float = 0.0
 
     # Derived launch facts ------------------------------------------------------------------------
     BK = BK  # k elements per k-step (the _Tiling properties read it)
@@ -512,6 +515,8 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
     if direct is None:  # a contiguous output: rows of N elements are 16-byte aligned or not
         direct = (N * plan_cost.in_bytes(odt)) % 16 != 0
     offered = OFFERED_SCHEDULES if schedules is None else tuple(schedules)
+    if schedules is None and prof.gsk_rank_factor > 0:
+        offered += ("split_k_global",)
     swap = (SWAP_AB if swap_ab is None else swap_ab) and swap_problem(M, odt) is None
     mis = plan_cost.misaligned_operands(M, N, K, a_mn, b_mn, dt, a_pitch, b_pitch)
     mc = MCAST_OFFERED if mcast is None else mcast
@@ -681,10 +686,11 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
                                     sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
                                     direct=direct, misaligned=misaligned, floor=False)
         M, N = (pn, pm) if swapped else (pm, pn)
+        rank = t * prof.gsk_rank_factor if sched == "split_k_global" and prof.gsk_rank_factor > 0 else 0.0
         plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
                           sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
                           has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
-                          predicted_s=t, swap_ab=swapped, tie_s=u, col_split=split))
+                          predicted_s=t, swap_ab=swapped, tie_s=u, col_split=split, rank_s=rank))
     return plans
 
 
@@ -711,8 +717,8 @@ def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn
 
 
 def plan_key(p: Plan) -> tuple:
-    """``rank_key`` of a plan."""
-    return rank_key(p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages, p.tie_s or None,
+    """``rank_key`` of a plan (by ``rank_s`` where it is set)."""
+    return rank_key(p.rank_s or p.predicted_s, p.kernel_m, p.schedule, p.splits, p.bm, p.bn, p.stages, p.tie_s or None,
                     streaming_ctas(p.kernel_m, p.kernel_n, p.bm, p.bn, p.splits, p.grid))
 
 
