@@ -5,6 +5,9 @@ a process (PROBE_VARIANT), patching a copy of the kernel sources (probe_mc_parts
   asis   the kernel as it is;
   half   each consumer issues two of its four k16 wgmma steps a k-step (the loads unchanged);
   none   no wgmma at all: the ring's loads and releases alone, the memory side's rate;
+  launch, launchnone: probe_mc_parts's `launch` build (clusters of two launched, each CTA loading all of its
+         own B, nothing crossing CTAs), with and without the wgmmas; each tile's multicast plan joins the
+         plain ones (tagged "cl"): where a clustered launch's cost lies, in the load stream or elsewhere.
 The results of half and none are wrong by design (the probe reports them as bad). If half runs near none,
 the k-step is bound by its loads, not by the wgmma chain; if half runs near twice asis's rate, the chain
 of dependent wgmmas of one consumer is the bound and splitting K over two consumers would pay.
@@ -32,16 +35,19 @@ PATCHES = {
     "half": [("common/mainloop.cuh", LOOP, LOOP.replace("k < 4", "k < 2"))],
     "none": [("common/mainloop.cuh", LOOP, LOOP.replace("k < 4", "k < 0"))],
 }
+PATCHES["launch"] = parts.PATCHES["launch"]
+PATCHES["launchnone"] = parts.PATCHES["launch"] + PATCHES["none"]
 
 
-def variants(M, N, K, prof):
-    cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES)
+def variants(M, N, K, prof, clustered=False):
+    cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES, mcast=clustered)
     out = {}
     for bm, bn in TILES:
-        p = next((c for c in cands if (c.bm, c.bn, c.schedule, c.swap_ab, c.mcast, c.col_split)
-                  == (bm, bn, "data_parallel", False, 1, False)), None)
-        if p is not None:
-            out[f"{bm}x{bn} data_parallel/{p.stages}"] = p
+        for mc in (1, 2) if clustered else (1,):
+            p = next((c for c in cands if (c.bm, c.bn, c.schedule, c.swap_ab, c.mcast, c.col_split)
+                      == (bm, bn, "data_parallel", False, mc, False)), None)
+            if p is not None:
+                out[f"{bm}x{bn} data_parallel/{p.stages}" + (" cl" if mc > 1 else "")] = p
     return out
 
 
@@ -54,7 +60,7 @@ def main():
     from gemmlab.gpu import gpu_info
     from plans_vs_torch import report, time_plans
     prof = engine2._profile(torch.device("cuda"))
-    plans = {s: variants(*s, prof) for s in SHAPES}
+    plans = {s: variants(*s, prof, clustered=variant.startswith("launch")) for s in SHAPES}
     parts.precompile([p for d in plans.values() for p in d.values()], root)
     out = open(sys.argv[1], "a")
     for (M, N, K), vs in plans.items():
