@@ -97,6 +97,23 @@ def test_template_args_name_every_choice():
         planner.plan(64, 64, 64, activation="tanh")
 
 
+def test_global_split_k_is_offered_only_by_its_rank_factor():
+    """gsk_rank_factor 0 (the H200's): no global split-K plan among the offered candidates; above 0 they are
+    offered and ranked by their price times the factor (Plan.rank_s), their predicted time left as priced."""
+    shape = (512, 1024, 8192)
+    assert devices.H200.gsk_rank_factor == 0
+    assert not any(c.schedule == "split_k_global" for c in planner.candidates(*shape))
+    at = {f: planner.candidates(*shape, profile=dataclasses.replace(devices.H200, gsk_rank_factor=f))
+          for f in (1.0, 100.0)}
+    g = [c for c in at[1.0] if c.schedule == "split_k_global"]
+    assert g and all(c.rank_s == c.predicted_s for c in g)
+    assert at[1.0][0].schedule == "split_k_global"  # priced first at 512 x 1024 x 8192 (the fit's shape)
+    far = [c for c in at[100.0] if c.schedule == "split_k_global"]
+    assert all(math.isclose(c.rank_s, 100 * c.predicted_s) for c in far)
+    assert at[100.0][0].schedule != "split_k_global" and at[100.0][-1].schedule == "split_k_global"
+    assert all(c.rank_s == 0 for c in at[100.0] if c.schedule != "split_k_global")
+
+
 def test_optional_template_args_and_the_short_boxes():
     import dataclasses
 
