@@ -57,15 +57,10 @@ def main():
     compiler.KERNEL_ROOT = root = parts.patched_root(variant)
     from gemmlab import engine2
     import torch
-    from gemmlab.gpu import gpu_info
-    from plans_vs_torch import report, time_plans
     prof = engine2._profile(torch.device("cuda"))
     plans = {s: variants(*s, prof, clustered=variant.startswith("launch")) for s in SHAPES}
     parts.precompile([p for d in plans.values() for p in d.values()], root)
-    out = open(sys.argv[1], "a")
-    for (M, N, K), vs in plans.items():
-        r = time_plans(M, N, K, vs, prepared=False)
-        report(out, f"kstep-bound-{variant}", M, N, K, vs, r, gpu_info().name)
+    parts.time_all(plans, f"kstep-bound-{variant}", sys.argv[1])
 
 
 if __name__ == "__main__":

@@ -221,8 +221,6 @@ def main():
     root = patched_root(variant)
     compiler.KERNEL_ROOT = root
     from gemmlab import engine2
-    from gemmlab.gpu import gpu_info
-    from plans_vs_torch import report, time_plans
     if os.environ.get("PROBE_SWAP_ORDER") == "1":  # only sound with the launch build: nothing crosses CTAs
         assert variant == "launch"
         from gemmlab.schedule import device_order_table
@@ -256,10 +254,17 @@ def main():
     if os.environ.get("PROBE_CLUSTER_POLICY"):  # 1: spread, 2: load balancing (set_cluster_policy)
         set_cluster_policy([p for d in plans.values() for p in d.values()], int(os.environ["PROBE_CLUSTER_POLICY"]))
         variant += f"-policy{os.environ['PROBE_CLUSTER_POLICY']}"
-    out = open(sys.argv[1], "a")
-    for (M, N, K), vs in plans.items():
-        r = time_plans(M, N, K, vs, prepared=False)
-        report(out, f"mc-parts-{variant}", M, N, K, vs, r, gpu_info().name)
+    time_all(plans, f"mc-parts-{variant}", sys.argv[1])
+
+
+def time_all(plans: dict, suite: str, path: str) -> None:
+    """Each shape's plans ({(M, N, K): {name: plan}}, compiled) against torch.mm by plain launches, one
+    record a shape appended to ``path``."""
+    from gemmlab.gpu import gpu_info
+    from plans_vs_torch import report, time_plans
+    with open(path, "a") as out:
+        for (M, N, K), vs in plans.items():
+            report(out, suite, M, N, K, vs, time_plans(M, N, K, vs, prepared=False), gpu_info().name)
 
 
 if __name__ == "__main__":
