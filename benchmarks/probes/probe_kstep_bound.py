@@ -8,6 +8,9 @@ a process (PROBE_VARIANT), patching a copy of the kernel sources (probe_mc_parts
   launch, launchnone: probe_mc_parts's `launch` build (clusters of two launched, each CTA loading all of its
          own B, nothing crossing CTAs), with and without the wgmmas; each tile's multicast plan joins the
          plain ones (tagged "cl"): where a clustered launch's cost lies, in the load stream or elsewhere.
+  cl1, cl1none: each plain plan also launched as clusters of one CTA (the launch attribute set, shape 1),
+         tagged "cl1", with and without wgmmas: whether a cluster launch as such costs the load stream, or
+         only the pairs' placement.
 The results of half and none are wrong by design (the probe reports them as bad). If half runs near none,
 the k-step is bound by its loads, not by the wgmma chain; if half runs near twice asis's rate, the chain
 of dependent wgmmas of one consumer is the bound and splitting K over two consumers would pay.
@@ -37,6 +40,38 @@ PATCHES = {
 }
 PATCHES["launch"] = parts.PATCHES["launch"]
 PATCHES["launchnone"] = parts.PATCHES["launch"] + PATCHES["none"]
+PATCHES["cl1"] = []
+PATCHES["cl1none"] = PATCHES["none"]
+
+
+def cluster_of_one(engine2, plans: dict) -> dict:
+    """Each plan twice: as it is, and (a distinct equal-compiling copy, "cl1") launched with a cluster shape of
+    one CTA (engine2.launch's launcher wrapped: the copies' launches pass cluster=1)."""
+    import dataclasses
+    ones, inner = set(), engine2._launch
+
+    def launch_fn(compiled, **kw):
+        if launch_fn.one and kw.get("cluster") is None:
+            kw["cluster"] = 1
+        return inner(compiled, **kw)
+    launch_fn.one = False
+    engine2._launch = launch_fn
+    plain_launch = engine2.launch
+
+    def launch(p, *args, **kw):
+        launch_fn.one = id(p) in ones
+        try:
+            return plain_launch(p, *args, **kw)
+        finally:
+            launch_fn.one = False
+    engine2.launch = launch
+    out = {}
+    for name, p in plans.items():
+        out[name] = p
+        q = dataclasses.replace(p, tie_s=p.tie_s + 1e-12)
+        ones.add(id(q))
+        out[name + " cl1"] = q
+    return out
 
 
 def variants(M, N, K, prof, clustered=False):
@@ -59,6 +94,8 @@ def main():
     import torch
     prof = engine2._profile(torch.device("cuda"))
     plans = {s: variants(*s, prof, clustered=variant.startswith("launch")) for s in SHAPES}
+    if variant.startswith("cl1"):
+        plans = {s: cluster_of_one(engine2, vs) for s, vs in plans.items()}
     parts.precompile([p for d in plans.values() for p in d.values()], root)
     parts.time_all(plans, f"kstep-bound-{variant}", sys.argv[1])
 
