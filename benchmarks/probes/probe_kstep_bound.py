@@ -11,6 +11,9 @@ a process (PROBE_VARIANT), patching a copy of the kernel sources (probe_mc_parts
   cl1, cl1none: each plain plan also launched as clusters of one CTA (the launch attribute set, shape 1),
          tagged "cl1", with and without wgmmas: whether a cluster launch as such costs the load stream, or
          only the pairs' placement.
+  cl1spread: as cl1, the cl1 copies with each GPC's CTAs given tiles from eight places of the order
+         (probe_mc_parts.spread_pairs over pairs of CTAs: a clustered grid fills the GPCs in turn, a plain one
+         deals pairs of CTAs round the GPCs), plus the plain launch with that order ("spread").
 The results of half and none are wrong by design (the probe reports them as bad). If half runs near none,
 the k-step is bound by its loads, not by the wgmma chain; if half runs near twice asis's rate, the chain
 of dependent wgmmas of one consumer is the bound and splitting K over two consumers would pay.
@@ -42,13 +45,25 @@ PATCHES["launch"] = parts.PATCHES["launch"]
 PATCHES["launchnone"] = parts.PATCHES["launch"] + PATCHES["none"]
 PATCHES["cl1"] = []
 PATCHES["cl1none"] = PATCHES["none"]
+PATCHES["cl1spread"] = []
 
 
-def cluster_of_one(engine2, plans: dict) -> dict:
+def cluster_of_one(engine2, plans: dict, spread: bool = False) -> dict:
     """Each plan twice: as it is, and (a distinct equal-compiling copy, "cl1") launched with a cluster shape of
-    one CTA (engine2.launch's launcher wrapped: the copies' launches pass cluster=1)."""
+    one CTA (engine2.launch's launcher wrapped: the copies' launches pass cluster=1). spread: the cl1 copy's
+    tiles in spread_pairs' order, and a third copy ("spread") launched plainly in that order."""
     import dataclasses
-    ones, inner = set(), engine2._launch
+    ones, spreads, inner = set(), set(), engine2._launch
+    plain_order, tables = engine2.plan_order, {}
+
+    def order(p, device):
+        t = plain_order(p, device)
+        if id(p) not in spreads:
+            return t
+        if id(p) not in tables:  # built before the graph captures (bad_results runs each plan once first)
+            tables[id(p)] = parts.spread_pairs(t, p.grid // 2, 2, 8)
+        return tables[id(p)]
+    engine2.plan_order = order
 
     def launch_fn(compiled, **kw):
         if launch_fn.one and kw.get("cluster") is None:
@@ -71,6 +86,11 @@ def cluster_of_one(engine2, plans: dict) -> dict:
         q = dataclasses.replace(p, tie_s=p.tie_s + 1e-12)
         ones.add(id(q))
         out[name + " cl1"] = q
+        if spread:
+            spreads.add(id(q))
+            r = dataclasses.replace(p, tie_s=p.tie_s + 2e-12)
+            spreads.add(id(r))
+            out[name + " spread"] = r
     return out
 
 
@@ -95,7 +115,7 @@ def main():
     prof = engine2._profile(torch.device("cuda"))
     plans = {s: variants(*s, prof, clustered=variant.startswith("launch")) for s in SHAPES}
     if variant.startswith("cl1"):
-        plans = {s: cluster_of_one(engine2, vs) for s, vs in plans.items()}
+        plans = {s: cluster_of_one(engine2, vs, spread=variant == "cl1spread") for s, vs in plans.items()}
     parts.precompile([p for d in plans.values() for p in d.values()], root)
     parts.time_all(plans, f"kstep-bound-{variant}", sys.argv[1])
 
