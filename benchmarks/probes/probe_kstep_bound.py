@@ -14,6 +14,8 @@ a process (PROBE_VARIANT), patching a copy of the kernel sources (probe_mc_parts
   cl1spread: as cl1, the cl1 copies with each GPC's CTAs given tiles from eight places of the order
          (probe_mc_parts.spread_pairs over pairs of CTAs: a clustered grid fills the GPCs in turn, a plain one
          deals pairs of CTAs round the GPCs), plus the plain launch with that order ("spread").
+  cl1cs: as cl1, with each 64-row tile also in its column-split form (two consumers of half the columns,
+         384 threads, "cs"): whether the cluster launch's cost follows the CTA's warpgroups.
 The results of half and none are wrong by design (the probe reports them as bad). If half runs near none,
 the k-step is bound by its loads, not by the wgmma chain; if half runs near twice asis's rate, the chain
 of dependent wgmmas of one consumer is the bound and splitting K over two consumers would pay.
@@ -46,6 +48,7 @@ PATCHES["launchnone"] = parts.PATCHES["launch"] + PATCHES["none"]
 PATCHES["cl1"] = []
 PATCHES["cl1none"] = PATCHES["none"]
 PATCHES["cl1spread"] = []
+PATCHES["cl1cs"] = []
 
 
 def cluster_of_one(engine2, plans: dict, spread: bool = False) -> dict:
@@ -94,7 +97,8 @@ def cluster_of_one(engine2, plans: dict, spread: bool = False) -> dict:
     return out
 
 
-def variants(M, N, K, prof, clustered=False):
+def variants(M, N, K, prof, clustered=False, col_split=False):
+    import dataclasses
     cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES, mcast=clustered)
     out = {}
     for bm, bn in TILES:
@@ -103,6 +107,10 @@ def variants(M, N, K, prof, clustered=False):
                       == (bm, bn, "data_parallel", False, mc, False)), None)
             if p is not None:
                 out[f"{bm}x{bn} data_parallel/{p.stages}" + (" cl" if mc > 1 else "")] = p
+                if col_split and mc == 1 and planner.col_split_problem(bm, bn, p.schedule, False, False) is None:
+                    q = dataclasses.replace(p, col_split=True,
+                                            stages=planner.stages_for(bm, bn, p.schedule, p.dtype, True))
+                    out[f"{bm}x{bn} data_parallel/{q.stages} cs"] = q
     return out
 
 
@@ -113,7 +121,8 @@ def main():
     from gemmlab import engine2
     import torch
     prof = engine2._profile(torch.device("cuda"))
-    plans = {s: variants(*s, prof, clustered=variant.startswith("launch")) for s in SHAPES}
+    plans = {s: variants(*s, prof, clustered=variant.startswith("launch"), col_split=variant == "cl1cs")
+             for s in SHAPES}
     if variant.startswith("cl1"):
         plans = {s: cluster_of_one(engine2, vs, spread=variant == "cl1spread") for s, vs in plans.items()}
     parts.precompile([p for d in plans.values() for p in d.values()], root)
