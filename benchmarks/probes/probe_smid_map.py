@@ -1,0 +1,59 @@
+"""Probe: where each CTA of the engine kernel runs, and how long, by how it is launched. probe_kstep_bound.py
+found the 64 x 64 plan at 512x1024x8192 25-30% slower launched as clusters of one CTA (the attribute set,
+nothing shared) than launched plainly, loads alone too, and its two-consumer column split (384 threads) as
+slow plainly launched as clustered. A per-CTA timeline (kernels/common/timeline.cuh: %globaltimer, clock64,
+%smid at the entry and the exit) of each plan, plain and cluster-of-one: the CTAs' median time and which SM
+each ran on, and how often CTAs 2k and 2k + 1 (tiles next to each other in the order) share a TPC (SMs 2t and
+2t + 1). Eager launches, 30 after 10 warm-ups. One line per (plan, launch) to argv[1].
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_smid_map.py OUT.jsonl
+    PROBE_SHAPES="512,1024,8192;..." """
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, "benchmarks")
+import probe_kstep_bound as kb  # noqa: E402
+import probe_mc_parts as parts  # noqa: E402
+from gemmlab.jit import compiler  # noqa: E402
+
+SHAPES = [(512, 1024, 8192), (1024, 768, 3072)]
+if os.environ.get("PROBE_SHAPES"):
+    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+EV = 8
+
+
+def main():
+    buf = torch.zeros(132 * EV * 3, dtype=torch.int64, device="cuda")
+    parts.PATCHES["smid"] = parts.timeline_common_patches(buf.data_ptr(), EV)
+    compiler.KERNEL_ROOT = root = parts.patched_root("smid")
+    from gemmlab import engine2
+    from gemmlab.gpu import gpu_info
+    prof = engine2._profile(torch.device("cuda"))
+    plans = {s: kb.cluster_of_one(engine2, kb.variants(*s, prof, col_split=True)) for s in SHAPES}
+    parts.precompile([p for d in plans.values() for p in d.values()], root)
+    with open(sys.argv[1], "a") as out:
+        for (M, N, K), vs in plans.items():
+            for name, p in vs.items():
+                runs, err = parts.traced_plan(engine2, p, M, N, K, buf, EV)
+                cta_us = parts.median([((r[:, 1, 0] - r[:, 0, 0]) / 1e3).median().item() for r in runs])
+                span = parts.median([((r[:, 1, 0].max() - r[:, 0, 0].min()) / 1e3).item() for r in runs])
+                sm = runs[0][:, 0, 2].long()
+                pairs = sm[: len(sm) // 2 * 2].view(-1, 2) // 2
+                same_tpc = (pairs[:, 0] == pairs[:, 1]).double().mean().item()
+                moved = sum(int(not torch.equal(r[:, 0, 2].long(), sm)) for r in runs)
+                rec = {"suite": "smid-map", "M": M, "N": N, "K": K, "plan": name, "grid": p.grid, "cta_us": cta_us,
+                       "span_us": span, "same_tpc_pairs": same_tpc, "runs_with_other_smids": moved,
+                       "smid": sm.tolist(), "rel_error": err, "gpu": gpu_info().name,
+                       "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}
+                out.write(json.dumps(rec) + "\n")
+                print(f"{M}x{N}x{K} {name:32s} grid {p.grid:3d}: CTA {cta_us:6.2f} us, span {span:6.2f}; pairs on "
+                      f"one TPC {same_tpc:.2f}; smid moved in {moved} of {len(runs)} runs; first SMs "
+                      f"{sm[:16].tolist()} (err {err:.1e})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
