@@ -4,7 +4,10 @@ nothing shared) than launched plainly, loads alone too, and its two-consumer col
 slow plainly launched as clustered. A per-CTA timeline (kernels/common/timeline.cuh: %globaltimer, clock64,
 %smid at the entry and the exit) of each plan, plain and cluster-of-one: the CTAs' median time and which SM
 each ran on, and how often CTAs 2k and 2k + 1 (tiles next to each other in the order) share a TPC (SMs 2t and
-2t + 1). Eager launches, 30 after 10 warm-ups. One line per (plan, launch) to argv[1].
+2t + 1). Eager launches, 30 after 10 warm-ups. Then each plan's time a launch when launched back to back:
+eagerly (100 launches between two events, no synchronization) and replayed from a CUDA graph of 20
+launches (10 replays): a cost of the launch itself shows there and not in the CTAs' own times. One line per
+(plan, launch) to argv[1].
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_smid_map.py OUT.jsonl
     PROBE_SHAPES="512,1024,8192;..." """
@@ -26,6 +29,41 @@ if os.environ.get("PROBE_SHAPES"):
 EV = 8
 
 
+def back_to_back_us(launch, n: int = 100) -> tuple[float, float]:
+    """(eager, graph) microseconds a launch of ``launch()`` back to back, medians of 5 samples each."""
+    for _ in range(10):
+        launch()
+    torch.cuda.synchronize()
+    eager = []
+    for _ in range(5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(n):
+            launch()
+        e.record()
+        torch.cuda.synchronize()
+        eager.append(s.elapsed_time(e) * 1e3 / n)
+    g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(g, stream=side):
+            for _ in range(20):
+                launch()
+    torch.cuda.current_stream().wait_stream(side)
+    g.replay()
+    torch.cuda.synchronize()
+    graph = []
+    for _ in range(5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(10):
+            g.replay()
+        e.record()
+        torch.cuda.synchronize()
+        graph.append(s.elapsed_time(e) * 1e3 / 200)
+    return sorted(eager)[2], sorted(graph)[2]
+
+
 def main():
     buf = torch.zeros(132 * EV * 3, dtype=torch.int64, device="cuda")
     parts.PATCHES["smid"] = parts.timeline_common_patches(buf.data_ptr(), EV)
@@ -45,14 +83,20 @@ def main():
                 pairs = sm[: len(sm) // 2 * 2].view(-1, 2) // 2
                 same_tpc = (pairs[:, 0] == pairs[:, 1]).double().mean().item()
                 moved = sum(int(not torch.equal(r[:, 0, 2].long(), sm)) for r in runs)
+                a = torch.randn(M, K, device="cuda").bfloat16()
+                w = torch.randn(N, K, device="cuda").bfloat16()
+                o = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+                eager_us, graph_us = back_to_back_us(lambda: engine2.launch(p, a, w.t(), o))
                 rec = {"suite": "smid-map", "M": M, "N": N, "K": K, "plan": name, "grid": p.grid, "cta_us": cta_us,
+                       "back_to_back_eager_us": eager_us, "back_to_back_graph_us": graph_us,
                        "span_us": span, "same_tpc_pairs": same_tpc, "runs_with_other_smids": moved,
                        "smid": sm.tolist(), "rel_error": err, "gpu": gpu_info().name,
                        "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}
                 out.write(json.dumps(rec) + "\n")
-                print(f"{M}x{N}x{K} {name:32s} grid {p.grid:3d}: CTA {cta_us:6.2f} us, span {span:6.2f}; pairs on "
-                      f"one TPC {same_tpc:.2f}; smid moved in {moved} of {len(runs)} runs; first SMs "
-                      f"{sm[:16].tolist()} (err {err:.1e})", flush=True)
+                print(f"{M}x{N}x{K} {name:30s} grid {p.grid:3d}: CTA {cta_us:6.2f} us, span {span:6.2f}; pairs on "
+                      f"one TPC {same_tpc:.2f}; smid moved {moved}/{len(runs)}; first SMs "
+                      f"{sm[:8].tolist()}; back to back {eager_us:.2f} us eager, {graph_us:.2f} graph (err {err:.1e})",
+                      flush=True)
 
 
 if __name__ == "__main__":
