@@ -10,7 +10,8 @@ launches (10 replays): a cost of the launch itself shows there and not in the CT
 (plan, launch) to argv[1].
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_smid_map.py OUT.jsonl
-    PROBE_SHAPES="512,1024,8192;..." """
+    PROBE_SHAPES="512,1024,8192;..." PROBE_TILES="64,64;..." PROBE_MCAST=1 (the multicast plans too)
+    PROBE_BETWEEN=1 (a one-element fill between the graph's launches)"""
 import json
 import os
 import sys
@@ -30,7 +31,8 @@ EV = 8
 
 
 def back_to_back_us(launch, n: int = 100) -> tuple[float, float]:
-    """(eager, graph) microseconds a launch of ``launch()`` back to back, medians of 5 samples each."""
+    """(eager, graph) microseconds a launch of ``launch()`` back to back, medians of 5 samples each (with
+    PROBE_BETWEEN=1 the graph puts a one-element fill between the launches, timed alone and taken off)."""
     for _ in range(10):
         launch()
     torch.cuda.synchronize()
@@ -43,25 +45,36 @@ def back_to_back_us(launch, n: int = 100) -> tuple[float, float]:
         e.record()
         torch.cuda.synchronize()
         eager.append(s.elapsed_time(e) * 1e3 / n)
-    g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        with torch.cuda.graph(g, stream=side):
-            for _ in range(20):
-                launch()
-    torch.cuda.current_stream().wait_stream(side)
-    g.replay()
-    torch.cuda.synchronize()
-    graph = []
-    for _ in range(5):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(10):
-            g.replay()
-        e.record()
+    tiny = torch.zeros(1, device="cuda")
+
+    def graph_us(fn):
+        g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            with torch.cuda.graph(g, stream=side):
+                for _ in range(20):
+                    fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g.replay()
         torch.cuda.synchronize()
-        graph.append(s.elapsed_time(e) * 1e3 / 200)
-    return sorted(eager)[2], sorted(graph)[2]
+        out = []
+        for _ in range(5):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(10):
+                g.replay()
+            e.record()
+            torch.cuda.synchronize()
+            out.append(s.elapsed_time(e) * 1e3 / 200)
+        return sorted(out)[2]
+    graph = graph_us(launch)
+    if os.environ.get("PROBE_BETWEEN") == "1":
+
+        def both():
+            launch()
+            tiny.fill_(1.0)
+        graph = graph_us(both) - graph_us(lambda: tiny.fill_(1.0))
+    return sorted(eager)[2], graph
 
 
 def main():
@@ -71,7 +84,9 @@ def main():
     from gemmlab import engine2
     from gemmlab.gpu import gpu_info
     prof = engine2._profile(torch.device("cuda"))
-    plans = {s: kb.cluster_of_one(engine2, kb.variants(*s, prof, col_split=True)) for s in SHAPES}
+    clustered = os.environ.get("PROBE_MCAST") == "1"  # the multicast plans (clusters of two) beside them
+    plans = {s: kb.cluster_of_one(engine2, kb.variants(*s, prof, clustered=clustered, col_split=not clustered))
+             for s in SHAPES}
     parts.precompile([p for d in plans.values() for p in d.values()], root)
     with open(sys.argv[1], "a") as out:
         for (M, N, K), vs in plans.items():
