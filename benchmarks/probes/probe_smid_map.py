@@ -104,6 +104,7 @@ def main():
                 eager_us, graph_us = back_to_back_us(lambda: engine2.launch(p, a, w.t(), o))
                 rec = {"suite": "smid-map", "M": M, "N": N, "K": K, "plan": name, "grid": p.grid, "cta_us": cta_us,
                        "back_to_back_eager_us": eager_us, "back_to_back_graph_us": graph_us,
+                       "between": os.environ.get("PROBE_BETWEEN") == "1",
                        "span_us": span, "same_tpc_pairs": same_tpc, "runs_with_other_smids": moved,
                        "smid": sm.tolist(), "rel_error": err, "gpu": gpu_info().name,
                        "git_sha": os.environ.get("GEMMLAB_GIT_SHA")}
