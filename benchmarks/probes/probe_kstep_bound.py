@@ -97,6 +97,10 @@ def cluster_of_one(engine2, plans: dict, spread: bool = False) -> dict:
     return out
 
 
+def plan_label(p) -> str:
+    return f"{p.bm}x{p.bn} {p.schedule}" + (f" x{p.splits}" if p.splits > 1 else "") + (" swap" if p.swap_ab else "")
+
+
 def variants(M, N, K, prof, clustered=False, col_split=False):
     import dataclasses
     cands = planner.candidates(M, N, K, profile=prof, schedules=planner.SCHEDULES, mcast=clustered)

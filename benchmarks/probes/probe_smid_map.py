@@ -11,7 +11,10 @@ launches (10 replays): a cost of the launch itself shows there and not in the CT
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_smid_map.py OUT.jsonl
     PROBE_SHAPES="512,1024,8192;..." PROBE_TILES="64,64;..." PROBE_MCAST=1 (the multicast plans too)
-    PROBE_BETWEEN=1 (a one-element fill between the graph's launches)"""
+    PROBE_BETWEEN=1 (a one-element fill between the graph's launches)
+    PROBE_PICKS=1 (the model's pick and its data-parallel alternative instead of the tiles)
+Each plan is also timed back to back through engine.gemm's prepared launch (programmatic dependent launch).
+"""
 import json
 import os
 import sys
@@ -85,8 +88,16 @@ def main():
     from gemmlab.gpu import gpu_info
     prof = engine2._profile(torch.device("cuda"))
     clustered = os.environ.get("PROBE_MCAST") == "1"  # the multicast plans (clusters of two) beside them
-    plans = {s: kb.cluster_of_one(engine2, kb.variants(*s, prof, clustered=clustered, col_split=not clustered))
-             for s in SHAPES}
+    if os.environ.get("PROBE_PICKS") == "1":  # the model's pick and its best data-parallel plan, no cl1 copies
+        from gemmlab import planner
+        plans = {}
+        for s in SHAPES:
+            cands = planner.candidates(*s, profile=prof)
+            dp = next(c for c in cands if c.schedule == "data_parallel" and c.mcast == 1 and not c.swap_ab)
+            plans[s] = {"pick " + kb.plan_label(cands[0]): cands[0], "dp " + kb.plan_label(dp): dp}
+    else:
+        plans = {s: kb.cluster_of_one(engine2, kb.variants(*s, prof, clustered=clustered, col_split=not clustered))
+                 for s in SHAPES}
     parts.precompile([p for d in plans.values() for p in d.values()], root)
     with open(sys.argv[1], "a") as out:
         for (M, N, K), vs in plans.items():
@@ -102,8 +113,11 @@ def main():
                 w = torch.randn(N, K, device="cuda").bfloat16()
                 o = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
                 eager_us, graph_us = back_to_back_us(lambda: engine2.launch(p, a, w.t(), o))
+                from gemmlab import engine  # the prepared launch gemmlab.matmul runs (programmatic dependent launch)
+                _, prepared_us = back_to_back_us(lambda: engine.gemm(a, w.t(), o, plan=p), n=10)
                 rec = {"suite": "smid-map", "M": M, "N": N, "K": K, "plan": name, "grid": p.grid, "cta_us": cta_us,
                        "back_to_back_eager_us": eager_us, "back_to_back_graph_us": graph_us,
+                       "back_to_back_graph_prepared_us": prepared_us,
                        "between": os.environ.get("PROBE_BETWEEN") == "1",
                        "span_us": span, "same_tpc_pairs": same_tpc, "runs_with_other_smids": moved,
                        "smid": sm.tolist(), "rel_error": err, "gpu": gpu_info().name,
@@ -111,7 +125,8 @@ def main():
                 out.write(json.dumps(rec) + "\n")
                 print(f"{M}x{N}x{K} {name:30s} grid {p.grid:3d}: CTA {cta_us:6.2f} us, span {span:6.2f}; pairs on "
                       f"one TPC {same_tpc:.2f}; smid moved {moved}/{len(runs)}; first SMs "
-                      f"{sm[:8].tolist()}; back to back {eager_us:.2f} us eager, {graph_us:.2f} graph (err {err:.1e})",
+                      f"{sm[:8].tolist()}; back to back {eager_us:.2f} us eager, {graph_us:.2f} graph, {prepared_us:.2f} "
+                      f"prepared (err {err:.1e})",
                       flush=True)
 
 
