@@ -81,7 +81,8 @@ def main():
         ratios = {k: round(base / t.median_ms, 4) for k, t in res.timings.items()}
         flop = 2.0 * T * N * K
         print(f"G={G} T={T} N={N} K={K} ({res.clocks.sm_mhz} MHz): " + ", ".join(
-            f"{k} {flop / res.timings[k].median_ms / 1e9:.0f} TFLOP/s ({v:.3f})" for k, v in ratios.items()), flush=True)
+            f"{k} {flop / res.timings[k].median_ms / 1e9:.0f} TFLOP/s ({v:.3f})" for k, v in ratios.items()),
+            flush=True)
         with open(out_path, "a") as f:
             f.write(json.dumps({"suite": "grouped-vs-dense", "groups": G, "T": T, "N": N, "K": K,
                                 "torch_loop_ms": base, "ratios": ratios, "errors": errors, "plans": plans,

@@ -125,7 +125,8 @@ def main():
                 out.write(json.dumps(rec) + "\n")
                 print(f"{M}x{N}x{K} {name:30s} grid {p.grid:3d}: CTA {cta_us:6.2f} us, span {span:6.2f}; pairs on "
                       f"one TPC {same_tpc:.2f}; smid moved {moved}/{len(runs)}; first SMs "
-                      f"{sm[:8].tolist()}; back to back {eager_us:.2f} us eager, {graph_us:.2f} graph, {prepared_us:.2f} "
+                      f"{sm[:8].tolist()}; back to back {eager_us:.2f} us eager, {graph_us:.2f} graph, "
+                      f"{prepared_us:.2f} "
                       f"prepared (err {err:.1e})",
                       flush=True)
 
