@@ -40,6 +40,12 @@ PATCHES = {
 PATCHES["launch"] = PATCHES["indep"] + [
     ("engine/gemm.cu", "        cluster_sync();\n    } else {", "        __syncthreads();\n    } else {"),
     ("engine/gemm.cu", "if constexpr (Tr::MCAST > 1) cluster_sync();", "if constexpr (Tr::MCAST > 1) {}")]
+# racy: multicast loads as shipped, but each producer waits for its own consumer's release only (the
+# peer's releases go nowhere): a data race by design (a multicast may overwrite a slot the peer still
+# reads), results may be wrong; it times the multicast delivery without the pair's coupled releases.
+PATCHES["racy"] = [
+    ("common/mainloop.cuh", "ring.template release<Tr::MCAST>(prev);", "ring.template release<1>(prev);"),
+    ("engine/gemm.cu", "ring.init(Tr::SLOT_READERS * Tr::MCAST);", "ring.init(Tr::SLOT_READERS);")]
 # mcrelax: multicast as it is, the closing cluster barrier without release semantics (no MEMBAR.GPU before it).
 PATCHES["mcrelax"] = [("engine/gemm.cu", "if constexpr (Tr::MCAST > 1) cluster_sync();",
                        "if constexpr (Tr::MCAST > 1) cluster_sync_relaxed();")]
