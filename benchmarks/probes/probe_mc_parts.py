@@ -46,6 +46,14 @@ PATCHES["launch"] = PATCHES["indep"] + [
 PATCHES["racy"] = [
     ("common/mainloop.cuh", "ring.template release<Tr::MCAST>(prev);", "ring.template release<1>(prev);"),
     ("engine/gemm.cu", "ring.init(Tr::SLOT_READERS * Tr::MCAST);", "ring.init(Tr::SLOT_READERS);")]
+# mcfirst: each k-step's B copy (the multicast half) issued before A's, so the peer's half leaves sooner.
+_A_LOADS = ("        if constexpr (Tr::A_MN) {  // A stored (K, M): 64 x 64 boxes at (m, k)\n"
+            "            for (int i = 0; i < a_boxes; ++i) tma_load_2d(a + i * 64 * BK, tmA, bar, m0 + 64 * i, kt * BK);\n"
+            "        } else {  // A stored (M, K)\n"
+            "            tma_load_2d(a, whole ? tmA : tmA_short, bar, kt * BK, m0);\n"
+            "        }\n")
+_B_END = "            tma_load_2d(b, b_map, bar, kt * BK, n0);\n        }\n"
+PATCHES["mcfirst"] = [("common/mainloop.cuh", _A_LOADS, ""), ("common/mainloop.cuh", _B_END, _B_END + _A_LOADS)]
 # mcrelax: multicast as it is, the closing cluster barrier without release semantics (no MEMBAR.GPU before it).
 PATCHES["mcrelax"] = [("engine/gemm.cu", "if constexpr (Tr::MCAST > 1) cluster_sync();",
                        "if constexpr (Tr::MCAST > 1) cluster_sync_relaxed();")]
