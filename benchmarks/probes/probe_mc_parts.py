@@ -54,6 +54,39 @@ _A_LOADS = ("        if constexpr (Tr::A_MN) {  // A stored (K, M): 64 x 64 boxe
             "        }\n")
 _B_END = "            tma_load_2d(b, b_map, bar, kt * BK, n0);\n        }\n"
 PATCHES["mcfirst"] = [("common/mainloop.cuh", _A_LOADS, ""), ("common/mainloop.cuh", _B_END, _B_END + _A_LOADS)]
+# mc2prod: a second producer thread (the producer warpgroup's thread 32) issues the multicast B copies, on
+# the same ring (it waits on "empty" as thread 0 does; its copies may complete bytes on "full" before thread
+# 0's expect_tx: the tx-count may go below zero, the phase needs thread 0's arrival), so the one thread's
+# multicast issue no longer holds the A loads and the next acquire. Correct results expected.
+_MC_LINE = ("            tma_load_2d_multicast(b + r * SHARE * BK, tmB, bar, kt * BK, n0 + r * SHARE, "
+            "(1u << Tr::MCAST) - 1);\n")
+_MC_B_ONLY = """
+template <class Tr>
+__device__ __forceinline__ void produce_mcast_b(Ring<Tr::STAGES>& ring, RingCursor& cur, typename Tr::T* sB,
+                                                const CUtensorMap* tmB, int n0, int k_begin, int k_end) {
+    constexpr int SHARE = Tr::BN / Tr::MCAST;
+    const int r = (int)cluster_ctarank();
+    for (int kt = k_begin; kt < k_end; ++kt) {
+        mbar_wait_parity(&ring.empty[cur.stage], cur.phase ^ 1);
+        tma_load_2d_multicast(sB + cur.stage * Tr::BN * Tr::BK + r * SHARE * Tr::BK, tmB, &ring.full[cur.stage],
+                              kt * Tr::BK, n0 + r * SHARE, (1u << Tr::MCAST) - 1);
+        cur.template advance<Tr::STAGES>();
+    }
+}
+"""
+_PRODUCER = "        if (t == 0) {\n            RingCursor cur;\n"
+_SECOND = """        if constexpr (Tr::MCAST > 1) {
+            if (t == 32) {
+                RingCursor cur;
+                while (sched.next(u)) produce_mcast_b<Tr>(ring, cur, sB, &tmB, (order[u.tile] & 0xffff) * BN, u.k_begin, u.k_end);
+            }
+        }
+"""
+PATCHES["mc2prod"] = [
+    ("common/mainloop.cuh", _MC_LINE, "            (void)r; (void)SHARE;\n"),
+    ("common/mainloop.cuh", "// Before pdl_wait (the kernel before may still be running)", _MC_B_ONLY.lstrip("\n")
+     + "\n// Before pdl_wait (the kernel before may still be running)"),
+    ("engine/gemm.cu", _PRODUCER, _SECOND + _PRODUCER)]
 # mcrelax: multicast as it is, the closing cluster barrier without release semantics (no MEMBAR.GPU before it).
 PATCHES["mcrelax"] = [("engine/gemm.cu", "if constexpr (Tr::MCAST > 1) cluster_sync();",
                        "if constexpr (Tr::MCAST > 1) cluster_sync_relaxed();")]
