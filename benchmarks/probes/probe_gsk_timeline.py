@@ -37,35 +37,22 @@ if FORM == "bulk":
               "cta": (0, 1)}
 
 
-_mark = parts.timeline_mark
-
-
 def patches(addr: int) -> list:
-    common = parts.timeline_common_patches(addr, EV)
+    common, at = parts.timeline_common_patches(addr, EV), parts.mark_between
+    w20 = " " * 20  # the indent of gemm.cu's GSK_BULK branch
     if FORM == "bulk":  # gemm.cu's GSK_BULK branch (thread 128 = consumer 0's thread 0) and gsk_bulk_exchange
         return common + [
-            (GEMM, "const int valid = min(BM, ep.M - m0);\n",
-             "const int valid = min(BM, ep.M - m0);\n                    " + _mark("threadIdx.x == 128", 4) + "\n"),
-            (RED, "    tma_store_wait_all<0>();\n    fence_proxy_async_global();\n",
-             "    tma_store_wait_all<0>();\n    " + _mark("true", 6) + "\n    fence_proxy_async_global();\n"),
-            (RED, "rows * ROW, smem_u32(bar));\n    }\n}\n",
-             "rows * ROW, smem_u32(bar));\n    }\n    " + _mark("true", 7) + "\n}\n"),
-            (GEMM, "                    mbar_wait_parity(&slices, 0);\n                    split_reduce_store<Tr, true>",
-             "                    mbar_wait_parity(&slices, 0);\n                    " + _mark("threadIdx.x == 128", 8)
-             + "\n                    split_reduce_store<Tr, true>"),
-            (GEMM, "threadIdx.x - 128, recv);\n                    continue;",
-             "threadIdx.x - 128, recv);\n                    " + _mark("threadIdx.x == 128", 5)
-             + "\n                    continue;")]
+            at(GEMM, "const int valid = min(BM, ep.M - m0);\n", "", "threadIdx.x == 128", 4, w20),
+            at(RED, "    tma_store_wait_all<0>();\n", "    fence_proxy_async_global();\n", "true", 6, "    "),
+            at(RED, "rows * ROW, smem_u32(bar));\n    }\n", "}\n", "true", 7, "    "),
+            at(GEMM, w20 + "mbar_wait_parity(&slices, 0);\n", w20 + "split_reduce_store<Tr, true>",
+               "threadIdx.x == 128", 8, w20),
+            at(GEMM, "threadIdx.x - 128, recv);\n", w20 + "continue;", "threadIdx.x == 128", 5, w20)]
     return common + [  # the thread-store form (gsk_reduce_store)
         ("common/gemm_traits.cuh", "#define GSK_BULK_ON 1", "#define GSK_BULK_ON 0"),
-        (RED, "    named_barrier_sync(3, CT);\n    if (ct == 0) {\n        flag_release_add(",
-         "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 4)
-         + "\n    if (ct == 0) {\n        flag_release_add("),
-        (RED, "    named_barrier_sync(3, CT);\n    const int q0 = rank * Q / splits",
-         "    named_barrier_sync(3, CT);\n    " + _mark("ct == 0", 7) + "\n    const int q0 = rank * Q / splits"),
-        (RED, "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n",
-         "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n    " + _mark("ct == 0", 5)
-         + "\n")]
+        at(RED, "    named_barrier_sync(3, CT);\n", "    if (ct == 0) {\n        flag_release_add(", "ct == 0", 4, "    "),
+        at(RED, "    named_barrier_sync(3, CT);\n", "    const int q0 = rank * Q / splits", "ct == 0", 7, "    "),
+        at(RED, "            store_pair<Tr>(ep, r + 8, c, sum.z, sum.w);\n        }\n    }\n", "", "ct == 0", 5, "    ")]
 
 
 def main():

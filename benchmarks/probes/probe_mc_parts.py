@@ -124,23 +124,26 @@ def timeline_mark(cond: str, e: int) -> str:
     return f"TIMELINE_MARK({cond}, {e});"
 
 
+def mark_between(rel: str, head: str, tail: str, cond: str, e: int, indent: str) -> tuple:
+    """A patch of ``rel`` putting event ``e``'s mark (where ``cond`` holds) on its own line, indented by
+    ``indent``, between the source texts ``head`` and ``tail`` (which occur together there)."""
+    return rel, head + tail, head + indent + timeline_mark(cond, e) + "\n" + tail
+
+
 def timeline_common_patches(addr: int, events: int) -> list:
     """The marks every engine-kernel timeline probe patches in: the trace buffer at ``addr`` with ``events``
     events a CTA, the CTA's entry (0), consumer 0's k-loop done (3), its exit (1) and its first k-step
     landed (2)."""
-    gemm, loop, mark = "engine/gemm.cu", "common/mainloop.cuh", timeline_mark
+    gemm, loop = "engine/gemm.cu", "common/mainloop.cuh"
     return [
         ("common/timeline.cuh", "#define TIMELINE_EVENTS 8", f"#define TIMELINE_EVENTS {events}"),
         (gemm, '#include "common/gemm_traits.cuh"',
          f'#define TIMELINE_BUF {addr:#x}ull\n#include "common/timeline.cuh"\n#include "common/gemm_traits.cuh"'),
-        (gemm, "t = threadIdx.x % 128;\n", "t = threadIdx.x % 128;\n    " + mark("threadIdx.x == 0", 0) + "\n"),
-        (gemm, "u.k_begin, u.k_end, rows);\n",
-         "u.k_begin, u.k_end, rows);\n        " + mark("wg == 1 && t == 0", 3) + "\n"),
-        (gemm, "    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();",
-         "    " + mark("wg == 1 && t == 0", 1) + "\n    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();"),
-        (loop, "        ring.wait_full(cur);\n        // This consumer's rows",
-         "        ring.wait_full(cur);\n        " + mark("consumer == 0 && t == 0 && kt == k_begin", 2)
-         + "\n        // This consumer's rows")]
+        mark_between(gemm, "t = threadIdx.x % 128;\n", "", "threadIdx.x == 0", 0, "    "),
+        mark_between(gemm, "u.k_begin, u.k_end, rows);\n", "", "wg == 1 && t == 0", 3, " " * 8),
+        mark_between(gemm, "", "    if (!Tr::DIRECT && t == 0) tma_store_wait_all<0>();", "wg == 1 && t == 0", 1, "    "),
+        mark_between(loop, "        ring.wait_full(cur);\n", "        // This consumer's rows",
+                     "consumer == 0 && t == 0 && kt == k_begin", 2, " " * 8)]
 
 
 def traced_plan(engine2, p, M: int, N: int, K: int, buf, events: int) -> tuple[list, float]:

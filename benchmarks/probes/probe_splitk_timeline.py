@@ -32,7 +32,7 @@ _mark = parts.timeline_mark
 
 
 def _after(text: str, e: int, pad: str = "            ") -> tuple:
-    return (GEMM, text, text + pad + _mark("wg == 1 && t == 0", e) + "\n")
+    return parts.mark_between(GEMM, text, "", "wg == 1 && t == 0", e, pad)
 
 
 def timeline_patches(addr: int) -> list:
@@ -47,8 +47,7 @@ def timeline_patches(addr: int) -> list:
             _after("split_reduce_store<Tr>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128);\n", 5),
             _after("cluster_sync_relaxed();  // no CTA leaves while the cluster still reads its shared memory\n", 6)]
     return common + [
-        (GEMM, "                fence_proxy_async_smem();\n",
-         "                " + _mark("wg == 1 && t == 0", 4) + "\n                fence_proxy_async_smem();\n"),
+        parts.mark_between(GEMM, "", "                fence_proxy_async_smem();\n", "wg == 1 && t == 0", 4, " " * 16),
         _after("ordered for thread 128\n                cluster_sync_relaxed();\n", 7, "                "),
         _after("mbar_wait_parity(&slices, 0);\n", 8, "                "),
         _after("threadIdx.x - 128, recv);\n", 5, "                "),
