@@ -861,13 +861,16 @@ def _sized_offsets(sizes):
 
 
 @pytest.mark.parametrize("tile,schedule", [(t, "data_parallel") for t in grouped.TILES]
-                         + [((128, 128), "stream_k"), ((64, 256), "pingpong"), ((128, 128), "pingpong")])
+                         + [((128, 128), "stream_k"), ((64, 256), "pingpong"), ((128, 128), "pingpong"),
+                            ((128, 176), "pingpong")])
 @pytest.mark.parametrize("kind", ["bf16", "bf16-mn-b", "masked"])
 def test_short_a_boxes_at_every_group_size(monkeypatch, tile, schedule, kind):
     """A tile over a group's last rows loads the shortest of A's short boxes that holds them (gemm_grouped.cu's
     a_box): group sizes on both sides of each box's rows and of the tile, K-major and MN-major b, and the
     masked layout (counts of those sizes in slabs of 257). The slot's rows past the box keep stale data
-    from earlier tiles; only rows past the group depend on them, and those are never stored."""
+    from earlier tiles; only rows past the group depend on them, and those are never stored. The same sizes
+    on both sides of 64 rows into a consumer's two blocks (128-row ping-pong, 256 x 128): a consumer whose
+    rows end in its first block multiplies that one only, its second block's accumulators left stale."""
     monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)
     G, N, K = len(_BOX_SIZES), 392, 1088
     g = torch.Generator().manual_seed(5)
