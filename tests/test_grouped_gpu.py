@@ -868,9 +868,7 @@ def test_short_a_boxes_at_every_group_size(monkeypatch, tile, schedule, kind):
     """A tile over a group's last rows loads the shortest of A's short boxes that holds them (gemm_grouped.cu's
     a_box): group sizes on both sides of each box's rows and of the tile, K-major and MN-major b, and the
     masked layout (counts of those sizes in slabs of 257). The slot's rows past the box keep stale data
-    from earlier tiles; only rows past the group depend on them, and those are never stored. The same sizes
-    on both sides of 64 rows into a consumer's two blocks (128-row ping-pong, 256 x 128): a consumer whose
-    rows end in its first block multiplies that one only, its second block's accumulators left stale."""
+    from earlier tiles; only rows past the group depend on them, and those are never stored."""
     monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)
     G, N, K = len(_BOX_SIZES), 392, 1088
     g = torch.Generator().manual_seed(5)

@@ -137,14 +137,31 @@ __device__ __forceinline__ void produce_all(Ring<Tr::STAGES>& ring, Sched& sched
 // One wgmma group stays in flight: a slot is released once the group after it was issued and the
 // group reading it has completed (wgmma.wait_group 1), as in h06 on. The first k16 step of the unit
 // overwrites the accumulators (scale-d = 0). k_end > k_begin always (the schedulers make no empty unit).
-// LIVE: the consumer's first LIVE blocks are multiplied; acc's blocks from LIVE on are left as they were.
-template <class Tr, int LIVE>
-__device__ __forceinline__ void consume_steps(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
-                                              const typename Tr::T* sB, int consumer, int t,
-                                              float (&acc)[Tr::MI][Tr::CN / 2], int k_begin, int k_end) {
+// active = false: every row of this consumer's blocks lies past the tile's rows (the last row of tiles,
+// a group's last tile, a multicast pair's padding tile): it issues no wgmma and leaves acc as it was (the
+// callers store and reduce no block past the rows), but still waits for each slot's loads before
+// releasing it, so its arrivals on "empty" stay in the ring's order; the other consumer's wgmmas then
+// have the tensor cores to themselves. On in the grouped kernel (1.004-1.037x on MoE shapes); off
+// (NO_ROW_SKIP 1: multiply them anyway) in the dense engine, where it measured 0.93-1.03x on six plans
+// whose last row of tiles is half empty: no gain to pay for the branch (docs/worklog.md, session 19).
+#ifndef NO_ROW_SKIP
+#define NO_ROW_SKIP 1
+#endif
+template <class Tr>
+__device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
+                                             const typename Tr::T* sB, int consumer, int t,
+                                             float (&acc)[Tr::MI][Tr::CN / 2], int k_begin, int k_end,
+                                             bool active = true) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
-    static_assert(LIVE >= 1 && LIVE <= Tr::MI, "a consumer multiplies 1 .. MI of its blocks");
+    if (!active && !NO_ROW_SKIP) {
+        for (int kt = k_begin; kt < k_end; ++kt) {
+            ring.wait_full(cur);
+            if (t == 0) ring.template release<Tr::MCAST>(cur.stage);
+            cur.template advance<Tr::STAGES>();
+        }
+        return;
+    }
     int prev = 0;
     for (int kt = k_begin; kt < k_end; ++kt) {
         ring.wait_full(cur);
@@ -156,7 +173,7 @@ __device__ __forceinline__ void consume_steps(Ring<Tr::STAGES>& ring, RingCursor
         for (int k = 0; k < 4; ++k) {
             const u64 db = Tr::B_MN ? desc_sw128_mn(b + 16 * 64 * k) : desc_sw128(b + 16 * k);
 #pragma unroll
-            for (int mi = 0; mi < LIVE; ++mi) {
+            for (int mi = 0; mi < Tr::MI; ++mi) {
                 const T* am = a + mi * 64 * BK;
                 const u64 da = Tr::A_MN ? desc_sw128_mn(am + 16 * 64 * k) : desc_sw128(am + 16 * k);
                 Wgmma<Tr::CN, T>::template mma_t<Tr::A_MN, Tr::B_MN>(acc[mi], da, db, (kt == k_begin && k == 0) ? 0 : 1);
@@ -172,39 +189,4 @@ __device__ __forceinline__ void consume_steps(Ring<Tr::STAGES>& ring, RingCursor
     }
     wgmma_wait<0>();
     if (t == 0) ring.template release<Tr::MCAST>(prev);
-}
-
-// consume_steps for a unit whose rows may end inside the tile. active = false: every row of this
-// consumer's blocks lies past the tile's rows (the last row of tiles, a group's last tile, a multicast
-// pair's padding tile): it issues no wgmma and leaves acc as it was (the callers store and reduce no block
-// past the rows), but still waits for each slot's loads before releasing it, so its arrivals on "empty"
-// stay in the ring's order; the other consumer's wgmmas then have the tensor cores to themselves.
-// live = 1 with two blocks a consumer (128-row ping-pong tiles, 256-row tiles): the rows end in its first
-// block, so it multiplies that one only (half the wgmmas); acc's second block is left as it was.
-// On in the grouped kernel (whole consumers idle: 1.004-1.037x on MoE shapes, session 19); off
-// (NO_ROW_SKIP 1: multiply them anyway) in the dense engine, where it measured 0.93-1.03x on six plans
-// whose last row of tiles is half empty: no gain to pay for the branch (docs/worklog.md, session 19).
-#ifndef NO_ROW_SKIP
-#define NO_ROW_SKIP 1
-#endif
-template <class Tr>
-__device__ __forceinline__ void consume_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
-                                             const typename Tr::T* sB, int consumer, int t,
-                                             float (&acc)[Tr::MI][Tr::CN / 2], int k_begin, int k_end,
-                                             bool active = true, int live = Tr::MI) {
-    if (!active && !NO_ROW_SKIP) {
-        for (int kt = k_begin; kt < k_end; ++kt) {
-            ring.wait_full(cur);
-            if (t == 0) ring.template release<Tr::MCAST>(cur.stage);
-            cur.template advance<Tr::STAGES>();
-        }
-        return;
-    }
-    if constexpr (!NO_ROW_SKIP && Tr::MI == 2) {
-        if (live == 1) {
-            consume_steps<Tr, 1>(ring, cur, sA, sB, consumer, t, acc, k_begin, k_end);
-            return;
-        }
-    }
-    consume_steps<Tr, Tr::MI>(ring, cur, sA, sB, consumer, t, acc, k_begin, k_end);
 }

@@ -59,9 +59,7 @@
 #include "common/group_scheduler.cuh"
 #include "common/claimed_tiles.cuh"
 // Each group's last tile leaves its second consumer's rows past the group about half the time: that
-// consumer multiplies nothing there (mainloop.cuh's row skip; 1.004-1.037x on four MoE shapes, session 19);
-// a consumer of two 64-row blocks (128-row ping-pong, 256-row tiles) whose rows end in its first block
-// multiplies that one only.
+// consumer multiplies nothing there (mainloop.cuh's row skip; 1.004-1.037x on four MoE shapes, session 19).
 #ifndef NO_ROW_SKIP
 #define NO_ROW_SKIP 0
 #endif
@@ -254,12 +252,9 @@ engine_gemm_grouped(const __grid_constant__ CUtensorMap tmA, const __grid_consta
                                                 (gt.row0 + gt.m * BM) & 3);
         else if constexpr (FP8)
             consume_unit_fp8<Tr>(ring, cur, sA, sB, consumer, t, acc, part, u.k_begin, u.k_end, nullptr, gt.n * BN);
-        else {  // a consumer multiplies only its blocks that hold the group's rows (mainloop.cuh), except in a
-                // streamed tile (its partials are summed whole)
-            const int left = gt.rows - (gt.m * BM + Tr::first_block(consumer) * 64);  // its rows in the group
-            consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end, SK || left > 0,
-                             SK ? Tr::MI : min(Tr::MI, (left + 63) / 64));
-        }
+        else  // a consumer whose blocks lie past the group's rows multiplies nothing (mainloop.cuh)
+            consume_unit<Tr>(ring, cur, sA, sB, consumer, t, acc, u.k_begin, u.k_end,
+                             SK || gt.m * BM + Tr::first_block(consumer) * 64 < gt.rows);  // (as gemm.cu)
         if constexpr (PP) {
             if (t == 0) turns.pass(consumer);
         }
