@@ -52,6 +52,15 @@ def main() -> None:
     new = lambda d: [r["ratio"] for k, r in d.items() if k not in ("engine", "h11", "decode")]  # noqa: E731
     loss = [max(new(d)) / d["model"]["ratio"] for d in now.values() if "model" in d]
     print(f"  model pick / best measured new-kernel plan: geomean {gm(loss):.3f}, worst {max(loss):.3f}")
+    # The run's own noise: where the router ran the engine kernel, "engine" and "model" are the same plan
+    # timed twice in one interleaved run (through gemmlab.matmul and with the plan given).
+    twice = sorted((abs(math.log(d["engine"]["time_ms"] / d["model"]["time_ms"])), s) for s, d in now.items()
+                   if "model" in d and d.get("engine", {}).get("kernel") == "engine")
+    if twice:
+        logs = [x for x, _ in twice]
+        print(f"  the same plan timed twice (engine / model, {len(twice)} shapes): |log| median "
+              f"{logs[len(logs) // 2]:.3f}, 90th percentile {logs[int(0.9 * (len(logs) - 1))]:.3f}, max "
+              f"{logs[-1]:.3f} at {twice[-1][1]}")
     print(line("oracle (best of all)", [max(r["ratio"] for r in d.values()) for d in now.values()]))
     kinds = defaultdict(list)
     for d in now.values():
