@@ -1,10 +1,19 @@
 """The part the plan probes share (probe_mcast.py, probe_stages.py): engine-kernel plans of one nn.Linear-shaped
 bf16 problem against torch.mm, each result checked against an fp32 product (outputs poisoned with NaN first),
 then timed interleaved in graph replay with the project's timer."""
+import os
+
 import torch
 
 from gemmlab import engine, engine2
 from gemmlab.timer import time_interleaved
+
+
+def shapes_from_env(default: list) -> list:
+    """A probe's shapes: PROBE_SHAPES="M,N,K;M,N,K" (integers a shape, as many as the probe's own list has)
+    in place of its default list."""
+    raw = os.environ.get("PROBE_SHAPES")
+    return [tuple(int(x) for x in s.split(",")) for s in raw.split(";")] if raw else list(default)
 
 
 def plan_tag(p) -> str:

@@ -19,13 +19,12 @@ import sys
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import planner  # noqa: E402
-from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag, shapes_from_env  # noqa: E402
 
 SHAPES = [(512, 1024, 8192), (512, 1024, 4096), (256, 1536, 7168), (200, 4608, 36864), (300, 7168, 16384),
           (256, 5120, 16384), (256, 2560, 9728), (640, 1024, 5120), (200, 1024, 2048), (1024, 768, 3072),
           (384, 2048, 8192), (512, 768, 12288), (320, 1280, 10240)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 
 
 def variants(M, N, K, prof):

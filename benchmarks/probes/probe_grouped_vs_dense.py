@@ -24,10 +24,10 @@ from gemmlab import engine, grouped, planner
 from gemmlab.bench import git_sha, rel_error
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import time_interleaved
+from plans_vs_torch import shapes_from_env
 
 SHAPES = [(1, 512, 28672, 4096), (8, 4096, 28672, 4096), (1, 1024, 21504, 6144), (8, 8192, 21504, 6144)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="G,T,N,K;..." in its place
 
 
 def tag(p) -> str:

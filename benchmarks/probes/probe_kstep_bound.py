@@ -30,10 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_mc_parts as parts  # noqa: E402
 from gemmlab import planner  # noqa: E402
 from gemmlab.jit import compiler  # noqa: E402
+from plans_vs_torch import shapes_from_env  # noqa: E402
 
 SHAPES = [(512, 1024, 4096), (512, 1024, 8192), (300, 1600, 6400), (1024, 768, 3072)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 TILES = [(64, 64), (64, 128), (128, 64), (128, 128)]
 if os.environ.get("PROBE_TILES"):
     TILES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_TILES"].split(";")]

@@ -20,11 +20,11 @@ sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import planner  # noqa: E402
 from gemmlab.jit import compiler  # noqa: E402
+from plans_vs_torch import shapes_from_env  # noqa: E402
 
 SHAPES = [(200, 4096, 4096), (128, 4096, 4096), (1000, 1152, 6912), (1536, 1024, 4096), (200, 8192, 5376),
           (256, 5120, 5120), (4096, 4096, 4096), (3000, 3000, 3000)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 MULTICAST = "tma_load_2d_multicast(b + r * SHARE * BK, tmB, bar, kt * BK, n0 + r * SHARE, (1u << Tr::MCAST) - 1);"
 # B's tensor map has boxes of BN / MCAST rows: a CTA loading all of B itself loads every share.
 OWN_LOADS = ("(void)r; for (int h = 0; h < Tr::MCAST; ++h) "

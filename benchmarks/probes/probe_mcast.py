@@ -6,7 +6,7 @@ sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_broad import precompile  # noqa: E402
 from gemmlab import engine2, planner  # noqa: E402
-from plans_vs_torch import report, time_plans  # noqa: E402
+from plans_vs_torch import report, time_plans, shapes_from_env  # noqa: E402
 from gemmlab.gpu import gpu_info  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -14,8 +14,7 @@ SHAPES = [(3000, 3000, 3000), (2050, 3000, 1000), (3000, 5000, 1000), (1000, 100
           (256, 5120, 5120), (200, 4096, 4096), (1024, 768, 3072), (300, 5120, 27648), (512, 3072, 3072),
           (640, 2048, 2048), (3072, 1024, 4096), (2040, 5120, 5120), (1000, 1152, 6912), (5000, 896, 4864),
           (4096, 4096, 4096), (8192, 8192, 8192), (2040, 3584, 3584), (6000, 6000, 6000), (1024, 1024, 1024)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 
 
 prof = None

@@ -7,13 +7,12 @@ import dataclasses, os, sys
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import planner  # noqa: E402
-from plans_vs_torch import profiled_probe  # noqa: E402
+from plans_vs_torch import profiled_probe, shapes_from_env  # noqa: E402
 
 SHAPES = [(1, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (16, 8192, 8192), (1, 16384, 16384),
           (8, 28672, 4096), (16, 4096, 4096), (128, 4096, 4096), (300, 5120, 27648), (200, 8192, 5376),
           (64, 4096, 3584), (4096, 4096, 4096)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 DISTANCES = (4, 8, 16)
 
 

@@ -26,10 +26,10 @@ sys.path.insert(0, "benchmarks")
 import probe_kstep_bound as kb  # noqa: E402
 import probe_mc_parts as parts  # noqa: E402
 from gemmlab.jit import compiler  # noqa: E402
+from plans_vs_torch import shapes_from_env  # noqa: E402
 
 SHAPES = [(512, 1024, 8192), (1024, 768, 3072)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 EV = 8
 
 

@@ -11,12 +11,11 @@ import torch
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import engine, engine2, planner  # noqa: E402
-from plans_vs_torch import run_probe  # noqa: E402
+from plans_vs_torch import run_probe, shapes_from_env  # noqa: E402
 
 SHAPES = [(1, 14336, 4096), (8, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (16, 8192, 8192),
           (32, 8192, 8192), (1, 16384, 16384), (16, 4096, 14336), (16, 11008, 4096), (128, 4096, 4096)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 DEPTHS = tuple(int(x) for x in os.environ.get("PROBE_DEPTHS", "9,12,16").split(","))
 TOP = int(os.environ.get("PROBE_TOP", "3"))
 BM = int(os.environ.get("PROBE_BM", "0"))

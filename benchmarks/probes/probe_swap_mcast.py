@@ -21,13 +21,12 @@ import sys
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import planner  # noqa: E402
-from plans_vs_torch import profiled_probe, plan_tag  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag, shapes_from_env  # noqa: E402
 
 SHAPES = [(64, 4096, 3584), (77, 5120, 5120), (64, 3072, 3072), (64, 5120, 5120), (1, 5120, 5120),
           (32, 896, 896), (32, 1024, 1024), (4, 5120, 4096), (16, 4096, 4096), (32, 4096, 4096),
           (8, 14336, 4096), (32, 14336, 4096), (256, 1536, 7168), (200, 1024, 2048), (128, 5120, 5120)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 
 
 def tag(p) -> str:

@@ -8,14 +8,13 @@ import math, os, sys
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import planner  # noqa: E402
-from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag, shapes_from_env  # noqa: E402
 
 SHAPES = [(77, 5120, 5120), (77, 12288, 4096), (77, 6144, 4096), (77, 2560, 10240), (200, 8192, 5376),
           (200, 8192, 3072), (200, 4096, 4096), (200, 1024, 2048), (200, 4608, 36864), (200, 5376, 4096),
           (150, 14336, 4096), (100, 4096, 4096), (96, 8192, 4096), (160, 5120, 5120), (120, 11008, 4096),
           (250, 3584, 3584), (128, 5120, 5120), (256, 5120, 5120), (256, 1536, 7168), (180, 2048, 8192)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 
 
 def variants(M, N, K, prof):

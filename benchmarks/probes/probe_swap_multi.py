@@ -13,13 +13,12 @@ import sys
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import broad_shapes, planner  # noqa: E402
-from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag, shapes_from_env  # noqa: E402
 
 HELD_OUT = [(96, 8192, 4096), (150, 14336, 4096), (180, 2048, 8192), (250, 3584, 3584), (384, 4096, 11008),
             (400, 3072, 3072), (100, 4096, 4096), (200, 5376, 4096), (320, 6144, 4096), (448, 2560, 10240)]
 SHAPES = sorted({(c.M, c.N, c.K) for c in broad_shapes.broad_cases() if 64 < c.M <= 512}) + HELD_OUT
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 
 
 def padded(p) -> int:

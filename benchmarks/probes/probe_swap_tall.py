@@ -12,14 +12,13 @@ import sys
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import planner  # noqa: E402
-from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag, shapes_from_env  # noqa: E402
 
 SHAPES = [(1, 14336, 4096), (16, 14336, 4096), (32, 14336, 4096), (8, 28672, 4096), (32, 28672, 4096),
           (32, 43008, 5376), (16, 4096, 14336), (32, 8192, 8192), (1, 16384, 16384), (16, 16384, 16384),
           (1, 5120, 5120), (4, 5120, 4096), (2, 18432, 2304), (32, 1024, 1024), (16, 1152, 1024),
           (64, 14336, 4096)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 
 
 def variants(M, N, K, prof):

@@ -23,15 +23,14 @@ import sys
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gemmlab import planner  # noqa: E402
-from plans_vs_torch import profiled_probe, plan_tag as tag  # noqa: E402
+from plans_vs_torch import profiled_probe, plan_tag as tag, shapes_from_env  # noqa: E402
 
 SHAPES = [(64, 4096, 3584), (77, 5120, 5120), (64, 3072, 3072), (64, 5120, 5120), (1, 5120, 5120),
           (32, 896, 896), (32, 1024, 1024), (4, 5120, 4096), (2, 8192, 6144), (8, 28672, 4096),
           (4, 27648, 5120), (16, 16384, 3072), (32, 4096, 4096), (16, 4096, 14336), (1, 7680, 5120),
           (32, 8192, 8192), (256, 1536, 7168), (200, 1024, 2048), (256, 5120, 16384), (200, 4608, 36864),
           (128, 5120, 5120)]
-if os.environ.get("PROBE_SHAPES"):
-    SHAPES = [tuple(int(x) for x in s.split(",")) for s in os.environ["PROBE_SHAPES"].split(";")]
+SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 
 
 def tall_split_plans(M: int, N: int, K: int, prof) -> list:
