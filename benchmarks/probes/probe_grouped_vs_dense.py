@@ -13,7 +13,10 @@ G = 1 compares the kernels on one problem (no group mixing), G = 8 the launch of
 One line per shape to argv[1].
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_grouped_vs_dense.py OUT.jsonl
-    PROBE_SHAPES="G,T,N,K;..." (default: Mixtral 8x7B gate/up at T = 512 / 4096 with G = 1 and 8, DBRX's)"""
+    PROBE_SHAPES="G,T,N,K;..." (default: Mixtral 8x7B gate/up at T = 512 / 4096 with G = 1 and 8, DBRX's)
+    PROBE_UNEVEN="model:T,..." (instead: grouped_bench.py's gate/up shapes with its uneven routing, drawn as
+        session 27's run drew them; the loops then run each expert's own rows, the dense loop each expert's
+        own pick, "dense loop <tile>" each expert with the grouped pick's tile)"""
 import json
 import os
 import sys
@@ -34,58 +37,81 @@ def tag(p) -> str:
     return f"{p.bm}x{p.bn} {p.schedule}"
 
 
+SESSION27 = "mixtral22b:512,mixtral:4096,dbrx:8192,qwen_moe:4096,mixtral22b:8192,mixtral:16384"
+
+
+def cases():
+    """(G, T, N, K, group sizes): SHAPES with even groups, or PROBE_UNEVEN's shapes with grouped_bench's routing."""
+    if not os.environ.get("PROBE_UNEVEN"):
+        return [(G, T, N, K, [T // G] * G) for G, T, N, K in SHAPES]
+    sys.path.insert(0, "benchmarks")
+    from grouped_bench import shape_seed, shapes, uneven_offsets
+    keep = set(os.environ["PROBE_UNEVEN"].split(","))
+    full = [sh for pair in SESSION27.split(",") for sh in shapes([pair.split(":")[0]], [int(pair.split(":")[1])])]
+    return [(G, T, N, K, uneven_offsets(G, T, seed=shape_seed(m, proj, T, n), device="cpu")[1])
+            for n, (m, proj, G, N, K, T) in enumerate(full) if proj == "gate_up" and f"{m}:{T}" in keep]
+
+
 def main():
     out_path = sys.argv[1]
     info = gpu_info()
-    for G, T, N, K in SHAPES:
-        rows = T // G
+    for G, T, N, K, sizes in cases():
+        starts = [sum(sizes[:g]) for g in range(G + 1)]
+        live = [g for g in range(G) if sizes[g]]
         a = torch.randn(T, K, device="cuda").bfloat16()
         b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).bfloat16()
         out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
-        offs = torch.arange(0, T + 1, rows, device="cuda", dtype=torch.int32)
-        ref = torch.cat([a[g * rows:(g + 1) * rows].float() @ b[g].float().t() for g in range(G)])
+        offs = torch.tensor(starts, device="cuda", dtype=torch.int32)
+        ref = torch.full((T, N), float("nan"), device="cuda", dtype=torch.float64)
+        for g in live:
+            ref[starts[g]:starts[g + 1]] = (a[starts[g]:starts[g + 1]].float() @ b[g].float().t()).double()
         gp = grouped.plan_for(a, b, offs)
-        dp = planner.candidates(rows, N, K)[0]
+        dps = {g: planner.candidates(sizes[g], N, K)[0] for g in live}  # each expert's dense pick
+        dp = dps[max(live, key=lambda g: sizes[g])]  # the largest expert's
         runs, plans = {"grouped": None, "torch loop": None}, {"grouped": repr(gp), "dense loop": repr(dp)}
         runs["grouped"] = lambda i, p=gp: grouped.run(a, b, offs, out=out, plan=p)
         same = next((c for c in grouped.candidates("contiguous", G, T, N, K)
                      if (c.bm, c.bn, c.schedule) == (dp.bm, dp.bn, dp.schedule)), None)
-        if same is not None and tag(same) != tag(gp):
+        if same is not None and tag(same) != tag(gp) and not dp.swap_ab:
             runs[f"grouped {tag(same)}"] = lambda i, p=same: grouped.run(a, b, offs, out=out, plan=p)
             plans[f"grouped {tag(same)}"] = repr(same)
 
-        def loop(mm):
+        def loop(mm, per):
             def run(i):
-                for g in range(G):
-                    r = slice(g * rows, (g + 1) * rows)
-                    mm(a[r], b[g].t(), out[r])
+                for g in live:
+                    r = slice(starts[g], starts[g + 1])
+                    mm(a[r], b[g].t(), out[r], per[g])
                 return out
             return run
-        runs["dense loop"] = loop(lambda x, w, o, p=dp: engine.gemm(x, w, o, plan=p))
-        twin = next((c for c in planner.candidates(rows, N, K, schedules=planner.SCHEDULES)
-                     if (c.bm, c.bn, c.schedule, c.swap_ab, c.mcast) == (gp.bm, gp.bn, gp.schedule, False, 1)), None)
-        if twin is not None and tag(twin) != tag(dp):
-            runs[f"dense loop {tag(twin)}"] = loop(lambda x, w, o, p=twin: engine.gemm(x, w, o, plan=p))
-            plans[f"dense loop {tag(twin)}"] = repr(twin)
-        runs["torch loop"] = loop(lambda x, w, o: torch.mm(x, w, out=o))
+        runs["dense loop"] = loop(lambda x, w, o, p: engine.gemm(x, w, o, plan=p), dps)
+        twins = {g: next((c for c in planner.candidates(sizes[g], N, K, schedules=planner.SCHEDULES)
+                          if (c.bm, c.bn, c.schedule, c.swap_ab, c.mcast) == (gp.bm, gp.bn, gp.schedule, False, 1)),
+                         None) for g in live}
+        if all(twins.values()) and any(tag(twins[g]) != tag(dps[g]) or dps[g].swap_ab for g in live):
+            runs[f"dense loop {tag(gp)}"] = loop(lambda x, w, o, p: engine.gemm(x, w, o, plan=p), twins)
+            plans[f"dense loop {tag(gp)}"] = repr(twins[live[0]])
+        runs["torch loop"] = loop(lambda x, w, o, p: torch.mm(x, w, out=o), dps)
         errors = {}
+        rows = ~torch.isnan(ref[:, 0])
         for name, fn in list(runs.items()):
             out.fill_(float("nan"))
             fn(0)
             torch.cuda.synchronize()
-            errors[name] = rel_error(out.double(), ref.double())
+            errors[name] = rel_error(out[rows].double(), ref[rows])
             if not errors[name] <= 1e-2:
                 runs.pop(name)
         res = time_interleaved(runs, 1, rounds=9, replay_ms=20.0)
         base = res.timings["torch loop"].median_ms
         ratios = {k: round(base / t.median_ms, 4) for k, t in res.timings.items()}
         flop = 2.0 * T * N * K
-        print(f"G={G} T={T} N={N} K={K} ({res.clocks.sm_mhz} MHz): " + ", ".join(
+        print(f"G={G} T={T} N={N} K={K} sizes {sizes} ({res.clocks.sm_mhz} MHz): " + ", ".join(
             f"{k} {flop / res.timings[k].median_ms / 1e9:.0f} TFLOP/s ({v:.3f})" for k, v in ratios.items()),
             flush=True)
         with open(out_path, "a") as f:
-            f.write(json.dumps({"suite": "grouped-vs-dense", "groups": G, "T": T, "N": N, "K": K,
+            f.write(json.dumps({"suite": "grouped-vs-dense", "groups": G, "T": T, "N": N, "K": K, "sizes": sizes,
                                 "torch_loop_ms": base, "ratios": ratios, "errors": errors, "plans": plans,
+                                "dense_picks": {g: repr(p) for g, p in dps.items()},
+                                "clocks_mhz": {k: c.sm_mhz for k, c in res.clocks_by_name.items()},
                                 "sm_clock_mhz": res.clocks.sm_mhz, "gpu": info.name,
                                 "git_sha": os.environ.get("GEMMLAB_GIT_SHA") or git_sha()}) + "\n")
 
