@@ -14,9 +14,12 @@ One line per shape to argv[1].
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_grouped_vs_dense.py OUT.jsonl
     PROBE_SHAPES="G,T,N,K;..." (default: Mixtral 8x7B gate/up at T = 512 / 4096 with G = 1 and 8, DBRX's)
+    PROBE_SPLIT=1 (with PROBE_UNEVEN, 128-row picks): also the pick over each group but a last tile of at most 64
+        rows, and 64 x 256 ping-pong over those last rows, as two launches on parts packed apart beforehand
     PROBE_UNEVEN="model:T,..." (instead: grouped_bench.py's gate/up shapes with its uneven routing, drawn as
         session 27's run drew them; the loops then run each expert's own rows, the dense loop each expert's
         own pick, "dense loop <tile>" each expert with the grouped pick's tile)"""
+import dataclasses
 import json
 import os
 import sys
@@ -69,6 +72,7 @@ def main():
         dps = {g: planner.candidates(sizes[g], N, K)[0] for g in live}  # each expert's dense pick
         dp = dps[max(live, key=lambda g: sizes[g])]  # the largest expert's
         runs, plans = {"grouped": None, "torch loop": None}, {"grouped": repr(gp), "dense loop": repr(dp)}
+        errors = {}
         runs["grouped"] = lambda i, p=gp: grouped.run(a, b, offs, out=out, plan=p)
         same = next((c for c in grouped.candidates("contiguous", G, T, N, K)
                      if (c.bm, c.bn, c.schedule) == (dp.bm, dp.bn, dp.schedule)), None)
@@ -91,9 +95,49 @@ def main():
             runs[f"dense loop {tag(gp)}"] = loop(lambda x, w, o, p: engine.gemm(x, w, o, plan=p), twins)
             plans[f"dense loop {tag(gp)}"] = repr(twins[live[0]])
         runs["torch loop"] = loop(lambda x, w, o, p: torch.mm(x, w, out=o), dps)
-        errors = {}
+        if os.environ.get("PROBE_SPLIT") and gp.bm == 128:
+            # Two launches: the grouped pick over each group's rows but a last tile of 64 rows or fewer, and
+            # 64 x 256 ping-pong over those last rows. The parts' rows packed apart beforehand (copies not
+            # timed), each part's output in its own buffer: the compute a split launch would do.
+            tail = [r % 128 if 0 < r % 128 <= 64 else 0 for r in sizes]
+            head = [r - t for r, t in zip(sizes, tail)]
+            idx0 = [i for g in live for i in range(starts[g], starts[g] + head[g])]
+            idx1 = [i for g in live for i in range(starts[g] + head[g], starts[g + 1])]
+            a0, a1 = a[torch.tensor(idx0, device="cuda")], a[torch.tensor(idx1, device="cuda")]
+            o0 = torch.empty(len(idx0), N, device="cuda", dtype=torch.bfloat16)
+            o1 = torch.empty(max(1, len(idx1)), N, device="cuda", dtype=torch.bfloat16)
+            offs0 = torch.tensor([sum(head[:g]) for g in range(G + 1)], device="cuda", dtype=torch.int32)
+            offs1 = torch.tensor([sum(tail[:g]) for g in range(G + 1)], device="cuda", dtype=torch.int32)
+            p0 = dataclasses.replace(gp, rows=len(idx0))
+            p1 = next((c for c in grouped.candidates("contiguous", G, max(1, len(idx1)), N, K)
+                       if (c.bm, c.bn, c.schedule) == (64, 256, "pingpong")), None)
+
+            def split(i, p0=p0, p1=p1):
+                grouped.run(a0, b, offs0, out=o0, plan=p0)
+                if idx1:
+                    grouped.run(a1, b, offs1, out=o1, plan=p1)
+                out[torch.tensor(idx0, device="cuda")] = o0
+                if idx1:
+                    out[torch.tensor(idx1, device="cuda")] = o1[: len(idx1)]
+                return out
+
+            def split_timed(i, p0=p0, p1=p1):  # the two launches only
+                grouped.run(a0, b, offs0, out=o0, plan=p0)
+                if idx1:
+                    grouped.run(a1, b, offs1, out=o1, plan=p1)
+            if p1 is not None:
+                out.fill_(float("nan"))
+                split(0)
+                torch.cuda.synchronize()
+                rows_ = ~torch.isnan(ref[:, 0])
+                errors["split 128 / 64 x 256 pp (check)"] = rel_error(out[rows_].double(), ref[rows_])
+                if errors["split 128 / 64 x 256 pp (check)"] <= 1e-2:
+                    runs["split 128 / 64 x 256 pp"] = split_timed
+                plans["split"] = f"head {head} with {tag(p0)}, tail {tail} with 64x256 pingpong"
         rows = ~torch.isnan(ref[:, 0])
         for name, fn in list(runs.items()):
+            if name.startswith("split"):  # checked above (its launches write the parts' own buffers)
+                continue
             out.fill_(float("nan"))
             fn(0)
             torch.cuda.synchronize()
