@@ -14,6 +14,7 @@ One line per shape to argv[1].
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_grouped_vs_dense.py OUT.jsonl
     PROBE_SHAPES="G,T,N,K;..." (default: Mixtral 8x7B gate/up at T = 512 / 4096 with G = 1 and 8, DBRX's)
+    PROBE_TILES="bm,bn,schedule;..." (also each tile in the grouped kernel and as a dense loop of it)
     PROBE_SPLIT=1 (with PROBE_UNEVEN, 128-row picks): also the pick over each group but a last tile of at most 64
         rows, and 64 x 256 ping-pong over those last rows, as two launches on parts packed apart beforehand
     PROBE_UNEVEN="model:T,..." (instead: grouped_bench.py's gate/up shapes with its uneven routing, drawn as
@@ -95,6 +96,23 @@ def main():
             runs[f"dense loop {tag(gp)}"] = loop(lambda x, w, o, p: engine.gemm(x, w, o, plan=p), twins)
             plans[f"dense loop {tag(gp)}"] = repr(twins[live[0]])
         runs["torch loop"] = loop(lambda x, w, o, p: torch.mm(x, w, out=o), dps)
+        # PROBE_TILES="128,176,pingpong;...": each tile both ways, in the grouped kernel and as a loop of the
+        # dense engine with that tile for every expert (not swapped), where both have it.
+        for spec in filter(None, os.environ.get("PROBE_TILES", "").split(";")):
+            bm, bn, sched = spec.split(",")
+            key = (int(bm), int(bn), sched)
+            gq = next((c for c in grouped.candidates("contiguous", G, T, N, K) if (c.bm, c.bn, c.schedule) == key), None)
+            dq = {g: next((c for c in planner.candidates(sizes[g], N, K, schedules=planner.SCHEDULES)
+                           if (c.bm, c.bn, c.schedule, c.swap_ab, c.mcast) == (*key, False, 1)), None) for g in live}
+            if gq is None or not all(dq.values()):
+                continue
+            name = f"{bm}x{bn} {sched}"
+            if f"grouped {name}" not in runs and name != tag(gp):
+                runs[f"grouped {name}"] = lambda i, p=gq: grouped.run(a, b, offs, out=out, plan=p)
+                plans[f"grouped {name}"] = repr(gq)
+            if f"dense loop {name}" not in runs:
+                runs[f"dense loop {name}"] = loop(lambda x, w, o, p: engine.gemm(x, w, o, plan=p), dq)
+                plans[f"dense loop {name}"] = repr(dq[live[0]])
         if os.environ.get("PROBE_SPLIT") and gp.bm == 128:
             # Two launches: the grouped pick over each group's rows but a last tile of 64 rows or fewer, and
             # 64 x 256 ping-pong over those last rows. The parts' rows packed apart beforehand (copies not
