@@ -24,7 +24,7 @@ moe, grouped_bench's MoE shapes on the grouped kernel against
 torch._grouped_mm.
 
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
-        [--variants base,divergent]   (--pick small --variants base,warm,warm32)
+        [--variants base,divergent]   (--pick small --variants base,warm,warm32,order)
 """
 import argparse
 import json
@@ -77,7 +77,21 @@ FULL_A = [("engine/gemm_grouped.cu", "#define GROUPED_SHORT_A 1", "#define GROUP
 WARM, WARM2 = ([("common/mainloop.cuh", "#define EARLY_L2 0", f"#define EARLY_L2 {v}")] for v in (1, 2))
 WARM32 = WARM + [("engine/gemm.cu", "        if (threadIdx.x == 0) {\n            TileScheduler<Tr::SCHEDULE> first(",
                   "        if (threadIdx.x == 32) {\n            TileScheduler<Tr::SCHEDULE> first(")]
-VARIANTS = {"base": [], "divergent": DIVERGENT, "early": EARLY, "converge": CONVERGE, "warm": WARM, "warm2": WARM2,
+# order: the producer thread reads its first unit's entry of the order table before pdl_wait (the table is
+# written once by the host when the plan is built, never by a kernel), so that read's latency (a miss to HBM
+# after the previous launch streamed its operands through the L2) overlaps the kernel before instead of
+# delaying the first loads.
+ORDER_FIRST = [
+    ("engine/gemm.cu", "    pdl_wait();\n    pdl_trigger_early();\n",
+     "    int first_packed = 0;\n    if (threadIdx.x == 0) {\n"
+     "        TileScheduler<Tr::SCHEDULE> first0(num_tiles, k_iters, ScheduleArgs{splits, sk_tiles, sk_ctas});\n"
+     "        WorkUnit f0;\n        if (first0.next(f0)) first_packed = __ldg(order + f0.tile);\n    }\n"
+     "    pdl_wait();\n    pdl_trigger_early();\n"),
+    ("engine/gemm.cu", "            RingCursor cur;\n            while (sched.next(u)) {\n"
+     "                const int packed = order[u.tile];\n",
+     "            RingCursor cur;\n            int uses = 0;\n            while (sched.next(u)) {\n"
+     "                const int packed = uses++ == 0 ? first_packed : order[u.tile];\n")]
+VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE, "warm": WARM, "warm2": WARM2,
             "warm32": WARM32, "pull": PULL, "fullA": FULL_A}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 # --pick moe: probe_row_skip's four MoE shapes and small-T ones where groups hold a few rows (DBRX, Mixtral
