@@ -1,0 +1,132 @@
+"""Probe: the fitted grouped kernel (kernels/engine/gemm_grouped_fit.cu, a draft) against the grouped pick.
+
+    PYTHONPATH=src python3 benchmarks/probes/probe_grouped_fit.py $OUT/grouped_fit_probe.jsonl
+
+The draft swaps the operands (128 weight rows x W tokens a tile) and fits each group's token tiles to its
+rows on the device (W a multiple of Q up to WMAX). On grouped_bench's uneven routing (same seeds) of the
+shapes in PROBE_GROUPED (model:T pairs, default the many-expert shapes where the pick pads the most), each
+width set is checked against an fp32 reference on poisoned outputs, then timed interleaved with
+``grouped_mm``'s pick and ``torch._grouped_mm`` (graph replay). One JSON line per (shape, candidate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import grouped_bench as gb  # noqa: E402
+
+from gemmlab import grouped  # noqa: E402
+from gemmlab.bench import git_sha, rel_error  # noqa: E402
+from gemmlab.gpu import gpu_info  # noqa: E402
+from gemmlab.jit.compiler import compile_kernel  # noqa: E402
+from gemmlab.jit.launch import launch, tensor_map_2d  # noqa: E402
+from gemmlab.timer import time_interleaved  # noqa: E402
+
+SOURCE = "engine/gemm_grouped_fit.cu"
+TRAITS = "GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 128, {wmax}, {stages}, false, false, false, false, 0, true, 0, true>"
+VARIANTS = {"fit_q16": (128, 5, 16), "fit_q32": (128, 5, 32)}  # name: (WMAX, stages, Q)
+DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
+
+
+def fit_runner(a, b, offs, out, wmax, stages, q):
+    """A launcher of the draft for these operands (maps built once)."""
+    G, N, K = b.shape
+    T = a.shape[0]
+    ne = f"engine_gemm_grouped_fit<{TRAITS.format(wmax=wmax, stages=stages)}, 128, {q}>"
+    k = compile_kernel(SOURCE, ne, arch="sm_90a")
+    b2 = b.reshape(G * N, K)
+    map_w = tensor_map_2d(b2, (128, 64))
+    maps_t = [tensor_map_2d(a, (w, 64)) for w in range(q, wmax + 1, q)]
+    maps_t += [maps_t[0]] * (8 - len(maps_t))
+    smem = 1024 + stages * (128 + wmax) * 64 * 2 + 2 * 2 * 64 * 128
+    tiles = sum(-(-int(r) // wmax) for r in (offs[1:] - offs[:-1]).tolist()) * -(-N // 128)
+    grid = max(1, min(gpu_info().sm_count, tiles))
+
+    def run(o):
+        args = (map_w, *maps_t, offs, np.int32(1), np.int32(G), np.int32(T), np.int32(N), np.int32(K), o,
+                np.int64(o.stride(0)))
+        launch(k, grid=grid, block=384, smem=smem, args=args)
+        return o
+
+    return run
+
+
+def check_edges() -> list[str]:
+    """The draft on ragged groups (0, 1, 15 .. 300 rows), N not a multiple of 128, K not of 64, against an
+    fp32 reference on NaN-poisoned outputs: one line per (variant, case)."""
+    lines = []
+    for sizes, N, K in [([0, 1, 15, 16, 17, 127, 128, 129, 300, 0, 2], 200, 104), ([5, 0, 0, 250], 384, 4096),
+                        ([64] * 40, 1000, 192)]:
+        G, T = len(sizes), sum(sizes)
+        offs = torch.tensor([0] + np.cumsum(sizes).tolist(), dtype=torch.int32, device="cuda")
+        a = torch.randn(T, K, device="cuda").to(torch.bfloat16)
+        b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
+        ref = grouped.reference_grouped_mm(a, b, offs, dtype=torch.float32)
+        for name, (wmax, stages, q) in VARIANTS.items():
+            o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fit_runner(a, b, offs, None, wmax, stages, q)(o)
+            torch.cuda.synchronize()
+            err = rel_error(o.double(), ref.double())
+            lines.append(f"edge {name} sizes={sizes} N={N} K={K}: rel_error {err:.2e} {'ok' if err <= 1e-2 else 'FAIL'}")
+    return lines
+
+
+def main() -> None:
+    out_path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.environ.get("OUT", "."), "grouped_fit_probe.jsonl")
+    info, sha = gpu_info(), git_sha()
+    for line in check_edges():
+        print(line, flush=True)
+    pairs = os.environ.get("PROBE_GROUPED", DEFAULT).split(",")
+    todo = [sh for pair in pairs for sh in gb.shapes([pair.split(":")[0]], [int(pair.split(":")[1])])]
+    for n, (model, proj, G, N, K, T) in enumerate(todo):
+        offs, sizes = gb.uneven_offsets(G, T, seed=gb.shape_seed(model, proj, T, n))
+        a = torch.randn(T, K, device="cuda").to(torch.bfloat16)
+        b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
+        outs = {}
+        ref = grouped.reference_grouped_mm(a, b, offs, dtype=torch.float32)
+        plan = grouped.plan_for(a, b, offs)
+        ends = offs[1:].contiguous()
+        runs = {"ours": lambda o: grouped.run(a, b, offs, out=o, plan=plan),
+                "torch_grouped_mm": lambda o: o.copy_(torch._grouped_mm(a, b.transpose(-2, -1), ends))}
+        for name, (wmax, stages, q) in VARIANTS.items():
+            runs[name] = fit_runner(a, b, offs, None, wmax, stages, q)
+        errors, cands = {}, {}
+        for name, fn in runs.items():
+            o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            try:
+                fn(o)
+                torch.cuda.synchronize()
+                errors[name] = rel_error(o.double(), ref.double())
+            except Exception as e:  # noqa: BLE001
+                errors[name] = f"{type(e).__name__}: {e}"[:300]
+            outs[name] = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
+            if isinstance(errors[name], float) and errors[name] <= 1e-2:  # (torch timed without the check's copy)
+                cands[name] = ((lambda i: torch._grouped_mm(a, b.transpose(-2, -1), ends)) if name == "torch_grouped_mm"
+                               else (lambda f, o: (lambda i: f(o)))(fn, outs[name]))
+        res = time_interleaved(cands, 1, rounds=9)
+        times = {k: t.median_ms for k, t in res.timings.items()}
+        flop = 2.0 * T * N * K
+        line = f"[{n + 1}/{len(todo)}] {model} {proj} G={G} T={T}"
+        with open(out_path, "a") as f:
+            for name in runs:
+                t = times.get(name)
+                base = times.get("torch_grouped_mm")
+                line += f"  {name} " + (f"{flop / t / 1e9:.0f} ({base / t:.3f}x)" if t and base else str(errors[name])[:60])
+                f.write(json.dumps({"probe": "grouped_fit", "model": model, "proj": proj, "groups": G, "N": N, "K": K,
+                                    "T": T, "candidate": name, "time_ms": t, "tflops": flop / t / 1e9 if t else None,
+                                    "ratio_to_torch_grouped_mm": base / t if t and base else None,
+                                    "rel_error": errors[name], "plan": repr(plan) if name == "ours" else name,
+                                    "sm_clock_mhz": res.clocks.sm_mhz,
+                                    "gpu": info.name, "git_sha": sha}) + "\n")
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

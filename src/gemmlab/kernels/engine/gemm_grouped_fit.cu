@@ -1,0 +1,206 @@
+// engine.gemm_grouped_fit (DRAFT, compiled and SASS-read on the CPU only; not offered, not GPU-tested):
+// grouped GEMM with the operands swapped and each group's token tiles fitted to its rows.
+// For each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, computed as out_g^T = B[g] @ A_g^T:
+// the kernel's "A" is the expert's weight (BM = 128 weight rows a tile, two consumers of 64), its "B" the
+// group's tokens, a tile W tokens wide. W is chosen per group on the device: the group's rows r take
+// nt = ceil(r / WMAX) token tiles of the same width W = ceil(r / nt) rounded up to Q, one of the widths
+// Q, 2 Q, .., WMAX the kernel is instantiated for. So a group pads at most Q - 1 rows a token tile, where
+// a tile of BM token rows pads BM / 2 on average (64 x 256: 1.2-1.5x the rows at 80-160 rows a group, the
+// MMA-bound many-expert shapes; docs/worklog.md, session 30).
+// Each width has its own k-loop (the wgmma's n is fixed per instruction) and its own epilogue; the ring's
+// slots hold WMAX token rows, a narrower tile fills the first W of them through a box of W rows (one
+// token map a width). Stores are the dense engine's transposed DIRECT stores, bounded by the group's rows
+// and N (epilogue_store.cuh): tokens past the group's end belong to the next group and are never stored.
+// Tile order: a group's token tiles fastest, then its weight tiles, so the nt tiles that read one weight
+// tile run side by side and the weight streams from HBM once; a group's tokens stay in L2.
+#include "common/gemm_traits.cuh"
+#include "common/mainloop.cuh"
+#include "common/epilogue_store.cuh"
+
+// Per group: first tile index, first row, rows, token tiles and their width.
+template <int MAX_G, int WMAX, int Q>
+struct FitTable {
+    int first[MAX_G + 1];
+    int start[MAX_G];
+    int rows[MAX_G];
+    int shape[MAX_G];  // nt << 16 | W
+
+    // Warp 0 only, then __syncthreads(). Contiguous offsets: lead = 1, G + 1 boundaries; lead = 0, G ends.
+    __device__ __forceinline__ void build(const int* __restrict__ ranges, int lead, int G, int limit, int tiles_w,
+                                          int lane) {
+        int carry = 0;
+        for (int base = 0; base < G; base += 32) {
+            const int g = base + lane;
+            int s = 0, r = 0;
+            if (g < G) {
+                const int b = lead ? __ldg(ranges + g) : (g > 0 ? __ldg(ranges + g - 1) : 0);
+                const int e = __ldg(ranges + g + lead);
+                s = min(max(b, 0), limit);
+                r = min(max(e, s), limit) - s;
+            }
+            const int nt = (r + WMAX - 1) / WMAX;
+            const int w = nt ? ((r + nt - 1) / nt + Q - 1) / Q * Q : Q;
+            const int tiles = nt * tiles_w;
+            int x = tiles;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += y;
+            }
+            if (g < G) {
+                first[g] = carry + x - tiles;
+                start[g] = s;
+                rows[g] = r;
+                shape[g] = nt << 16 | w;
+            }
+            carry += __shfl_sync(0xffffffffu, x, 31);
+        }
+        if (lane == 0) first[G] = carry;
+    }
+
+    struct Tile {
+        int row0, rows, g, wt, j, w;  // group's first row and rows, group, weight tile, token tile, width
+    };
+    __device__ __forceinline__ Tile locate(int t, int G) const {
+        int lo = 0, hi = G - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (first[mid] <= t) lo = mid;
+            else hi = mid - 1;
+        }
+        const int nt = shape[lo] >> 16, local = t - first[lo];
+        return Tile{start[lo], rows[lo], lo, local / nt, local % nt, shape[lo] & 0xffff};
+    }
+};
+
+// The same traits at token width W (the wgmma's n and the epilogue's columns); the ring keeps Tr's slots.
+template <class Tr, int W>
+struct AtWidth : GemmTraits<typename Tr::T, typename Tr::TO, typename Tr::TO, Tr::BM, W, Tr::STAGES, false, false,
+                            false, false, 0, true, DATA_PARALLEL, true> {};
+
+// A consumer's k-loop at width W: consume_unit's, the token slot at Tr::BN rows a stage.
+template <class Tr, int W>
+__device__ __forceinline__ void consume_at(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
+                                           const typename Tr::T* sB, int consumer, int t, float (&d)[W / 2],
+                                           int k_iters) {
+    using T = typename Tr::T;
+    constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
+    int prev = 0;
+    for (int kt = 0; kt < k_iters; ++kt) {
+        ring.wait_full(cur);
+        const T* a = sA + cur.stage * BM * BK + consumer * 64 * BK;
+        const T* b = sB + cur.stage * BN * BK;
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            Wgmma<W, T>::mma(d, desc_sw128(a + 16 * k), desc_sw128(b + 16 * k), (kt == 0 && k == 0) ? 0 : 1);
+        wgmma_commit();
+        if (kt > 0) {
+            wgmma_wait<1>();
+            if (t == 0) ring.release(prev);
+        }
+        prev = cur.stage;
+        cur.template advance<Tr::STAGES>();
+    }
+    wgmma_wait<0>();
+    if (t == 0) ring.release(prev);
+}
+
+// The tile's k-loop and its transposed DIRECT store at width W: out rows (tokens) row0 + j W .. of the
+// group, out columns (weight rows) wt BM + 64 consumer ...
+template <class Tr, int W>
+__device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
+                                        const typename Tr::T* sB, int consumer, int t, float (&acc)[Tr::BN / 2],
+                                        int k_iters, int c0, int r0, int rows, int N, typename Tr::TO* Out,
+                                        long long ldo, unsigned char* slabs, int& pieces) {
+    using Tw = AtWidth<Tr, W>;
+    float(&d)[W / 2] = *reinterpret_cast<float(*)[W / 2]>(&acc[0]);
+    consume_at<Tr, W>(ring, cur, sA, sB, consumer, t, d, k_iters);
+    // EpilogueArgs under TRANS_OUT: M = out's columns (N), N = out's rows (the group's rows).
+    const EpilogueArgs<Tw> ep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out, ldo, N, rows};
+    store_block<Tw>(d, r0 + 64 * consumer, c0, ep, slabs, pieces, nullptr, nullptr, t, consumer);
+}
+
+// The token map of width w (a box of w rows): tmT[w / Q - 1].
+#define FIT_MAPS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+
+template <class Tr, int MAX_G, int Q>
+__global__ void __launch_bounds__(Tr::THREADS, 1)
+engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
+                        const __grid_constant__ CUtensorMap tmT2, const __grid_constant__ CUtensorMap tmT3,
+                        const __grid_constant__ CUtensorMap tmT4, const __grid_constant__ CUtensorMap tmT5,
+                        const __grid_constant__ CUtensorMap tmT6, const __grid_constant__ CUtensorMap tmT7,
+                        const __grid_constant__ CUtensorMap tmT8, const int* __restrict__ ranges, int lead, int G,
+                        int limit, int N, int K, typename Tr::TO* __restrict__ Out, long long ldo) {
+    using T = typename Tr::T;
+    constexpr int BM = Tr::BM, WMAX = Tr::BN, BK = Tr::BK;
+    static_assert(BM == 128 && Tr::CONSUMERS == 2 && Tr::TRANS_OUT && Tr::DIRECT && WMAX % Q == 0 &&
+                      WMAX / Q <= 8 && Tr::SCHEDULE == DATA_PARALLEL,
+                  "fitted grouped: 128 weight rows (two consumers), at most 8 widths, DIRECT transposed stores");
+    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(FitTable<MAX_G, WMAX, Q>) <=
+                      227 * 1024 - 256,
+                  "shared memory (with the group table)");
+    extern __shared__ unsigned char smem_raw[];
+    T* sA = reinterpret_cast<T*>(align_1024(smem_raw));
+    T* sB = sA + Tr::STAGES * BM * BK;
+    unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * WMAX * BK);
+    __shared__ Ring<Tr::STAGES> ring;
+    __shared__ FitTable<MAX_G, WMAX, Q> groups;
+
+    const int wg = warpgroup_index(), t = threadIdx.x % 128;
+    const int tiles_w = (N + BM - 1) / BM, k_iters = (K + BK - 1) / BK;
+    pdl_wait();
+    pdl_trigger_early();
+    if (threadIdx.x < 32) groups.build(ranges, lead, G, limit, tiles_w, threadIdx.x);
+    if (threadIdx.x == 0) ring.init(Tr::SLOT_READERS);
+    __syncthreads();
+    const int total = groups.first[G];
+
+    if (wg == 0) {
+        setmaxnreg_dec<40>();
+        if (t == 0) {
+            RingCursor cur;
+            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+                const auto gt = groups.locate(tile, G);
+                const int w_row = gt.g * N + gt.wt * BM, t_row = gt.row0 + gt.j * gt.w;
+                const CUtensorMap* tm = &tmT1;
+#define FIT_PICK(i) \
+    if (gt.w == i * Q) tm = &tmT##i;
+                FIT_MAPS(FIT_PICK)
+#undef FIT_PICK
+                const u32 bytes = u32(BM + gt.w) * BK * sizeof(T);
+                for (int kt = 0; kt < k_iters; ++kt) {
+                    u64* bar = ring.acquire(cur, bytes);
+                    tma_load_2d(sA + cur.stage * BM * BK, &tmW, bar, kt * BK, w_row);
+                    tma_load_2d(sB + cur.stage * WMAX * BK, tm, bar, kt * BK, t_row);
+                    cur.template advance<Tr::STAGES>();
+                }
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<Tr::CONSUMER_REGS>();
+    const int consumer = wg - 1;
+    unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
+    RingCursor cur;
+    int pieces = 0;
+    float acc[WMAX / 2];
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        const auto gt = groups.locate(tile, G);
+        // out of group g: rows row0 .. row0 + rows; this tile's tokens j w .., weight rows (out columns) wt BM ..
+        typename Tr::TO* out_g = Out + (long long)gt.row0 * ldo;
+        const int c0 = gt.j * gt.w, r0 = gt.wt * BM;
+        switch (gt.w / Q) {
+#define FIT_CASE(i)                                                                                                 \
+    case i:                                                                                                         \
+        if constexpr (i * Q <= WMAX)                                                                                \
+            tile_at<Tr, i * Q>(ring, cur, sA, sB, consumer, t, acc, k_iters, c0, r0, gt.rows, N, out_g, ldo, slabs, \
+                               pieces);                                                                             \
+        break;
+            FIT_MAPS(FIT_CASE)
+#undef FIT_CASE
+        }
+    }
+    pdl_trigger_late();
+}
