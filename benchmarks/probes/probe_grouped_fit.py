@@ -31,15 +31,15 @@ from gemmlab.timer import time_interleaved  # noqa: E402
 
 SOURCE = "engine/gemm_grouped_fit.cu"
 TRAITS = "GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 128, {wmax}, {stages}, false, false, false, false, 0, true, 0, true>"
-VARIANTS = {"fit_q16": (128, 5, 16), "fit_q32": (128, 5, 32)}  # name: (WMAX, stages, Q)
+VARIANTS = {"fit_q16": (128, 5, 16, 128), "fit256_q32": (256, 4, 32, 64)}  # name: (WMAX, stages, Q, MAX_G)
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
 
 
-def fit_runner(a, b, offs, out, wmax, stages, q):
+def fit_runner(a, b, offs, out, wmax, stages, q, max_g):
     """A launcher of the draft for these operands (maps built once)."""
     G, N, K = b.shape
     T = a.shape[0]
-    ne = f"engine_gemm_grouped_fit<{TRAITS.format(wmax=wmax, stages=stages)}, 128, {q}>"
+    ne = f"engine_gemm_grouped_fit<{TRAITS.format(wmax=wmax, stages=stages)}, {max_g}, {q}>"
     k = compile_kernel(SOURCE, ne, arch="sm_90a")
     b2 = b.reshape(G * N, K)
     map_w = tensor_map_2d(b2, (128, 64))
@@ -69,9 +69,9 @@ def check_edges() -> list[str]:
         a = torch.randn(T, K, device="cuda").to(torch.bfloat16)
         b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
         ref = grouped.reference_grouped_mm(a, b, offs, dtype=torch.float32)
-        for name, (wmax, stages, q) in VARIANTS.items():
+        for name, (wmax, stages, q, max_g) in VARIANTS.items():
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fit_runner(a, b, offs, None, wmax, stages, q)(o)
+            fit_runner(a, b, offs, None, wmax, stages, q, max_g)(o)
             torch.cuda.synchronize()
             err = rel_error(o.double(), ref.double())
             lines.append(f"edge {name} sizes={sizes} N={N} K={K}: rel_error {err:.2e} {'ok' if err <= 1e-2 else 'FAIL'}")
@@ -95,8 +95,9 @@ def main() -> None:
         ends = offs[1:].contiguous()
         runs = {"ours": lambda o: grouped.run(a, b, offs, out=o, plan=plan),
                 "torch_grouped_mm": lambda o: o.copy_(torch._grouped_mm(a, b.transpose(-2, -1), ends))}
-        for name, (wmax, stages, q) in VARIANTS.items():
-            runs[name] = fit_runner(a, b, offs, None, wmax, stages, q)
+        for name, (wmax, stages, q, max_g) in VARIANTS.items():
+            if G <= max_g:
+                runs[name] = fit_runner(a, b, offs, None, wmax, stages, q, max_g)
         errors, cands = {}, {}
         for name, fn in runs.items():
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
