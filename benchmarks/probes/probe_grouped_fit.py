@@ -6,7 +6,8 @@ The draft swaps the operands (128 weight rows x W tokens a tile) and fits each g
 rows on the device (W a multiple of Q up to WMAX). On grouped_bench's uneven routing (same seeds) of the
 shapes in PROBE_GROUPED (model:T pairs, default the many-expert shapes where the pick pads the most), each
 width set is checked against an fp32 reference on poisoned outputs, then timed interleaved with
-``grouped_mm``'s pick and ``torch._grouped_mm`` (graph replay). One JSON line per (shape, candidate).
+``grouped_mm``'s pick and ``torch._grouped_mm`` (graph replay, one input set: the weights, 0.5-2 GB, stream from HBM regardless).
+One JSON line per (shape, candidate).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ VARIANTS = {"fit_q16": (128, 5, 16, 128), "fit256_q32": (256, 4, 32, 64)}  # nam
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
 
 
-def fit_runner(a, b, offs, out, wmax, stages, q, max_g):
+def fit_runner(a, b, offs, wmax, stages, q, max_g):
     """A launcher of the draft for these operands (maps built once)."""
     G, N, K = b.shape
     T = a.shape[0]
@@ -71,7 +72,7 @@ def check_edges() -> list[str]:
         ref = grouped.reference_grouped_mm(a, b, offs, dtype=torch.float32)
         for name, (wmax, stages, q, max_g) in VARIANTS.items():
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fit_runner(a, b, offs, None, wmax, stages, q, max_g)(o)
+            fit_runner(a, b, offs, wmax, stages, q, max_g)(o)
             torch.cuda.synchronize()
             err = rel_error(o.double(), ref.double())
             lines.append(f"edge {name} sizes={sizes} N={N} K={K}: rel_error {err:.2e} {'ok' if err <= 1e-2 else 'FAIL'}")
@@ -97,7 +98,7 @@ def main() -> None:
                 "torch_grouped_mm": lambda o: o.copy_(torch._grouped_mm(a, b.transpose(-2, -1), ends))}
         for name, (wmax, stages, q, max_g) in VARIANTS.items():
             if G <= max_g:
-                runs[name] = fit_runner(a, b, offs, None, wmax, stages, q, max_g)
+                runs[name] = fit_runner(a, b, offs, wmax, stages, q, max_g)
         errors, cands = {}, {}
         for name, fn in runs.items():
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
