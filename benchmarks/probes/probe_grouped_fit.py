@@ -6,7 +6,8 @@ The draft swaps the operands (128 weight rows x W tokens a tile) and fits each g
 rows on the device (W a multiple of Q up to WMAX). On grouped_bench's uneven routing (same seeds) of the
 shapes in PROBE_GROUPED (model:T pairs, default the many-expert shapes where the pick pads the most), each
 width set is checked against an fp32 reference on poisoned outputs, then timed interleaved with
-``grouped_mm``'s pick and ``torch._grouped_mm`` (graph replay, one input set: the weights, 0.5-2 GB, stream from HBM regardless).
+``grouped_mm``'s pick and ``torch._grouped_mm`` (graph replay, one input set: the weights, 0.5-2 GB, stream
+from HBM regardless).
 One JSON line per (shape, candidate).
 """
 
