@@ -32,23 +32,25 @@ from gemmlab.jit.launch import launch, tensor_map_2d  # noqa: E402
 from gemmlab.timer import time_interleaved  # noqa: E402
 
 SOURCE = "engine/gemm_grouped_fit.cu"
-TRAITS = "GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 128, {wmax}, {stages}, false, false, false, false, 0, true, 0, true>"
-VARIANTS = {"fit_q16": (128, 5, 16, 128), "fit256_q32": (256, 4, 32, 64)}  # name: (WMAX, stages, Q, MAX_G)
+TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax}, {stages}, false, false, false, false, 0, "
+          "true, {sched}, true>")
+# name: (weight rows a tile, WMAX, stages, Q, MAX_G, schedule: 0 data-parallel, 3 ping-pong)
+VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0), "fitpp256_q32": (64, 256, 4, 32, 128, 3)}
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
 
 
-def fit_runner(a, b, offs, wmax, stages, q, max_g):
+def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched):
     """A launcher of the draft for these operands (maps built once)."""
     G, N, K = b.shape
     T = a.shape[0]
-    ne = f"engine_gemm_grouped_fit<{TRAITS.format(wmax=wmax, stages=stages)}, {max_g}, {q}>"
+    ne = f"engine_gemm_grouped_fit<{TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)}, {max_g}, {q}>"
     k = compile_kernel(SOURCE, ne, arch="sm_90a")
     b2 = b.reshape(G * N, K)
-    map_w = tensor_map_2d(b2, (128, 64))
+    map_w = tensor_map_2d(b2, (bm, 64))
     maps_t = [tensor_map_2d(a, (w, 64)) for w in range(q, wmax + 1, q)]
     maps_t += [maps_t[0]] * (8 - len(maps_t))
-    smem = 1024 + stages * (128 + wmax) * 64 * 2 + 2 * 2 * 64 * 128
-    tiles = sum(-(-int(r) // wmax) for r in (offs[1:] - offs[:-1]).tolist()) * -(-N // 128)
+    smem = 1024 + stages * (bm + wmax) * 64 * 2 + 2 * 2 * 64 * 128
+    tiles = sum(-(-int(r) // wmax) for r in (offs[1:] - offs[:-1]).tolist()) * -(-N // bm)
     grid = max(1, min(gpu_info().sm_count, tiles))
 
     def run(o):
@@ -71,9 +73,9 @@ def check_edges() -> list[str]:
         a = torch.randn(T, K, device="cuda").to(torch.bfloat16)
         b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
         ref = grouped.reference_grouped_mm(a, b, offs, dtype=torch.float32)
-        for name, (wmax, stages, q, max_g) in VARIANTS.items():
+        for name, (bm, wmax, stages, q, max_g, sched) in VARIANTS.items():
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fit_runner(a, b, offs, wmax, stages, q, max_g)(o)
+            fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched)(o)
             torch.cuda.synchronize()
             err = rel_error(o.double(), ref.double())
             lines.append(f"edge {name} sizes={sizes} N={N} K={K}: rel_error {err:.2e} {'ok' if err <= 1e-2 else 'FAIL'}")
@@ -97,9 +99,9 @@ def main() -> None:
         ends = offs[1:].contiguous()
         runs = {"ours": lambda o: grouped.run(a, b, offs, out=o, plan=plan),
                 "torch_grouped_mm": lambda o: o.copy_(torch._grouped_mm(a, b.transpose(-2, -1), ends))}
-        for name, (wmax, stages, q, max_g) in VARIANTS.items():
+        for name, (bm, wmax, stages, q, max_g, sched) in VARIANTS.items():
             if G <= max_g:
-                runs[name] = fit_runner(a, b, offs, wmax, stages, q, max_g)
+                runs[name] = fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched)
         errors, cands = {}, {}
         for name, fn in runs.items():
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)

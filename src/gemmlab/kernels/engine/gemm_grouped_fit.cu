@@ -1,7 +1,8 @@
 // engine.gemm_grouped_fit (DRAFT, compiled and SASS-read on the CPU only; not offered, not GPU-tested):
 // grouped GEMM with the operands swapped and each group's token tiles fitted to its rows.
 // For each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, computed as out_g^T = B[g] @ A_g^T:
-// the kernel's "A" is the expert's weight (BM = 128 weight rows a tile, two consumers of 64), its "B" the
+// the kernel's "A" is the expert's weight (BM = 128 weight rows a tile, two consumers of 64; or PINGPONG:
+// BM = 64, each consumer a whole tile in turn, its epilogue under the other's k-loop), its "B" the
 // group's tokens, a tile W tokens wide. W is chosen per group on the device: the group's rows r take
 // nt = ceil(r / WMAX) token tiles of the same width W = ceil(r / nt) rounded up to Q, one of the widths
 // Q, 2 Q, .., WMAX the kernel is instantiated for. So a group pads at most Q - 1 rows a token tile, where
@@ -76,7 +77,7 @@ struct FitTable {
 // The same traits at token width W (the wgmma's n and the epilogue's columns); the ring keeps Tr's slots.
 template <class Tr, int W>
 struct AtWidth : GemmTraits<typename Tr::T, typename Tr::TO, typename Tr::TO, Tr::BM, W, Tr::STAGES, false, false,
-                            false, false, 0, true, DATA_PARALLEL, true> {};
+                            false, false, 0, true, Tr::SCHEDULE, true> {};
 
 // A consumer's k-loop at width W: consume_unit's, the token slot at Tr::BN rows a stage.
 template <class Tr, int W>
@@ -88,7 +89,7 @@ __device__ __forceinline__ void consume_at(Ring<Tr::STAGES>& ring, RingCursor& c
     int prev = 0;
     for (int kt = 0; kt < k_iters; ++kt) {
         ring.wait_full(cur);
-        const T* a = sA + cur.stage * BM * BK + consumer * 64 * BK;
+        const T* a = sA + cur.stage * BM * BK + Tr::first_block(consumer) * 64 * BK;
         const T* b = sB + cur.stage * BN * BK;
         wgmma_fence();
 #pragma unroll
@@ -107,18 +108,22 @@ __device__ __forceinline__ void consume_at(Ring<Tr::STAGES>& ring, RingCursor& c
 }
 
 // The tile's k-loop and its transposed DIRECT store at width W: out rows (tokens) row0 + j W .. of the
-// group, out columns (weight rows) wt BM + 64 consumer ...
+// group, out columns (weight rows) wt BM + 64 consumer .. (ping-pong: wt BM ..; the turn passes to the
+// other consumer between the two).
 template <class Tr, int W>
 __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
                                         const typename Tr::T* sB, int consumer, int t, float (&acc)[Tr::BN / 2],
                                         int k_iters, int c0, int r0, int rows, int N, typename Tr::TO* Out,
-                                        long long ldo, unsigned char* slabs, int& pieces) {
+                                        long long ldo, unsigned char* slabs, int& pieces, Turns& turns) {
     using Tw = AtWidth<Tr, W>;
     float(&d)[W / 2] = *reinterpret_cast<float(*)[W / 2]>(&acc[0]);
     consume_at<Tr, W>(ring, cur, sA, sB, consumer, t, d, k_iters);
+    if constexpr (Tr::PING_PONG) {
+        if (t == 0) turns.pass(consumer);  // the other consumer's k-loop runs under this epilogue
+    }
     // EpilogueArgs under TRANS_OUT: M = out's columns (N), N = out's rows (the group's rows).
     const EpilogueArgs<Tw> ep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out, ldo, N, rows};
-    store_block<Tw>(d, r0 + 64 * consumer, c0, ep, slabs, pieces, nullptr, nullptr, t, consumer);
+    store_block<Tw>(d, r0 + 64 * Tr::first_block(consumer), c0, ep, slabs, pieces, nullptr, nullptr, t, consumer);
 }
 
 // The token map of width w (a box of w rows): tmT[w / Q - 1].
@@ -134,9 +139,11 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
                         int limit, int N, int K, typename Tr::TO* __restrict__ Out, long long ldo) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, WMAX = Tr::BN, BK = Tr::BK;
-    static_assert(BM == 128 && Tr::CONSUMERS == 2 && Tr::TRANS_OUT && Tr::DIRECT && WMAX % Q == 0 &&
-                      WMAX / Q <= 8 && Tr::SCHEDULE == DATA_PARALLEL,
-                  "fitted grouped: 128 weight rows (two consumers), at most 8 widths, DIRECT transposed stores");
+    constexpr bool PP = Tr::PING_PONG;
+    static_assert(Tr::CONSUMERS == 2 && BM == (PP ? 64 : 128) && Tr::TRANS_OUT && Tr::DIRECT && WMAX % Q == 0 &&
+                      WMAX / Q <= 8 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
+                  "fitted grouped: 128 weight rows (two consumers) or ping-pong 64, at most 8 widths, DIRECT "
+                  "transposed stores");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(FitTable<MAX_G, WMAX, Q>) <=
                       227 * 1024 - 256,
                   "shared memory (with the group table)");
@@ -146,13 +153,17 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * WMAX * BK);
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ FitTable<MAX_G, WMAX, Q> groups;
+    __shared__ Turns turns;  // PINGPONG only
 
     const int wg = warpgroup_index(), t = threadIdx.x % 128;
     const int tiles_w = (N + BM - 1) / BM, k_iters = (K + BK - 1) / BK;
     pdl_wait();
     pdl_trigger_early();
     if (threadIdx.x < 32) groups.build(ranges, lead, G, limit, tiles_w, threadIdx.x);
-    if (threadIdx.x == 0) ring.init(Tr::SLOT_READERS);
+    if (threadIdx.x == 0) {
+        ring.init(Tr::SLOT_READERS);
+        if constexpr (PP) turns.init();
+    }
     __syncthreads();
     const int total = groups.first[G];
 
@@ -186,7 +197,17 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     RingCursor cur;
     int pieces = 0;
     float acc[WMAX / 2];
+    int unit = 0;  // PINGPONG: this CTA's tiles go to consumer 0, 1, 0, 1, ...
+    u32 turn_parity = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        if constexpr (PP) {
+            if ((unit & 1) != consumer) {  // the other consumer's tile: step over its k-steps in the ring
+                ++unit;
+                cur.template skip<Tr::STAGES>(k_iters);
+                continue;
+            }
+            if (unit++ > 0) turns.wait(consumer, turn_parity);
+        }
         const auto gt = groups.locate(tile, G);
         // out of group g: rows row0 .. row0 + rows; this tile's tokens j w .., weight rows (out columns) wt BM ..
         typename Tr::TO* out_g = Out + (long long)gt.row0 * ldo;
@@ -196,7 +217,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     case i:                                                                                                         \
         if constexpr (i * Q <= WMAX)                                                                                \
             tile_at<Tr, i * Q>(ring, cur, sA, sB, consumer, t, acc, k_iters, c0, r0, gt.rows, N, out_g, ldo, slabs, \
-                               pieces);                                                                             \
+                               pieces, turns);                                                                      \
         break;
             FIT_MAPS(FIT_CASE)
 #undef FIT_CASE
