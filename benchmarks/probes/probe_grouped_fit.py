@@ -4,9 +4,9 @@
 
 The draft swaps the operands (128 weight rows x W tokens a tile) and fits each group's token tiles to its
 rows on the device (W a multiple of Q up to WMAX). On grouped_bench's uneven routing (same seeds) of the
-shapes in PROBE_GROUPED (model:T pairs, default the many-expert shapes where the pick pads the most), each
-width set is checked against an fp32 reference on poisoned outputs, then timed interleaved with
-``grouped_mm``'s pick and ``torch._grouped_mm`` (graph replay, one input set: the weights, 0.5-2 GB, stream
+shapes in PROBE_GROUPED (model:T pairs, default the many-expert shapes where the pick pads the most; the
+routes follow the list's order as in grouped_bench --shapes), each width set is checked against an fp32 reference on poisoned outputs, then timed interleaved with
+``grouped_mm``'s pick, ``torch._grouped_mm`` and a loop of ``torch.mm`` (graph replay, one input set: the weights, 0.5-2 GB, stream
 from HBM regardless).
 One JSON line per (shape, candidate).
 """
@@ -99,6 +99,15 @@ def main() -> None:
         ends = offs[1:].contiguous()
         runs = {"ours": lambda o: grouped.run(a, b, offs, out=o, plan=plan),
                 "torch_grouped_mm": lambda o: o.copy_(torch._grouped_mm(a, b.transpose(-2, -1), ends))}
+        starts = [0] + torch.tensor(sizes).cumsum(0).tolist()
+
+        def loop(o):  # one torch.mm per non-empty expert (sizes on the host: what a loop would sync for)
+            for g in range(G):
+                if sizes[g]:
+                    torch.mm(a[starts[g]:starts[g + 1]], b[g].t(), out=o[starts[g]:starts[g + 1]])
+            return o
+
+        runs["torch_mm_loop"] = loop
         for name, (bm, wmax, stages, q, max_g, sched) in VARIANTS.items():
             if G <= max_g:
                 runs[name] = fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched)
