@@ -35,7 +35,8 @@ SOURCE = "engine/gemm_grouped_fit.cu"
 TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax}, {stages}, false, false, false, false, 0, "
           "true, {sched}, true>")
 # name: (weight rows a tile, WMAX, stages, Q, MAX_G, schedule: 0 data-parallel, 3 ping-pong)
-VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0), "fitpp256_q32": (64, 256, 4, 32, 128, 3)}
+VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0), "fitpp256_q32": (64, 256, 4, 32, 128, 3),
+            "fit_q16_g512": (128, 128, 4, 16, 512, 0)}
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
 
 
@@ -109,7 +110,7 @@ def main() -> None:
 
         runs["torch_mm_loop"] = loop
         for name, (bm, wmax, stages, q, max_g, sched) in VARIANTS.items():
-            if G <= max_g:
+            if G <= max_g and (max_g == 128 or G > 128):
                 runs[name] = fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched)
         errors, cands = {}, {}
         for name, fn in runs.items():
