@@ -17,6 +17,38 @@
 
 enum GroupLayout { GROUPS_CONTIGUOUS = 0, GROUPS_MASKED = 1 };
 
+// Group g's first row (x) and rows (y) from `ranges` (GroupTable::build says how each layout reads them).
+template <int LAYOUT>
+__device__ __forceinline__ int2 group_range(const int* __restrict__ ranges, int lead, int g, int limit) {
+    if constexpr (LAYOUT == GROUPS_MASKED) return make_int2(g * limit, min(max(__ldg(ranges + g), 0), limit));
+    const int b = lead ? __ldg(ranges + g) : (g > 0 ? __ldg(ranges + g - 1) : 0);
+    const int e = __ldg(ranges + g + lead);
+    const int s = min(max(b, 0), limit);
+    return make_int2(s, min(max(e, s), limit) - s);
+}
+
+// The inclusive sum of x over lanes 0 .. lane of a full warp (shfl.sync.up).
+__device__ __forceinline__ int warp_inclusive_sum(int x, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
+// The group of tile index t (0 <= t < first[G]): the largest g with first[g] <= t (binary search; empty
+// groups own no index, so they are never found).
+__device__ __forceinline__ int group_of(const int* first, int G, int t) {
+    int lo = 0, hi = G - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (first[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 struct GroupTile {
     int row0;  // the group's first row (A and out)
     int rows;  // the group's rows
@@ -43,25 +75,10 @@ struct GroupTable {
         int carry = 0;
         for (int base = 0; base < G; base += 32) {
             const int g = base + lane;
-            int s = 0, r = 0;
-            if (g < G) {
-                if constexpr (LAYOUT == GROUPS_MASKED) {
-                    s = g * limit;
-                    r = min(max(__ldg(ranges + g), 0), limit);
-                } else {
-                    const int b = lead ? __ldg(ranges + g) : (g > 0 ? __ldg(ranges + g - 1) : 0);
-                    const int e = __ldg(ranges + g + lead);
-                    s = min(max(b, 0), limit);
-                    r = min(max(e, s), limit) - s;
-                }
-            }
+            const int2 sr = g < G ? group_range<LAYOUT>(ranges, lead, g, limit) : make_int2(0, 0);
+            const int s = sr.x, r = sr.y;
             const int tiles = (r + BM - 1) / BM * tiles_n;
-            int x = tiles;  // inclusive warp scan (shfl.sync.up)
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, x, o);
-                if (lane >= o) x += y;
-            }
+            const int x = warp_inclusive_sum(tiles, lane);
             if (g < G) {
                 first[g] = carry + x - tiles;
                 start[g] = s;
@@ -78,12 +95,7 @@ struct GroupTable {
     // in panels of `panel` >= 1 m-tiles (see the top of this file).
     template <int BM>
     __device__ __forceinline__ GroupTile locate(int t, int G, int tiles_n, int panel) const {
-        int lo = 0, hi = G - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (first[mid] <= t) lo = mid;
-            else hi = mid - 1;
-        }
+        const int lo = group_of(first, G, t);
         GroupTile gt;
         gt.g = lo;
         gt.row0 = start[lo];

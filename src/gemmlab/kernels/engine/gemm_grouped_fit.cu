@@ -15,6 +15,7 @@
 // Tile order: a group's token tiles fastest, then its weight tiles, so the nt tiles that read one weight
 // tile run side by side and the weight streams from HBM once; a group's tokens stay in L2.
 #include "common/gemm_traits.cuh"
+#include "common/group_scheduler.cuh"
 #include "common/mainloop.cuh"
 #include "common/epilogue_store.cuh"
 
@@ -32,22 +33,12 @@ struct FitTable {
         int carry = 0;
         for (int base = 0; base < G; base += 32) {
             const int g = base + lane;
-            int s = 0, r = 0;
-            if (g < G) {
-                const int b = lead ? __ldg(ranges + g) : (g > 0 ? __ldg(ranges + g - 1) : 0);
-                const int e = __ldg(ranges + g + lead);
-                s = min(max(b, 0), limit);
-                r = min(max(e, s), limit) - s;
-            }
+            const int2 sr = g < G ? group_range<GROUPS_CONTIGUOUS>(ranges, lead, g, limit) : make_int2(0, 0);
+            const int s = sr.x, r = sr.y;
             const int nt = (r + WMAX - 1) / WMAX;
             const int w = nt ? ((r + nt - 1) / nt + Q - 1) / Q * Q : Q;
             const int tiles = nt * tiles_w;
-            int x = tiles;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, x, o);
-                if (lane >= o) x += y;
-            }
+            const int x = warp_inclusive_sum(tiles, lane);
             if (g < G) {
                 first[g] = carry + x - tiles;
                 start[g] = s;
@@ -63,12 +54,7 @@ struct FitTable {
         int row0, rows, g, wt, j, w;  // group's first row and rows, group, weight tile, token tile, width
     };
     __device__ __forceinline__ Tile locate(int t, int G) const {
-        int lo = 0, hi = G - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) / 2;
-            if (first[mid] <= t) lo = mid;
-            else hi = mid - 1;
-        }
+        const int lo = group_of(first, G, t);
         const int nt = shape[lo] >> 16, local = t - first[lo];
         return Tile{start[lo], rows[lo], lo, local / nt, local % nt, shape[lo] & 0xffff};
     }
