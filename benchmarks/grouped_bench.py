@@ -16,7 +16,8 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
 ``gemmlab.timer.time_interleaved`` run (CUDA graphs, interleaved rounds, rotated input sets):
 
 * ``ours``: ``gemmlab.grouped.run`` with the plan ``grouped_mm`` picks (and, with ``--all-tiles``,
-  ``ours_<bm>x<bn>`` for every other tile ``grouped.candidates`` prices, ``ours_<bm>x<bn>_sk`` its stream-K
+  ``ours_<bm>x<bn>`` for every other tile ``grouped.candidates`` prices, ``ours_fit`` the fitted form where
+  listed (``grouped.FIT_KERNEL``), ``ours_<bm>x<bn>_sk`` its stream-K
   plan (bf16 / fp16), so the planner's pick can be checked
   against measurement, and ``ours_no_panel`` where the picked plan's panels split the tallest group:
   the same plan walking each group plain m-fastest);
@@ -164,8 +165,8 @@ def main() -> None:
             plans["ours_claim"] = dataclasses.replace(plan, claim=True)
         if args.all_tiles:
             for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(s0["a"])):
-                if (c.bm, c.bn, c.schedule) != (plan.bm, plan.bn, plan.schedule):
-                    plans[f"ours_{c.bm}x{c.bn}{SUFFIX[c.schedule]}"] = c
+                if (c.bm, c.bn, c.schedule, c.fit) != (plan.bm, plan.bn, plan.schedule, plan.fit):
+                    plans["ours_fit" if c.fit else f"ours_{c.bm}x{c.bn}{SUFFIX[c.schedule]}"] = c
             if max(sizes) > plan.panel * plan.bm:  # the tallest group is walked in panels
                 plans["ours_no_panel"] = dataclasses.replace(plan, panel=1 << 30)
 

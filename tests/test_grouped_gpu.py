@@ -10,7 +10,8 @@ tables, bitwise repeatable, fp16, the workspace shared with the dense kernel, gr
 counts); FP8 (e4m3 operands, per-tensor scales, one per
 group for b) on every FP8 tile, both layouts and in a graph; and FP8 with block scales (``test_block_*``:
 1 x 128 for a, 128 x 128 per expert for b) on every FP8 tile, both layouts, NaN scales outside the groups,
-in a graph, K up to 7168.
+in a graph, K up to 7168; the fitted form (``test_fitted_*``: token tiles fitted per group, every width and
+group edge, through ``grouped_mm`` in a graph and with fresh tensors).
 
 Run on the H200 at 6417c0c (DIRECT stores only) and d107e97 (TMA stores, both tables, 256 x 128,
 panels): all passed.
@@ -101,7 +102,7 @@ def _tile_plan(G, T, N, K, tile, dtype, odt, layout="contiguous", schedule="data
     directly where groups are this small: grouped.ALL_DIRECT_SHARE; those plans are the DIRECT tests')."""
     unaligned = N * (4 if odt == "fp32" else 2) % 16 != 0  # out's rows take no TMA map: DIRECT regardless
     for c in grouped.candidates(layout, G, T, N, K, dtype=grouped._NAMES[dtype], out_dtype=odt):
-        if (c.bm, c.bn, c.schedule) == (*tile, schedule):
+        if (c.bm, c.bn, c.schedule) == (*tile, schedule) and not c.fit:
             return dataclasses.replace(c, direct=unaligned)
     why = schedule == "pingpong" and grouped.pingpong_problem(*tile, odt, True)
     if why:  # not listed where every block would be thread-stored (the small groups here)
@@ -913,3 +914,55 @@ def test_fp8_short_a_boxes_at_every_group_size(tile, scale):
     grouped.run(a, b, offs, out=out, plan=p, scale_a=sa, scale_b=sb)
     _check(out, grouped.reference_grouped_mm(a, b, offs, scale_a=sa, scale_b=sb), "bf16")
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+
+
+# The fitted form (GroupedPlan.fit: gemm_grouped_fit.cu, token tiles fitted per group; not offered yet) ---------
+
+def _fit_plan(G, T, N, K, dtype="bf16"):
+    return next(c for c in grouped.candidates("contiguous", G, T, N, K, dtype=dtype, out_dtype=dtype) if c.fit)
+
+
+@pytest.mark.parametrize("G,T,N,K,dtype", [(64, 512, 1408, 2048, "bf16"), (128, 512, 768, 2048, "bf16"),
+                                           (60, 256, 2816, 2048, "fp16"), (11, 64, 200, 104, "bf16"),
+                                           (8, 128, 4096, 4096, "bf16")])
+def test_fitted_form_uneven_groups(G, T, N, K, dtype):
+    a, b = _operands((T,), G, N, K, dtype=_TYPES[dtype])
+    offs = _uneven_offsets(G, T, seed=G + T, empty=(0, G // 2))
+    out, frame = _framed((T, N), _TYPES[dtype])
+    grouped.run(a, b, offs, out=out, plan=_fit_plan(G, T, N, K, dtype))
+    _check(out, grouped.reference_grouped_mm(a, b, offs), dtype)
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+
+
+def test_fitted_form_at_every_width_and_group_edge():
+    # Groups of 0 .. 300 rows: one token tile of each width, and several (300: three of 112, padded from 100).
+    sizes = [0, 1, 15, 16, 17, 33, 64, 65, 100, 127, 128, 129, 300, 0, 2, 48]
+    G, T, N, K = len(sizes), sum(sizes), 328, 1000
+    offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    a, b = _operands((T,), G, N, K)
+    p = dataclasses.replace(_fit_plan(G, 16 * G, N, K), rows=T)  # listed at 16 rows a group; any T runs
+    out, _ = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=p)
+    _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+
+
+def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors(monkeypatch):
+    monkeypatch.setattr(grouped, "FIT_OFFERED", True)
+    grouped.clear_prepared_calls()
+    try:
+        G, T, N, K = 64, 512, 1024, 512
+        a, b = _operands((T,), G, N, K)
+        offs = _uneven_offsets(G, T, seed=1)
+        assert grouped.plan_for(a, b, offs).fit
+        out = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        graph = _captured(lambda: gemmlab.grouped_mm(a, b, offs, out=out))
+        for seed in (2, 3):
+            offs.copy_(_uneven_offsets(G, T, seed=seed, empty=(seed,)))
+            out.fill_(float("nan"))
+            graph.replay()
+            _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+        for seed in (4, 5):  # the prepared launch's descriptors follow new tensors
+            a2, b2 = _operands((T,), G, N, K, seed=seed)
+            _check(gemmlab.grouped_mm(a2, b2, offs), grouped.reference_grouped_mm(a2, b2, offs), "bf16")
+    finally:
+        grouped.clear_prepared_calls()

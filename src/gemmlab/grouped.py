@@ -108,6 +108,21 @@ CLAIM_OFFERED = False
 # FP8: two accumulator sets per consumer thread (the wgmma's partial and the promoted fp32 sum) must fit
 # (planner.FP8_TILES: up to 224 columns with 64-row consumers), and whole 64-column store pieces.
 FP8_TILES = ((64, 128), (64, 192), (128, 128), (128, 192))
+# The fitted form (kernels/engine/gemm_grouped_fit.cu): the operands swapped, FIT_BM weight rows a tile (two
+# consumers of 64), each group's rows in token tiles of one width fitted on the device (a multiple of
+# FIT_Q up to FIT_WMAX), stored by the threads (transposed). Listed by ``candidates`` for contiguous bf16 /
+# fp16 launches with 16-bit output and K-major b at up to FIT_MAX_ROWS rows a group on average and
+# FIT_MAX_GROUPS groups; ``plan`` takes it only with FIT_OFFERED. Measured (H200, probe_grouped_fit.py,
+# 99368d4): 1.012-1.087x the pick on the 10 shapes of 60-128 experts at 4-8 rows an expert (Qwen1.5-MoE,
+# OLMoE, Qwen2-57B, Qwen3-30B, DeepSeek-V2-Lite at T = 256 / 512); behind it wherever a group needs
+# several token tiles (0.80-0.99x) and at 256 experts (0.94-0.96x). Not yet offered: the planner's pick
+# through it is not measured on the grouped suites.
+FIT_SOURCE = "engine/gemm_grouped_fit.cu"
+FIT_KERNEL = "engine_gemm_grouped_fit"
+FIT_BM, FIT_WMAX, FIT_Q, FIT_STAGES = 128, 128, 16, 5
+FIT_MAX_ROWS = 16
+FIT_MAX_GROUPS = 128
+FIT_OFFERED = False
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
@@ -230,9 +245,21 @@ class GroupedPlan(Warpgroups):
                              f"stream-K, not "
                              f"{' / '.join(f'{m} x {n}' for m, n in CLAIM_REFUSED)}; got {self.bm} x {self.bn} "
                              f"{self.schedule}")
+        if self.fit and (self.layout != "contiguous" or self.dtype not in ("bf16", "fp16") or
+                         self.out_dtype not in ("bf16", "fp16") or self.b_mn or self.schedule != "data_parallel"
+                         or (self.bm, self.bn, self.stages) != (FIT_BM, FIT_WMAX, FIT_STAGES) or not self.direct
+                         or self.claim):
+            raise ValueError(f"the fitted form ({FIT_KERNEL}): contiguous bf16 / fp16 operands, K-major b, 16-bit "
+                             f"output, {FIT_BM} x {FIT_WMAX} data-parallel at {FIT_STAGES} stages, direct stores; "
+                             f"got {self!r}")
         if self.scale not in ("tensor", "block") or (self.scale == "block" and self.dtype != "e4m3"):
             raise ValueError(f"scale must be 'tensor' or 'block' (block: e4m3 only), got {self.scale!r} "
                              f"for {self.dtype}")
+
+    @property
+    def fit(self) -> bool:
+        """The fitted form (``FIT_KERNEL``): bm weight rows x token tiles of a width fitted to each group."""
+        return self.kernel == FIT_KERNEL
 
     @property
     def smem_bytes(self) -> int:
@@ -259,6 +286,10 @@ class GroupedPlan(Warpgroups):
         Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE (0 per-tensor, 1 block), PROMOTE (every 128 of K),
         BIAS, ACT, DIRECT>."""
         direct = "true" if self.direct else "false"
+        if self.fit:  # TRANS_OUT (the tile is a block of out^T), DIRECT, data-parallel
+            t, o = _CTYPE[self.dtype], _CTYPE[self.out_dtype]
+            return (t, o, o, str(self.bm), str(self.bn), str(self.stages), "false", "false", "false", "false", "0",
+                    "true", "0", "true")
         if self.dtype == "e4m3":
             return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
                     "1" if self.scale == "block" else "0", "1", "false", "0", direct)
@@ -268,21 +299,25 @@ class GroupedPlan(Warpgroups):
 
     @property
     def name_expression(self) -> str:
+        if self.fit:
+            return f"{FIT_KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {self.table}, {FIT_Q}>"
         traits = "Fp8GemmTraits" if self.dtype == "e4m3" else "GemmTraits"
         return (f"{self.kernel}<{traits}<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}, "
                 f"{self.table}{', true' if self.claim else ''}>")
 
     @property
     def compiled_name(self) -> str:
+        if self.fit:
+            return f"engine.gemm_grouped_fit[{', '.join(self.template_args())}, {self.table}, {FIT_Q}]"
         name = "engine.gemm_grouped_fp8" if self.dtype == "e4m3" else "engine.gemm_grouped"
         return f"{name}[{', '.join(self.template_args())}, {self.layout}, {self.table}{', claim' if self.claim else ''}]"
 
     def __repr__(self) -> str:
+        tiles = (f"{self.bm} weight rows x token tiles fitted per group ({FIT_Q}..{self.bn} wide)" if self.fit else
+                 f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}{', claimed' if self.claim else ''}")
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
                 f"{self.dtype}{' block scales' if self.scale == 'block' else ''}{', MN-major b' if self.b_mn else ''}"
-                f"->{self.out_dtype}: {self.kernel} "
-                f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}{', claimed' if self.claim else ''}, "
-                f"{self.stages} stages, "
+                f"->{self.out_dtype}: {self.kernel} {tiles}, {self.stages} stages, "
                 f"grid {self.grid}, table {self.table}, panel {min(self.panel, 9999)}"
                 f"{', direct stores' if self.direct else ''}; priced for {self.expected_rows:.1f} rows a group: "
                 f"{self.predicted_s * 1e6:.1f} us)")
@@ -342,7 +377,7 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
         return prof.launch_s, 0.0
     k = math.ceil(K / BK)
     rows = groups * rows_per_group
-    unique = 2 * (rows * K + groups * N * K) + out_bytes * rows * N
+    unique = _unique_bytes(groups, rows_per_group, N, K, out_bytes)
     loaded = tiles * k * (bm + bn) * BK * 2
     share = min(1.0, unique / max(1.0, loaded))
 
@@ -375,6 +410,28 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
     else:
         t = full * (k * ks(prof.sm_count) + epi) + (k * ks(rem) + epi if rem else 0.0)
     return prof.launch_s + max(t, unique / prof.hbm_read_bytes_per_s), t
+
+
+def _unique_bytes(groups, rows_per_group, N, K, out_bytes) -> float:
+    """What a grouped launch must move through HBM at least: A and every expert's weight read once (16-bit
+    operands), out written once."""
+    rows = groups * rows_per_group
+    return 2 * (rows * K + groups * N * K) + out_bytes * rows * N
+
+
+def _hbm_floor_s(groups, rows_per_group, N, K, out_bytes, prof: DeviceProfile) -> float:
+    return _unique_bytes(groups, rows_per_group, N, K, out_bytes) / prof.hbm_read_bytes_per_s
+
+
+def fit_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int,
+                rows_per_group: float) -> str | None:
+    """Why the fitted form (``FIT_KERNEL``) is not listed for a problem, or None where it is."""
+    if layout != "contiguous" or dtype not in ("bf16", "fp16") or out_dtype not in ("bf16", "fp16") or b_mn:
+        return "the fitted form takes contiguous bf16 / fp16 operands, K-major b and 16-bit output"
+    if groups > FIT_MAX_GROUPS or rows_per_group > FIT_MAX_ROWS:
+        return (f"the fitted form is listed up to {FIT_MAX_GROUPS} groups of {FIT_MAX_ROWS} rows on average "
+                f"(measured ahead there only)")
+    return None
 
 
 def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
@@ -434,13 +491,23 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
                                         direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
                                         scale=scale, schedule=schedule, b_mn=b_mn,
                                         claim=CLAIM_OFFERED and claimable(bm, bn, dt, schedule))))
+    if fit_problem(layout, dt, odt, b_mn, groups, expected_rows) is None:
+        # Priced at the HBM floor of every plan (each expert's weight read once, A and out): at these few
+        # rows a group the others' prices sit there too; ``plan`` takes it by rule (FIT_OFFERED), not price.
+        t_fit = prof.launch_s + _hbm_floor_s(groups, expected_rows, N, K_priced, out_bytes, prof)
+        most = (math.ceil(rows / FIT_WMAX) + groups) * math.ceil(N / FIT_BM)
+        plans.append((t_fit, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=FIT_BM, bn=FIT_WMAX,
+                                         stages=FIT_STAGES, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
+                                         table=table, direct=True, expected_rows=float(expected_rows),
+                                         predicted_s=t_fit, kernel=FIT_KERNEL)))
     # Ties (at the HBM floor): the tile that multiplies the fewest rows (padding each group to whole tiles;
     # within 5% of the fewest counts as fewest), then the plan that keeps the SMs busy the shortest
     # (epilogues hidden by ping-pong), then data-parallel first (stream-K only where it is priced faster).
     # Measured (H200, 886e76f, --all-tiles): at 4-16 rows an expert (T = 256; DeepSeek-V3 at 4096) 64-row
     # tiles ran 1.15-1.25x 128 x 128 ping-pong, which the busy time alone ranked first; at ~68 rows
     # (Qwen1.5-MoE, T = 4096: 64- and 128-row tiles multiply 128 and 132 rows a group) ping-pong led.
-    rows = {id(p): groups * tiles_m_per_group(expected_rows, p.bm, layout == "contiguous") * p.bm for _, p in plans}
+    rows = {id(p): groups * (max(expected_rows, FIT_Q) if p.fit else
+                             tiles_m_per_group(expected_rows, p.bm, layout == "contiguous") * p.bm) for _, p in plans}
     fewest = min(rows.values(), default=0.0)
     def padded(p: GroupedPlan) -> float:
         return 0.0 if rows[id(p)] <= 1.05 * fewest else rows[id(p)]
@@ -487,9 +554,13 @@ def plan(layout: str, groups: int, rows: int, N: int, K: int, **kw) -> GroupedPl
     """The cheapest plan of ``candidates`` (same arguments) among the offered schedules: a stream-K one only
     where it is priced at most ``STREAM_K_MARGIN`` of the cheapest data-parallel one (and
     ``STREAM_K_OFFERED``), ping-pong only with ``PINGPONG_OFFERED``, tiles with a tail piece only with
-    ``TAIL_TILES_OFFERED``. Pure Python; no GPU needed."""
-    ranked = [c for c in candidates(layout, groups, rows, N, K, **kw)
-              if (c.schedule != "pingpong" or PINGPONG_OFFERED) and (c.bn % 64 == 0 or TAIL_TILES_OFFERED)]
+    ``TAIL_TILES_OFFERED``; the fitted form where listed and ``FIT_OFFERED``. Pure Python; no GPU needed."""
+    listed = candidates(layout, groups, rows, N, K, **kw)
+    fitted = next((c for c in listed if c.fit), None)
+    if FIT_OFFERED and fitted is not None:
+        return fitted
+    ranked = [c for c in listed if not c.fit and (c.schedule != "pingpong" or PINGPONG_OFFERED)
+              and (c.bn % 64 == 0 or TAIL_TILES_OFFERED)]
     dp = next(c for c in ranked if c.schedule == "data_parallel")
     return next(c for c in ranked if c.schedule != "stream_k" or (
         STREAM_K_OFFERED and c.predicted_s <= STREAM_K_MARGIN * dp.predicted_s))
@@ -701,7 +772,7 @@ def compile_plan(p: GroupedPlan):
     """The compiled instantiation of ``p`` (cached in memory and on disk; works without a GPU)."""
     from .jit.compiler import compile_kernel
 
-    return compile_kernel(SOURCE, p.name_expression, arch="sm_90a", name=p.compiled_name)
+    return compile_kernel(FIT_SOURCE if p.fit else SOURCE, p.name_expression, arch="sm_90a", name=p.compiled_name)
 
 
 def _launch_fn():
@@ -745,6 +816,14 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     if fp8 and block != (scale_a.dim() >= 2):
         raise UnsupportedProblem(f"plan is for {p.scale} scales, scale_a has shape {tuple(scale_a.shape)}")
     compiled = compile_plan(p)
+    if p.fit:  # the weights' rows (a box of bm) and the tokens' rows in a box of each width
+        row = 128 // a2.element_size()
+        maps = (_tensor_map(_rows2d(b), (p.bm, row)),) + tuple(_tensor_map(a2, (w, row)) for w in fit_widths())
+        la = p.launch_args()
+        args = maps + (ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K), o2,
+                       np.int64(o2.stride(0)))
+        _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+        return
     if fp8:  # TMA moves bytes; the wgmma reads them as e4m3. A k-step is one 128-byte row either way.
         a2, b = a2.view(torch.uint8), b.view(torch.uint8)
     row = 128 // a2.element_size()
@@ -769,6 +848,11 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     ws, flags = _workspace(p, a.device) if p.schedule == "stream_k" or p.claim else (o2, o2)
     args = head + scales + (o2, np.int64(o2.stride(0)), ws, flags) + maps_a_short + (map_ct,)
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
+
+
+def fit_widths() -> tuple[int, ...]:
+    """The fitted form's token-tile widths, one k-loop and one token map each (gemm_grouped_fit.cu)."""
+    return tuple(range(FIT_Q, FIT_WMAX + 1, FIT_Q))
 
 
 def short_a_rows(bm: int) -> tuple[int, int, int, int]:
@@ -1194,6 +1278,46 @@ class GroupedLaunch:
             L.launch(stream)
 
 
+# The fitted form's parameters (engine_gemm_grouped_fit): the weights' map, a token map a width, then
+# ranges, lead, G, limit, N, K, out, ldo.
+FIT_PARAMS = ("tmap",) * 9 + ("ptr", "i32", "i32", "i32", "i32", "i32", "ptr", "i64")
+_F_RANGES, _F_OUT = 9, 15
+
+
+class FitLaunch:
+    """``GroupedLaunch`` for the fitted form (``GroupedPlan.fit``): its own parameter block and descriptors
+    (the weights' rows, the tokens' rows in a box of each of ``fit_widths``) following the tensors passed
+    to ``run``."""
+
+    def __init__(self, p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, lead: int, out: torch.Tensor):
+        G, N, K = b.shape
+        if not p.fit or (G, a.shape[0], N, K) != (p.groups, p.rows, p.N, p.K) or a.dim() != 2:
+            raise UnsupportedProblem(f"plan {p!r} is not the fitted form for a {tuple(a.shape)}, b {tuple(b.shape)}")
+        self.plan = p
+        self.dev = _index(a.device)
+        la = p.launch_args()
+        L = self.launcher = Launcher(compile_plan(p), FIT_PARAMS, grid=la["grid"], block=la["block"],
+                                     smem=la["smem"], cluster=None, device_index=self.dev, pdl=True)
+        for i, v in ((10, lead), (11, G), (12, a.shape[0]), (13, N), (14, K)):
+            L.set_i32(i, v)
+        L.set_i64(16, _rows2d(out).stride(0))
+        b2, row = _rows2d(b), 128 // a.element_size()
+        self.map_w = MapSlot(L, 0, b2.data_ptr(), *b2.shape, b2.stride(0), b.dtype, (p.bm, row))
+        self.maps_t = [MapSlot(L, 1 + i, a.data_ptr(), *a.shape, a.stride(0), a.dtype, (w, row))
+                       for i, w in enumerate(fit_widths())]
+
+    def run(self, stream: int, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tensor, out: torch.Tensor,
+            scale_a=None, scale_b=None) -> None:
+        L = self.launcher
+        with L.lock:
+            self.map_w.point_at(b.data_ptr())
+            for m in self.maps_t:
+                m.point_at(a.data_ptr())
+            L.set_ptr(_F_RANGES, ranges.data_ptr())
+            L.set_ptr(_F_OUT, out.data_ptr())
+            L.launch(stream)
+
+
 def _key(a, b, offsets, counts, out, out_dtype, scale_a, scale_b) -> tuple:
     """Everything ``validate``, the plan and the launch depend on, except the tensors' addresses and the
     offsets' / counts' values (read on the device; the plan is priced for evenly filled groups, from the
@@ -1228,7 +1352,8 @@ class _Prepared:
                 pl = dataclasses.replace(pl, direct=True)
             ranges = offsets if offsets is not None else counts
             with ops._on_device(a.device):  # the kernel loads and its smem limit is set on a's device
-                self.launch = GroupedLaunch(pl, a, b, ranges, p.lead, example, scale_a, scale_b, p.sb_step)
+                self.launch = (FitLaunch(pl, a, b, p.lead, example) if pl.fit else
+                               GroupedLaunch(pl, a, b, ranges, p.lead, example, scale_a, scale_b, p.sb_step))
 
     def __call__(self, a, b, offsets, counts, out, scale_a, scale_b) -> torch.Tensor:
         if out is None:
