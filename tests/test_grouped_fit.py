@@ -59,11 +59,11 @@ def test_fitted_form_is_listed_only_where_it_was_measured_ahead():
     assert _fitted(groups=128, rows=128 * 16).table == 128 and _fitted(dtype="fp16", out_dtype="fp16")
 
 
-def test_fitted_form_is_picked_only_when_offered(monkeypatch):
-    assert not grouped.plan("contiguous", 64, 512, 5120, 3584).fit  # FIT_OFFERED is off
-    monkeypatch.setattr(grouped, "FIT_OFFERED", True)
+def test_fitted_form_is_picked_where_listed_and_offered(monkeypatch):
     assert grouped.plan("contiguous", 64, 512, 5120, 3584).fit
     assert not grouped.plan("contiguous", 64, 4096, 5120, 3584).fit  # not listed at 64 rows a group
+    monkeypatch.setattr(grouped, "FIT_OFFERED", False)
+    assert not grouped.plan("contiguous", 64, 512, 5120, 3584).fit
 
 
 @pytest.mark.parametrize("change", [{"layout": "masked"}, {"bm": 64}, {"direct": False}, {"out_dtype": "fp32"},

@@ -112,17 +112,17 @@ FP8_TILES = ((64, 128), (64, 192), (128, 128), (128, 192))
 # consumers of 64), each group's rows in token tiles of one width fitted on the device (a multiple of
 # FIT_Q up to FIT_WMAX), stored by the threads (transposed). Listed by ``candidates`` for contiguous bf16 /
 # fp16 launches with 16-bit output and K-major b at up to FIT_MAX_ROWS rows a group on average and
-# FIT_MAX_GROUPS groups; ``plan`` takes it only with FIT_OFFERED. Measured (H200, probe_grouped_fit.py,
-# 99368d4): 1.012-1.087x the pick on the 10 shapes of 60-128 experts at 4-8 rows an expert (Qwen1.5-MoE,
-# OLMoE, Qwen2-57B, Qwen3-30B, DeepSeek-V2-Lite at T = 256 / 512); behind it wherever a group needs
-# several token tiles (0.80-0.99x) and at 256 experts (0.94-0.96x). Not yet offered: the planner's pick
-# through it is not measured on the grouped suites.
+# FIT_MAX_GROUPS groups; ``plan`` takes it there (FIT_OFFERED). Measured (H200): 1.012-1.087x the pick
+# before it on the 10 shapes of 60-128 experts at 4-8 rows an expert (Qwen1.5-MoE, OLMoE, Qwen2-57B,
+# Qwen3-30B, DeepSeek-V2-Lite at T = 256 / 512; probe_grouped_fit.py, 99368d4), again 1.006-1.086x on six
+# of them (grouped_bench --all-tiles, 3b6ce4c); behind it wherever a group needs several token tiles
+# (0.80-0.99x) and at 256 experts (0.94-0.96x), where it is not listed.
 FIT_SOURCE = "engine/gemm_grouped_fit.cu"
 FIT_KERNEL = "engine_gemm_grouped_fit"
 FIT_BM, FIT_WMAX, FIT_Q, FIT_STAGES = 128, 128, 16, 5
 FIT_MAX_ROWS = 16
 FIT_MAX_GROUPS = 128
-FIT_OFFERED = False
+FIT_OFFERED = True
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
