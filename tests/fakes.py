@@ -226,8 +226,8 @@ def fake_fp8_launches(monkeypatch):
 # Grouped: grouped_mm's prepared calls on CPU tensors ----------------------------------------------------
 
 def route_grouped_launches(monkeypatch):
-    """``gemmlab.grouped_mm`` on CPU tensors: the device test passes, and ``grouped.GroupedLaunch`` (the
-    prepared calls) is replaced by one that runs ``grouped.launch`` (as the calling test replaced it) with
+    """``gemmlab.grouped_mm`` on CPU tensors: the device test passes, and ``grouped.GroupedLaunch`` and
+    ``grouped.FitLaunch`` (the prepared calls) are replaced by one that runs ``grouped.launch`` (as the calling test replaced it) with
     the plan it was built for and each call's tensors. Returns a namespace: ``prepared`` (the plans
     built), ``runs`` (each run's stream and tensors)."""
     from gemmlab import grouped
@@ -245,9 +245,15 @@ def route_grouped_launches(monkeypatch):
             rec.runs.append(dict(stream=stream, a=a, b=b, ranges=ranges, out=out, sa=scale_a, sb=scale_b))
             grouped.launch(self.plan, a, b, ranges, self.lead, out, scale_a, scale_b, self.sb_step)
 
+    class FitLaunch(GroupedLaunch):  # the fitted form's prepared launch (no scales)
+        def __init__(self, p, a, b, lead, out):
+            self.plan, self.lead, self.sb_step = p, lead, 0
+            rec.prepared.append(p)
+
     monkeypatch.setattr(grouped, "_runs_here", lambda a: True)
     monkeypatch.setattr(ops, "_stream", lambda dev: 7)
     monkeypatch.setattr(grouped, "GroupedLaunch", GroupedLaunch)
+    monkeypatch.setattr(grouped, "FitLaunch", FitLaunch)
     monkeypatch.setattr(grouped, "_PREPARED", {})  # this test's preparations end with it
     return rec
 

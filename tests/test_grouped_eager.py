@@ -61,6 +61,7 @@ def driver(monkeypatch):
     returns recorded (``relaid``)."""
     launchers = fakes.fake_driver(monkeypatch, engine, engine2, grouped)  # OutputMaps', scale_map's MapSlots
     monkeypatch.setattr(grouped, "MN_MAJOR_B_OFFERED", True)  # the "-mn" cases
+    monkeypatch.setattr(grouped, "FIT_OFFERED", False)  # GroupedLaunch's plans (the fitted form's: below)
     captured = {}
     # Claimed tiles' counter (and stream-K's partials) live in engine's per-stream buffers: one CPU stand-in
     # for every stream here, so that launch (torch's stream) and GroupedLaunch.run (stream 11) agree.
@@ -195,6 +196,34 @@ def test_prepared_launch_follows_every_address(driver, mode, layout):
     c, o = sets[0]
     launch.run(3, c["a"], c["b"], _ranges(c), o, c.get("scale_a"), c.get("scale_b"))
     assert [s.replaced for s in slots] == replaced
+
+
+def test_fitted_launch_passes_what_launch_passes_and_follows_every_address(driver, monkeypatch):
+    """FitLaunch (the fitted form's prepared launch) passes grouped.launch's parameters, and run with other
+    tensors points every descriptor and pointer at them; run again with the same, it replaces nothing."""
+    monkeypatch.setattr(grouped, "FIT_OFFERED", True)
+    c0 = _case("bf16", "contiguous", T=40)
+    p, prob, out = _planned(c0)
+    assert p.fit
+    grouped.launch(p, c0["a"], c0["b"], _ranges(c0), prob.lead, out)
+    want = fakes.as_params(driver.captured["args"])
+    launch = grouped.FitLaunch(p, c0["a"], c0["b"], prob.lead, out)
+    L = driver.launchers[-1]
+    launch.run(11, c0["a"], c0["b"], _ranges(c0), out)
+    stream, got = L.launches[-1]
+    assert stream == 11 and got == want and len(got) == len(grouped.FIT_PARAMS)
+    assert L.config == dict(grid=p.grid, block=p.threads, smem=p.smem_bytes, cluster=None, pdl=True)
+    sets = [(_case("bf16", "contiguous", T=40, seed=s), torch.empty_like(out)) for s in (1, 2)]
+    for stream, (c, o) in zip((3, 5), sets):
+        launch.run(stream, c["a"], c["b"], _ranges(c), o)
+        s, got = L.launches[-1]
+        ptr = [g[2] if g[0] == "tmap" else g[1] for g in got]
+        assert s == stream and ptr[0] == c["b"].data_ptr() and ptr[1:9] == [c["a"].data_ptr()] * 8
+        assert ptr[9] == _ranges(c).data_ptr() and ptr[15] == o.data_ptr()
+    before = [m.replaced for m in [launch.map_w, *launch.maps_t]]
+    c, o = sets[1]
+    launch.run(3, c["a"], c["b"], _ranges(c), o)
+    assert [m.replaced for m in [launch.map_w, *launch.maps_t]] == before
 
 
 # grouped_mm's eager path (the launches replaced by the float64 reference) -------------------------------------

@@ -1,9 +1,10 @@
-"""The fitted grouped kernel (kernels/engine/gemm_grouped_fit.cu), a draft the planner does not offer, without a
-GPU: the probe's variants (token tiles up to 128 wide in steps of 16, up to 256 in steps of 32; ping-pong
+"""The fitted grouped kernel (kernels/engine/gemm_grouped_fit.cu; ``grouped_mm`` takes it at few rows a group)
+without a GPU: the probe's variants (token tiles up to 128 wide in steps of 16, up to 256 in steps of 32; ping-pong
 consumers of 64 weight rows) compile for sm_90a without spills or local memory, with one k-loop per width:
-that width's HGMMA, four k16 steps each, one wgmma fence and the two waits a loop (nothing serialized). As a grouped plan (``GroupedPlan.fit``): where
-``candidates`` lists it, that ``plan`` takes it only with ``FIT_OFFERED``, the plan's own checks, its launch
-arguments against the kernel's PTX parameters, its SASS claims. On the GPU: tests/test_grouped_gpu.py
+that width's HGMMA, four k16 steps each, one wgmma fence and the two waits a loop (nothing serialized). As a
+grouped plan (``GroupedPlan.fit``): where ``candidates`` lists it, that ``plan`` takes it there (with
+``FIT_OFFERED``), the plan's own checks, its launch arguments against the kernel's PTX parameters, its SASS
+claims. On the GPU: tests/test_grouped_gpu.py
 (``test_fitted_*``) and the probe's timings (benchmarks/probes/probe_grouped_fit.py; docs/worklog.md,
 session 30)."""
 

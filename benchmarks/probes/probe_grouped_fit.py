@@ -1,10 +1,10 @@
-"""Probe: the fitted grouped kernel (kernels/engine/gemm_grouped_fit.cu, a draft) against the grouped pick.
+"""Probe: the fitted grouped kernel (kernels/engine/gemm_grouped_fit.cu) in its variants against the grouped pick.
 
     PYTHONPATH=src python3 benchmarks/probes/probe_grouped_fit.py $OUT/grouped_fit_probe.jsonl
 
-The draft swaps the operands (128 weight rows x W tokens a tile) and fits each group's token tiles to its
-rows on the device (W a multiple of Q up to WMAX). On grouped_bench's uneven routing (same seeds; the routes
-follow PROBE_GROUPED's order as grouped_bench's --shapes do) of the shapes in PROBE_GROUPED (model:T pairs,
+The kernel swaps the operands (128 weight rows x W tokens a tile) and fits each group's token tiles to its
+rows on the device (W a multiple of Q up to WMAX; the planner's form is fit_q16). On grouped_bench's uneven
+routing (same seeds; the routes follow PROBE_GROUPED's order as grouped_bench's --shapes do) of the shapes in PROBE_GROUPED (model:T pairs,
 default the many-expert shapes where the pick pads the most), each width set is checked against an fp32
 reference on poisoned outputs, then timed interleaved with ``grouped_mm``'s pick, ``torch._grouped_mm`` and
 a loop of ``torch.mm`` (graph replay, one input set: the weights, 0.5-2 GB, stream from HBM regardless).

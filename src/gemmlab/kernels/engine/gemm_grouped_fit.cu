@@ -1,5 +1,5 @@
-// engine.gemm_grouped_fit (DRAFT, compiled and SASS-read on the CPU only; not offered, not GPU-tested):
-// grouped GEMM with the operands swapped and each group's token tiles fitted to its rows.
+// engine.gemm_grouped_fit: grouped GEMM with the operands swapped and each group's token tiles fitted to its
+// rows (gemmlab.grouped: GroupedPlan.fit, taken at few rows a group; the ping-pong form is a probe's).
 // For each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, computed as out_g^T = B[g] @ A_g^T:
 // the kernel's "A" is the expert's weight (BM = 128 weight rows a tile, two consumers of 64; or PINGPONG:
 // BM = 64, each consumer a whole tile in turn, its epilogue under the other's k-loop), its "B" the
