@@ -229,8 +229,9 @@ def test_masked_layout_in_a_cuda_graph_with_new_counts():
         _check(out, grouped.reference_grouped_mm(a, b, counts=counts), "bf16")
 
 
-def test_contiguous_in_a_cuda_graph_with_new_offsets():
-    G, T, N, K = 16, 1024, 512, 512
+def _replays_with_new_offsets(G, T, N, K):
+    """grouped_mm captured into a CUDA graph and replayed with new offsets (another group empty each time),
+    each replay checked; returns the offsets as last replayed."""
     a, b = _operands((T,), G, N, K)
     offs = _uneven_offsets(G, T, seed=1)
     out = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -240,6 +241,12 @@ def test_contiguous_in_a_cuda_graph_with_new_offsets():
         out.fill_(float("nan"))
         graph.replay()
         _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+    return offs
+
+
+def test_contiguous_in_a_cuda_graph_with_new_offsets():
+    assert not grouped.plan("contiguous", 16, 1024, 512, 512).fit  # the tiled kernel (64 rows a group)
+    _replays_with_new_offsets(16, 1024, 512, 512)
 
 
 def _tiles_there_are(sizes, bm, bn, N):
@@ -946,23 +953,10 @@ def test_fitted_form_at_every_width_and_group_edge():
     _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
 
 
-def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors(monkeypatch):
-    monkeypatch.setattr(grouped, "FIT_OFFERED", True)
-    grouped.clear_prepared_calls()
-    try:
-        G, T, N, K = 64, 512, 1024, 512
-        a, b = _operands((T,), G, N, K)
-        offs = _uneven_offsets(G, T, seed=1)
-        assert grouped.plan_for(a, b, offs).fit
-        out = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-        graph = _captured(lambda: gemmlab.grouped_mm(a, b, offs, out=out))
-        for seed in (2, 3):
-            offs.copy_(_uneven_offsets(G, T, seed=seed, empty=(seed,)))
-            out.fill_(float("nan"))
-            graph.replay()
-            _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
-        for seed in (4, 5):  # the prepared launch's descriptors follow new tensors
-            a2, b2 = _operands((T,), G, N, K, seed=seed)
-            _check(gemmlab.grouped_mm(a2, b2, offs), grouped.reference_grouped_mm(a2, b2, offs), "bf16")
-    finally:
-        grouped.clear_prepared_calls()
+def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors():
+    G, T, N, K = 64, 512, 1024, 512
+    assert grouped.plan("contiguous", G, T, N, K).fit  # 8 rows a group
+    offs = _replays_with_new_offsets(G, T, N, K)
+    for seed in (4, 5):  # the prepared launch's descriptors follow new tensors
+        a, b = _operands((T,), G, N, K, seed=seed)
+        _check(gemmlab.grouped_mm(a, b, offs), grouped.reference_grouped_mm(a, b, offs), "bf16")
