@@ -376,7 +376,6 @@ def _price(groups, rows_per_group, N, K, bm, bn, stages, prof, out_bytes, uneven
     if tiles == 0:
         return prof.launch_s, 0.0
     k = math.ceil(K / BK)
-    rows = groups * rows_per_group
     unique = _unique_bytes(groups, rows_per_group, N, K, out_bytes)
     loaded = tiles * k * (bm + bn) * BK * 2
     share = min(1.0, unique / max(1.0, loaded))
