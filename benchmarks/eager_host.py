@@ -621,7 +621,7 @@ def _stub_grouped() -> None:
         def run(self, *args):
             pass
 
-    grouped.GroupedLaunch, grouped.launch = NoLaunch, (lambda *args, **kw: None)
+    grouped.GroupedLaunch, grouped.FitLaunch, grouped.launch = NoLaunch, NoLaunch, (lambda *args, **kw: None)
     grouped._runs_here, ops._stream, ops._fast_device = (lambda a: True), (lambda dev: 7), (lambda a: True)
 
 

@@ -1,6 +1,6 @@
 """The fitted grouped kernel (kernels/engine/gemm_grouped_fit.cu; ``grouped_mm`` takes it at few rows a group)
-without a GPU: the probe's variants (token tiles up to 128 wide in steps of 16, up to 256 in steps of 32; ping-pong
-consumers of 64 weight rows) compile for sm_90a without spills or local memory, with one k-loop per width:
+without a GPU: the probe's variants (token tiles up to 128 wide in steps of 16, up to 256 in steps of 32; 128 or
+256 weight rows a tile; ping-pong consumers of 64 or 128 weight rows) compile for sm_90a without spills or local memory, with one k-loop per width:
 that width's HGMMA, four k16 steps each, one wgmma fence and the two waits a loop (nothing serialized). As a
 grouped plan (``GroupedPlan.fit``): where ``candidates`` lists it, that ``plan`` takes it there (with
 ``FIT_OFFERED``), the plan's own checks, its launch arguments against the kernel's PTX parameters, its SASS
@@ -25,7 +25,8 @@ TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax},
 
 
 @pytest.mark.parametrize("bm, wmax, stages, q, max_g, sched", [(128, 128, 5, 16, 128, 0), (128, 256, 4, 32, 64, 0),
-                                                               (64, 256, 4, 32, 128, 3)])
+                                                               (64, 256, 4, 32, 128, 3), (256, 128, 4, 16, 64, 0),
+                                                               (128, 128, 5, 16, 128, 3)])
 def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, max_g, sched):
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
     ck = compile_kernel("engine/gemm_grouped_fit.cu", f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}>",
@@ -35,7 +36,8 @@ def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, m
         assert needle not in ck.log, ck.log
     text = sass.disassemble(ck.cubin)
     widths = list(range(q, wmax + 1, q))
-    assert Counter(re.findall(r"HGMMA\.64x(\d+)x16", text)) == {str(w): 4 for w in widths}
+    blocks = bm // 64 if sched == 3 else bm // 128  # a consumer's 64-row blocks: one wgmma each a k16 step
+    assert Counter(re.findall(r"HGMMA\.64x(\d+)x16", text)) == {str(w): 4 * blocks for w in widths}
     assert not re.search(r"\b(LDL|STL)\b", text)  # no local memory
     syncs = Counter(re.findall(r"WARPGROUP\.(ARRIVE|DEPBAR)", text))
     assert syncs == {"ARRIVE": len(widths), "DEPBAR": 2 * len(widths)}, syncs

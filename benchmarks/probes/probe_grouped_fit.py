@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python3 benchmarks/probes/probe_grouped_fit.py $OUT/grouped_fit_probe.jsonl
 
-The kernel swaps the operands (128 weight rows x W tokens a tile) and fits each group's token tiles to its
+The kernel swaps the operands (128 or 256 weight rows x W tokens a tile) and fits each group's token tiles to its
 rows on the device (W a multiple of Q up to WMAX; the planner's form is fit_q16). On grouped_bench's uneven
 routing (same seeds; the routes follow PROBE_GROUPED's order as grouped_bench's --shapes do) of the shapes in PROBE_GROUPED (model:T pairs,
 default the many-expert shapes where the pick pads the most), each width set is checked against an fp32
@@ -34,10 +34,20 @@ from gemmlab.timer import time_interleaved  # noqa: E402
 SOURCE = "engine/gemm_grouped_fit.cu"
 TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax}, {stages}, false, false, false, false, 0, "
           "true, {sched}, true>")
-# name: (weight rows a tile, WMAX, stages, Q, MAX_G, schedule: 0 data-parallel, 3 ping-pong)
+# name: (weight rows a tile, WMAX, stages, Q, MAX_G, schedule: 0 data-parallel, 3 ping-pong). fit256_q16: two
+# consumers of 128 weight rows (each k16 step two wgmmas against one token slab: the L2 bytes per output of
+# the tiled 128 x 256 at W = 128), 4 stages beside a 64-group table; fitpp128_q16: ping-pong consumers of 128
+# weight rows, each epilogue under the other's k-loop (session 31's variants, not yet timed).
 VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0), "fitpp256_q32": (64, 256, 4, 32, 128, 3),
-            "fit_q16_g512": (128, 128, 4, 16, 512, 0)}
+            "fit_q16_g512": (128, 128, 4, 16, 512, 0), "fit256_q16": (256, 128, 4, 16, 64, 0),
+            "fitpp128_q16": (128, 128, 5, 16, 128, 3)}
+# PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all).
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
+
+
+def chosen() -> dict:
+    names = os.environ.get("PROBE_VARIANTS")
+    return VARIANTS if not names else {n: VARIANTS[n] for n in names.split(",")}
 
 
 def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched):
@@ -74,7 +84,9 @@ def check_edges() -> list[str]:
         a = torch.randn(T, K, device="cuda").to(torch.bfloat16)
         b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
         ref = grouped.reference_grouped_mm(a, b, offs, dtype=torch.float32)
-        for name, (bm, wmax, stages, q, max_g, sched) in VARIANTS.items():
+        for name, (bm, wmax, stages, q, max_g, sched) in chosen().items():
+            if G > max_g:
+                continue
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched)(o)
             torch.cuda.synchronize()
@@ -109,8 +121,8 @@ def main() -> None:
             return o
 
         runs["torch_mm_loop"] = loop
-        for name, (bm, wmax, stages, q, max_g, sched) in VARIANTS.items():
-            if G <= max_g and (max_g == 128 or G > 128):
+        for name, (bm, wmax, stages, q, max_g, sched) in chosen().items():
+            if G <= max_g and (max_g < 512 or G > 128):  # the 512-group table only where 128 is too small
                 runs[name] = fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched)
         errors, cands = {}, {}
         for name, fn in runs.items():

@@ -1,11 +1,11 @@
 // engine.gemm_grouped_fit: grouped GEMM with the operands swapped and each group's token tiles fitted to its
 // rows (gemmlab.grouped: GroupedPlan.fit, taken at few rows a group; the ping-pong form is a probe's).
 // For each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, computed as out_g^T = B[g] @ A_g^T:
-// the kernel's "A" is the expert's weight (BM = 128 weight rows a tile, two consumers of 64; or PINGPONG:
-// BM = 64, each consumer a whole tile in turn, its epilogue under the other's k-loop), its "B" the
-// group's tokens, a tile W tokens wide. W is chosen per group on the device: the group's rows r take
-// nt = ceil(r / WMAX) token tiles of the same width W = ceil(r / nt) rounded up to Q, one of the widths
-// Q, 2 Q, .., WMAX the kernel is instantiated for. So a group pads at most Q - 1 rows a token tile, where
+// the kernel's "A" is the expert's weight (BM = 128 weight rows a tile, two consumers of 64, or 256, two
+// of 128; or PINGPONG: BM = 64 or 128, each consumer a whole tile in turn, its epilogue under the other's
+// k-loop), its "B" the group's tokens, a tile W tokens wide. W is chosen per group on the device: the
+// group's rows r take nt = ceil(r / WMAX) token tiles of the same width W = ceil(r / nt) rounded up to Q,
+// one of the widths Q, 2 Q, .., WMAX the kernel is instantiated for. So a group pads at most Q - 1 rows a token tile, where
 // a tile of BM token rows pads BM / 2 on average (1.2-1.5x the rows at 80-160 rows a group). Fitting
 // those measured slower than the tiled kernel (the padded rows did not bind); at a few rows a group,
 // where each expert's weight streams once, it measured faster, and the planner takes it there
@@ -67,11 +67,19 @@ template <class Tr, int W>
 struct AtWidth : GemmTraits<typename Tr::T, typename Tr::TO, typename Tr::TO, Tr::BM, W, Tr::STAGES, false, false,
                             false, false, 0, true, Tr::SCHEDULE, true> {};
 
-// A consumer's k-loop at width W: consume_unit's, the token slot at Tr::BN rows a stage.
+// The first W / 2 accumulators of a block's row of Tr::BN / 2 (each block keeps its registers at every width).
+template <int W, int V>
+__device__ __forceinline__ float (&at_width(float (&acc)[V]))[W / 2] {
+    return *reinterpret_cast<float(*)[W / 2]>(&acc[0]);
+}
+
+// A consumer's k-loop at width W: consume_unit's, the token slot at Tr::BN rows a stage; each k16 step one
+// wgmma per 64-row block of the consumer's weight rows (Tr::MI: two where a consumer holds 128), against the
+// same token slab.
 template <class Tr, int W>
 __device__ __forceinline__ void consume_at(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
-                                           const typename Tr::T* sB, int consumer, int t, float (&d)[W / 2],
-                                           int k_iters) {
+                                           const typename Tr::T* sB, int consumer, int t,
+                                           float (&acc)[Tr::MI][Tr::BN / 2], int k_iters) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, BN = Tr::BN, BK = Tr::BK;
     int prev = 0;
@@ -81,8 +89,12 @@ __device__ __forceinline__ void consume_at(Ring<Tr::STAGES>& ring, RingCursor& c
         const T* b = sB + cur.stage * BN * BK;
         wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-            Wgmma<W, T>::mma(d, desc_sw128(a + 16 * k), desc_sw128(b + 16 * k), (kt == 0 && k == 0) ? 0 : 1);
+        for (int k = 0; k < 4; ++k) {
+#pragma unroll
+            for (int mi = 0; mi < Tr::MI; ++mi)
+                Wgmma<W, T>::mma(at_width<W>(acc[mi]), desc_sw128(a + mi * 64 * BK + 16 * k),
+                                 desc_sw128(b + 16 * k), (kt == 0 && k == 0) ? 0 : 1);
+        }
         wgmma_commit();
         if (kt > 0) {
             wgmma_wait<1>();
@@ -100,18 +112,21 @@ __device__ __forceinline__ void consume_at(Ring<Tr::STAGES>& ring, RingCursor& c
 // other consumer between the two).
 template <class Tr, int W>
 __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
-                                        const typename Tr::T* sB, int consumer, int t, float (&acc)[Tr::BN / 2],
-                                        int k_iters, int c0, int r0, int rows, int N, typename Tr::TO* Out,
-                                        long long ldo, unsigned char* slabs, int& pieces, Turns& turns) {
+                                        const typename Tr::T* sB, int consumer, int t,
+                                        float (&acc)[Tr::MI][Tr::BN / 2], int k_iters, int c0, int r0, int rows,
+                                        int N, typename Tr::TO* Out, long long ldo, unsigned char* slabs,
+                                        int& pieces, Turns& turns) {
     using Tw = AtWidth<Tr, W>;
-    float(&d)[W / 2] = *reinterpret_cast<float(*)[W / 2]>(&acc[0]);
-    consume_at<Tr, W>(ring, cur, sA, sB, consumer, t, d, k_iters);
+    consume_at<Tr, W>(ring, cur, sA, sB, consumer, t, acc, k_iters);
     if constexpr (Tr::PING_PONG) {
         if (t == 0) turns.pass(consumer);  // the other consumer's k-loop runs under this epilogue
     }
     // EpilogueArgs under TRANS_OUT: M = out's columns (N), N = out's rows (the group's rows).
     const EpilogueArgs<Tw> ep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out, ldo, N, rows};
-    store_block<Tw>(d, r0 + 64 * Tr::first_block(consumer), c0, ep, slabs, pieces, nullptr, nullptr, t, consumer);
+#pragma unroll
+    for (int mi = 0; mi < Tr::MI; ++mi)
+        store_block<Tw>(at_width<W>(acc[mi]), r0 + 64 * (Tr::first_block(consumer) + mi), c0, ep, slabs, pieces,
+                        nullptr, nullptr, t, consumer);
 }
 
 // The token map of width w (a box of w rows): tmT[w / Q - 1].
@@ -128,10 +143,10 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, WMAX = Tr::BN, BK = Tr::BK;
     constexpr bool PP = Tr::PING_PONG;
-    static_assert(Tr::CONSUMERS == 2 && BM == (PP ? 64 : 128) && Tr::TRANS_OUT && Tr::DIRECT && WMAX % Q == 0 &&
-                      WMAX / Q <= 8 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
-                  "fitted grouped: 128 weight rows (two consumers) or ping-pong 64, at most 8 widths, DIRECT "
-                  "transposed stores");
+    static_assert(Tr::CONSUMERS == 2 && (PP ? BM <= 128 : BM >= 128) && Tr::TRANS_OUT && Tr::DIRECT &&
+                      WMAX % Q == 0 && WMAX / Q <= 8 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
+                  "fitted grouped: 128 or 256 weight rows (two consumers) or ping-pong 64 or 128, at most 8 widths, "
+                  "DIRECT transposed stores");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(FitTable<MAX_G, WMAX, Q>) <=
                       227 * 1024 - 256,
                   "shared memory (with the group table)");
@@ -184,7 +199,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     unsigned char* slabs = sC + consumer * 2 * Tr::SLAB_BYTES;
     RingCursor cur;
     int pieces = 0;
-    float acc[WMAX / 2];
+    float acc[Tr::MI][WMAX / 2];
     int unit = 0;  // PINGPONG: this CTA's tiles go to consumer 0, 1, 0, 1, ...
     u32 turn_parity = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
