@@ -8,9 +8,9 @@ reports those as API errors unless told not to, as tests/test_sanitizer_gpu.py d
 
 Group sizes on both sides of every short A box (8, 16, 32, 64, 128 rows) and of whole tiles, an empty group
 among them; bf16 with K-major and MN-major b (and the fitted form, listed at fewer rows a group, on the same
-groups), the masked layout, and e4m3 with per-tensor and block scales. Each run prints the plan and its relative error against the float64 reference
-(``grouped.reference_grouped_mm``); a run whose output is wrong, or writes rows outside the groups (NaN-
-poisoned), says so and the script exits 1.
+groups), the masked layout, and e4m3 with per-tensor and block scales. Each run prints the plan and its
+relative error against the float64 reference (``grouped.reference_grouped_mm``); a run whose output is
+wrong, or writes rows outside the groups (NaN-poisoned), says so and the script exits 1.
 """
 
 import argparse

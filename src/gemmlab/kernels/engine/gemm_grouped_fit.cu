@@ -5,11 +5,11 @@
 // of 128; or PINGPONG: BM = 64 or 128, each consumer a whole tile in turn, its epilogue under the other's
 // k-loop), its "B" the group's tokens, a tile W tokens wide. W is chosen per group on the device: the
 // group's rows r take nt = ceil(r / WMAX) token tiles of the same width W = ceil(r / nt) rounded up to Q,
-// one of the widths Q, 2 Q, .., WMAX the kernel is instantiated for. So a group pads at most Q - 1 rows a token tile, where
-// a tile of BM token rows pads BM / 2 on average (1.2-1.5x the rows at 80-160 rows a group). Fitting
-// those measured slower than the tiled kernel (the padded rows did not bind); at a few rows a group,
-// where each expert's weight streams once, it measured faster, and the planner takes it there
-// (docs/worklog.md, session 30).
+// one of the widths Q, 2 Q, .., WMAX the kernel is instantiated for. So a group pads at most Q - 1 rows a
+// token tile, where a tile of BM token rows pads BM / 2 on average (1.2-1.5x the rows at 80-160 rows a
+// group). Fitting those measured slower than the tiled kernel (the padded rows did not bind); at a few
+// rows a group, where each expert's weight streams once, it measured faster, and the planner takes it
+// there (docs/worklog.md, session 30).
 // Each width has its own k-loop (the wgmma's n is fixed per instruction) and its own epilogue; the ring's
 // slots hold WMAX token rows, a narrower tile fills the first W of them through a box of W rows (one
 // token map a width). Stores are the dense engine's transposed DIRECT stores, bounded by the group's rows
