@@ -70,7 +70,7 @@ def test_fitted_form_is_picked_where_listed_and_offered(monkeypatch):
 
 
 @pytest.mark.parametrize("change", [{"layout": "masked"}, {"bm": 64}, {"direct": False}, {"out_dtype": "fp32"},
-                                    {"b_mn": True}, {"stages": 4}])
+                                    {"b_mn": True}, {"stages": 4}, {"rows": grouped.FIT_MAX_TILE_ROWS + 1}])
 def test_fitted_plan_refuses_what_its_kernel_does_not_do(change):
     with pytest.raises(ValueError, match="fitted form"):
         dataclasses.replace(_fitted(), **change)

@@ -123,6 +123,7 @@ FIT_BM, FIT_WMAX, FIT_Q, FIT_STAGES = 128, 128, 16, 5
 FIT_MAX_ROWS = 16
 FIT_MAX_GROUPS = 128
 FIT_OFFERED = True
+FIT_MAX_TILE_ROWS = FIT_WMAX * 0x7FFF  # a group's token tiles, ceil(rows / FIT_WMAX), fit 15 bits of FitTable.shape
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
@@ -252,6 +253,9 @@ class GroupedPlan(Warpgroups):
             raise ValueError(f"the fitted form ({FIT_KERNEL}): contiguous bf16 / fp16 operands, K-major b, 16-bit "
                              f"output, {FIT_BM} x {FIT_WMAX} data-parallel at {FIT_STAGES} stages, direct stores; "
                              f"got {self!r}")
+        if self.fit and self.rows > FIT_MAX_TILE_ROWS:
+            raise ValueError(f"the fitted form counts a group's token tiles in 15 bits (FitTable): at most "
+                             f"{FIT_MAX_TILE_ROWS} rows, got {self.rows}")
         if self.scale not in ("tensor", "block") or (self.scale == "block" and self.dtype != "e4m3"):
             raise ValueError(f"scale must be 'tensor' or 'block' (block: e4m3 only), got {self.scale!r} "
                              f"for {self.dtype}")
