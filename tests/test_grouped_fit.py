@@ -1,12 +1,12 @@
 """The fitted grouped kernel (kernels/engine/gemm_grouped_fit.cu; ``grouped_mm`` takes it at few rows a group)
 without a GPU: the probe's variants (token tiles up to 128 wide in steps of 16, up to 256 in steps of 32; 128 or
-256 weight rows a tile; ping-pong consumers of 64 or 128 weight rows) compile for sm_90a without spills or local memory, with one k-loop per width:
-that width's HGMMA, four k16 steps each, one wgmma fence and the two waits a loop (nothing serialized). As a
-grouped plan (``GroupedPlan.fit``): where ``candidates`` lists it, that ``plan`` takes it there (with
-``FIT_OFFERED``), the plan's own checks, its launch arguments against the kernel's PTX parameters, its SASS
-claims. On the GPU: tests/test_grouped_gpu.py
-(``test_fitted_*``) and the probe's timings (benchmarks/probes/probe_grouped_fit.py; docs/worklog.md,
-session 30)."""
+256 weight rows a tile; ping-pong consumers of 64 or 128 weight rows; one epilogue a width or one for all)
+compile for sm_90a without spills or local memory, with one k-loop per width: that width's HGMMA, four k16
+steps each, one wgmma fence and the two waits a loop (nothing serialized). As a grouped plan
+(``GroupedPlan.fit``): where ``candidates`` lists it, that ``plan`` takes it there (with ``FIT_OFFERED``), the
+plan's own checks, its launch arguments against the kernel's PTX parameters, its SASS claims. On the GPU:
+tests/test_grouped_gpu.py (``test_fitted_*``) and the probe's timings (benchmarks/probes/probe_grouped_fit.py;
+docs/worklog.md, sessions 30-31)."""
 
 import dataclasses
 import re
@@ -24,13 +24,15 @@ TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax},
           "false, 0, true, {sched}, true>")
 
 
-@pytest.mark.parametrize("bm, wmax, stages, q, max_g, sched", [(128, 128, 5, 16, 128, 0), (128, 256, 4, 32, 64, 0),
-                                                               (64, 256, 4, 32, 128, 3), (256, 128, 4, 16, 64, 0),
-                                                               (128, 128, 5, 16, 128, 3)])
-def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, max_g, sched):
+@pytest.mark.parametrize("bm, wmax, stages, q, max_g, sched, shared",
+                         [(128, 128, 5, 16, 128, 0, False), (128, 256, 4, 32, 64, 0, False),
+                          (64, 256, 4, 32, 128, 3, False), (256, 128, 4, 16, 64, 0, False),
+                          (128, 128, 5, 16, 128, 3, False), (128, 128, 5, 16, 128, 0, True),
+                          (256, 128, 4, 16, 64, 0, True), (128, 128, 5, 16, 128, 3, True)])
+def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, max_g, sched, shared):
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
-    ck = compile_kernel("engine/gemm_grouped_fit.cu", f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}>",
-                        arch="sm_90a")
+    ck = compile_kernel("engine/gemm_grouped_fit.cu",
+                        f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{', true' if shared else ''}>", arch="sm_90a")
     assert not ck.resources.spills and ck.resources.stack_frame == 0, ck.resources
     for needle in ("serialized", "C7510", "C7519"):
         assert needle not in ck.log, ck.log
@@ -41,6 +43,10 @@ def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, m
     assert not re.search(r"\b(LDL|STL)\b", text)  # no local memory
     syncs = Counter(re.findall(r"WARPGROUP\.(ARRIVE|DEPBAR)", text))
     assert syncs == {"ARRIVE": len(widths), "DEPBAR": 2 * len(widths)}, syncs
+    # The epilogue's stmatrix x4 (16 columns of a 64-row block each): one epilogue at WMAX (SHARED_STORE), or
+    # one a width.
+    stsm = len(re.findall(r"\bSTSM\b", text))
+    assert stsm == blocks * (wmax // 16 if shared else sum(-(-w // 16) for w in widths)), stsm
 
 
 # The fitted form as a grouped plan (GroupedPlan.fit) ---------------------------------------------------------

@@ -34,13 +34,17 @@ from gemmlab.timer import time_interleaved  # noqa: E402
 SOURCE = "engine/gemm_grouped_fit.cu"
 TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax}, {stages}, false, false, false, false, 0, "
           "true, {sched}, true>")
-# name: (weight rows a tile, WMAX, stages, Q, MAX_G, schedule: 0 data-parallel, 3 ping-pong). fit256_q16: two
-# consumers of 128 weight rows (each k16 step two wgmmas against one token slab: the L2 bytes per output of
-# the tiled 128 x 256 at W = 128), 4 stages beside a 64-group table; fitpp128_q16: ping-pong consumers of 128
-# weight rows, each epilogue under the other's k-loop (session 31's variants, not yet timed).
-VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0), "fitpp256_q32": (64, 256, 4, 32, 128, 3),
-            "fit_q16_g512": (128, 128, 4, 16, 512, 0), "fit256_q16": (256, 128, 4, 16, 64, 0),
-            "fitpp128_q16": (128, 128, 5, 16, 128, 3)}
+# name: (weight rows a tile, WMAX, stages, Q, MAX_G, schedule: 0 data-parallel, 3 ping-pong, SHARED_STORE).
+# fit256: two consumers of 128 weight rows (each k16 step two wgmmas against one token slab: the L2 bytes per
+# output of the tiled 128 x 256 at W = 128), 4 stages beside a 64-group table; fitpp128: ping-pong consumers
+# of 128 weight rows, each epilogue under the other's k-loop; _shared: one epilogue at WMAX for every width
+# (SHARED_STORE: 2.8-3.7 k SASS instructions against 6-10.7 k with one a width; the tiled kernel's 2.8-3.0 k).
+# Session 31's variants (fit256, fitpp128, _shared) are not yet timed.
+VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4, 32, 128, 3, 0),
+            "fit_q16_g512": (128, 128, 4, 16, 512, 0, 0), "fit256_q16": (256, 128, 4, 16, 64, 0, 0),
+            "fitpp128_q16": (128, 128, 5, 16, 128, 3, 0), "fit_q16_shared": (128, 128, 5, 16, 128, 0, 1),
+            "fit256_q16_shared": (256, 128, 4, 16, 64, 0, 1), "fitpp128_q16_shared": (128, 128, 5, 16, 128, 3, 1),
+            "fitpp256_q32_shared": (64, 256, 4, 32, 128, 3, 1)}
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all).
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
 
@@ -50,11 +54,12 @@ def chosen() -> dict:
     return VARIANTS if not names else {n: VARIANTS[n] for n in names.split(",")}
 
 
-def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched):
+def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched, shared):
     """A launcher of the draft for these operands (maps built once)."""
     G, N, K = b.shape
     T = a.shape[0]
-    ne = f"engine_gemm_grouped_fit<{TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)}, {max_g}, {q}>"
+    traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
+    ne = f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{', true' if shared else ''}>"
     k = compile_kernel(SOURCE, ne, arch="sm_90a")
     b2 = b.reshape(G * N, K)
     map_w = tensor_map_2d(b2, (bm, 64))
@@ -84,11 +89,11 @@ def check_edges() -> list[str]:
         a = torch.randn(T, K, device="cuda").to(torch.bfloat16)
         b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
         ref = grouped.reference_grouped_mm(a, b, offs, dtype=torch.float32)
-        for name, (bm, wmax, stages, q, max_g, sched) in chosen().items():
-            if G > max_g:
+        for name, v in chosen().items():
+            if G > v[4]:  # MAX_G
                 continue
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-            fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched)(o)
+            fit_runner(a, b, offs, *v)(o)
             torch.cuda.synchronize()
             err = rel_error(o.double(), ref.double())
             lines.append(f"edge {name} sizes={sizes} N={N} K={K}: rel_error {err:.2e} {'ok' if err <= 1e-2 else 'FAIL'}")
@@ -121,9 +126,9 @@ def main() -> None:
             return o
 
         runs["torch_mm_loop"] = loop
-        for name, (bm, wmax, stages, q, max_g, sched) in chosen().items():
-            if G <= max_g and (max_g < 512 or G > 128):  # the 512-group table only where 128 is too small
-                runs[name] = fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched)
+        for name, v in chosen().items():
+            if G <= v[4] and (v[4] < 512 or G > 128):  # the 512-group table only where 128 is too small
+                runs[name] = fit_runner(a, b, offs, *v)
         errors, cands = {}, {}
         for name, fn in runs.items():
             o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)

@@ -10,10 +10,11 @@
 // group). Fitting those measured slower than the tiled kernel (the padded rows did not bind); at a few
 // rows a group, where each expert's weight streams once, it measured faster, and the planner takes it
 // there (docs/worklog.md, session 30).
-// Each width has its own k-loop (the wgmma's n is fixed per instruction) and its own epilogue; the ring's
-// slots hold WMAX token rows, a narrower tile fills the first W of them through a box of W rows (one
-// token map a width). Stores are the dense engine's transposed DIRECT stores, bounded by the group's rows
-// and N (epilogue_store.cuh): tokens past the group's end belong to the next group and are never stored.
+// Each width has its own k-loop (the wgmma's n is fixed per instruction) and its own epilogue (or, with
+// SHARED_STORE, one epilogue at WMAX for all: below); the ring's slots hold WMAX token rows, a narrower
+// tile fills the first W of them through a box of W rows (one token map a width). Stores are the dense
+// engine's transposed DIRECT stores, bounded by the group's rows and N (epilogue_store.cuh): tokens past
+// the group's end belong to the next group and are never stored.
 // Tile order: a group's token tiles fastest, then its weight tiles, so the nt tiles that read one weight
 // tile run side by side and the weight streams from HBM once; a group's tokens stay in L2.
 #include "common/gemm_traits.cuh"
@@ -107,20 +108,13 @@ __device__ __forceinline__ void consume_at(Ring<Tr::STAGES>& ring, RingCursor& c
     if (t == 0) ring.release(prev);
 }
 
-// The tile's k-loop and its transposed DIRECT store at width W: out rows (tokens) row0 + j W .. of the
-// group, out columns (weight rows) wt BM + 64 consumer .. (ping-pong: wt BM ..; the turn passes to the
-// other consumer between the two).
+// A tile's transposed DIRECT store at width W: out rows (tokens) c0 .. below `rows` of the group (out_g),
+// out columns (weight rows) r0 + 64 (first block + mi) .. below N.
 template <class Tr, int W>
-__device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
-                                        const typename Tr::T* sB, int consumer, int t,
-                                        float (&acc)[Tr::MI][Tr::BN / 2], int k_iters, int c0, int r0, int rows,
-                                        int N, typename Tr::TO* Out, long long ldo, unsigned char* slabs,
-                                        int& pieces, Turns& turns) {
+__device__ __forceinline__ void store_at(float (&acc)[Tr::MI][Tr::BN / 2], int consumer, int t, int c0, int r0,
+                                         int rows, int N, typename Tr::TO* Out, long long ldo, unsigned char* slabs,
+                                         int& pieces) {
     using Tw = AtWidth<Tr, W>;
-    consume_at<Tr, W>(ring, cur, sA, sB, consumer, t, acc, k_iters);
-    if constexpr (Tr::PING_PONG) {
-        if (t == 0) turns.pass(consumer);  // the other consumer's k-loop runs under this epilogue
-    }
     // EpilogueArgs under TRANS_OUT: M = out's columns (N), N = out's rows (the group's rows).
     const EpilogueArgs<Tw> ep{1.0f, 0.0f, nullptr, 0, 0, nullptr, Out, ldo, N, rows};
 #pragma unroll
@@ -129,10 +123,31 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
                         nullptr, nullptr, t, consumer);
 }
 
+// The tile's k-loop and its store at width W: out rows (tokens) row0 + j W .. of the group, out columns
+// (weight rows) wt BM + 64 consumer .. (ping-pong: wt BM ..; the turn passes to the other consumer
+// between the two).
+template <class Tr, int W>
+__device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur, const typename Tr::T* sA,
+                                        const typename Tr::T* sB, int consumer, int t,
+                                        float (&acc)[Tr::MI][Tr::BN / 2], int k_iters, int c0, int r0, int rows,
+                                        int N, typename Tr::TO* Out, long long ldo, unsigned char* slabs,
+                                        int& pieces, Turns& turns) {
+    consume_at<Tr, W>(ring, cur, sA, sB, consumer, t, acc, k_iters);
+    if constexpr (Tr::PING_PONG) {
+        if (t == 0) turns.pass(consumer);  // the other consumer's k-loop runs under this epilogue
+    }
+    store_at<Tr, W>(acc, consumer, t, c0, r0, rows, N, Out, ldo, slabs, pieces);
+}
+
 // The token map of width w (a box of w rows): tmT[w / Q - 1].
 #define FIT_MAPS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
 
-template <class Tr, int MAX_G, int Q>
+// SHARED_STORE (a probe's variant): each width keeps its k-loop, but one epilogue at WMAX serves them all, its
+// stores bounded at the token tile's end (c0 + W rows of the group): the kernel then holds one copy of the
+// epilogue's code instead of one a width (the 8-width builds run 93-168 KB of SASS against the tiled
+// kernel's 44-47 KB). A narrower tile's accumulators past W / 2 are converted but never stored (zeroed
+// once, so they hold values).
+template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
                         const __grid_constant__ CUtensorMap tmT2, const __grid_constant__ CUtensorMap tmT3,
@@ -200,6 +215,12 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     RingCursor cur;
     int pieces = 0;
     float acc[Tr::MI][WMAX / 2];
+    if constexpr (SHARED_STORE) {
+#pragma unroll
+        for (int mi = 0; mi < Tr::MI; ++mi)
+#pragma unroll
+            for (int j = 0; j < WMAX / 2; ++j) acc[mi][j] = 0.0f;
+    }
     int unit = 0;  // PINGPONG: this CTA's tiles go to consumer 0, 1, 0, 1, ...
     u32 turn_parity = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
@@ -215,6 +236,21 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
         // out of group g: rows row0 .. row0 + rows; this tile's tokens j w .., weight rows (out columns) wt BM ..
         typename Tr::TO* out_g = Out + (long long)gt.row0 * ldo;
         const int c0 = gt.j * gt.w, r0 = gt.wt * BM;
+        if constexpr (SHARED_STORE) {
+            switch (gt.w / Q) {
+#define FIT_LOOP(i)                                                                           \
+    case i:                                                                                   \
+        if constexpr (i * Q <= WMAX) consume_at<Tr, i * Q>(ring, cur, sA, sB, consumer, t, acc, k_iters); \
+        break;
+                FIT_MAPS(FIT_LOOP)
+#undef FIT_LOOP
+            }
+            if constexpr (PP) {
+                if (t == 0) turns.pass(consumer);  // the other consumer's k-loop runs under this epilogue
+            }
+            store_at<Tr, WMAX>(acc, consumer, t, c0, r0, min(gt.rows, c0 + gt.w), N, out_g, ldo, slabs, pieces);
+            continue;
+        }
         switch (gt.w / Q) {
 #define FIT_CASE(i)                                                                                                 \
     case i:                                                                                                         \
