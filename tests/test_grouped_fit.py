@@ -82,7 +82,9 @@ def test_fitted_plan_refuses_what_its_kernel_does_not_do(change):
         dataclasses.replace(_fitted(), **change)
 
 
-def test_fitted_launch_arguments_match_the_kernel(monkeypatch):
+@pytest.mark.parametrize("shared", [False, True])
+def test_fitted_launch_arguments_match_the_kernel(shared, monkeypatch):
+    monkeypatch.setattr(grouped, "FIT_SHARED_STORE", shared)
     p = _fitted(groups=4, rows=64, N=48, K=64)
     a, b = torch.randn(64, 64).bfloat16(), torch.randn(4, 48, 64).bfloat16()
     offs = torch.tensor([0, 5, 5, 40, 64], dtype=torch.int32)
@@ -100,7 +102,11 @@ def test_fitted_launch_arguments_match_the_kernel(monkeypatch):
     assert args[9] is offs and [int(x) for x in args[10:15]] == [1, 4, 64, 48, 64] and int(args[16]) == 48
 
 
-def test_fitted_plan_compiles_clean():
+@pytest.mark.parametrize("shared", [False, True])
+def test_fitted_plan_compiles_clean(shared, monkeypatch):
+    monkeypatch.setattr(grouped, "FIT_SHARED_STORE", shared)
     p = _fitted()
+    assert p.name_expression.endswith(", 128, 16, true>" if shared else ", 128, 16>")
     ck = grouped.compile_plan(p)
     assert sass.check(grouped.sass_expect(p), sass.kernel_summary(ck), ck.resources) == []
+    assert ("shared store" in p.compiled_name) == shared

@@ -923,16 +923,18 @@ def test_fp8_short_a_boxes_at_every_group_size(tile, scale):
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
-# The fitted form (GroupedPlan.fit: gemm_grouped_fit.cu, token tiles fitted per group; not offered yet) ---------
+# The fitted form (GroupedPlan.fit: gemm_grouped_fit.cu, token tiles fitted per group) -------------------------
 
 def _fit_plan(G, T, N, K, dtype="bf16"):
     return next(c for c in grouped.candidates("contiguous", G, T, N, K, dtype=dtype, out_dtype=dtype) if c.fit)
 
 
+@pytest.mark.parametrize("shared", [False, True])  # grouped.FIT_SHARED_STORE: one epilogue a width, or one for all
 @pytest.mark.parametrize("G,T,N,K,dtype", [(64, 512, 1408, 2048, "bf16"), (128, 512, 768, 2048, "bf16"),
                                            (60, 256, 2816, 2048, "fp16"), (11, 64, 200, 104, "bf16"),
                                            (8, 128, 4096, 4096, "bf16")])
-def test_fitted_form_uneven_groups(G, T, N, K, dtype):
+def test_fitted_form_uneven_groups(G, T, N, K, dtype, shared, monkeypatch):
+    monkeypatch.setattr(grouped, "FIT_SHARED_STORE", shared)
     a, b = _operands((T,), G, N, K, dtype=_TYPES[dtype])
     offs = _uneven_offsets(G, T, seed=G + T, empty=(0, G // 2))
     out, frame = _framed((T, N), _TYPES[dtype])
@@ -941,8 +943,10 @@ def test_fitted_form_uneven_groups(G, T, N, K, dtype):
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
-def test_fitted_form_at_every_width_and_group_edge():
+@pytest.mark.parametrize("shared", [False, True])
+def test_fitted_form_at_every_width_and_group_edge(shared, monkeypatch):
     # Groups of 0 .. 300 rows: one token tile of each width, and several (300: three of 112, padded from 100).
+    monkeypatch.setattr(grouped, "FIT_SHARED_STORE", shared)
     sizes = [0, 1, 15, 16, 17, 33, 64, 65, 100, 127, 128, 129, 300, 0, 2, 48]
     G, T, N, K = len(sizes), sum(sizes), 328, 1000
     offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")

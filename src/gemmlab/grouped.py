@@ -123,6 +123,10 @@ FIT_BM, FIT_WMAX, FIT_Q, FIT_STAGES = 128, 128, 16, 5
 FIT_MAX_ROWS = 16
 FIT_MAX_GROUPS = 128
 FIT_OFFERED = True
+# The kernel's SHARED_STORE: one epilogue at FIT_WMAX for every width, its stores bounded at the token tile's
+# end, where the shipped build has one a width (2,840 SASS instructions against 5,968; docs/worklog.md,
+# session 31). Off until timed on the GPU.
+FIT_SHARED_STORE = False
 FIT_MAX_TILE_ROWS = FIT_WMAX * 0x7FFF  # a group's token tiles, ceil(rows / FIT_WMAX), fit 15 bits of FitTable.shape
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
@@ -304,7 +308,8 @@ class GroupedPlan(Warpgroups):
     @property
     def name_expression(self) -> str:
         if self.fit:
-            return f"{FIT_KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {self.table}, {FIT_Q}>"
+            shared = ", true" if FIT_SHARED_STORE else ""
+            return f"{FIT_KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {self.table}, {FIT_Q}{shared}>"
         traits = "Fp8GemmTraits" if self.dtype == "e4m3" else "GemmTraits"
         return (f"{self.kernel}<{traits}<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}, "
                 f"{self.table}{', true' if self.claim else ''}>")
@@ -312,7 +317,8 @@ class GroupedPlan(Warpgroups):
     @property
     def compiled_name(self) -> str:
         if self.fit:
-            return f"engine.gemm_grouped_fit[{', '.join(self.template_args())}, {self.table}, {FIT_Q}]"
+            shared = ", shared store" if FIT_SHARED_STORE else ""
+            return f"engine.gemm_grouped_fit[{', '.join(self.template_args())}, {self.table}, {FIT_Q}{shared}]"
         name = "engine.gemm_grouped_fp8" if self.dtype == "e4m3" else "engine.gemm_grouped"
         return f"{name}[{', '.join(self.template_args())}, {self.layout}, {self.table}{', claim' if self.claim else ''}]"
 
