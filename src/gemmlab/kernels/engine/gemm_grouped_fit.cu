@@ -142,11 +142,11 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
 // The token map of width w (a box of w rows): tmT[w / Q - 1].
 #define FIT_MAPS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
 
-// SHARED_STORE (a probe's variant): each width keeps its k-loop, but one epilogue at WMAX serves them all, its
-// stores bounded at the token tile's end (c0 + W rows of the group): the kernel then holds one copy of the
-// epilogue's code instead of one a width (the 8-width builds run 93-168 KB of SASS against the tiled
-// kernel's 44-47 KB). A narrower tile's accumulators past W / 2 are converted but never stored (zeroed
-// once, so they hold values).
+// SHARED_STORE (grouped.FIT_SHARED_STORE, off until timed): each width keeps its k-loop, but one epilogue at
+// WMAX serves them all, its stores bounded at the token tile's end (c0 + W rows of the group): the kernel
+// then holds one copy of the epilogue's code instead of one a width (the 8-width builds run 93-168 KB of
+// SASS against the tiled kernel's 44-47 KB). A narrower tile's accumulators past W / 2 are converted but
+// never stored (zeroed once, so they hold values).
 template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
@@ -238,8 +238,8 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
         const int c0 = gt.j * gt.w, r0 = gt.wt * BM;
         if constexpr (SHARED_STORE) {
             switch (gt.w / Q) {
-#define FIT_LOOP(i)                                                                           \
-    case i:                                                                                   \
+#define FIT_LOOP(i)                                                                          \
+    case i:                                                                                  \
         if constexpr (i * Q <= WMAX) consume_at<Tr, i * Q>(ring, cur, sA, sB, consumer, t, acc, k_iters); \
         break;
                 FIT_MAPS(FIT_LOOP)
