@@ -417,6 +417,35 @@ def test_gemmlab_plan_says_which_kernel_matmul_runs():
         gemmlab.plan(0, 8, 8)
 
 
+def test_gemmlab_plan_for_fp32_names_the_ladder_step_matmul_runs():
+    import gemmlab
+    from gemmlab import ops
+
+    for M, N, K in ((4096, 4096, 4096), (3, 5, 7), (77, 3000, 2000)):
+        r = gemmlab.plan(M, N, K, dtype=torch.float32, bias_dtype=torch.float32, activation="gelu", sm_count=132)
+        spec, cfg = ops.best_sgemm_step(M, N, K, 132)  # what ops._run_fp32 launches
+        assert (r.kernel, r.step, r.config, r.plan) == ("sgemm", spec.name, dict(cfg), None)
+        assert spec.name in repr(r) and f"{M}x{N}x{K}" in repr(r) and "BM=" in repr(r)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"dtype": torch.float8_e4m3fn}, TypeError, "scaled_mm"),
+    ({"dtype": "bf16"}, TypeError, "must be a torch.dtype"),
+    ({"dtype": torch.float64}, TypeError, "supported: bfloat16, float16"),
+    ({"out_dtype": torch.int32}, TypeError, "out_dtype torch.int32 is not supported"),
+    ({"bias_dtype": torch.float16}, TypeError, "bias must be torch.bfloat16"),
+    ({"activation": "tanh"}, UnsupportedProblem, "unknown activation"),
+    ({"M": 2**31}, UnsupportedProblem, "below 2\\^31"),
+    ({"M": 2**30, "N": 2**11}, UnsupportedProblem, "limit is 2\\^40"),
+])
+def test_gemmlab_plan_refuses_what_matmul_refuses(kwargs, error, match):
+    import gemmlab
+
+    sizes = {"M": kwargs.pop("M", 64), "N": kwargs.pop("N", 64), "K": 64}
+    with pytest.raises(error, match=match):
+        gemmlab.plan(sizes["M"], sizes["N"], sizes["K"], **kwargs)
+
+
 def test_a_forced_engine_plan_must_match_the_tensors():
     a, b, out = _meta(256, 512, 1024)
     wrong = planner.plan(256, 512, 2048)

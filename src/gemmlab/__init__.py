@@ -24,7 +24,7 @@ _log.configure_from_env()
 # Loaded on first use, so `import gemmlab` (and `gemmlab --help`) stays light: `matmul`/`linear` bring in
 # torch and register the custom op, the registry brings in the ladders.
 # (module, attribute): the attribute of that module; attribute None: the module itself.
-_LAZY = {"matmul": ("functional", "matmul"), "linear": ("functional", "linear"), "plan": ("engine", "plan"),
+_LAZY = {"matmul": ("functional", "matmul"), "linear": ("functional", "linear"), "plan": ("functional", "plan"),
          "kernels": ("registry", "all_kernels"), "kernel": ("registry", "get"),
          "nn": ("nn", None), "patch": ("nn", "patch"), "unpatch": ("nn", "unpatch"), "warmup": ("warm", "warmup"),
          "FallbackWarning": ("errors", "FallbackWarning"), "scaled_mm": ("fp8", "scaled_mm"),

@@ -454,7 +454,8 @@ def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.
 @dataclass(frozen=True)
 class Route:
     """What ``gemmlab.matmul`` runs for one call: ``kernel`` "decode" (``gemmlab.decode``), "h11" (the
-    ladder's general step, plan ``h11`` = (BN, splits)) or "engine" (the engine kernel, ``plan``).
+    ladder's general step, plan ``h11`` = (BN, splits)), "engine" (the engine kernel, ``plan``) or, for
+    float32 inputs (``gemmlab.plan`` only), "sgemm": the fp32 ladder's ``step`` with its ``config``.
     ``plan``: the engine kernel's best plan by the model (also when h11 or the decode kernel runs; None for
     forced and tuned h11 plans); ``h11_s``: h11's plan priced by the
     same model x ``h11_factor`` (None where not weighed); ``decode_s``: the decode kernel's price
@@ -472,9 +473,14 @@ class Route:
     h11_s: float | None = None
     decode_s: float | None = None
     engine_s: float | None = None
+    step: str | None = None
+    config: dict | None = None
 
     def __repr__(self) -> str:
         head = f"Route({self.M}x{self.N}x{self.K}: "
+        if self.kernel == "sgemm":
+            cfg = ", ".join(f"{k}={v}" for k, v in (self.config or {}).items())
+            return head + f"fp32 CUDA-core ladder, {self.step} ({cfg}); bias and activation as torch ops after it)"
         if self.kernel == "decode":
             if self.decode_s is None:
                 return head + f"decode kernel (gemmlab.decode, {self.how}))"

@@ -11,11 +11,14 @@ and torch's own ops when the caller asked for ``fallback=True`` where gemmlab ca
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from . import autograd as _autograd  # registers the op's backward formula
 from . import fallback as _fallback
 from . import ops
+from .devices import H200
 from .errors import UnsupportedProblem
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, activation: str | None = None,
@@ -80,6 +83,46 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     if torch.compiler.is_compiling() or p.device.type == "meta" or ops._is_fake(out) or ops._is_fake(a):
         return out.copy_(torch.ops.gemmlab.matmul(a, b, bias, activation, alpha, beta, c, p.out_dtype))
     return ops._prepared(a, b, bias, activation, alpha, beta, c, out_dtype, out)(a, b, bias, alpha, beta, c, out)
+
+
+def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dtype: torch.dtype | None = None,
+         bias_dtype: torch.dtype | None = None, has_c: bool = False, activation: str | None = None,
+         b_mn: bool = False, sm_count: int | None = None):
+    """What ``gemmlab.matmul`` runs for a (M, K) row-major ``a`` and a (K, N) ``b`` of ``dtype`` (``b_mn``:
+    b row-major, N contiguous; default K-contiguous, as ``w.t()`` of an nn.Linear weight), a contiguous
+    output of ``out_dtype`` (default: dtype), a bias of ``bias_dtype`` (None: no bias), ``c`` when
+    ``has_c`` and ``activation``: an ``engine.Route`` naming the kernel, its plan and the model's price.
+
+    bf16 / fp16: the Hopper engine's router (``engine.route``: the decode kernel, the engine kernel's plan
+    or h11). float32: the fp32 CUDA-core ladder's step and config (``kernel == "sgemm"``). Needs no GPU:
+    ``sm_count`` defaults to the visible GPU's, else the H200's 132. The arguments are checked by the same
+    rules as ``gemmlab.matmul``'s, with the same errors (``TypeError`` for dtypes, ``UnsupportedProblem``
+    for sizes past the kernels' limits); M, N, K must be >= 1 (``ValueError``). FP8 operands are
+    ``gemmlab.scaled_mm``'s: ``gemmlab.planner.plan_fp8`` (or ``gemmlab model --dtype fp8``) plans those."""
+    for name, n in (("M", M), ("N", N), ("K", K)):
+        if operator.index(n) < 1:
+            raise ValueError(f"{name} must be >= 1, got {n}")
+    for name, dt in (("dtype", dtype), ("out_dtype", out_dtype), ("bias_dtype", bias_dtype)):
+        if dt is not None and not isinstance(dt, torch.dtype):
+            raise TypeError(f"gemmlab.plan: {name} must be a torch.dtype, got {dt!r}")
+    if dtype.is_floating_point and dtype.itemsize == 1:
+        raise TypeError(f"gemmlab.plan: {dtype} operands are gemmlab.scaled_mm's, not gemmlab.matmul's; "
+                        "gemmlab.planner.plan_fp8(M, N, K, scale='tensor' or 'block') gives its plan")
+    meta = {"device": "meta"}
+    a = torch.empty((M, K), dtype=dtype, **meta)
+    b = torch.empty((K, N), dtype=dtype, **meta) if b_mn else torch.empty((N, K), dtype=dtype, **meta).t()
+    bias = torch.empty(N, dtype=bias_dtype, **meta) if bias_dtype is not None else None
+    c = torch.empty((M, N), dtype=out_dtype or dtype, **meta) if has_c else None
+    p = ops._validate(a, b, bias, activation, 1.0, 1.0 if has_c else 0.0, c, out_dtype)
+    if sm_count is None:
+        sm_count = (ops._sm_count(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available()
+                    else H200.sm_count)
+    engine = ops._load_engine()
+    if p.in_dtype == torch.float32:
+        spec, cfg = ops.best_sgemm_step(M, N, K, sm_count)
+        return engine.Route("sgemm", M, N, K, "fp32 inputs", step=spec.name, config=dict(cfg))
+    return engine.plan(M, N, K, dtype=dtype, out_dtype=p.out_dtype, bias_dtype=bias_dtype, has_c=has_c,
+                       activation=activation, b_mn=b_mn, sm_count=sm_count)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
