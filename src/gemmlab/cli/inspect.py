@@ -52,11 +52,22 @@ def run(args) -> int:
             _print_diff(out, d)
         return 0
 
+    return _report(args, rep, ptx, lambda: out)
+
+
+def _report(args, rep, ptx, console_of, head: str | None = None) -> int:
+    """The inspect report of one compiled kernel (``--json``, else the table, ``head`` above it), with
+    its annotated SASS (``--sass``) and PTX (``--ptx``) after it."""
+    from ..reports import compiled
+
     listing = "ptx" if args.ptx and not args.sass else "sass" if args.sass else "none"
     result = compiled.inspect_result(rep, listing=listing, ptx=ptx() if listing == "ptx" else None)
     if args.json:
         emit_json(result)
         return 0
+    out = console_of()
+    if head is not None:
+        out.print(head, markup=False, highlight=False)
     _print_report(out, result)
     if args.sass:
         out.rule("annotated SASS")
@@ -82,22 +93,7 @@ def _planned(args, config) -> int:
     M, N, K = args.shape
     rep, plan, ptx = compiled.plan_report(args.kernel, M, N, K, groups=args.groups, layout=args.layout or "contiguous",
                                           dtype=args.dtype or "bf16", scale=args.scale or "tensor")
-    listing = "ptx" if args.ptx and not args.sass else "sass" if args.sass else "none"
-    result = compiled.inspect_result(rep, listing=listing, ptx=ptx() if listing == "ptx" else None)
-    if args.json:
-        emit_json(result)
-        return 0
-    out = console()
-    out.print(repr(plan), markup=False, highlight=False)
-    _print_report(out, result)
-    if args.sass:
-        out.rule("annotated SASS")
-        for line in result.listing.lines:
-            out.print(line, markup=False, highlight=False, soft_wrap=True)
-    if args.ptx:
-        out.rule("PTX")
-        out.print(ptx(), markup=False, highlight=False, soft_wrap=True)
-    return 0
+    return _report(args, rep, ptx, console, head=repr(plan))
 
 
 def _widths_str(widths: dict) -> str:
