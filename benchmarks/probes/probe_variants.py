@@ -12,19 +12,22 @@ cuBLAS's same tiling gets 66):
              instead of after the next k-step's wgmmas are issued (wait_group 1). Measured in session 20:
              x0.90 (the tensor cores idle between k-steps);
   converge   the streamed schedules with the uniform index as well, and a __syncwarp after their divergent
-             partial stores, so their k-loops are proved uniform too (not measured yet).
+             partial stores, so their k-loops are proved uniform too (not measured yet);
+  hint1..3   the operand loads with L2 eviction priorities (common/tma.cuh L2_HINT; below).
 
 Variants are patched copies of the kernel sources (probe_mc_parts.patched_root), compiled up front in a
 process pool per variant. Shapes (--pick): mid64, the route's engine-kernel plan of the broad set's
 mid-class shapes with 64-row tiles (every k-th, at most --limit) and three 128-row controls; broad, every
 k-th broad-set shape whose route is the engine kernel, any tile; streamed, the broad-set shapes whose route
 is stream-K or global split-K; small, every k-th shape whose route is the engine kernel (swapped plans too)
-priced under 25 us; splitk, every k-th shape whose route is cluster split-K (swapped too);
+priced under 25 us; splitk, every k-th shape whose route is cluster split-K (swapped too); stream, every
+k-th shape of M <= 128 whose route is the engine kernel (the weight streams, any plan);
 moe, grouped_bench's MoE shapes on the grouped kernel against
 torch._grouped_mm.
 
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
         [--variants base,divergent]   (--pick small --variants base,warm,warm32,order)
+        (--pick stream --variants base,hint1,hint2,hint3; --pick moe the same)
 """
 import argparse
 import json
@@ -91,8 +94,12 @@ ORDER_FIRST = [
      "                const int packed = order[u.tile];\n",
      "            RingCursor cur;\n            int uses = 0;\n            while (sched.next(u)) {\n"
      "                const int packed = uses++ == 0 ? first_packed : order[u.tile];\n")]
-VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE, "warm": WARM, "warm2": WARM2,
-            "warm32": WARM32, "pull": PULL, "fullA": FULL_A}
+# hint1 / hint2 / hint3: the operand loads with L2 eviction priorities (common/tma.cuh, L2_HINT): the
+# weight's evict-first and the activations' evict-last; the weight's evict-first only; both evict-last.
+HINT1, HINT2, HINT3 = ([("common/tma.cuh", "#define L2_HINT 0", f"#define L2_HINT {v}")] for v in (1, 2, 3))
+VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE, "warm": WARM,
+            "warm2": WARM2, "warm32": WARM32, "pull": PULL, "fullA": FULL_A, "hint1": HINT1, "hint2": HINT2,
+            "hint3": HINT3}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 # --pick moe: probe_row_skip's four MoE shapes and small-T ones where groups hold a few rows (DBRX, Mixtral
 # decode-sized batches, DeepSeek-V2-Lite's 64 experts).
@@ -112,6 +119,9 @@ def shapes(pick: str, limit: int) -> list:
         if r.kernel != "engine" or r.plan is None or c["cls"] == "unaligned":
             continue
         if pick == "splitk" and r.plan.schedule == "split_k":
+            picked.append((c["name"], c["M"], c["N"], c["K"]))
+            continue
+        if pick == "stream" and c["M"] <= 128:  # the weight streams: few tokens, any plan (swapped too)
             picked.append((c["name"], c["M"], c["N"], c["K"]))
             continue
         if pick == "small" and r.plan.predicted_s < 25e-6:
@@ -199,7 +209,8 @@ def launches_for(roots: dict, p, a, w, outs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe", "small", "splitk"), default="mid64")
+    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe", "small", "splitk", "stream"),
+                    default="mid64")
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("--variants", default="base,divergent")
     args = ap.parse_args()

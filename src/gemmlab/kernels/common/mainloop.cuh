@@ -40,6 +40,19 @@ struct BEdge {
     int N = 0, b_rows = 0;
 };
 
+// Whether a kernel's traits make A the weight (TRANS_OUT: the tile is a block of out^T); false for traits
+// without the flag (the FP8 kernel's).
+template <class...>
+using void_t = void;
+template <class Tr, class = void>
+struct WeightIsA {
+    static constexpr bool value = false;
+};
+template <class Tr>
+struct WeightIsA<Tr, void_t<decltype(Tr::TRANS_OUT)>> {
+    static constexpr bool value = Tr::TRANS_OUT;
+};
+
 template <class Tr, class Extra = NoExtraLoads>
 __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, typename Tr::T* sA,
                                              typename Tr::T* sB, const CUtensorMap* tmA,
@@ -59,24 +72,27 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
     const u32 b_bytes = Tr::B_MN ? u32(b_boxes) * 64 * BK * sizeof(T)
                                  : (b_whole ? Tr::B_STAGE : u32(bedge.b_rows) * BK * sizeof(T));
     const CUtensorMap* b_map = b_whole ? tmB : bedge.short_map;
+    using H = L2Hints<WeightIsA<Tr>::value>;  // L2_HINT (tma.cuh): none in the library
+    const u64 pa = l2_policy<H::A>(), pb = l2_policy<H::B>();
     for (int kt = k_begin; kt < k_end; ++kt) {
         // Every box's full bytes arrive, also where it hangs over the tensor's edge (zero fill).
         u64* bar = ring.acquire(cur, a_bytes + b_bytes + Extra::bytes);
         T* a = sA + cur.stage * BM * BK;
         T* b = sB + cur.stage * BN * BK;
         if constexpr (Tr::A_MN) {  // A stored (K, M): 64 x 64 boxes at (m, k)
-            for (int i = 0; i < a_boxes; ++i) tma_load_2d(a + i * 64 * BK, tmA, bar, m0 + 64 * i, kt * BK);
+            for (int i = 0; i < a_boxes; ++i) tma_load_2d<H::A>(a + i * 64 * BK, tmA, bar, m0 + 64 * i, kt * BK, pa);
         } else {  // A stored (M, K)
-            tma_load_2d(a, whole ? tmA : tmA_short, bar, kt * BK, m0);
+            tma_load_2d<H::A>(a, whole ? tmA : tmA_short, bar, kt * BK, m0, pa);
         }
         if constexpr (Tr::B_MN) {  // B stored (K, N): BN / 64 boxes, those that hold columns
-            for (int i = 0; i < b_boxes; ++i) tma_load_2d(b + i * 64 * BK, tmB, bar, n0 + 64 * i, b_k0 + kt * BK);
+            for (int i = 0; i < b_boxes; ++i)
+                tma_load_2d<H::B>(b + i * 64 * BK, tmB, bar, n0 + 64 * i, b_k0 + kt * BK, pb);
         } else if constexpr (Tr::MCAST > 1) {  // this CTA's share of B's rows, to every CTA of the pair
             constexpr int SHARE = BN / Tr::MCAST;
             const int r = (int)cluster_ctarank();
             tma_load_2d_multicast(b + r * SHARE * BK, tmB, bar, kt * BK, n0 + r * SHARE, (1u << Tr::MCAST) - 1);
         } else {
-            tma_load_2d(b, b_map, bar, kt * BK, n0);
+            tma_load_2d<H::B>(b, b_map, bar, kt * BK, n0, pb);
         }
         extra(bar, cur.stage, kt);
         if constexpr (Tr::PREFETCH > 0) {  // the boxes of a k-step further on, into the L2 only

@@ -189,6 +189,8 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
         setmaxnreg_dec<40>();
         if (t == 0) {
             RingCursor cur;
+            using H = L2Hints<true>;  // the weight is A here
+            const u64 pw = l2_policy<H::A>(), pt = l2_policy<H::B>();
             for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
                 const auto gt = groups.locate(tile, G);
                 const int w_row = gt.g * N + gt.wt * BM, t_row = gt.row0 + gt.j * gt.w;
@@ -200,8 +202,8 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
                 const u32 bytes = u32(BM + gt.w) * BK * sizeof(T);
                 for (int kt = 0; kt < k_iters; ++kt) {
                     u64* bar = ring.acquire(cur, bytes);
-                    tma_load_2d(sA + cur.stage * BM * BK, &tmW, bar, kt * BK, w_row);
-                    tma_load_2d(sB + cur.stage * WMAX * BK, tm, bar, kt * BK, t_row);
+                    tma_load_2d<H::A>(sA + cur.stage * BM * BK, &tmW, bar, kt * BK, w_row, pw);
+                    tma_load_2d<H::B>(sB + cur.stage * WMAX * BK, tm, bar, kt * BK, t_row, pt);
                     cur.template advance<Tr::STAGES>();
                 }
             }
