@@ -55,3 +55,15 @@ def test_hinted_loads_carry_a_policy_where_the_setting_says(case):
             assert len(hinted) == len(loads), (hint, loads)  # every operand load (no scale boxes here)
         else:
             assert 0 < len(hinted) < len(loads), (hint, loads)  # the weight's only
+
+
+@pytest.mark.parametrize("case", [c for c in PLANS if "fit" not in c[0]], ids=lambda c: c[0])
+def test_hinted_stores_carry_a_policy(case):
+    _, source, expr, _ = case
+    for hint in (0, 1):
+        ck = compile_kernel(source, expr, arch="sm_90a", defines={"L2_STORE_HINT": "1"} if hint else None)
+        assert not ck.resources.spills and ck.resources.stack_frame == 0, ck.resources
+        stores = [line for line in sass.disassemble(ck.cubin).splitlines() if "UTMASTG" in line]
+        if not stores:  # a plan that stores with threads (direct rows): nothing to hint
+            continue
+        assert all(("desc[" in line) == bool(hint) for line in stores), (hint, stores)

@@ -13,7 +13,8 @@ cuBLAS's same tiling gets 66):
              x0.90 (the tensor cores idle between k-steps);
   converge   the streamed schedules with the uniform index as well, and a __syncwarp after their divergent
              partial stores, so their k-loops are proved uniform too (not measured yet);
-  hint1..3   the operand loads with L2 eviction priorities (common/tma.cuh L2_HINT; below).
+  hint1..3   the operand loads with L2 eviction priorities (common/tma.cuh L2_HINT; below); store: the
+             output's TMA stores evict-first (L2_STORE_HINT); hint1store: both.
 
 Variants are patched copies of the kernel sources (probe_mc_parts.patched_root), compiled up front in a
 process pool per variant. Shapes (--pick): mid64, the route's engine-kernel plan of the broad set's
@@ -97,9 +98,12 @@ ORDER_FIRST = [
 # hint1 / hint2 / hint3: the operand loads with L2 eviction priorities (common/tma.cuh, L2_HINT): the
 # weight's evict-first and the activations' evict-last; the weight's evict-first only; both evict-last.
 HINT1, HINT2, HINT3 = ([("common/tma.cuh", "#define L2_HINT 0", f"#define L2_HINT {v}")] for v in (1, 2, 3))
+# store: the TMA stores of the output ask for evict-first (common/tma.cuh, L2_STORE_HINT); hint1store: and
+# hint1's loads.
+STORE_HINT = [("common/tma.cuh", "#define L2_STORE_HINT 0", "#define L2_STORE_HINT 1")]
 VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE, "warm": WARM,
             "warm2": WARM2, "warm32": WARM32, "pull": PULL, "fullA": FULL_A, "hint1": HINT1, "hint2": HINT2,
-            "hint3": HINT3}
+            "hint3": HINT3, "store": STORE_HINT, "hint1store": HINT1 + STORE_HINT}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 # --pick moe: probe_row_skip's four MoE shapes and small-T ones where groups hold a few rows (DBRX, Mixtral
 # decode-sized batches, DeepSeek-V2-Lite's 64 experts).

@@ -99,10 +99,20 @@ __device__ __forceinline__ void bulk_load_global(u32 dst, const void* src, u32 b
 }
 
 // Shared -> global bulk tensor store. Writes made by ordinary stores (st.shared, stmatrix) must be
-// fenced with fence.proxy.async by the writing threads first.
+// fenced with fence.proxy.async by the writing threads first. L2_STORE_HINT (a probe's setting, 0 in the
+// library): 1 asks the L2 to evict the stored lines first (the output is not read again by the kernel,
+// so the operands' panels keep their place).
+#ifndef L2_STORE_HINT
+#define L2_STORE_HINT 0
+#endif
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
-                 ::"l"(map), "r"(smem_u32(src)), "r"(c0), "r"(c1) : "memory");
+    if constexpr (L2_STORE_HINT == 1) {
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;"
+                     ::"l"(map), "r"(smem_u32(src)), "r"(c0), "r"(c1), "l"(l2_policy<L2_FIRST>()) : "memory");
+    } else {
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+                     ::"l"(map), "r"(smem_u32(src)), "r"(c0), "r"(c1) : "memory");
+    }
 }
 
 __device__ __forceinline__ void tma_store_commit() {
