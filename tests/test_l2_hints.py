@@ -67,3 +67,17 @@ def test_hinted_stores_carry_a_policy(case):
         if not stores:  # a plan that stores with threads (direct rows): nothing to hint
             continue
         assert all(("desc[" in line) == bool(hint) for line in stores), (hint, stores)
+
+
+@pytest.mark.parametrize("nt", [1, 2, 4, 8])
+def test_decode_weight_loads_take_the_probe_hint(nt):
+    """engine/decode.cu DECODE_LOAD_HINT 1: every weight load (the .L1::no_allocate ones) fetches 256 bytes
+    into the L2 (SASS LTC256B), without spills; 0 is the library's plain load."""
+    from gemmlab import decode
+
+    expr = decode.kernel_expr("__nv_bfloat16", "__nv_bfloat16", "__nv_bfloat16", nt, 0, False)
+    for hint in (0, 1):
+        ck = compile_kernel(decode.SOURCE, expr, arch="sm_90a", defines={"DECODE_LOAD_HINT": "1"} if hint else None)
+        assert not ck.resources.spills and ck.resources.stack_frame == 0, ck.resources
+        weight = [line for line in sass.disassemble(ck.cubin).splitlines() if "LDG.E.NA" in line]
+        assert weight and all(("LTC256B" in line) == bool(hint) for line in weight), (hint, weight[:2])

@@ -22,13 +22,15 @@ mid-class shapes with 64-row tiles (every k-th, at most --limit) and three 128-r
 k-th broad-set shape whose route is the engine kernel, any tile; streamed, the broad-set shapes whose route
 is stream-K or global split-K; small, every k-th shape whose route is the engine kernel (swapped plans too)
 priced under 25 us; splitk, every k-th shape whose route is cluster split-K (swapped too); stream, every
-k-th shape of M <= 128 whose route is the engine kernel (the weight streams, any plan);
+k-th shape of M <= 128 whose route is the engine kernel (the weight streams, any plan); decode, every k-th
+shape the decode kernel can run, on the decode kernel (its default variant);
 moe, grouped_bench's MoE shapes on the grouped kernel against
 torch._grouped_mm.
 
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
         [--variants base,divergent]   (--pick small --variants base,warm,warm32,order)
-        (--pick stream --variants base,hint1,hint2,hint3; --pick moe the same)
+        (--pick stream --variants base,hint1,hint2,hint3; --pick moe the same; --pick decode
+         --variants base,dhint)
 """
 import argparse
 import json
@@ -101,9 +103,12 @@ HINT1, HINT2, HINT3 = ([("common/tma.cuh", "#define L2_HINT 0", f"#define L2_HIN
 # store: the TMA stores of the output ask for evict-first (common/tma.cuh, L2_STORE_HINT); hint1store: and
 # hint1's loads.
 STORE_HINT = [("common/tma.cuh", "#define L2_STORE_HINT 0", "#define L2_STORE_HINT 1")]
+# dhint: the decode kernel's weight loads fetch 256 bytes into the L2 (engine/decode.cu, DECODE_LOAD_HINT;
+# --pick decode).
+DHINT = [("engine/decode.cu", "#define DECODE_LOAD_HINT 0", "#define DECODE_LOAD_HINT 1")]
 VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE, "warm": WARM,
             "warm2": WARM2, "warm32": WARM32, "pull": PULL, "fullA": FULL_A, "hint1": HINT1, "hint2": HINT2,
-            "hint3": HINT3, "store": STORE_HINT, "hint1store": HINT1 + STORE_HINT}
+            "hint3": HINT3, "store": STORE_HINT, "hint1store": HINT1 + STORE_HINT, "dhint": DHINT}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 # --pick moe: probe_row_skip's four MoE shapes and small-T ones where groups hold a few rows (DBRX, Mixtral
 # decode-sized batches, DeepSeek-V2-Lite's 64 experts).
@@ -201,6 +206,34 @@ def report(out, name: str, shape: str, p, res, errs, gains: dict, extra: dict) -
     out.flush()
 
 
+def decode_shapes(limit: int) -> list:
+    """(name, M, N, K) of every k-th broad-set shape (at most ``limit``) the decode kernel can run."""
+    from gemmlab import decode
+    cases = json.load(open(os.path.join(os.path.dirname(__file__), "..", "shapes", "broad.json")))["cases"]
+    picked = []
+    for c in cases:
+        M, N, K = c["M"], c["N"], c["K"]
+        if c["cls"] == "unaligned" or M > decode.MAX_M or K % 8 or N % 8:
+            continue
+        meta = dict(device="meta", dtype=torch.bfloat16)
+        if engine.use_decode(torch.empty(M, K, **meta), torch.empty(N, K, **meta).t(), torch.empty(M, N, **meta)):
+            picked.append((c["name"], M, N, K))
+    return picked[::max(1, len(picked) // limit)][:limit]
+
+
+def decode_launches(roots: dict, a, w, outs):
+    """One decode launch (its default variant) of a @ w.t() per variant, each compiled from its root."""
+    from gemmlab import decode
+    from gemmlab.epilogue import ctypes, epi_bits
+    sm = torch.cuda.get_device_properties(a.device).multi_processor_count
+    out = {}
+    for v, root in roots.items():
+        with UseRoot(root):
+            out[v] = decode.prepare(a, w.t(), outs[v][0], epi=epi_bits(False, False, None),
+                                    ctypes=ctypes(a.dtype, a.dtype, None), c=None, bias=None, sm_count=sm)
+    return out
+
+
 def launches_for(roots: dict, p, a, w, outs):
     """One Engine2Launch of plan p per variant, each compiled from its root."""
     out = {}
@@ -213,7 +246,7 @@ def launches_for(roots: dict, p, a, w, outs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe", "small", "splitk", "stream"),
+    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe", "small", "splitk", "stream", "decode"),
                     default="mid64")
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("--variants", default="base,divergent")
@@ -229,9 +262,10 @@ def main():
         if args.pick == "moe":
             moe(roots, out, l2, gains)
         else:
-            todo = shapes(args.pick, args.limit)
-            for v in names:
-                parts.precompile([gemmlab.plan(M, N, K).plan for _, M, N, K in todo], roots[v])
+            todo = decode_shapes(args.limit) if args.pick == "decode" else shapes(args.pick, args.limit)
+            if args.pick != "decode":
+                for v in names:
+                    parts.precompile([gemmlab.plan(M, N, K).plan for _, M, N, K in todo], roots[v])
             for name, M, N, K in todo:
                 p = gemmlab.plan(M, N, K).plan
                 n = sets_for(2 * (M * K + N * K + M * N), l2)
@@ -239,9 +273,14 @@ def main():
                 ws = [torch.randn(N, K, device="cuda").bfloat16() for _ in range(n)]
                 outs = {v: [torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
                             for _ in range(n)] for v in names}
-                runs, errs = checked_runs(launches_for(roots, p, xs[0], ws[0], outs), xs, ws, outs)
+                launches = (decode_launches(roots, xs[0], ws[0], outs) if args.pick == "decode"
+                            else launches_for(roots, p, xs[0], ws[0], outs))
+                if args.pick == "decode":
+                    p = f"decode kernel {launches[names[0]].plan}"
+                runs, errs = checked_runs(launches, xs, ws, outs)
                 res = time_interleaved({"torch": lambda i: torch.mm(xs[i], ws[i].t()), **runs}, n)
-                report(out, name, f"{M}x{N}x{K} {p.bm}x{p.bn}", p, res, errs, gains,
+                tile = "decode" if args.pick == "decode" else f"{p.bm}x{p.bn}"
+                report(out, name, f"{M}x{N}x{K} {tile}", p, res, errs, gains,
                        {"M": M, "N": N, "K": K, "baseline": "torch.mm"})
     for v in names:
         g = 1.0

@@ -39,11 +39,24 @@ constexpr int WARPS = 8;  // warps per CTA (RW row groups x KW k pieces)
 
 // A weight element is read exactly once: bypass L1 so it keeps X (PTX ISA "ld", cache eviction priority
 // / .L1::no_allocate; .nc: the data is read-only for the kernel's lifetime).
+// DECODE_LOAD_HINT (a probe's setting, 0 in the library): 1 asks the L2 to fetch the 256 bytes around each
+// load (.L2::256B: the next 128-byte line of a row arrives with this one). An evict-first policy on these
+// loads (createpolicy, .L2::cache_hint) holds a 64-bit register and spills the 4-tile variant at its
+// 128-register cap, so it is not offered to the probe.
+#ifndef DECODE_LOAD_HINT
+#define DECODE_LOAD_HINT 0
+#endif
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
+    if constexpr (DECODE_LOAD_HINT == 1) {
+        asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    } else {
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+    }
     return v;
 }
 
