@@ -5,7 +5,9 @@ PROBE_DEPTHS that fits, against torch.mm, graph replay, interleaved.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/probes/probe_stages.py OUT.jsonl
     PROBE_SHAPES="512,1024,8192;..." PROBE_DEPTHS="9,13,16" PROBE_TOP=3 (defaults: the decode shapes, 9 / 12 /
-    16, the best 3); PROBE_BM=64: only plans of that tile height."""
+    16, the best 3); PROBE_BM=64: only plans of that tile height; PROBE_SCHEDULE=data_parallel: only plans of
+    that schedule (the weight streams' unclustered plans: cuBLAS streams 77x5120x5120 with 64 x 80 tiles and
+    11 stages on 80 CTAs, ours stop at 9)."""
 import dataclasses, os, sys
 import torch
 sys.path.insert(0, "benchmarks")
@@ -19,12 +21,14 @@ SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
 DEPTHS = tuple(int(x) for x in os.environ.get("PROBE_DEPTHS", "9,12,16").split(","))
 TOP = int(os.environ.get("PROBE_TOP", "3"))
 BM = int(os.environ.get("PROBE_BM", "0"))
+SCHEDULE = os.environ.get("PROBE_SCHEDULE", "")
 
 
 def variants(M, N, K):
     prof = engine2._profile(torch.device("cuda"))
     out = {}
-    cands = [p for p in planner.candidates(M, N, K, profile=prof) if not BM or p.bm == BM]
+    cands = [p for p in planner.candidates(M, N, K, profile=prof)
+             if (not BM or p.bm == BM) and (not SCHEDULE or p.schedule == SCHEDULE)]
     for p in cands[:TOP]:
         for q in DEPTHS:
             v = dataclasses.replace(p, stages=q)
