@@ -49,6 +49,24 @@ __device__ __forceinline__ int group_of(const int* first, int G, int t) {
     return lo;
 }
 
+// Warp 0 (all 32 lanes): every group's row range (group_range), its tile count tiles_of(rows) and the
+// linear index of its first tile, 32 groups at a time (a warp scan); record(g, first, start, rows) keeps
+// them. Returns the tiles of all groups. The tables' `build`s below are this scan.
+template <int LAYOUT, class TilesOf, class Record>
+__device__ __forceinline__ int scan_groups(const int* __restrict__ ranges, int lead, int G, int limit, int lane,
+                                           TilesOf tiles_of, Record record) {
+    int carry = 0;
+    for (int base = 0; base < G; base += 32) {
+        const int g = base + lane;
+        const int2 sr = g < G ? group_range<LAYOUT>(ranges, lead, g, limit) : make_int2(0, 0);
+        const int tiles = tiles_of(sr.y);
+        const int x = warp_inclusive_sum(tiles, lane);
+        if (g < G) record(g, carry + x - tiles, sr.x, sr.y);
+        carry += __shfl_sync(0xffffffffu, x, 31);
+    }
+    return carry;
+}
+
 struct GroupTile {
     int row0;  // the group's first row (A and out)
     int rows;  // the group's rows
@@ -72,21 +90,14 @@ struct GroupTable {
     template <int LAYOUT, int BM>
     __device__ __forceinline__ void build(const int* __restrict__ ranges, int lead, int G, int limit, int tiles_n,
                                           int lane) {
-        int carry = 0;
-        for (int base = 0; base < G; base += 32) {
-            const int g = base + lane;
-            const int2 sr = g < G ? group_range<LAYOUT>(ranges, lead, g, limit) : make_int2(0, 0);
-            const int s = sr.x, r = sr.y;
-            const int tiles = (r + BM - 1) / BM * tiles_n;
-            const int x = warp_inclusive_sum(tiles, lane);
-            if (g < G) {
-                first[g] = carry + x - tiles;
+        const int total = scan_groups<LAYOUT>(
+            ranges, lead, G, limit, lane, [&](int r) { return (r + BM - 1) / BM * tiles_n; },
+            [&](int g, int f, int s, int r) {
+                first[g] = f;
                 start[g] = s;
                 rows[g] = r;
-            }
-            carry += __shfl_sync(0xffffffffu, x, 31);
-        }
-        if (lane == 0) first[G] = carry;
+            });
+        if (lane == 0) first[G] = total;
     }
 
     __device__ __forceinline__ int total(int G) const { return first[G]; }

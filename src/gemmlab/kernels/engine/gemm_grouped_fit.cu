@@ -33,24 +33,22 @@ struct FitTable {
     // Warp 0 only, then __syncthreads(). Contiguous offsets: lead = 1, G + 1 boundaries; lead = 0, G ends.
     __device__ __forceinline__ void build(const int* __restrict__ ranges, int lead, int G, int limit, int tiles_w,
                                           int lane) {
-        int carry = 0;
-        for (int base = 0; base < G; base += 32) {
-            const int g = base + lane;
-            const int2 sr = g < G ? group_range<GROUPS_CONTIGUOUS>(ranges, lead, g, limit) : make_int2(0, 0);
-            const int s = sr.x, r = sr.y;
-            const int nt = (r + WMAX - 1) / WMAX;
-            const int w = nt ? ((r + nt - 1) / nt + Q - 1) / Q * Q : Q;
-            const int tiles = nt * tiles_w;
-            const int x = warp_inclusive_sum(tiles, lane);
-            if (g < G) {
-                first[g] = carry + x - tiles;
+        // A group's nt = ceil(rows / WMAX) token tiles, each of width w: its share of the rows, rounded up to Q.
+        int nt = 0, w = 0;  // this lane's group's
+        const int total = scan_groups<GROUPS_CONTIGUOUS>(
+            ranges, lead, G, limit, lane,
+            [&](int r) {
+                nt = (r + WMAX - 1) / WMAX;
+                w = nt ? ((r + nt - 1) / nt + Q - 1) / Q * Q : Q;
+                return nt * tiles_w;
+            },
+            [&](int g, int f, int s, int r) {
+                first[g] = f;
                 start[g] = s;
                 rows[g] = r;
                 shape[g] = nt << 16 | w;
-            }
-            carry += __shfl_sync(0xffffffffu, x, 31);
-        }
-        if (lane == 0) first[G] = carry;
+            });
+        if (lane == 0) first[G] = total;
     }
 
     struct Tile {
