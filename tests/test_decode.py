@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from gemmlab import decode, engine, sass
+from gemmlab.devices import H200
 from gemmlab.jit.compiler import compile_kernel
 
 # mma.m16n8k16 fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"): lane
@@ -163,7 +164,7 @@ def test_plan_on_decode_shapes(M, N, K):
     t, again = decode.plan_time(M, N, K, 132, p.rw, p.splits, p.variant)
     assert again == p
     if M <= decode.MAX_M:  # (M = 64 goes to h11; its plan only has to be valid)
-        assert t <= 1.35 * 2 * N * K / decode.HBM_BYTES_PER_S
+        assert t <= 1.35 * 2 * N * K / H200.decode_split_hbm_bytes_per_s
 
 
 def test_plan_never_hardcodes_the_sm_count():
@@ -190,7 +191,7 @@ def test_cost_s_prices_the_plan_with_the_profiles_decode_constants():
                 + H200.decode_fixup_factor * fixup)
         assert decode.cost_s(M, N, K, 132, H200) == pytest.approx(want)
         t, same = decode.plan_time(M, N, K, 132, p.rw, p.splits, p.variant)
-        assert same == p and t == pytest.approx(max(weight_bytes / decode.HBM_BYTES_PER_S, x_l2) + fixup)
+        assert same == p and t == pytest.approx(max(weight_bytes / H200.decode_split_hbm_bytes_per_s, x_l2) + fixup)
     # More tokens per call cost more at one weight; a larger weight costs more at one M.
     assert decode.cost_s(32, 4096, 4096, 132, H200) > decode.cost_s(1, 4096, 4096, 132, H200)
     assert decode.cost_s(1, 8192, 4096, 132, H200) > decode.cost_s(1, 4096, 4096, 132, H200)

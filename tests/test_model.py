@@ -141,6 +141,47 @@ def test_device_profile_default_is_h200_without_gpu():
         model.device_profile("Z100")
 
 
+def test_device_constants_live_in_the_profile():
+    """Issue 14: one device profile holds the device constants every model uses. No module of the package
+    but gemmlab.devices defines a rate, latency or bandwidth at module level (names ending PER_S,
+    LATENCY_S, _S of a cost, BYTES_PER_S), and the decode kernel's and h11's split models read theirs from
+    the profile: changing the profile's value changes their times."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from gemmlab import decode, engine
+
+    src = Path(model.__file__).resolve().parent
+    bad = []
+    for path in src.rglob("*.py"):
+        if path.name == "devices.py":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            for t in targets:
+                name = getattr(t, "id", "")
+                if name.isupper() and name.endswith(("PER_S", "LATENCY_S", "REDUCE_S", "OVERHEAD_S", "PER_SM")):
+                    bad.append(f"{path.relative_to(src)}: {name}")
+    assert not bad, bad
+
+    v = decode.default_variant(decode.token_tiles(16))
+    base = decode.plan_time(16, 8192, 8192, 132, 1, 1, v)[0]
+    slow = dataclasses.replace(model.H200, decode_split_hbm_bytes_per_s=model.H200.decode_split_hbm_bytes_per_s / 4)
+    old, decode._PROF = decode._PROF, slow
+    try:
+        assert decode.plan_time(16, 8192, 8192, 132, 1, 1, v)[0] > 2 * base
+    finally:
+        decode._PROF = old
+    k = engine.kstep_seconds(128, 128, 4, 0.5)
+    old, engine.H200 = engine.H200, dataclasses.replace(model.H200, h11_l2_latency_s=1e-5, h11_hbm_latency_s=1e-5)
+    try:
+        assert engine.kstep_seconds(128, 128, 4, 0.5) > 2 * k
+    finally:
+        engine.H200 = old
+
+
 @pytest.mark.parametrize("spec", registry.all_kernels(), ids=lambda s: s.name)
 def test_predict_every_registered_step(spec):
     M = N = K = 4096

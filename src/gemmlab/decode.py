@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .devices import DeviceProfile
+from .devices import H200, DeviceProfile
 from .log import logger
 
 SOURCE = "engine/decode.cu"
@@ -171,16 +171,10 @@ class DecodePlan:
         return 4 * self.kw * 8 * self.nt * (self.rows_cta + 4)
 
 
-# Constants of the split model (H200; to re-fit from measurements): HBM copy bandwidth (issue 5), the
-# L2 -> SM bandwidth (gemmlab.model's DeviceProfile, 10 TB/s over all SMs), and what one more split
-# costs besides its bytes (a partial write, a fence and an atomic).
-HBM_BYTES_PER_S = 4.0e12
-L2_BYTES_PER_S = 10.0e12
-SPLIT_OVERHEAD_S = 0.05e-6
+# The split model's constants are the device profile's (``DeviceProfile.decode_split_*``,
+# ``decode_in_flight_per_sm``, ``l2_smem_bytes_per_s``): the H200's, with the caller's SM count.
+_PROF = H200
 MAX_SPLITS = 16
-# Weight bytes in flight (in registers, requested) per SM for HBM bandwidth: 8 warps x 4 KB was the first
-# kernel's assumption (Little's law: 4 TB/s x ~1 us over 132 SMs is ~30 KB).
-IN_FLIGHT_PER_SM = 32 * 1024
 
 
 def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
@@ -197,10 +191,11 @@ def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     row_groups = math.ceil(N / v.rows)
     row_blocks = math.ceil(row_groups / rw)
     busy_warps = row_groups * math.ceil(K / piece)
-    warps_needed = math.ceil(IN_FLIGHT_PER_SM / v.in_flight_bytes)
+    warps_needed = math.ceil(_PROF.decode_in_flight_per_sm / v.in_flight_bytes)
     fill = min(1.0, busy_warps / (sm_count * warps_needed))
-    x_l2 = row_blocks * 2.0 * M * K / L2_BYTES_PER_S
-    fixup = 0.0 if splits == 1 else splits * (M * v.rows * rw * 4 / (L2_BYTES_PER_S / sm_count) + SPLIT_OVERHEAD_S)
+    l2 = _PROF.l2_smem_bytes_per_s
+    x_l2 = row_blocks * 2.0 * M * K / l2
+    fixup = 0.0 if splits == 1 else splits * (M * v.rows * rw * 4 / (l2 / sm_count) + _PROF.decode_split_overhead_s)
     return 2.0 * N * K / fill, x_l2, fixup, piece, row_blocks
 
 
@@ -212,7 +207,7 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     K: K = 256 with 8 k pieces per CTA), they idle, and the one split that covers K is the only valid one.
 
     Three terms: the weight stream at HBM bandwidth, slowed when the warps with work cannot keep
-    IN_FLIGHT_PER_SM bytes per SM requested (each keeps ``variant.in_flight_bytes``); X's L2 traffic (each
+    ``decode_in_flight_per_sm`` bytes per SM requested (each keeps ``variant.in_flight_bytes``); X's L2 traffic (each
     CTA and k piece reads M x piece x 2 B of X once, its warps share it through L1); and the split-K fixup,
     which one SM does alone at the end (splits partials of M x rows_cta fp32, at its share of L2 bandwidth).
     """
@@ -222,7 +217,7 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     if got is None:
         return None
     weight_bytes, x_l2, fixup, piece, row_blocks = got
-    return max(weight_bytes / HBM_BYTES_PER_S, x_l2) + fixup, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece,
+    return max(weight_bytes / _PROF.decode_split_hbm_bytes_per_s, x_l2) + fixup, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece,
                                                                           row_blocks=row_blocks, variant=v)
 
 

@@ -165,11 +165,31 @@ class DeviceProfile:
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit
     # half of the shapes; benchmarks/fit_plan_model.py --route --decode). ``decode.plan_time`` (which picks the
-    # split) keeps its own constants: the price only has to rank the decode kernel against the engine's.
+    # split) has its own (below): the price only has to rank the decode kernel against the engine's.
     decode_fixed_s: float = 2.15e-6  # launch, X's first loads, the epilogue: once per call
     decode_token_tile_s: float = 0.54e-6  # per 8-token MMA column (NT): its X loads and mma.sync issue
     decode_hbm_bytes_per_s: float = 3.72e12  # the weight stream (at the plan's fill of in-flight loads)
     decode_fixup_factor: float = 19.5  # the split-K fix-up against decode.plan_time's (one SM, fence, atomic)
+    # The decode kernel's split model (``decode.plan_time``: it ranks one shape's splits against each other;
+    # X's reads and the fix-up's partials move at ``l2_smem_bytes_per_s``). The HBM rate is issue 5's copy
+    # estimate, kept: the 4.3 TB/s of ``hbm_bytes_per_s`` moves 30 of 6,798 decode plans (M 1-64), untimed.
+    decode_split_hbm_bytes_per_s: float = 4.0e12
+    decode_split_overhead_s: float = 0.05e-6  # one more split besides its bytes: a partial write, a fence, an atomic
+    # Weight bytes requested per SM for that rate: 8 warps x 4 KB was the first kernel's assumption (Little's
+    # law: 4 TB/s x ~1 us over 132 SMs is ~30 KB).
+    decode_in_flight_per_sm: int = 32 * 1024
+    # h11's split-K model (``engine.choose_plan`` / ``split_seconds``; fitted to engine_policies.jsonl, sha
+    # 4fc772e, the latencies at 227f35c: the plans chosen ran 3.4% behind the best measured): a k-step costs
+    # its SM the largest of the MMAs, the TMA bytes and a load's round trip over the stages in flight (from
+    # the L2's latency to HBM's with the share of loads HBM supplies); the cluster reduction about
+    # ``h11_reduce_s`` per 128 columns of tile. While HBM streams, 1x8192x28672 unsplit took 0.53 us a k-step
+    # with five 10 KB stages (BN = 64) and 0.58 us with four 40 KB ones (BN = 256): the stages in flight,
+    # not their bytes, set the pace.
+    h11_sm_flops_per_s: float = 6.6e12
+    h11_sm_bytes_per_s: float = 100e9
+    h11_reduce_s: float = 3.0e-6
+    h11_l2_latency_s: float = 1.0e-6
+    h11_hbm_latency_s: float = 2.4e-6
     # Clusters of 1..8 one-SM CTAs the GPU holds at once (GPCs of uneven size leave SMs over): the
     # H200's, from cuda-core's occupancy query (sha 4fc772e). ``gemmlab.engine`` asks the GPU it runs on.
     cluster_capacity: tuple = ((1, 132), (2, 66), (3, 39), (4, 30), (5, 22), (6, 17), (7, 15), (8, 15))

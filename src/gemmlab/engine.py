@@ -135,35 +135,25 @@ def smem_bytes(bn: int, q: int, in_bytes: int, split: bool = False) -> int:
 SPLIT_WIDTHS = (64, 128, 192, 256)  # tile widths weighed for few-tile shapes (64: twice the tiles of 128)
 MAX_CLUSTER = 8  # split-K CTAs of one tile form a cluster: 8 is the portable limit
 MIN_SPLIT_K_STEPS = 4
-# Clusters of 1..8 CTAs of one SM each that an H200 holds at once (cuda-core's occupancy query, sha
-# 4fc772e): GPCs of uneven size leave SMs over. The engine asks the GPU it runs on (cluster_capacity);
-# this table is for planning without one.
-H200_CLUSTER_CAPACITY = {1: 132, 2: 66, 3: 39, 4: 30, 5: 22, 6: 17, 7: 15, 8: 15}
-# The split-K model, fitted on the H200 (benchmarks/results/engine_policies.jsonl, sha 4fc772e): a
-# k-step costs its SM the largest of the MMAs (SM_FLOPS_PER_S), the TMA bytes (SM_BYTES_PER_S) and a
-# load's latency over the stages in flight (L2_LATENCY_S .. HBM_LATENCY_S); the
-# cluster reduction costs about REDUCE_S per 128 columns of tile (1024^3: 2 splits of 8 k-steps were
-# slower than none; 128x1024x4096: 8 splits of 8 beat 4 of 16 by 1.9 us).
-SM_FLOPS_PER_S = 6.6e12
-SM_BYTES_PER_S = 100e9
-REDUCE_S = 3.0e-6
-# A TMA load's round trip: while HBM streams, 1x8192x28672 unsplit took 0.53 us per k-step with five
-# 10 KB stages (BN = 64) and 0.58 us with four 40 KB stages (BN = 256): the stages in flight, not their
-# bytes, set the pace; loads that hit L2 come back sooner. Fitted to the 18 shapes x (BN, splits) of
-# engine_policies.jsonl at sha 227f35c: the plans chosen run 3.4% (geomean) behind the best measured.
-L2_LATENCY_S = 1.0e-6
-HBM_LATENCY_S = 2.4e-6
+# Clusters of 1..8 CTAs of one SM each that an H200 holds at once (``DeviceProfile.cluster_capacity``):
+# GPCs of uneven size leave SMs over. The engine asks the GPU it runs on (cluster_capacity); this table is
+# for planning without one.
+H200_CLUSTER_CAPACITY = dict(H200.cluster_capacity)
+# h11's split-K model: its constants are the device profile's (``DeviceProfile.h11_*``; what they were
+# fitted to is written there).
 
 
 def kstep_seconds(M: int, bn: int, q: int, hbm_share: float, in_bytes: int = 2) -> float:
     """One 64-deep k-step of a 128 x bn tile on one SM with q stages: the MMAs for the live rows (one
     consumer's 64 when M <= 64), the bytes the TMA brings (64 or 128 rows of A) at the SM's rate, or a
     load's round trip over the q stages in flight (Little's law), whichever is longest. The round trip
-    runs from L2_LATENCY_S to HBM_LATENCY_S with ``hbm_share``, the part of the loads that come from HBM."""
+    runs from the L2's latency to HBM's with ``hbm_share``, the part of the loads that come from HBM
+    (``DeviceProfile.h11_*``)."""
+    p = H200
     rows = 64 if M <= 64 else BM
     stage = (rows + bn) * BK * in_bytes
-    latency = L2_LATENCY_S + hbm_share * (HBM_LATENCY_S - L2_LATENCY_S)
-    return max(2.0 * rows * bn * BK / SM_FLOPS_PER_S, stage / SM_BYTES_PER_S, latency / q)
+    latency = p.h11_l2_latency_s + hbm_share * (p.h11_hbm_latency_s - p.h11_l2_latency_s)
+    return max(2.0 * rows * bn * BK / p.h11_sm_flops_per_s, stage / p.h11_sm_bytes_per_s, latency / q)
 
 
 def split_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int,
@@ -173,8 +163,8 @@ def split_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int,
     tile reads its rows of A and columns of B: narrow tiles read A more often)."""
     tiles = math.ceil(M / BM) * math.ceil(N / bn)
     k_iters = math.ceil(K / BK)
-    hbm = 2.0 * (M * K + N * K) / decode.HBM_BYTES_PER_S
-    l2 = tiles * k_iters * (min(M, BM) + bn) * BK * 2.0 / decode.L2_BYTES_PER_S
+    hbm = 2.0 * (M * K + N * K) / H200.hbm_bytes_per_s  # (4.0 TB/s before: no plan of 8,590 shapes moves)
+    l2 = tiles * k_iters * (min(M, BM) + bn) * BK * 2.0 / H200.l2_smem_bytes_per_s
     return max(_cta_seconds(M, N, K, bn, splits, sm_count, capacity), hbm, l2)
 
 
@@ -188,7 +178,7 @@ def _cta_seconds(M: int, N: int, K: int, bn: int, splits: int, sm_count: int, ca
     loaded = tiles * math.ceil(K / BK) * (min(M, BM) + bn) * BK * 2.0  # bytes all tiles load
     hbm_share = min(1.0, 2.0 * (M * K + N * K) / loaded)  # each operand byte comes from HBM once
     return waves * (k_per * kstep_seconds(M, bn, q, hbm_share)
-                    + (REDUCE_S * bn / 128 if splits > 1 else 0.0))
+                    + (H200.h11_reduce_s * bn / 128 if splits > 1 else 0.0))
 
 
 def choose_plan(M: int, N: int, K: int, sm_count: int,

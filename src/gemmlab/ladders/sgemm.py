@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..devices import H200
 from ..jit.launch import launch
 from ..registry import KernelSpec, Ladder, Param, register, register_ladder
 from ..sass import SassExpect
@@ -261,13 +262,12 @@ register(KernelSpec(
 
 # k08 -----------------------------------------------------------------------------------------------
 
-REGS_PER_SM = 65536
 STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays cannot exceed 48 KB per block
 
 
 def _register_cap(threads: int, min_blocks: int) -> int:
     """The per-thread register ceiling ptxas gets from __launch_bounds__(threads, min_blocks)."""
-    return min(255, REGS_PER_SM // (threads * min_blocks) // 8 * 8)
+    return min(255, H200.regs_per_sm // (threads * min_blocks) // 8 * 8)  # compute capability 9.0's 64 K
 
 
 def _fits_registers(c, threads, accumulators, fragments, prefetch=False):
