@@ -122,7 +122,9 @@ constexpr __host__ __device__ int min_blocks(int nt, int rpw, int depth) {
 //    iteration are issued before this iteration's mmas (two register buffers, the loop unrolled by two
 //    so no copies), so a warp always has a full iteration of weight loads in flight.
 //  * PF: L2 prefetch distance, in iterations past the last one loaded into registers (0 = none).
-template <typename T, typename TO, typename TBIAS, int NT, int U, int RPW, int DEPTH, int PF, int EPI, int SPLIT>
+// The epilogue by name: HAS_BIAS, HAS_C (beta * C) and ACT (epilogue.cuh's activation code); SPLIT: split-K.
+template <typename T, typename TO, typename TBIAS, int NT, int U, int RPW, int DEPTH, int PF, bool HAS_BIAS, bool HAS_C,
+          int ACT, bool SPLIT>
 __global__ void __launch_bounds__(decode::WARPS * 32, decode::min_blocks(NT, RPW, DEPTH))
 engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, long long ldx, int M, int N, int K,
               int RW, int PIECE, float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row,
@@ -135,8 +137,6 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     constexpr int MP = NT * 8;        // tokens, padded
     constexpr int CHUNK = 32 * U;     // k per iteration of a warp
     constexpr int ROWS = 16 * RPW;    // weight rows per warp
-    constexpr bool HAS_BIAS = EPI & 1, HAS_C = EPI & 2;
-    constexpr int ACT = (EPI >> 2) & 7;
     // Per k piece of the CTA: MP token rows of (ROWS RW + 4) floats, KW pieces (the host sizes it:
     // decode.smem_bytes). The +4 pad puts the 8 rows x 4 token pairs a warp stores at once in 32
     // different banks (see the store below).
