@@ -48,8 +48,10 @@ def test_model_report_matches_a_hand_computation():
 
 
 def test_model_report_says_what_matmul_runs():
-    """ModelResult.matmul is gemmlab.plan's route at the shape (bf16 / fp16 problems), laid out."""
+    """ModelResult.matmul is gemmlab.plan's route at the shape (bf16 / fp16 / fp32 problems), laid out."""
     import torch
+
+    import gemmlab
 
     from gemmlab import engine
 
@@ -65,7 +67,10 @@ def test_model_report_says_what_matmul_runs():
     fp16 = modelling.model_report(4096, 4096, 4096, dtype="fp16", profile="H200").matmul
     assert fp16 is not None and "bf16" not in fp16.summary
     assert modelling.model_report(4096, 4096, 4096, dtype="fp8", profile="H200").matmul is None
-    assert modelling.model_report(1024, 1024, 1024, kernel="k05", profile="H200").matmul is None  # an fp32 step
+    fp32 = modelling.model_report(1024, 1024, 1024, kernel="k05", profile="H200").matmul  # an fp32 step's model
+    route = gemmlab.plan(1024, 1024, 1024, dtype=torch.float32, sm_count=132)
+    assert (fp32.kernel, fp32.summary, fp32.tile) == ("sgemm", repr(route), [route.config["BM"], route.config["BN"]])
+    assert "k10_double_buffered" in fp32.summary and fp32.predicted_us is None
     documented = {f.name for f in dataclasses.fields(modelling.MatmulPlan) if f.metadata.get("doc")}
     assert {"kernel", "how", "tile", "predicted_us", "summary"} <= documented
 

@@ -119,9 +119,11 @@ class StepPrediction:
 
 @dataclass
 class MatmulPlan:
-    kernel: str = doc("what gemmlab.matmul runs: 'engine' (the engine kernel), 'h11' or 'decode'")
+    kernel: str = doc("what gemmlab.matmul runs: 'engine' (the engine kernel), 'h11' or 'decode'; for fp32 "
+                      "operands 'sgemm' (the fp32 ladder's step named in the summary)")
     how: str = doc("why: 'model' (the plan model's price), 'decode priced', 'tuned' or 'forced'")
-    tile: list[int] | None = doc("the engine kernel's tile (BM, BN), also when another kernel runs")
+    tile: list[int] | None = doc("the engine kernel's tile (BM, BN), also when another kernel runs; the fp32 "
+                                 "step's block tile for 'sgemm'")
     schedule: str | None = doc("data_parallel, split_k, stream_k or pingpong")
     splits: int | None
     stages: int | None
@@ -365,7 +367,8 @@ def model_report(M: int, N: int, K: int, *, kernel: str | None = None, config: d
     dtype = dtype or "bf16"
     return ModelResult(device=device_report(prof), problem=problem_model(M, N, K, dtype, prof, clock),
                        kernel=km, steps=every_step(M, N, K, prof, clock) if every else None, formula=FORMULA,
-                       matmul=matmul_plan(M, N, K, dtype, prof.sm_count) if dtype in ("bf16", "fp16") else None,
+                       matmul=matmul_plan(M, N, K, dtype, prof.sm_count) if dtype in ("bf16", "fp16", "fp32")
+                       else None,
                        scaled_mm=scaled_mm_plans(M, N, K) if dtype == "fp8" else None)
 
 
@@ -441,9 +444,14 @@ def matmul_plan(M: int, N: int, K: int, dtype: str, sm_count: int) -> MatmulPlan
     """``gemmlab.plan``'s route for a (M, K) x (K, N) call (B as ``w.t()`` of an nn.Linear weight), laid out."""
     import torch
 
-    from .. import engine
+    from .. import functional
 
-    r = engine.plan(M, N, K, dtype=torch.bfloat16 if dtype == "bf16" else torch.float16, sm_count=sm_count)
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    r = functional.plan(M, N, K, dtype=dt, sm_count=sm_count)
+    if r.kernel == "sgemm":
+        return MatmulPlan(kernel=r.kernel, how=r.how, tile=[r.config["BM"], r.config["BN"]], schedule=None,
+                          splits=None, stages=None, predicted_us=None, h11_priced_us=None, decode_priced_us=None,
+                          engine_priced_us=None, summary=repr(r))
     p = r.plan
     us = (lambda s: None if s is None else s * 1e6)
     return MatmulPlan(kernel=r.kernel, how=r.how, tile=[p.bm, p.bn] if p else None, schedule=p.schedule if p else None,
