@@ -59,6 +59,7 @@ registry and ptxas, never a fitted per-step number.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -651,11 +652,16 @@ def predict_cuda_core(M: int, N: int, K: int, *, tile: tuple[int, int, int], thr
     limiter, bound = (per.limiter, "compute") if t_sm >= t_memory else ("HBM bandwidth", "memory")
     if limiter == "L1 wavefronts":
         bound = "memory"
-    # the SM time's fraction of the FFMA peak, net of tile and wave quantization (reported separately), so
-    # that 1/efficiency x 1/tile_quantization x 1/wave efficiency x max(1, t_memory / t_compute) is
-    # predicted / ideal time
+    # efficiency: the main loop's share of the FFMA peak with B blocks an SM (a round of B blocks runs one
+    # iteration each in per.period; <= 1, since that period covers their FFMAs' issue). The waves' share
+    # then closes 1/efficiency x 1/tile_quantization x 1/wave efficiency x max(1, t_memory / t_compute) =
+    # predicted / ideal: a last round of fewer than B blocks runs at a lone block's shorter period, so its
+    # empty slots cost less than their count says (the slot count put a lone k10 block at "135%" of the
+    # peak before).
     tq = tile_quantization(M, N, BM, BN)
-    eff = flops(M, N, K) / (t_sm * peak * tq * waves.efficiency) if t_sm > 0 else 0.0
+    eff = B * 2.0 * BM * BN * k_per_iter / (per.period * peak / p.sm_count) if per.period > 0 else 0.0
+    if t_sm > 0 and eff > 0:
+        waves = dataclasses.replace(waves, efficiency=flops(M, N, K) / (t_sm * peak * tq * eff))
     return Prediction(M=M, N=N, K=K, dtype=dtype, tile=(BM, BN, BK), clock_mhz=clock, peak_tflops=peak / 1e12,
                       efficiency=eff,
                       efficiency_source=f"k-tile model of the main loop's SASS ({per.limiter}; "
