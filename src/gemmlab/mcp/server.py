@@ -77,7 +77,9 @@ def list_kernels(
     """List the registered GEMM kernels: two ladders of numbered steps (sgemm: fp32 on CUDA cores, k01..;
     hopper: bf16 with TMA + wgmma, h01..), each with the technique it adds, its constraints on shapes, its
     tunable parameters with their allowed values (pass them as `config` to the other tools) and the SASS claims
-    the CI checks. Start here; use the `name` (or the short form like 'h04') in the other tools."""
+    the CI checks; and (without `ladder`) the library's planned kernels (engine, fp8, grouped: what
+    gemmlab.matmul, scaled_mm and grouped_mm run, one instantiation per shape; see inspect_plan). Start here;
+    use the `name` (or the short form like 'h04') in the other tools."""
     return out(catalog.kernel_list(ladder))
 
 

@@ -1,5 +1,6 @@
 """The registry as a report: the ladders and their steps, with techniques, constraints, parameters and SASS
-claims (``kernel_list``), and the same as Markdown tables (``ladder_markdown``)."""
+claims, and the library's planned kernels (``kernel_list``); the ladders as Markdown tables
+(``ladder_markdown``)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,18 @@ class LadderInfo:
 
 
 @dataclass
+class PlannedInfo:
+    name: str = doc("'engine', 'fp8' or 'grouped': give it to inspect_plan (or `gemmlab inspect NAME --shape`)")
+    runs: str = doc("the library call that runs it and the planner that picks its instantiation per shape")
+    source: str = doc("file under gemmlab/kernels")
+
+
+@dataclass
 class KernelList:
     ladders: list[LadderInfo]
     kernels: list[KernelInfo]
+    planned: list[PlannedInfo] = doc("the library's kernels, not ladder steps: one instantiation per shape, "
+                                     "chosen by a plan model (inspect_plan shows the one a shape gets)")
 
 
 def kernel_list(ladder: str | None = None) -> KernelList:
@@ -63,10 +73,17 @@ def kernel_list(ladder: str | None = None) -> KernelList:
                                             template=p.template) for p in s.params],
                           configs=len(s.configs()), sass_expectations=s.sass.describe(), notes=s.notes)
                for s in registry.all_kernels(ladder)]
+    from .. import grouped, planner
+    from .compiled import PLANNED
+
+    sources = {"engine": planner.SOURCE, "fp8": planner.FP8_SOURCE,
+               "grouped": f"{grouped.SOURCE} (few rows an expert: {grouped.FIT_SOURCE})"}
     return KernelList(ladders=[LadderInfo(name=lad.name, title=lad.title, dtype=lad.dtype, layout=lad.layout,
                                           layout_doc=lad.layout_doc, rel_tolerance=lad.rel_tolerance)
                                for n, lad in lads.items() if ladder is None or n == ladder],
-                      kernels=kernels)
+                      kernels=kernels,
+                      planned=[PlannedInfo(name=n, runs=what, source=sources[n]) for n, what in PLANNED.items()]
+                      if ladder is None else [])
 
 
 def ladder_markdown() -> str:
