@@ -288,6 +288,22 @@ def test_a_weight_streamed_from_hbm_prefers_the_deeper_ring(M, N, K):
     assert t[0] > t[1] > t[2] > (8 + 256) * 64 * 2 * 112 / prof.hbm_stream_bytes_per_s
 
 
+def test_rings_past_the_credited_depth_buy_nothing():
+    """``stages_probe.jsonl``: 64-row plans at 11-16 stages measured within a few per cent of the same plan
+    at 9 (sessions 13 and 27), where the ring-latency and stream terms had priced them 1.03-1.87x faster; the
+    terms now credit depth up to ``ring_credit_stages`` (9) only. Below it a deeper ring still prices faster."""
+    prof = devices.H200
+    recs = [json.loads(line) for line in (ROOT / "benchmarks/results/stages_probe.jsonl").read_text().splitlines()]
+    rel = [v / r["ratios"][k.rsplit("/", 1)[0] + "/9"] for r in recs for k, v in r["ratios"].items()
+           if k.rsplit("/", 1)[-1] in ("11", "12", "13", "16") and k.rsplit("/", 1)[0] + "/9" in r["ratios"]]
+    assert len(rel) >= 40 and 0.9 < min(rel) and max(rel) < 1.06  # the records the cap rests on
+    for M, N, K, bm, bn in ((16, 14336, 4096, 64, 16), (512, 1024, 8192, 64, 64), (77, 5120, 5120, 64, 80)):
+        t = {q: plan_cost.predict_s(M, N, K, bm=bm, bn=bn, schedule="data_parallel", stages=q, prof=prof, floor=False)
+             for q in (5, 9, 13, 16)}
+        assert t[9] == t[13] == t[16] and t[5] >= t[9], t
+    assert prof.ring_credit_stages == planner.MAX_STAGES  # every candidate is priced within the credited depth
+
+
 def test_model_prices_h11_records_within_its_fitted_factor():
     """h11's plans priced as the engine kernel's (``engine.h11_cost``) against h11's own records: the
     engine's plans of the llm and square suites, and the broad set's h11 runs, within 35% per record

@@ -131,6 +131,10 @@ class DeviceProfile:
     hbm_latency_s: float = 1.72e-6  # ... and when it streams from HBM (the stages in flight hide it)
     hbm_stream_bytes_per_s: float = 7.0e12  # an HBM stream's transfer rate past its round trip (plan_cost.stream_s)
     hbm_stream_latency_s: float = 0.744e-6  # an HBM stream's round trip under load: bytes in flight / latency
+    # The ring depth the two latency terms credit (plan_cost.kstep_s, stream_s): 64-row plans at 11 / 13 / 16
+    # stages measured within 1% of 9 on 13 shapes and 12 / 16 no faster at the decode shapes
+    # (stages_probe.jsonl, sessions 13 and 27), where those terms priced them 1.03-1.87x faster.
+    ring_credit_stages: int = 9
     launch_s: float = 1.0e-6  # launch, barrier setup, first loads, last stores: once per launch
     tile_fixed_s: float = 0.96e-6  # per tile: the last wgmma group's drain and the next tile's restart
     store_bytes_per_s: float = 39.5e9  # one SM converting and storing its output tile

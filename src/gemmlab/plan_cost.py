@@ -162,7 +162,7 @@ def kstep_s(bm: int, bn: int, rows: float, stages: int, active_sms: int, hbm_sha
     # a round trip R (latency + transfer), S stages sustain max(R / (S - 1), (R + t) / S) per k-step
     # (gemmlab.model.kstep_time's form).
     R = prof.l2_latency_s + hbm_share * (prof.hbm_latency_s - prof.l2_latency_s) + t_bytes
-    S = max(2, stages)
+    S = max(2, min(stages, prof.ring_credit_stages))  # deeper rings measured no faster
     t_lat = max(R / (S - 1), (R + t_mma) / S) if ring_latency else 0.0
     return max(t_mma, t_bytes, t_smem, t_lat, stream_s(rows, bn / mcast, stages, active_sms, hbm_share, prof, dtype))
 
@@ -176,7 +176,7 @@ def stream_s(rows: float, bn: int, stages: int, active_sms: int, hbm_share: floa
     deeper ring (more bytes in flight) or more active SMs stream faster."""
     stage = (rows + bn) * BK * in_bytes(dtype)
     return hbm_share * (stage * max(1, active_sms) / prof.hbm_stream_bytes_per_s
-                        + prof.hbm_stream_latency_s / max(1, stages))
+                        + prof.hbm_stream_latency_s / max(1, min(stages, prof.ring_credit_stages)))
 
 
 def misaligned_pitch(pitch: int, dtype: str = "bf16") -> bool:
