@@ -424,7 +424,9 @@ def test_gemmlab_plan_for_fp32_names_the_ladder_step_matmul_runs():
     for M, N, K in ((4096, 4096, 4096), (3, 5, 7), (77, 3000, 2000)):
         r = gemmlab.plan(M, N, K, dtype=torch.float32, bias_dtype=torch.float32, activation="gelu", sm_count=132)
         spec, cfg = ops.best_sgemm_step(M, N, K, 132)  # what ops._run_fp32 launches
-        assert (r.kernel, r.step, r.config, r.plan) == ("sgemm", spec.name, dict(cfg), None)
+        assert (r.kernel, r.step, dict(r.config), r.plan) == ("sgemm", spec.name, dict(cfg), None)
+        assert hash(r) == hash(gemmlab.plan(M, N, K, dtype=torch.float32, bias_dtype=torch.float32, activation="gelu",
+                                            sm_count=132))  # a Route is a frozen, hashable value
         assert spec.name in repr(r) and f"{M}x{N}x{K}" in repr(r) and "BM=" in repr(r)
 
 

@@ -168,7 +168,8 @@ def test_device_constants_live_in_the_profile():
 
     v = decode.default_variant(decode.token_tiles(16))
     base = decode.plan_time(16, 8192, 8192, 132, 1, 1, v)[0]
-    slow = dataclasses.replace(model.H200, decode_split_hbm_bytes_per_s=model.H200.decode_split_hbm_bytes_per_s / 4)
+    slow = dataclasses.replace(model.H200,
+                               decode_split_hbm_bytes_per_s=model.H200.decode_split_hbm_bytes_per_s / 4)
     old, decode._PROF = decode._PROF, slow
     try:
         assert decode.plan_time(16, 8192, 8192, 132, 1, 1, v)[0] > 2 * base

@@ -69,7 +69,8 @@ def test_model_report_says_what_matmul_runs():
     assert modelling.model_report(4096, 4096, 4096, dtype="fp8", profile="H200").matmul is None
     fp32 = modelling.model_report(1024, 1024, 1024, kernel="k05", profile="H200").matmul  # an fp32 step's model
     route = gemmlab.plan(1024, 1024, 1024, dtype=torch.float32, sm_count=132)
-    assert (fp32.kernel, fp32.summary, fp32.tile) == ("sgemm", repr(route), [route.config["BM"], route.config["BN"]])
+    cfg = dict(route.config)
+    assert (fp32.kernel, fp32.summary, fp32.tile) == ("sgemm", repr(route), [cfg["BM"], cfg["BN"]])
     assert "k10_double_buffered" in fp32.summary and fp32.predicted_us is None
     documented = {f.name for f in dataclasses.fields(modelling.MatmulPlan) if f.metadata.get("doc")}
     assert {"kernel", "how", "tile", "predicted_us", "summary"} <= documented

@@ -106,8 +106,8 @@ STORE_HINT = [("common/tma.cuh", "#define L2_STORE_HINT 0", "#define L2_STORE_HI
 # dhint: the decode kernel's weight loads fetch 256 bytes into the L2 (engine/decode.cu, DECODE_LOAD_HINT;
 # --pick decode).
 DHINT = [("engine/decode.cu", "#define DECODE_LOAD_HINT 0", "#define DECODE_LOAD_HINT 1")]
-VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE, "warm": WARM,
-            "warm2": WARM2, "warm32": WARM32, "pull": PULL, "fullA": FULL_A, "hint1": HINT1, "hint2": HINT2,
+VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE,
+            "warm": WARM, "warm2": WARM2, "warm32": WARM32, "pull": PULL, "fullA": FULL_A, "hint1": HINT1, "hint2": HINT2,
             "hint3": HINT3, "store": STORE_HINT, "hint1store": HINT1 + STORE_HINT, "dhint": DHINT}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 # --pick moe: probe_row_skip's four MoE shapes and small-T ones where groups hold a few rows (DBRX, Mixtral
@@ -246,8 +246,8 @@ def launches_for(roots: dict, p, a, w, outs):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--pick", choices=("mid64", "broad", "streamed", "moe", "small", "splitk", "stream", "decode"),
-                    default="mid64")
+    ap.add_argument("--pick", default="mid64",
+                    choices=("mid64", "broad", "streamed", "moe", "small", "splitk", "stream", "decode"))
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("--variants", default="base,divergent")
     args = ap.parse_args()

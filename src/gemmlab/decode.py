@@ -207,8 +207,9 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     K: K = 256 with 8 k pieces per CTA), they idle, and the one split that covers K is the only valid one.
 
     Three terms: the weight stream at HBM bandwidth, slowed when the warps with work cannot keep
-    ``decode_in_flight_per_sm`` bytes per SM requested (each keeps ``variant.in_flight_bytes``); X's L2 traffic (each
-    CTA and k piece reads M x piece x 2 B of X once, its warps share it through L1); and the split-K fixup,
+    ``decode_in_flight_per_sm`` bytes per SM requested (each keeps ``variant.in_flight_bytes``); X's L2
+    traffic (each CTA and k piece reads M x piece x 2 B of X once, its warps share it through L1); and the
+    split-K fixup,
     which one SM does alone at the end (splits partials of M x rows_cta fp32, at its share of L2 bandwidth).
     """
     nt = token_tiles(M)
@@ -217,8 +218,8 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     if got is None:
         return None
     weight_bytes, x_l2, fixup, piece, row_blocks = got
-    return max(weight_bytes / _PROF.decode_split_hbm_bytes_per_s, x_l2) + fixup, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece,
-                                                                          row_blocks=row_blocks, variant=v)
+    t = max(weight_bytes / _PROF.decode_split_hbm_bytes_per_s, x_l2) + fixup
+    return t, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece, row_blocks=row_blocks, variant=v)
 
 
 def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile) -> float:

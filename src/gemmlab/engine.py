@@ -464,12 +464,12 @@ class Route:
     decode_s: float | None = None
     engine_s: float | None = None
     step: str | None = None
-    config: dict | None = None
+    config: tuple | None = None  # "sgemm": the step's config as (name, value) pairs
 
     def __repr__(self) -> str:
         head = f"Route({self.M}x{self.N}x{self.K}: "
         if self.kernel == "sgemm":
-            cfg = ", ".join(f"{k}={v}" for k, v in (self.config or {}).items())
+            cfg = ", ".join(f"{k}={v}" for k, v in self.config or ())
             return head + f"fp32 CUDA-core ladder, {self.step} ({cfg}); bias and activation as torch ops after it)"
         if self.kernel == "decode":
             if self.decode_s is None:

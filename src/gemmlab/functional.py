@@ -120,7 +120,7 @@ def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dty
     engine = ops._load_engine()
     if p.in_dtype == torch.float32:
         spec, cfg = ops.best_sgemm_step(M, N, K, sm_count)
-        return engine.Route("sgemm", M, N, K, "fp32 inputs", step=spec.name, config=dict(cfg))
+        return engine.Route("sgemm", M, N, K, "fp32 inputs", step=spec.name, config=tuple(cfg.items()))
     return engine.plan(M, N, K, dtype=dtype, out_dtype=p.out_dtype, bias_dtype=bias_dtype, has_c=has_c,
                        activation=activation, b_mn=b_mn, sm_count=sm_count)
 

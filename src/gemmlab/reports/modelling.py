@@ -449,7 +449,8 @@ def matmul_plan(M: int, N: int, K: int, dtype: str, sm_count: int) -> MatmulPlan
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     r = functional.plan(M, N, K, dtype=dt, sm_count=sm_count)
     if r.kernel == "sgemm":
-        return MatmulPlan(kernel=r.kernel, how=r.how, tile=[r.config["BM"], r.config["BN"]], schedule=None,
+        cfg = dict(r.config)
+        return MatmulPlan(kernel=r.kernel, how=r.how, tile=[cfg["BM"], cfg["BN"]], schedule=None,
                           splits=None, stages=None, predicted_us=None, h11_priced_us=None, decode_priced_us=None,
                           engine_priced_us=None, summary=repr(r))
     p = r.plan
