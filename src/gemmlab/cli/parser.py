@@ -245,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Analytic model of a GEMM: FLOPs, minimum bytes, arithmetic intensity, the roofline bound and speed of "
         "light at an SM clock; with --kernel, the step's tile intensity, occupancy (from ptxas registers, "
         "cross-checked with cuda-core on a GPU), tiles, waves and last-wave utilization, global traffic, and the "
-        "predicted time and TFLOP/s. Without --kernel, a prediction for every step. For bf16 / fp16, also what "
-        "gemmlab.matmul runs at the shape (gemmlab.plan); for fp8, what gemmlab.scaled_mm runs (per-tensor and "
+        "predicted time and TFLOP/s. Without --kernel, a prediction for every step. For bf16 / fp16 / fp32, also "
+        "what gemmlab.matmul runs at the shape (gemmlab.plan); for fp8, what gemmlab.scaled_mm runs (per-tensor and "
         "block scales); with --groups, a grouped GEMM and the plan gemmlab.grouped_mm runs. The device is the "
         "visible GPU, else the named profile.",
         epilog="examples:\n  gemmlab model --shape 4096,4096,4096\n"
