@@ -155,7 +155,8 @@ def model_gemm(
     ptxas, smem, threads), tiles and waves (last-wave utilization), tile quantization, global and HBM traffic,
     and the predicted time, TFLOP/s and fraction of the speed of light, with which bound (compute or memory)
     applies. For bf16 / fp16 also `matmul`: what gemmlab.matmul runs at the shape (gemmlab.plan: the kernel,
-    its tile, schedule, stages and predicted time, and the prices of the kernels weighed against it); for fp8
+    its tile, schedule, stages and predicted time, and the prices of the kernels weighed against it; for fp32
+    the CUDA-core ladder's step and its block tile); for fp8
     `scaled_mm`: gemmlab.scaled_mm's plans (per-tensor and block scales) with their cheapest options. The
     device is the visible GPU's SM count, else the H200 profile (132 SMs, 4.3 TB/s)."""
     return out(modelling.model_report(M, N, K, kernel=kernel and _check_name(kernel), config=config,
