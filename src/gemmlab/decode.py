@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from .devices import H200, DeviceProfile
+from .planner import cpp_bool
 from .log import logger
 
 SOURCE = "engine/decode.cu"
@@ -272,13 +273,10 @@ def kernel_expr(in_ctype: str, out_ctype: str, bias_ctype: str, nt: int, epi: in
     """The template instantiation of ``engine_decode``: C++ type names, NT, the variant, the epilogue by name
     (``epi``, ``gemmlab.epilogue.epi_bits``' code, spelled out as HAS_BIAS, HAS_C and ACT) and split."""
     v = variant or default_variant(nt)
-    has_bias, has_c, act = (_cpp_bool(epi & 1), _cpp_bool(epi & 2), (epi >> 2) & 7)
+    has_bias, has_c, act = (cpp_bool(epi & 1), cpp_bool(epi & 2), (epi >> 2) & 7)
     return (f"engine_decode<{in_ctype}, {out_ctype}, {bias_ctype}, {nt}, {v.u}, {v.rpw}, {v.depth}, {v.pf}, "
-            f"{has_bias}, {has_c}, {act}, {_cpp_bool(split)}>")
+            f"{has_bias}, {has_c}, {act}, {cpp_bool(split)}>")
 
-
-def _cpp_bool(x) -> str:
-    return "true" if x else "false"
 
 
 # Split-K buffers, one pair per (device, stream): two streams running decode launches at once must not

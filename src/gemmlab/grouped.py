@@ -55,7 +55,7 @@ from .engine import OutputMaps, _index, point_maps, store_boxes, stream_k_worksp
 from .errors import UnsupportedProblem
 from .fp8 import check_scale_tensors
 from .jit.launch import Launcher, MapSlot, raw_stream
-from .planner import Warpgroups, consumer_count
+from .planner import Warpgroups, consumer_count, cpp_bool
 
 SOURCE = "engine/gemm_grouped.cu"
 KERNEL = "engine_gemm_grouped"
@@ -293,7 +293,7 @@ class GroupedPlan(Warpgroups):
         where out has no TMA map. e4m3:
         Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE (0 per-tensor, 1 block), PROMOTE (every 128 of K),
         BIAS, ACT, DIRECT>."""
-        direct = "true" if self.direct else "false"
+        direct = cpp_bool(self.direct)
         if self.fit:  # TRANS_OUT (the tile is a block of out^T), DIRECT, data-parallel
             t, o = _CTYPE[self.dtype], _CTYPE[self.out_dtype]
             return (t, o, o, str(self.bm), str(self.bn), str(self.stages), "false", "false", "false", "false", "0",
@@ -302,7 +302,7 @@ class GroupedPlan(Warpgroups):
             return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
                     "1" if self.scale == "block" else "0", "1", "false", "0", direct)
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
-                "false", "true" if self.b_mn else "false", "false", "false", "0", direct,
+                "false", cpp_bool(self.b_mn), "false", "false", "0", direct,
                 str(_SCHEDULE_INDEX[self.schedule]))
 
     @property

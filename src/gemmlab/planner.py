@@ -123,6 +123,12 @@ MCAST_OFFERED: bool | None = None
 COL_SPLIT_OFFERED = False
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
+
+
+def cpp_bool(x) -> str:
+    """A template argument's C++ bool: "true" or "false" (the kernels' name expressions)."""
+    return "true" if x else "false"
+
 _DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
                 "float32": "fp32", "float": "fp32", "fp32": "fp32"}
 
@@ -347,7 +353,7 @@ class Plan(_Tiling):
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE, TRANS_OUT
         [, MCAST [, PREFETCH [, COL_SPLIT]]]> (A_MN / B_MN: the kernel's operands, swapped with swap_ab; each
         optional one written when it is not its default or one after it is)."""
-        b = lambda x: "true" if x else "false"  # noqa: E731
+        b = cpp_bool
         optional, defaults = [str(self.mcast), str(self.prefetch), b(self.col_split)], ("1", "0", "false")
         while optional and optional[-1] == defaults[len(optional) - 1]:
             optional.pop()
@@ -905,7 +911,7 @@ class Fp8Plan(_Tiling):
 
     def template_args(self) -> tuple[str, ...]:
         """Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE, PROMOTE, BIAS, ACT, DIRECT, PART_SPLIT>."""
-        b = lambda x: "true" if x else "false"  # noqa: E731
+        b = cpp_bool
         return (_CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm), str(self.bn),
                 str(self.stages), str(FP8_SCALES.index(self.scale)), str(self.promote), b(self.bias_dtype),
                 str(ACTIVATIONS[self.activation]), b(self.direct), str(self.part_split))
