@@ -1,5 +1,5 @@
 """Test helpers shared by the test modules: a float64 reference of gemmlab's contract, and fakes of the
-Hopper engine and of the fp32 ladder's step, so the real ``gemmlab.matmul`` implementation (validation,
+Hopper engine and of the fp32 route's launch, so the real ``gemmlab.matmul`` implementation (validation,
 prepared calls, the custom op, autograd) runs on CPU tensors (the ``on_cpu`` fixture in conftest.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gemmlab import ops
+from gemmlab import fp32, ops
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -124,9 +124,8 @@ class FakeEngine:
 
 
 class FakeSgemmStep:
-    """Stands in for the fp32 ladder's best step: C = alpha * A @ B + beta * C, row-major, C unread at beta=0."""
-
-    name = "sgemm.fake"
+    """Stands in for the fp32 route's launch (``gemmlab.fp32.run``): C = alpha * A @ B + beta * C, row-major,
+    C unread at beta=0."""
 
     def __init__(self):
         self.calls = []
@@ -147,7 +146,7 @@ def install(monkeypatch):
     monkeypatch.setattr(ops, "_check_device", lambda device: None)
     monkeypatch.setattr(ops, "_load_engine", lambda: eng)
     monkeypatch.setattr(ops, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(ops, "best_sgemm_step", lambda M, N, K, sm: (step, {}))
+    monkeypatch.setattr(fp32, "run", step.run)
     monkeypatch.setattr(ops, "_stream", lambda dev: 7)
     forget()  # calls prepared (and module routes decided) with another test's fakes
     return types.SimpleNamespace(engine=eng, sgemm=step)

@@ -371,14 +371,14 @@ def test_best_config_is_one_stat_until_the_file_changes(monkeypatch):
 
 
 def test_fp32_matmul_path_picks_the_tuned_step_config(monkeypatch):
-    from gemmlab import ops
+    from gemmlab import fp32
 
-    spec, cfg = ops.best_sgemm_step(1000, 1000, 1000, 132)
+    spec, cfg = fp32.K10, fp32.config_for(1000, 1000, 1000, 132)
     tuned = next(c for c in spec.configs() if c != cfg and not spec.why_unsupported(1000, 1000, 1000, c))
     autotune.save_entry(FAKE, _entry(kernel=spec.name, M=1000, N=1000, K=1000, config=tuned))
     monkeypatch.setattr(store, "current_gpu", lambda: FAKE)
     monkeypatch.setattr(autotune, "current_gpu", lambda: FAKE)
-    assert ops.best_sgemm_step(1000, 1000, 1000, 132) == (spec, tuned)
+    assert fp32.config_for(1000, 1000, 1000, 132) == tuned
 
 
 def test_nearest_config(monkeypatch):

@@ -419,11 +419,11 @@ def test_gemmlab_plan_says_which_kernel_matmul_runs():
 
 def test_gemmlab_plan_for_fp32_names_the_ladder_step_matmul_runs():
     import gemmlab
-    from gemmlab import ops
+    from gemmlab import fp32
 
     for M, N, K in ((4096, 4096, 4096), (3, 5, 7), (77, 3000, 2000)):
         r = gemmlab.plan(M, N, K, dtype=torch.float32, bias_dtype=torch.float32, activation="gelu", sm_count=132)
-        spec, cfg = ops.best_sgemm_step(M, N, K, 132)  # what ops._run_fp32 launches
+        spec, cfg = fp32.K10, fp32.config_for(M, N, K, 132)  # what ops._run_fp32 launches
         assert (r.kernel, r.step, dict(r.config), r.plan) == ("sgemm", spec.name, dict(cfg), None)
         assert hash(r) == hash(gemmlab.plan(M, N, K, dtype=torch.float32, bias_dtype=torch.float32, activation="gelu",
                                             sm_count=132))  # a Route is a frozen, hashable value

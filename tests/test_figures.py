@@ -69,11 +69,11 @@ def test_unknown_figure(tmp_path):
 def test_warptiling_config_is_valid():
     wt, source = figures.warptiling_config()
     assert wt.check() is None and source
-    from gemmlab.ladders import sgemm
+    from gemmlab import fp32
 
-    if source.startswith("sgemm.") and hasattr(sgemm, "WARP_SUB_M"):
+    if source.startswith("sgemm."):
         # the step's documented lane layout: sub-tiles of WARP_SUB_M x WARP_SUB_N, 32 lanes as 4 x 8
-        assert (wt.WSUBM, wt.WSUBN) == (sgemm.WARP_SUB_M, sgemm.WARP_SUB_N)
+        assert (wt.WSUBM, wt.WSUBN) == (fp32.WARP_SUB_M, fp32.WARP_SUB_N)
         assert wt.WSUBN // wt.TN == 8 and wt.WSUBM // wt.TM == 4
 
 

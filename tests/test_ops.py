@@ -163,22 +163,6 @@ def test_non_hopper_gpu_names_what_is_missing(on_cpu):
     assert y.dtype == FP32 and len(on_cpu.sgemm.calls) == 1
 
 
-# The fp32 ladder's best step ----------------------------------------------------------------------------
-
-def test_best_sgemm_step_is_the_highest_registered_step():
-    from gemmlab import registry
-
-    steps = registry.all_kernels("sgemm")
-    spec, cfg = ops.best_sgemm_step(1000, 1001, 999, sm_count=132)
-    assert spec.ladder == "sgemm" and spec.step == max(s.step for s in steps)
-    assert spec.why_unsupported(1000, 1001, 999, cfg) is None
-
-
-def test_best_sgemm_step_refuses_what_no_step_can_run():
-    with pytest.raises(UnsupportedProblem, match="no fp32 ladder step can run"):
-        ops.best_sgemm_step(2**20, 2**12, 1, sm_count=132)
-
-
 # The fake impl: shapes and dtypes ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype, out_dtype, want", [(BF16, None, BF16), (FP16, None, FP16), (BF16, FP32, FP32),

@@ -1,8 +1,8 @@
 """Every planner returns a valid plan for every shape it can be handed (issue 15), checked without a GPU
 over dense grids of M, N, K from 1 upward (tiny N and K included): the decode kernel's split
 (``decode.plan``, every variant), the engine's (``engine.choose_plan`` / ``choose_bn`` /
-``plan_problem``), the routing between them for each dtype, and the fp32 path's step choice
-(``ops.best_sgemm_step``). "Valid" is what the kernels need, restated here from their headers, not
+``plan_problem``), the routing between them for each dtype, and the fp32 route's config and row blocks
+(``fp32.config_for``, ``fp32.row_blocks``). "Valid" is what the kernels need, restated here from their headers, not
 read back from the planners."""
 
 import itertools
@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-from gemmlab import decode, engine, ops
+from gemmlab import decode, engine, fp32
 from gemmlab.errors import UnsupportedProblem
 
 # Sizes around every boundary the planners have: 1..48 (tiny), the MMA/tile/chunk multiples +-1.
@@ -187,13 +187,22 @@ def test_routing_gives_every_shape_a_valid_plan(dtype):
             check_engine_plan(M, N, K, 132, None, engine.choose_plan(M, N, K, 132))
 
 
-def test_fp32_step_choice_is_valid_below_the_index_limit_and_typed_above():
+def test_fp32_route_launches_cover_m_below_the_index_limit_and_refuse_a_b_above():
     sizes = sorted(set(TINY[:16] + (31, 32, 33, 63, 64, 65, 127, 128, 129, 1000, 4095, 4096, 4097, 65536)))
-    for M, N, K in itertools.product(sizes, sizes, sizes[::2]):
+    blocked = 0
+    for M, N, K in itertools.product(sizes + [2**23 + 1, 2**27], sizes, sizes[::2]):
         for sm in (132, 1):
-            if max(M * K, K * N, M * N) < 2**31 - 1024:
-                spec, cfg = ops.best_sgemm_step(M, N, K, sm)
-                assert spec.why_unsupported(M, N, K, cfg) is None
-            else:
-                with pytest.raises(UnsupportedProblem, match="no fp32 ladder step"):
-                    ops.best_sgemm_step(M, N, K, sm)
+            if K * N >= 2**31 - 1024:  # B itself: every launch reads all of it
+                with pytest.raises(UnsupportedProblem, match=r"B \(K x N\)"):
+                    fp32.config_for(M, N, K, sm)
+                continue
+            cfg = fp32.config_for(M, N, K, sm)
+            blocks = fp32.row_blocks(M, N, K, cfg)
+            # the blocks tile M in order, each a whole number of tiles but the last, each one launch of K10
+            assert [m0 for m0, _ in blocks] == list(itertools.accumulate([0] + [r for _, r in blocks[:-1]]))
+            assert sum(r for _, r in blocks) == M and all(r % cfg["BM"] == 0 for _, r in blocks[:-1])
+            assert all(fp32.K10.why_unsupported(r, N, K, cfg) is None for _, r in blocks)
+            # one launch whenever one launch can: then the launch is the whole problem's
+            assert (len(blocks) == 1) == (fp32.K10.why_unsupported(M, N, K, cfg) is None)
+            blocked += len(blocks) > 1
+    assert blocked > 100  # the grid reaches past one launch (M * N, M * K or M past 65535 tiles)

@@ -70,7 +70,7 @@ def test_configs_pin_parameters_that_do_not_matter():
 
 
 def test_k10_takes_the_tuned_tile_only_when_it_fills_the_gpu_twice():
-    from gemmlab.ladders.sgemm import K10_LARGE
+    from gemmlab.fp32 import K10_LARGE
 
     spec = registry.get("k10")
     big = spec.config_for(4096, 4096, 4096, 132, tuned=False)

@@ -16,7 +16,7 @@ from unittest import mock
 import pytest
 import torch
 
-from gemmlab import registry
+from gemmlab import fp32, registry
 from gemmlab.jit.compiler import KERNEL_ROOT
 from gemmlab.ladders import sgemm as sgemm_ladder
 
@@ -72,7 +72,8 @@ def _geometry(spec, cfg, M, N, K):
     def record(compiled, *, grid, block, args, smem=0, cluster=None):
         seen["grid"], seen["block"] = tuple(grid), tuple(block)
 
-    with mock.patch.object(sgemm_ladder, "launch", record):
+    # k01..k03 launch from the ladder's module, the tiled steps from gemmlab.fp32's (their shared launcher)
+    with mock.patch.object(sgemm_ladder, "launch", record), mock.patch.object(fp32, "launch", record):
         spec.launcher(spec, None, cfg, torch.empty(M, K), torch.empty(K, N), torch.empty(M, N), 1.0, 0.0)
     grid = seen["grid"] + (1,) * (2 - len(seen["grid"]))
     block = seen["block"] + (1,) * (2 - len(seen["block"]))

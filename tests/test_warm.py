@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import gemmlab
-from gemmlab import engine, ops, warm
+from gemmlab import engine, fp32, ops, warm
 from gemmlab.jit import compiler
 
 import decoder_block as db
@@ -117,10 +117,10 @@ def test_kernels_for_unaligned_and_strided_operands(engine_on_meta):
     assert copies == [["pad_copy_operands<2, 0, 0>"]] * 4
 
 
-def test_fp32_calls_need_the_ladders_best_step():
+def test_fp32_calls_need_the_fp32_routes_step():
     args = GemmCall(1000, 1001, 999, FP32).meta_args()
     (k,) = warm.kernels_for(args, warm.Target.h200())
-    spec, cfg = ops.best_sgemm_step(1000, 1001, 999, 132)
+    spec, cfg = fp32.K10, fp32.config_for(1000, 1001, 999, 132)
     assert (k.source, k.name_expression) == (spec.source, spec.name_expression(cfg))
 
 

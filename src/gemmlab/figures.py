@@ -298,9 +298,8 @@ def warptiling_config():
         cfg.setdefault("THREADS", spec.threads(cfg))
         layout = spec.extra.get("warp_layout")
         if layout is None and not {"TM", "TN", "WNITER"} <= set(cfg):
-            from .ladders import sgemm as lad
+            from .fp32 import WARP_SUB_M as sub_m, WARP_SUB_N as sub_n
 
-            sub_m, sub_n = getattr(lad, "WARP_SUB_M", 16), getattr(lad, "WARP_SUB_N", 32)
             layout = {"TM": sub_m // 4, "TN": sub_n // 8, "WNITER": cfg["WN"] // sub_n}
         cfg.update(layout or {})
         wt = layouts.WarpTiling.from_config(cfg)

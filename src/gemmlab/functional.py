@@ -17,7 +17,7 @@ import torch
 
 from . import autograd as _autograd  # registers the op's backward formula
 from . import fallback as _fallback
-from . import ops
+from . import fp32, ops
 from .devices import H200
 from .errors import UnsupportedProblem
 
@@ -42,8 +42,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None
     Returns: (M, N), contiguous, ``out_dtype``; ``out`` itself when given.
 
     Paths: bf16/fp16 run on the Hopper engine with the whole epilogue fused. float32 inputs run on the
-    best step of the fp32 CUDA-core ladder (any CUDA GPU): ``alpha`` and ``beta * c`` are applied by the
-    kernel, bias and activation by torch ops after it (not fused). Zero-size problems launch nothing: an
+    fp32 ladder's last step, k10 (``gemmlab.fp32``; any CUDA GPU; row blocks past one launch's reach):
+    ``alpha`` and ``beta * c`` are applied by the kernel, bias and activation by torch ops after it (not
+    fused). Zero-size problems launch nothing: an
     empty result when M or N is 0, ``act(beta * c + bias)`` when K is 0.
 
     The result without ``out`` comes from the ``gemmlab::matmul`` custom op, so it traces under
@@ -94,7 +95,7 @@ def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dty
     ``has_c`` and ``activation``: an ``engine.Route`` naming the kernel, its plan and the model's price.
 
     bf16 / fp16: the Hopper engine's router (``engine.route``: the decode kernel, the engine kernel's plan
-    or h11). float32: the fp32 CUDA-core ladder's step and config (``kernel == "sgemm"``). Needs no GPU:
+    or h11). float32: the fp32 route's step and config (``gemmlab.fp32``; ``kernel == "sgemm"``). Needs no GPU:
     ``sm_count`` defaults to the visible GPU's, else the H200's 132. The arguments are checked by the same
     rules as ``gemmlab.matmul``'s, with the same errors (``TypeError`` for dtypes, ``UnsupportedProblem``
     for sizes past the kernels' limits); M, N, K must be >= 1 (``ValueError``). FP8 operands are
@@ -119,8 +120,8 @@ def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dty
                     else H200.sm_count)
     engine = ops._load_engine()
     if p.in_dtype == torch.float32:
-        spec, cfg = ops.best_sgemm_step(M, N, K, sm_count)
-        return engine.Route("sgemm", M, N, K, "fp32 inputs", step=spec.name, config=tuple(cfg.items()))
+        cfg = fp32.config_for(M, N, K, sm_count)
+        return engine.Route("sgemm", M, N, K, "fp32 inputs", step=fp32.K10.name, config=tuple(cfg.items()))
     return engine.plan(M, N, K, dtype=dtype, out_dtype=p.out_dtype, bias_dtype=bias_dtype, has_c=has_c,
                        activation=activation, b_mn=b_mn, sm_count=sm_count)
 

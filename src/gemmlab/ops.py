@@ -5,10 +5,11 @@
 The public functions validate everything from tensor metadata first (before any device work, so every bad
 input gets a specific error, on any machine), then call the ``gemmlab::matmul`` custom op. The op's real
 implementation sends bf16/fp16 problems to the Hopper engine (``gemmlab.engine``, loaded lazily) and fp32
-problems to the best step of the fp32 CUDA-core ladder; its fake implementation only states the output's
-shape and dtype, which is what ``torch.compile(fullgraph=True)`` traces. Nothing in the launch path reads a
-device value back to the host (no ``.item()``, no synchronisation) and every buffer comes from torch's
-allocator, so the op can be captured in a CUDA graph (after one warm-up call has compiled the kernel).
+problems to the fp32 route (``gemmlab.fp32``: the CUDA-core ladder's last step); its fake implementation
+only states the output's shape and dtype, which is what ``torch.compile(fullgraph=True)`` traces. Nothing
+in the launch path reads a device value back to the host (no ``.item()``, no synchronisation) and every
+buffer comes from torch's allocator, so the op can be captured in a CUDA graph (after one warm-up call has
+compiled the kernel).
 
 Which exception means what:
 
@@ -260,27 +261,6 @@ def _activate_(x: torch.Tensor, activation: str | None) -> torch.Tensor:
     return x
 
 
-def best_sgemm_step(M: int, N: int, K: int, sm_count: int):
-    """The highest registered step of the fp32 ladder that supports (M, N, K), with the config its
-    heuristic picks: ``(KernelSpec, config)``. Falls back to lower steps; raises ``UnsupportedProblem``
-    with every step's reason when none fits. Needs no GPU (``sm_count`` is given)."""
-    from . import registry
-
-    reasons = []
-    for spec in sorted(registry.all_kernels("sgemm"), key=lambda s: s.step, reverse=True):
-        try:
-            cfg = spec.config_for(M, N, K, sm_count)
-        except UnsupportedProblem as e:
-            reasons.append(f"{spec.short}: {e}")
-            continue
-        why = spec.why_unsupported(M, N, K, cfg)
-        if why is None:
-            return spec, cfg
-        reasons.append(f"{spec.short}: {why}")
-    raise UnsupportedProblem(f"{_NAME}: no fp32 ladder step can run M={M} N={N} K={K} ("
-                             + ("; ".join(reasons) or "no sgemm steps are registered") + ")")
-
-
 def _on_device(device: torch.device):
     """Make ``device`` current for a launch (kernels launch on the current device's stream)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -291,11 +271,13 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _run_fp32(p: Problem, a, b, bias, activation, alpha, beta, c, out) -> None:
-    """fp32 inputs on the CUDA-core ladder's best step (any CUDA GPU). The kernel computes
-    ``alpha * a @ b + beta * c`` (c staged in an fp32 buffer); bias, activation and the cast to the
-    output dtype are separate torch ops after it (not fused). a and b are made contiguous (copied
-    when they are not), as the ladder's kernels take row-major operands."""
-    spec, cfg = best_sgemm_step(p.M, p.N, p.K, _sm_count(p.device))
+    """fp32 inputs on the CUDA-core route (``gemmlab.fp32``: the fp32 ladder's last step, any CUDA GPU).
+    The kernel computes ``alpha * a @ b + beta * c`` (c staged in an fp32 buffer); bias, activation and
+    the cast to the output dtype are separate torch ops after it (not fused). a and b are made contiguous
+    (copied when they are not), as the kernel takes row-major operands."""
+    from . import fp32
+
+    cfg = fp32.config_for(p.M, p.N, p.K, _sm_count(p.device))
     direct = out.dtype == torch.float32 and out.stride() == (p.N, 1)
     acc = out if direct else torch.empty((p.M, p.N), dtype=torch.float32, device=p.device)
     if c is not None:
@@ -303,7 +285,7 @@ def _run_fp32(p: Problem, a, b, bias, activation, alpha, beta, c, out) -> None:
     else:
         beta = 0.0  # the kernel then never reads acc
     with _on_device(p.device):
-        spec.run(a.contiguous(), b.contiguous(), acc, alpha=float(alpha), beta=float(beta), config=cfg)
+        fp32.run(a.contiguous(), b.contiguous(), acc, alpha=float(alpha), beta=float(beta), config=cfg)
     if bias is not None:
         acc.add_(bias)
     _activate_(acc, activation)

@@ -7,7 +7,7 @@
 
 What a call needs is what the engine would decide for it (``kernels_for``): the decode kernel or h11 with
 its plan (tile width, split-K), operand layouts, epilogue and pipeline depth, the aligned-copy kernels of
-operands TMA cannot read; the fp32 ladder's best step for fp32 inputs. The decisions take only metadata,
+operands TMA cannot read; the fp32 route's k10 step for fp32 inputs. The decisions take only metadata,
 so they run on meta tensors: without a GPU, warm-up plans for an H200 (132 SMs, its cluster capacity,
 heuristic plans) and fills the disk cache ahead of time (``GEMMLAB_CACHE_DIR``, e.g. in a Docker build);
 on a Hopper GPU it plans for that GPU (its tuned plans included), then prepares each call for real
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import decode, engine, functional, ops, planner
+from . import decode, engine, fp32, functional, ops, planner
 from .epilogue import CTYPES, epi_bits
 from .jit import compiler
 
@@ -133,7 +133,7 @@ def kernels_for(args: tuple, target: Target) -> list[Kernel]:
     if not (p.M and p.N and p.K):
         return []  # nothing launches
     if p.in_dtype == torch.float32:
-        spec, cfg = ops.best_sgemm_step(p.M, p.N, p.K, target.sm_count)
+        spec, cfg = fp32.K10, fp32.config_for(p.M, p.N, p.K, target.sm_count)
         return [Kernel(spec.source, spec.name_expression(cfg), f"{spec.name}{spec.config_tag(cfg)}", spec.arch)]
     out = torch.empty((p.M, p.N), dtype=p.out_dtype, device="meta")  # ops allocates a fresh output
     has_c = c is not None and beta != 0

@@ -6,10 +6,10 @@ Steps k01 to k10 (see the README table and ``docs/worklog.md``). Each step is on
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from ..devices import H200
+from ..fp32 import (K10, STATIC_SMEM_LIMIT, VEC_SASS, WARP_PARAMS, cdiv, check_warptiling, fits_registers,
+                    grid_y_fits, launch_args, threads_warps, tile_bmbnbk, tiled_launcher)
 from ..jit.launch import launch
 from ..registry import KernelSpec, Ladder, Param, register, register_ladder
 from ..sass import SassExpect
@@ -44,48 +44,12 @@ LADDER = register_ladder(Ladder(
 ))
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def any_shape(cfg, M, N, K):
-    """Every sgemm step handles any M, N, K >= 1 (edges are guarded in the kernels)."""
-    if min(M, N, K) < 1:
-        return "M, N and K must be >= 1"
-    if max(M * K, K * N, M * N) >= 2**31 - 1024:
-        return "an operand has 2^31 - 1024 or more elements (32-bit index math, tile edges included)"
-    return None
-
-
-MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y
-
-
-def grid_y_fits(dim: str, tile_of):
-    """``supports`` for a step whose gridDim.y counts tiles of ``tile_of(cfg)`` along ``dim`` ("M" or
-    "N"): any shape up to MAX_GRID_Y such tiles (8.3 million rows for 128-row tiles)."""
-    def supports(cfg, M, N, K):
-        why = any_shape(cfg, M, N, K)
-        if why:
-            return why
-        extent, tile = {"M": M, "N": N}[dim], tile_of(cfg)
-        if _cdiv(extent, tile) > MAX_GRID_Y:
-            return f"{dim}={extent} needs more than {MAX_GRID_Y} tiles of {tile} on gridDim.y"
-        return None
-    return supports
-
-
-def _args(a, b, c, alpha, beta):
-    M, K = a.shape
-    N = b.shape[1]
-    return (np.int32(M), np.int32(N), np.int32(K), np.float32(alpha), a, b, np.float32(beta), c)
-
-
 # k01 -----------------------------------------------------------------------------------------------
 
 def _launch_k01(spec, compiled, cfg, a, b, c, alpha, beta):
     bs = cfg["BLOCK"]
     M, N = c.shape
-    launch(compiled, grid=(_cdiv(M, bs), _cdiv(N, bs)), block=(bs, bs), args=_args(a, b, c, alpha, beta))
+    launch(compiled, grid=(cdiv(M, bs), cdiv(N, bs)), block=(bs, bs), args=launch_args(a, b, c, alpha, beta))
 
 
 register(KernelSpec(
@@ -107,7 +71,7 @@ register(KernelSpec(
 def _launch_k02(spec, compiled, cfg, a, b, c, alpha, beta):
     bs = cfg["BLOCK"]
     M, N = c.shape
-    launch(compiled, grid=(_cdiv(N, bs), _cdiv(M, bs)), block=(bs, bs), args=_args(a, b, c, alpha, beta))
+    launch(compiled, grid=(cdiv(N, bs), cdiv(M, bs)), block=(bs, bs), args=launch_args(a, b, c, alpha, beta))
 
 
 register(KernelSpec(
@@ -127,7 +91,7 @@ register(KernelSpec(
 def _launch_k03(spec, compiled, cfg, a, b, c, alpha, beta):
     t = cfg["TILE"]
     M, N = c.shape
-    launch(compiled, grid=(_cdiv(N, t), _cdiv(M, t)), block=(t, t), args=_args(a, b, c, alpha, beta))
+    launch(compiled, grid=(cdiv(N, t), cdiv(M, t)), block=(t, t), args=launch_args(a, b, c, alpha, beta))
 
 
 register(KernelSpec(
@@ -143,19 +107,6 @@ register(KernelSpec(
 
 
 # k04 onwards: a 1-D block of threads, grid = (column tiles, row tiles) -------------------------------
-
-def _tiled_launcher(threads_of):
-    def launcher(spec, compiled, cfg, a, b, c, alpha, beta):
-        M, N = c.shape
-        bm, bn, _ = spec.tile(cfg)
-        launch(compiled, grid=(_cdiv(N, bn), _cdiv(M, bm)), block=(threads_of(cfg),),
-               args=_args(a, b, c, alpha, beta))
-    return launcher
-
-
-def _tile_bmbnbk(c):
-    return c["BM"], c["BN"], c["BK"]
-
 
 def _loads_divide(cfg, threads, vec):
     """The tile loads of k04..k07 give every thread the same number of elements (float4s if vec)."""
@@ -186,8 +137,8 @@ register(KernelSpec(
             Param("BK", (8, 16), "block tile depth"), Param("TM", (8, 16), "results per thread (rows)")),
     arch="sm_90", constraints="any M, N, K >= 1",
     sass=SassExpect(contains=(r"^LDS", r"^STS", r"^BAR"), min_loop_ffma=64, no_local_memory=True),
-    launcher=_tiled_launcher(_threads_k04), supports=grid_y_fits("M", lambda c: c["BM"]),
-    threads=_threads_k04, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_k04,
+    launcher=tiled_launcher(_threads_k04), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_k04, smem_bytes=lambda c: 0, tile=tile_bmbnbk, check_config=_check_k04,
 ))
 
 
@@ -217,13 +168,10 @@ register(KernelSpec(
     params=_PARAMS_2D,
     arch="sm_90", constraints="any M, N, K >= 1",
     sass=SassExpect(contains=(r"^LDS", r"^STS", r"^BAR"), min_loop_ffma=512, no_local_memory=True),
-    launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
-    threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_2d(vec=False),
+    launcher=tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_2d, smem_bytes=lambda c: 0, tile=tile_bmbnbk, check_config=_check_2d(vec=False),
 ))
 
-
-# The vectorized steps' SASS: 128-bit global loads and 128-bit shared loads.
-VEC_SASS = (r"LDG\.E\.128", r"LDS\.128")
 
 register(KernelSpec(
     name="sgemm.k06_vectorized", ladder="sgemm", step=6,
@@ -232,8 +180,8 @@ register(KernelSpec(
     params=_PARAMS_2D,
     arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
     sass=SassExpect(contains=VEC_SASS, min_loop_ffma=512, no_local_memory=True),
-    launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
-    threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_2d(vec=True),
+    launcher=tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_2d, smem_bytes=lambda c: 0, tile=tile_bmbnbk, check_config=_check_2d(vec=True),
 ))
 
 
@@ -255,34 +203,12 @@ register(KernelSpec(
     params=_PARAMS_2D,
     arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
     sass=SassExpect(contains=VEC_SASS, min_loop_ffma=512, no_local_memory=True),
-    launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
-    threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_conflict_free,
+    launcher=tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_2d, smem_bytes=lambda c: 0, tile=tile_bmbnbk, check_config=_check_conflict_free,
 ))
 
 
 # k08 -----------------------------------------------------------------------------------------------
-
-STATIC_SMEM_LIMIT = 48 * 1024  # static __shared__ arrays cannot exceed 48 KB per block
-
-
-def _register_cap(threads: int, min_blocks: int) -> int:
-    """The per-thread register ceiling ptxas gets from __launch_bounds__(threads, min_blocks)."""
-    return min(255, H200.regs_per_sm // (threads * min_blocks) // 8 * 8)  # compute capability 9.0's 64 K
-
-
-def _fits_registers(c, threads, accumulators, fragments, prefetch=False):
-    """None if the accumulators, the fragments, the tile values a thread stages from global memory and
-    ~32 registers of addresses and loop state fit under the __launch_bounds__ cap (else ptxas spills).
-    With ``prefetch`` (k10) the staged values stay live across the FFMAs, and count twice: ptxas
-    hoists the next loads early and keeps both. A rule of thumb calibrated on ptxas 13.0 for sm_90:
-    no config it accepts spills (checked by compiling the whole search space of k08, k09 and k10)."""
-    staged = (c["BM"] + c["BN"]) * c["BK"] // threads * (2 if prefetch else 1)
-    need = accumulators + fragments + staged + 32
-    cap = _register_cap(threads, c["MIN_BLOCKS"])
-    if need > cap:
-        return f"~{need} registers needed, {cap} allowed by MIN_BLOCKS={c['MIN_BLOCKS']}"
-    return None
-
 
 def _check_k08(c):
     if c["BM"] % c["TM"] or c["BN"] % c["TN"]:
@@ -292,7 +218,7 @@ def _check_k08(c):
         return f"{t} threads per block: need a multiple of 32 in 64..1024"
     if (c["BM"] + c["BN"]) * c["BK"] * 4 > STATIC_SMEM_LIMIT:
         return "the A and B tiles exceed 48 KB of static shared memory"
-    return _fits_registers(c, t, accumulators=c["TM"] * c["TN"], fragments=c["TM"] + c["TN"])
+    return fits_registers(c, t, accumulators=c["TM"] * c["TN"], fragments=c["TM"] + c["TN"])
 
 
 register(KernelSpec(
@@ -305,80 +231,27 @@ register(KernelSpec(
             Param("MIN_BLOCKS", (2, 1), "blocks per SM asked of __launch_bounds__ (caps registers)")),
     arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
     sass=SassExpect(contains=VEC_SASS, min_loop_ffma=1024, no_local_memory=True),
-    launcher=_tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
-    threads=_threads_2d, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_k08,
+    launcher=tiled_launcher(_threads_2d), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=_threads_2d, smem_bytes=lambda c: 0, tile=tile_bmbnbk, check_config=_check_k08,
 ))
 
 
 # k09 -----------------------------------------------------------------------------------------------
 
-WARP_SUB_M, WARP_SUB_N = 16, 32  # a warp's sub-tile: lanes as 4 rows x 8 columns, 4 x 4 each
-
-
-def _threads_warps(c):
-    return (c["BM"] // c["WM"]) * (c["BN"] // c["WN"]) * 32
-
-
-def _check_warptiling(stages):
-    def check(c):
-        if c["BM"] % c["WM"] or c["BN"] % c["WN"]:
-            return "warp tiles (WM x WN) must tile the block tile (BM x BN)"
-        if c["WM"] % WARP_SUB_M or c["WN"] % WARP_SUB_N:
-            return f"WM must be a multiple of {WARP_SUB_M} and WN of {WARP_SUB_N}"
-        t = _threads_warps(c)
-        if t > 1024 or t < 128:
-            return f"{t} threads per block: need 128..1024 (4 to 32 warps)"
-        if stages * (c["BM"] + c["BN"]) * c["BK"] * 4 > STATIC_SMEM_LIMIT:
-            return "the A and B tiles exceed 48 KB of static shared memory"
-        frags = c["WM"] // WARP_SUB_M * 4 + c["WN"] // WARP_SUB_N * 4
-        return _fits_registers(c, t, accumulators=c["WM"] * c["WN"] // 32, fragments=frags, prefetch=stages > 1)
-    return check
-
-
-_PARAMS_WARP = (Param("BM", (128, 64, 256), "block tile rows"), Param("BN", (128, 64, 256), "block tile columns"),
-                Param("BK", (16, 8, 32), "block tile depth"),
-                Param("WM", (64, 32), "warp tile rows (multiple of 16)"),
-                Param("WN", (64, 32), "warp tile columns (multiple of 32)"),
-                Param("MIN_BLOCKS", (2, 1), "blocks per SM asked of __launch_bounds__ (caps registers)"))
-
 register(KernelSpec(
     name="sgemm.k09_warptiling", ladder="sgemm", step=9,
     technique="block tile -> warp tiles -> 4x4 lane pieces: compact per-warp smem footprint, all in registers",
     source="sgemm/k09_warptiling.cu", template="sgemm_warptiling",
-    params=_PARAMS_WARP,
+    params=WARP_PARAMS,
     arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
     sass=SassExpect(contains=VEC_SASS, min_loop_ffma=1024, no_local_memory=True),
-    launcher=_tiled_launcher(_threads_warps), supports=grid_y_fits("M", lambda c: c["BM"]),
-    threads=_threads_warps, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_warptiling(stages=1),
+    launcher=tiled_launcher(threads_warps), supports=grid_y_fits("M", lambda c: c["BM"]),
+    threads=threads_warps, smem_bytes=lambda c: 0, tile=tile_bmbnbk, check_config=check_warptiling(stages=1),
 ))
 
 
 # k10 -----------------------------------------------------------------------------------------------
 
-# The config `gemmlab tune k10 --shape 4096,4096,4096` found on the H200 (1.041x the default there; in one
-# interleaved run 0.908 / 0.913 of cuBLAS at 4096^3 / 8192^3 against the default's 0.869 / 0.884): one
-# 256 x 128 block of 8 warps per SM. It needs enough tiles for every SM twice over; smaller problems
-# keep the default's 128 x 128 tiles.
-K10_LARGE = {"BM": 256, "BN": 128, "BK": 8, "WM": 64, "WN": 64, "MIN_BLOCKS": 1}
-
-
-def k10_heuristic(M: int, N: int, K: int, sm_count: int) -> dict:
-    """The tuned 256 x 128 config when it gives at least two tiles per SM, else the defaults."""
-    if -(-M // 256) * -(-N // 128) >= 2 * sm_count:
-        return dict(K10_LARGE)
-    return {}
-
-
-register(KernelSpec(
-    name="sgemm.k10_double_buffered", ladder="sgemm", step=10,
-    technique="two smem stages: the next tiles' global loads fly in registers while this tile's FFMAs run",
-    source="sgemm/k10_double_buffered.cu", template="sgemm_double_buffered",
-    params=_PARAMS_WARP,
-    arch="sm_90", constraints="any M, N, K >= 1 (float4 fast path when rows are 16-byte aligned)",
-    sass=SassExpect(contains=VEC_SASS, min_loop_ffma=1024, no_local_memory=True),
-    launcher=_tiled_launcher(_threads_warps), supports=grid_y_fits("M", lambda c: c["BM"]),
-    threads=_threads_warps, smem_bytes=lambda c: 0, tile=_tile_bmbnbk, check_config=_check_warptiling(stages=2),
-    heuristic=k10_heuristic,
-    # for gemmlab.model: the next tile's global loads are in flight during this tile's FFMAs
-    extra={"prefetch": True},
-))
+# The step gemmlab.matmul runs for float32 operands: its spec (and the config the H200 tuned for it) is
+# gemmlab.fp32's, which the runtime imports without the registry.
+register(K10)
