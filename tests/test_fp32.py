@@ -41,6 +41,18 @@ def test_the_route_runs_the_registered_k10():
         s.step for s in registry.all_kernels("sgemm"))
 
 
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (100, 100, 100)])
+def test_the_configs_the_route_picks_compile_to_their_promises(shape):
+    """Both configs the heuristic picks (the tuned 256 x 128 tile, the default 128 x 128) compile without
+    spills and with k10's SASS claims (128-bit loads, the unrolled FFMA loop, no local memory)."""
+    from gemmlab import sass
+
+    cfg = fp32.config_for(*shape, 132)
+    assert (cfg["BM"], cfg["BN"]) == ((256, 128) if shape[0] == 4096 else (128, 128))
+    ck = fp32.K10.compile(cfg)
+    assert sass.check(fp32.K10.sass_expect(cfg), sass.kernel_summary(ck), ck.resources) == []
+
+
 @pytest.mark.parametrize("M", [1, 383, 384, 385, 1000])
 def test_row_blocks_compute_what_one_launch_would(monkeypatch, M):
     """With room for 3 tiles a launch, a problem of M rows runs as ceil(M / 384) launches over row slices
