@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Named steps for one call on the GPU machine: STEPS="gt et varx" runs those steps in order, each under its
+# own timeout, everything under $OUT (the device tool brings that folder back). The records carry
+# GEMMLAB_GIT_SHA (write `git rev-parse --short=12 HEAD` to .wt/sha before the call, or set it).
+#
+#   gt      grouped GPU tests (bf16; GT_K selects)                 et     GPU test files (ET_FILES)
+#   gsan    compute-sanitizer memcheck + racecheck, grouped        eh     grouped eager host cost
+#   varx    probe_variants.py per pick=variants (VARX)             fit    probe_grouped_fit.py (PROBE_* env)
+#   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (the broad set)
+#
+# The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GEMMLAB_CACHE_DIR=${GEMMLAB_CACHE_DIR:-/tmp/gemmlab-cache}
+export GEMMLAB_GIT_SHA=${GEMMLAB_GIT_SHA:-$(cat .wt/sha 2>/dev/null)}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv | tee "$OUT/env.txt"
+for s in ${STEPS:-}; do
+  echo "== $s $(date +%T)"
+  case $s in
+    gt) timeout "${GT_T:-300}" python3 -m pytest -q -x tests/test_grouped_gpu.py -k "${GT_K:-not fp8 and not block}" 2>&1 \
+          | tee "$OUT/pytest_grouped.txt" | tail -8 ;;
+    # shellcheck disable=SC2086
+    et) timeout "${ET_T:-300}" python3 -m pytest -q -x ${ET_FILES:-tests/test_engine2_gpu.py tests/test_decode_gpu.py tests/test_fp32.py} 2>&1 \
+          | tee "$OUT/pytest_engine.txt" | tail -8 ;;
+    gsan) for tool in ${GSAN_TOOLS:-memcheck racecheck}; do
+            echo "== compute-sanitizer --tool $tool" | tee -a "$OUT/grouped_sanitizer.txt"
+            # shellcheck disable=SC2046
+            timeout "${GSAN_T:-200}" compute-sanitizer --tool "$tool" --report-api-errors no \
+              $([ "$tool" = memcheck ] && echo --leak-check no) --print-limit 20 \
+              python3 benchmarks/grouped_sanitize.py --only "${GSAN_ONLY:-bf16}" 2>&1 | tee -a "$OUT/grouped_sanitizer.txt" | tail -6
+          done ;;
+    eh) timeout "${EH_T:-200}" python3 benchmarks/eager_host.py --grouped --no-calls --out "$OUT/eager.jsonl" 2>&1 \
+          | tee "$OUT/eager_grouped.txt" | tail -40 ;;
+    varx) for pv in ${VARX:-stream=base,hint1,hint2,hint3,store moe=base,hint1,hint2 decode=base,dhint}; do
+            timeout "${VAR_T:-300}" python3 benchmarks/probes/probe_variants.py "$OUT/variants_probe.jsonl" --pick "${pv%%=*}" \
+              --limit "${VAR_LIMIT:-24}" --variants "${pv#*=}" 2>&1 | grep -v "^ " | tail -"${VAR_TAIL:-30}"
+          done ;;
+    fit) timeout "${FIT_T:-400}" python3 benchmarks/probes/probe_grouped_fit.py "$OUT/grouped_fit_probe.jsonl" 2>&1 | tail -30 ;;
+    # shellcheck disable=SC2086
+    gsuite) timeout "${GS_T:-400}" python3 benchmarks/grouped_bench.py ${GS_ARGS:-} --budget-s "${GS_BUDGET:-300}" \
+              --rounds "${GS_ROUNDS:-9}" --out "$OUT/grouped.jsonl" 2>&1 | tee -a "$OUT/grouped_suite.txt" | grep -v "^ " | tail -40 ;;
+    broad) timeout "${BR_T:-520}" python3 benchmarks/engine_broad.py --out "$OUT/engine_broad.jsonl" --budget-s "${BR_BUDGET:-330}" 2>&1 \
+             | tail -6 ;;
+    *) echo "unknown step $s (known: gt et gsan eh varx fit gsuite broad)" ;;
+  esac
+done
+nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
