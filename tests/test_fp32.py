@@ -89,7 +89,8 @@ def test_a_b_past_the_index_limit_is_refused_clearly():
 
 def test_plan_names_the_route_for_outputs_past_one_launch():
     r = gemmlab.plan(2**20 + 37, 2048, 32, dtype=FP32, sm_count=132)
-    assert (r.kernel, r.step) == ("sgemm", "sgemm.k10_double_buffered")
+    assert (r.kernel, r.step) == ("sgemm", "sgemm.k10_double_buffered") and "2 launches over row blocks" in repr(r)
+    assert "row blocks" not in repr(gemmlab.plan(4096, 4096, 4096, dtype=FP32, sm_count=132))
 
 
 # On the GPU -----------------------------------------------------------------------------------------------

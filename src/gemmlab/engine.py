@@ -470,7 +470,9 @@ class Route:
         head = f"Route({self.M}x{self.N}x{self.K}: "
         if self.kernel == "sgemm":
             cfg = ", ".join(f"{k}={v}" for k, v in self.config or ())
-            return head + f"fp32 CUDA-core ladder, {self.step} ({cfg}); bias and activation as torch ops after it)"
+            blocks = f"; {self.how}" if self.how != "fp32 inputs" else ""  # row blocks (gemmlab.fp32)
+            return head + (f"fp32 CUDA-core ladder, {self.step} ({cfg}){blocks}; bias and activation as torch ops "
+                           "after it)")
         if self.kernel == "decode":
             if self.decode_s is None:
                 return head + f"decode kernel (gemmlab.decode, {self.how}))"

@@ -121,7 +121,9 @@ def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dty
     engine = ops._load_engine()
     if p.in_dtype == torch.float32:
         cfg = fp32.config_for(M, N, K, sm_count)
-        return engine.Route("sgemm", M, N, K, "fp32 inputs", step=fp32.K10.name, config=tuple(cfg.items()))
+        n = len(fp32.row_blocks(M, N, K, cfg))
+        how = "fp32 inputs" if n == 1 else f"{n} launches over row blocks"
+        return engine.Route("sgemm", M, N, K, how, step=fp32.K10.name, config=tuple(cfg.items()))
     return engine.plan(M, N, K, dtype=dtype, out_dtype=p.out_dtype, bias_dtype=bias_dtype, has_c=has_c,
                        activation=activation, b_mn=b_mn, sm_count=sm_count)
 
