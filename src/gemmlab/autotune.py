@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UnsupportedProblem
-from .registry import KernelSpec
+from .kernelspec import KernelSpec
 # The store, re-exported: the CLI, the MCP server and the tests read tuned results through this module too.
 from .tuned import (FORMAT, AutotuneCacheWarning, GpuKey, best_config, current_gpu, device_gpu,  # noqa: F401
                     entry_key, load, nearest_config, save_entry, saved_entries, tune_dir, tuned_file_stamp,

@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from .gpu import gpu_info
-from .registry import LADDERS, KernelSpec
+from .kernelspec import KernelSpec
+from .registry import LADDERS
 from .timer import eager_host_us, eager_wall_us, sets_for, time_interleaved
 
 SCHEMA = 1

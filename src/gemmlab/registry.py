@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .kernelspec import LADDER_DTYPES, KernelSpec, Param  # noqa: F401  (Param: what the ladders import)
+from .kernelspec import LADDER_DTYPES, KernelSpec
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The store half of the autotuner (``gemmlab.autotune`` times candidates and calls ``save_entry``): the
 runtime reads it (``engine.plan_for``, ``KernelSpec.config_for``) without importing anything that times,
 compiles or registers kernels. A *spec* here is anything with ``name``, ``resolve(config)`` and
-``why_unsupported(M, N, K, config)`` (a ``registry.KernelSpec``).
+``why_unsupported(M, N, K, config)`` (a ``kernelspec.KernelSpec``).
 
 Results persist per GPU: one JSON file per (GPU name, SM count, driver major version) under
 ``cache_dir() / "autotune"`` (``GEMMLAB_CACHE_DIR``), with entries keyed by kernel and exact shape::

@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from ..jit.launch import launch, tensor_map_2d
+from ..kernelspec import KernelSpec, Param
 from ..schedule import device_order_table as order_table
-from ..registry import KernelSpec, Ladder, Param, register, register_ladder
+from ..registry import Ladder, register, register_ladder
 from ..sass import SassExpect
 
 BK = 64  # one 128-byte swizzle row of bf16: every step's k-slab

@@ -11,7 +11,8 @@ import torch
 from ..fp32 import (K10, STATIC_SMEM_LIMIT, VEC_SASS, WARP_PARAMS, cdiv, check_warptiling, fits_registers,
                     grid_y_fits, launch_args, threads_warps, tile_bmbnbk, tiled_launcher)
 from ..jit.launch import launch
-from ..registry import KernelSpec, Ladder, Param, register, register_ladder
+from ..kernelspec import KernelSpec, Param
+from ..registry import Ladder, register, register_ladder
 from ..sass import SassExpect
 
 
