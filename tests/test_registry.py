@@ -129,3 +129,17 @@ def test_h11_heuristic_is_the_engines_plan():
         spec.resolve({"BN": 96})
     with pytest.raises(UnsupportedProblem, match="unknown parameter"):
         spec.resolve({"QSIZE": 4})  # derived from the plan, not chosen
+
+
+def test_a_ladder_must_state_the_dtype_its_steps_check():
+    """A step checks its operands against ``kernelspec.LADDER_DTYPES`` (the runtime's fp32 route runs k10
+    without the registry), so a ladder registered with another dtype is refused."""
+    import dataclasses
+
+    from gemmlab.kernelspec import LADDER_DTYPES
+
+    lad = registry.ladders()["sgemm"]
+    assert lad.dtype == LADDER_DTYPES["sgemm"] and all(k.dtype == LADDER_DTYPES[k.ladder] for k in KERNELS)
+    with pytest.raises(ValueError, match="must be kernelspec.LADDER_DTYPES"):
+        registry.register_ladder(dataclasses.replace(lad, dtype="bf16"))
+    assert registry.ladders()["sgemm"] is lad
