@@ -196,9 +196,10 @@ def row_blocks(M: int, N: int, K: int, cfg: dict) -> list[tuple[int, int]]:
 
 def run(a, b, c, *, alpha: float = 1.0, beta: float = 0.0, config: dict | None = None) -> None:
     """``c = alpha * a @ b + beta * c`` with K10 on torch tensors: a (M, K), b (K, N), c (M, N), float32,
-    contiguous, one CUDA device; c is not read when beta is 0. One launch per ``row_blocks`` block (row
-    slices of a contiguous tensor are contiguous tensors)."""
-    cfg = K10.resolve(config)
+    contiguous, one CUDA device; c is not read when beta is 0. ``config``: what ``config_for`` returned
+    (each launch checks it), None for k10's defaults. One launch per ``row_blocks`` block (row slices of a
+    contiguous tensor are contiguous tensors)."""
+    cfg = config if config is not None else K10.default_config()  # K10.run resolves it (once a launch)
     M, K = a.shape
     N = c.shape[1]
     for m0, rows in row_blocks(M, N, K, cfg):
