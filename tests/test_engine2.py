@@ -183,6 +183,26 @@ def test_split_push_mirrors_the_trait():
 def test_prefetch_is_a_template_argument_after_mcast():
     p = planner.plan(16, 14336, 4096)
     q = dataclasses.replace(p, prefetch=8)
-    assert p.template_args()[-1] in ("true", "false") and q.template_args()[-2:] == ("1", "8")
+    assert p.template_args()[-1] in ("true", "false") and q.template_args()[14:16] == ("1", "8")
     assert q.name_expression != p.name_expression and "L2 prefetch 8 k-steps ahead" in repr(q)
     assert r"^UTMAPF" in engine2.sass_expect(q).contains and r"^UTMAPF" not in engine2.sass_expect(p).contains
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 576, 5120), (16, 14336, 4096), (64, 4096, 3584), (77, 2560, 10240),
+                                   (200, 4096, 4096), (1024, 4096, 4096)])
+def test_evict_first_weight_loads_where_the_tokens_are_one_tile(M, N, K):
+    # Plan.evict_weight where every weight box is read by one CTA (the tokens one tile: M <= bm, or a
+    # swapped plan's M <= bn); its build's weight loads carry an L2 policy and the tokens' none, others none.
+    p = planner.plan(M, N, K)
+    assert p.evict_weight == (p.M <= (p.bn if p.swap_ab else p.bm) and p.mcast == 1), p
+    assert ("evict-first" in repr(p)) == p.evict_weight
+    assert (p.template_args()[17:] == ("true",)) == p.evict_weight  # EVICT_WEIGHT, the 18th argument
+    k = engine2.compile_plan(p)
+    summary = sass.summarize(sass.parse(sass.disassemble(k.cubin, k.mangled_name)))
+    assert not sass.check(engine2.sass_expect(p), summary, k.resources)
+    loads = [i.operands for i in summary.instructions if i.opcode.startswith("UTMALDG")]
+    hinted = [o for o in loads if "desc[" in o]
+    assert (0 < len(hinted) < len(loads)) if p.evict_weight else not hinted, loads
+    # the other form's claims fail on this build: the claim tells them apart
+    other = engine2.sass_expect(dataclasses.replace(p, evict_weight=not p.evict_weight))
+    assert sass.check(other, summary, k.resources)

@@ -168,6 +168,20 @@ def test_streamed_schedules_leave_their_flags_cleared(shape, bm, bn, schedule):
     assert int(flags.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("shape", [(1, 576, 5120), (16, 14336, 4096), (64, 4096, 3584), (77, 2560, 10240),
+                                   (8, 32768, 5120), (200, 7168, 2048)])
+def test_evict_first_weight_loads_change_no_bit(shape):
+    # Plan.evict_weight (the planner's, where the tokens are one tile) against the same plan without the
+    # hint: the same bits, and both against float64 with the frame left NaN.
+    p = planner.plan(*shape, profile=engine2._profile(torch.device("cuda")))
+    assert p.evict_weight, p
+    out, frame, ref = _run_case(p, seed=5)
+    plain, _, _ = _run_case(dataclasses.replace(p, evict_weight=False), seed=5)
+    assert torch.equal(out, plain)
+    assert rel_error(out, ref) <= 1e-2 and not torch.isnan(out).any()
+    assert torch.isnan(frame[p.M:]).all() and torch.isnan(frame[:, p.N:]).all()
+
+
 def test_model_plan_runs_through_gemm():
     a = torch.randn(2040, 3584, device="cuda").bfloat16()
     w = torch.randn(3584, 3584, device="cuda").bfloat16()

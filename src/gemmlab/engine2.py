@@ -127,7 +127,8 @@ def sass_expect(p: planner.Plan):
     no local memory; TMA stores (and stmatrix for 16-bit output) unless DIRECT or split-K; split-K's
     cluster barriers, and its pushed slices' bulk copies with no GPU-wide fence (``Plan.split_push``) or
     the pulled form's fence; B multicast's multicast loads and cluster barriers; stream-K's flag release (RED);
-    global split-K's bulk copies to and from the workspace (``Plan.gsk_bulk``);
+    global split-K's bulk copies to and from the workspace (``Plan.gsk_bulk``); with ``Plan.evict_weight``
+    TMA loads with an L2 cache policy (the weight's) and without (the tokens'), else none with one;
     no GPU-wide fence inside a loop for data-parallel plans (split-K's cluster barrier and stream-K's
     release are one, once per unit); programmatic dependent launch's wait and trigger; where the plan reads
     its warpgroup index uniformly (``Plan.uniform_wg``), the k-loop's wgmma descriptors in uniform registers
@@ -159,7 +160,11 @@ def sass_expect(p: planner.Plan):
         contains += [r"^UTMAPF"]
     if p.consumers > 1:
         contains += [r"^USETMAXREG"]
-    return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True,
+    # evict-first weight loads: the weight's TMA loads carry an L2 cache policy (desc[UR..]), the tokens' none
+    policy = (r"^UTMALDG", r"desc\[")
+    operands = {"contains_operands": (policy, (r"^UTMALDG", r"^(?!.*desc\[)"))} if p.evict_weight else {
+        "absent_operands": (policy,)}
+    return SassExpect(contains=tuple(contains), absent=tuple(absent), no_local_memory=True, **operands,
                       loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule in ("data_parallel", "pingpong") else (),
                       wgmma_loop_absent=(r"^R2UR",) if p.uniform_wg else ())
 

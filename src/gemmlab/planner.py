@@ -121,6 +121,16 @@ MCAST_OFFERED: bool | None = None
 # COL_SPLIT_OFFERED is set. Not offered: measured (H200, col_split_probe.jsonl, 52 tile pairs on 36 shapes)
 # 0.969x the one-consumer plan's speed, faster on 5 (by under 2%), slower on 35 (64 x 64: 0.89x).
 COL_SPLIT_OFFERED = False
+# Evict-first weight loads (``Plan.evict_weight``, GemmTraits::EVICT_WEIGHT): where the tokens are one tile
+# (M rows in one tile row, or a swapped plan's tokens in one tile column) every weight box is read by one CTA
+# and never again, while the tokens are re-read by every CTA along the weight; the weight's TMA loads then ask
+# the L2 to evict their lines first. Measured (H200, l2_hints_probe.jsonl at 0be9b20, every 18th broad-set
+# shape of M <= 128 on the engine kernel, 16 shapes, M 1-77, swapped and plain, split-K, stream-K and
+# data-parallel plans): x1.017 in geomean over the same plan without, each of the 16 ahead (x1.001 to
+# x1.039: 64x4096x3584 0.887 -> 0.921x torch.mm, 32x4096x4096 1.169 -> 1.209). Both operands' hinted
+# (weight first, tokens last) x1.011; the output's stores evict-first x0.999. Not on multicast plans (their
+# weight loads are the pair's shared boxes) and never priced: the model's time is the plan's without it.
+EVICT_WEIGHT_OFFERED = True
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 
@@ -244,6 +254,8 @@ class Plan(_Tiling):
     # Column split (GemmTraits::COL_SPLIT): a 64-row data-parallel tile's two consumers take half its columns
     # each (64 x bn / 2), where one consumer alone runs one chain of dependent wgmmas.
     col_split: bool = False
+    # The weight's loads evict-first in the L2 (EVICT_WEIGHT_OFFERED's rule; ``weight_read_once``).
+    evict_weight: bool = False
     # What ``rank_key`` orders by where it is not ``predicted_s`` (0: the same): global split-K's price
     # times the profile's ``gsk_rank_factor``.
     rank_s: float = 0.0
@@ -351,10 +363,11 @@ class Plan(_Tiling):
 
     def template_args(self) -> tuple[str, ...]:
         """GemmTraits<TIn, TOut, TBias, BM, BN, STAGES, A_MN, B_MN, BIAS, C, ACT, DIRECT, SCHEDULE, TRANS_OUT
-        [, MCAST [, PREFETCH [, COL_SPLIT]]]> (A_MN / B_MN: the kernel's operands, swapped with swap_ab; each
-        optional one written when it is not its default or one after it is)."""
+        [, MCAST [, PREFETCH [, COL_SPLIT [, EVICT_WEIGHT]]]]> (A_MN / B_MN: the kernel's operands, swapped with
+        swap_ab; each optional one written when it is not its default or one after it is)."""
         b = cpp_bool
-        optional, defaults = [str(self.mcast), str(self.prefetch), b(self.col_split)], ("1", "0", "false")
+        optional = [str(self.mcast), str(self.prefetch), b(self.col_split), b(self.evict_weight)]
+        defaults = ("1", "0", "false", "false")
         while optional and optional[-1] == defaults[len(optional) - 1]:
             optional.pop()
         return (_CTYPE[self.dtype], _CTYPE[self.out_dtype], _CTYPE[self.bias_dtype or "fp32"], str(self.bm),
@@ -391,7 +404,8 @@ class Plan(_Tiling):
         swap = " swap AB (out^T = W @ A^T: weight rows x tokens)," if self.swap_ab else ""
         return (f"Plan({self.M}x{self.N}x{self.K} {self.dtype}->{self.out_dtype}: {self.kernel}{swap} {self.bm}x{self.bn} "
                 f"tiles ({self.tiles}), {sched}, {self.stages} stages"
-                + (f", L2 prefetch {self.prefetch} k-steps ahead" if self.prefetch else "") + f", grid {self.grid}"
+                + (f", L2 prefetch {self.prefetch} k-steps ahead" if self.prefetch else "")
+                + (", weight loads evict-first" if self.evict_weight else "") + f", grid {self.grid}"
                 + (f", {', '.join(extra)}" if extra else "") + f"; predicted {self.predicted_s * 1e6:.1f} us)")
 
 
@@ -692,12 +706,20 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
                                     sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
                                     direct=direct, misaligned=misaligned, floor=False)
         M, N = (pn, pm) if swapped else (pm, pn)
+        evict = EVICT_WEIGHT_OFFERED and weight_read_once(pm, pn, bm, bn, swapped)
         rank = t * prof.gsk_rank_factor if sched == "split_k_global" and prof.gsk_rank_factor > 0 else 0.0
         plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
                           sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
                           has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
-                          predicted_s=t, swap_ab=swapped, tie_s=u, col_split=split, rank_s=rank))
+                          predicted_s=t, swap_ab=swapped, tie_s=u, col_split=split, rank_s=rank,
+                          evict_weight=evict))
     return plans
+
+
+def weight_read_once(pm: int, pn: int, bm: int, bn: int, swapped: bool) -> bool:
+    """Whether each weight box of the kernel's pm x pn problem is read by one CTA only: the tokens (pm rows,
+    or pn columns when swapped) are one tile (``EVICT_WEIGHT_OFFERED``)."""
+    return (pn <= bn) if swapped else (pm <= bm)
 
 
 def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn: int, stages: int,

@@ -316,6 +316,10 @@ class SassExpect:
     loop_absent: tuple[str, ...] = ()  # opcode regexes that must not appear inside any loop body
     # opcode regexes that must not appear in the innermost loops that issue wgmma (HGMMA): the k-loops
     wgmma_loop_absent: tuple[str, ...] = ()
+    # (opcode regex, operands regex) pairs that some instruction must / no instruction may match, e.g.
+    # (r"^UTMALDG", r"desc\[") for a TMA load with an L2 cache policy
+    contains_operands: tuple[tuple[str, str], ...] = ()
+    absent_operands: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> list[str]:
         out = [f"contains {p}" for p in self.contains] + [f"lacks {p}" for p in self.absent]
@@ -327,6 +331,8 @@ class SassExpect:
             out.append("no local memory (no LDL/STL, no stack)")
         out += [f"no {p} inside a loop" for p in self.loop_absent]
         out += [f"no {p} in the wgmma k-loop" for p in self.wgmma_loop_absent]
+        out += [f"contains {o} with operands {a}" for o, a in self.contains_operands]
+        out += [f"no {o} with operands {a}" for o, a in self.absent_operands]
         return out
 
 
@@ -362,6 +368,14 @@ def check(expect: SassExpect, summary: SassSummary, resources=None) -> list[str]
                 n = sum(1 for ins in summary.instructions if ins.address in lp.addresses and rx.search(ins.opcode))
                 if n:
                     fails.append(f"{n} instruction(s) matching {p!r} in the wgmma k-loop at {lp.start:#x}")
+    for (o, a), want in [(pair, True) for pair in expect.contains_operands] + [
+            (pair, False) for pair in expect.absent_operands]:
+        ro, ra = re.compile(o), re.compile(a)
+        n = sum(1 for ins in summary.instructions if ro.search(ins.opcode) and ra.search(ins.operands))
+        if want and not n:
+            fails.append(f"expected an instruction matching {o!r} with operands matching {a!r}")
+        elif n and not want:
+            fails.append(f"found {n} instruction(s) matching {o!r} with operands matching {a!r}")
     if expect.max_registers is not None and resources is not None and resources.registers > expect.max_registers:
         fails.append(f"{resources.registers} registers > {expect.max_registers}")
     return fails

@@ -21,7 +21,8 @@ template <typename TIn, typename TOut, typename TBias,  // operand, output and b
           bool kTransOut = false,                       // swap AB: the tile is a block of out^T (see below)
           int kMcast = 1,                               // CTAs per cluster sharing B's tile by TMA multicast
           int kPrefetch = 0,                            // L2 prefetch distance in k-steps (0: none)
-          bool kColSplit = false>                       // 64-row tiles: two consumers, half the columns each
+          bool kColSplit = false,                       // 64-row tiles: two consumers, half the columns each
+          bool kEvictWeight = false>                    // the weight's loads ask the L2 to evict them first
 struct GemmTraits {
     using T = TIn;
     using TO = TOut;
@@ -47,6 +48,11 @@ struct GemmTraits {
     // L2 for both boxes of k-step kt + d (cp.async.bulk.prefetch.tensor), so a weight streaming from HBM
     // has d more k-steps of requests in flight than the ring's shared memory holds.
     static constexpr int PREFETCH = kPrefetch;
+    // EVICT_WEIGHT (gemmlab.planner.Plan.evict_weight: plans whose tokens are one tile, so every weight box
+    // is read by one CTA and never again): the weight's TMA loads carry an L2 evict-first policy
+    // (tma.cuh L2Hints), so the stream of weight lines passing through the L2 does not push out the
+    // tokens, which every CTA along the weight re-reads. The weight is B, or A with TRANS_OUT.
+    static constexpr bool EVICT_WEIGHT = kEvictWeight;
 
     // 64-row tiles: one consumer warpgroup. 128: two, 64 rows each. 256: two, 128 rows each, every k16
     // step issuing two m64 wgmmas against the same B slab. PINGPONG (64 or 128 rows): two consumers, each
@@ -111,6 +117,7 @@ struct GemmTraits {
                   "B multicast: pairs of data-parallel CTAs, K-major B, each half whole 8-row swizzle atoms");
     static_assert(PREFETCH == 0 || (PREFETCH > 0 && MCAST == 1 && !A_MN && !B_MN),
                   "L2 prefetch: K-major operands (one box each), no multicast");
+    static_assert(!EVICT_WEIGHT || MCAST == 1, "evict-first weight loads: not the multicast loads");
     static_assert(!COL_SPLIT || (BM == 64 && SCHEDULE == DATA_PARALLEL && !B_MN && BN % 32 == 0 && MCAST == 1),
                   "column split: 64-row data-parallel tiles, K-major B, halves of whole 16-column wgmmas");
     static_assert(!TRANS_OUT || sizeof(TO) == 2, "transposed stores: 16-bit output (a 128-byte slab row = 64 rows)");

@@ -52,6 +52,15 @@ template <class Tr>
 struct WeightIsA<Tr, void_t<decltype(Tr::TRANS_OUT)>> {
     static constexpr bool value = Tr::TRANS_OUT;
 };
+// Whether a kernel's traits ask for evict-first weight loads (GemmTraits::EVICT_WEIGHT); false without the flag.
+template <class Tr, class = void>
+struct EvictWeight {
+    static constexpr bool value = false;
+};
+template <class Tr>
+struct EvictWeight<Tr, void_t<decltype(Tr::EVICT_WEIGHT)>> {
+    static constexpr bool value = Tr::EVICT_WEIGHT;
+};
 
 template <class Tr, class Extra = NoExtraLoads>
 __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor& cur, typename Tr::T* sA,
@@ -72,7 +81,7 @@ __device__ __forceinline__ void produce_unit(Ring<Tr::STAGES>& ring, RingCursor&
     const u32 b_bytes = Tr::B_MN ? u32(b_boxes) * 64 * BK * sizeof(T)
                                  : (b_whole ? Tr::B_STAGE : u32(bedge.b_rows) * BK * sizeof(T));
     const CUtensorMap* b_map = b_whole ? tmB : bedge.short_map;
-    using H = L2Hints<WeightIsA<Tr>::value>;  // L2_HINT (tma.cuh): none in the library
+    using H = L2Hints<WeightIsA<Tr>::value, EvictWeight<Tr>::value>;
     const u64 pa = l2_policy<H::A>(), pb = l2_policy<H::B>();
     for (int kt = k_begin; kt < k_end; ++kt) {
         // Every box's full bytes arrive, also where it hangs over the tensor's edge (zero fill).

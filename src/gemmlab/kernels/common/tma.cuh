@@ -19,17 +19,21 @@ __device__ __forceinline__ u64 l2_policy() {
     return policy;
 }
 
-// L2_HINT (a probe's setting: 0, no hints, in the library): the priorities the GEMMs' operand loads ask
-// for. 1: the weight's lines evict first (each weight box is read by the few CTAs of one row of tiles and
-// streamed past), the activations' last (re-read by every tile along the weight); 2: only the weight's
-// evict first; 3: both operands' evict last. benchmarks/probes/probe_variants.py (hint1 .. hint3) times
-// them; DeepGEMM's MoE kernels report +3-5% from evict-first weight loads at small batches (SM100).
+// The priorities the GEMMs' operand loads ask the L2 for. EVICT_WEIGHT (a kernel's setting,
+// GemmTraits::EVICT_WEIGHT): the weight's lines evict first. L2_HINT (a probe's setting: 0 in the library)
+// sets them for every instantiation: 1: the weight's lines evict first (each weight box is read by the few
+// CTAs of one row of tiles and streamed past), the activations' last (re-read by every tile along the
+// weight); 2: only the weight's evict first (EVICT_WEIGHT's choice); 3: both operands' evict last.
+// benchmarks/probes/probe_variants.py (hint1 .. hint3) times them: on 16 weight streams (M <= 77, H200)
+// 2 ran x1.017 in geomean (every one of the 16 ahead, up to x1.039), 1 x1.011, 3 x0.988
+// (l2_hints_probe.jsonl); on the grouped MoE shapes 1 and 2 ran x0.97 (grouped kernels take none).
 #ifndef L2_HINT
 #define L2_HINT 0
 #endif
-template <bool WEIGHT_IS_A>
+template <bool WEIGHT_IS_A, bool EVICT_WEIGHT = false>
 struct L2Hints {
-    static constexpr int WEIGHT = (L2_HINT == 1 || L2_HINT == 2) ? L2_FIRST : L2_HINT == 3 ? L2_LAST : L2_NORMAL;
+    static constexpr int WEIGHT = (EVICT_WEIGHT || L2_HINT == 1 || L2_HINT == 2) ? L2_FIRST
+                                  : L2_HINT == 3 ? L2_LAST : L2_NORMAL;
     static constexpr int ACT = (L2_HINT == 1 || L2_HINT == 3) ? L2_LAST : L2_NORMAL;
     static constexpr int A = WEIGHT_IS_A ? WEIGHT : ACT;
     static constexpr int B = WEIGHT_IS_A ? ACT : WEIGHT;
