@@ -6,7 +6,7 @@
 #   gt      grouped GPU tests (bf16; GT_K selects)                 et     GPU test files (ET_FILES)
 #   gsan    compute-sanitizer memcheck + racecheck, grouped        eh     grouped eager host cost
 #   varx    probe_variants.py per pick=variants (VARX)             fit    probe_grouped_fit.py (PROBE_* env)
-#   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (the broad set)
+#   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (BR_ARGS; the broad set)
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -39,7 +39,8 @@ for s in ${STEPS:-}; do
     # shellcheck disable=SC2086
     gsuite) timeout "${GS_T:-400}" python3 benchmarks/grouped_bench.py ${GS_ARGS:-} --budget-s "${GS_BUDGET:-300}" \
               --rounds "${GS_ROUNDS:-9}" --out "$OUT/grouped.jsonl" 2>&1 | tee -a "$OUT/grouped_suite.txt" | grep -v "^ " | tail -40 ;;
-    broad) timeout "${BR_T:-520}" python3 benchmarks/engine_broad.py --out "$OUT/engine_broad.jsonl" --budget-s "${BR_BUDGET:-330}" 2>&1 \
+    # shellcheck disable=SC2086
+    broad) timeout "${BR_T:-520}" python3 benchmarks/engine_broad.py --out "$OUT/engine_broad.jsonl" --budget-s "${BR_BUDGET:-330}" ${BR_ARGS:-} 2>&1 \
              | tail -6 ;;
     *) echo "unknown step $s (known: gt et gsan eh varx fit gsuite broad)" ;;
   esac

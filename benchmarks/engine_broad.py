@@ -72,7 +72,8 @@ def load_cases(args) -> list[dict]:
 
 def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = False,
                     alt_profile=None) -> dict[str, planner.Plan]:
-    """name -> plan: the model's pick (and the best plain plan, "plain", where the pick is swapped), the best
+    """name -> plan: the model's pick (and the best plain plan, "plain", where the pick is swapped; "no evict":
+    the pick without ``Plan.evict_weight`` where it has it), the best
     of each other schedule (without B multicast), the best with
     B multicast where it is offered, the best of another tile height,
     and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN");
@@ -86,6 +87,8 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = 
         alt = next((c for c in offered if not c.swap_ab), None)
         if alt is not None:
             out["plain"] = alt
+    if best.evict_weight:  # the pick without its evict-first weight loads (Plan.evict_weight's A/B)
+        out["no evict"] = dataclasses.replace(best, evict_weight=False)
     for bm, bn in tiles:
         alt = next((c for c in offered if (c.bm, c.bn) == (bm, bn) and not c.swap_ab), None)
         if alt is not None and alt != best:

@@ -16,11 +16,14 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
 ``gemmlab.timer.time_interleaved`` run (CUDA graphs, interleaved rounds, rotated input sets):
 
 * ``ours``: ``gemmlab.grouped.run`` with the plan ``grouped_mm`` picks (and, with ``--all-tiles``,
-  ``ours_<bm>x<bn>`` for every other tile ``grouped.candidates`` prices, ``ours_fit`` the fitted form where
-  listed (``grouped.FIT_KERNEL``), ``ours_<bm>x<bn>_sk`` its stream-K
-  plan (bf16 / fp16), so the planner's pick can be checked
+  ``ours_<bm>x<bn>`` for every other tile ``grouped.candidates`` prices, ``ours_fit`` / ``ours_fit_pp`` the
+  fitted form (``grouped.FIT_KERNEL``; data-parallel / ping-pong consumers) where listed, ``ours_<bm>x<bn>_sk``
+  its stream-K plan (bf16 / fp16), so the planner's pick can be checked
   against measurement, and ``ours_no_panel`` where the picked plan's panels split the tallest group:
-  the same plan walking each group plain m-fastest);
+  the same plan walking each group plain m-fastest); with ``--fitted`` (cheaper), only the picks' rivals of
+  the other kernel: ``ours_fit`` / ``ours_fit_pp`` (``grouped.fitted_plan``: either schedule wherever the
+  fitted kernel runs the problem, listed or not) unless picked, and ``ours_tiled`` (``grouped.tiled_plan``:
+  the tiled kernel's pick) where the pick is a fitted form;
 * ``torch_grouped_mm``: ``torch._grouped_mm(a, b.transpose(-2, -1), offs)`` where torch has it (bf16);
 * ``torch_mm_loop``: one ``torch.mm`` per non-empty expert on its rows (the sizes read on the host before
   timing: this candidate is given what a real loop would have to sync for);
@@ -122,6 +125,9 @@ def main() -> None:
     ap.add_argument("--shapes", default=None,
                     help="model:T pairs (e.g. mixtral:16384,dsv3:4096) instead of --models x --tokens")
     ap.add_argument("--all-tiles", action="store_true", help="also time every other tile of the plan space")
+    ap.add_argument("--fitted", action="store_true",
+                    help="also time the fitted forms (ours_fit, ours_fit_pp) and the tiled pick (ours_tiled) "
+                         "beside the pick, where they are not it")
     ap.add_argument("--fp8", action="store_true", help="also time the FP8 grouped kernel on the inputs quantized")
     ap.add_argument("--gemmlab-loop", action="store_true", help="also time a loop of gemmlab.matmul over the experts")
     ap.add_argument("--claim", action="store_true",
@@ -166,9 +172,18 @@ def main() -> None:
         if args.all_tiles:
             for c in grouped.candidates("contiguous", G, T, N, K, profile=grouped_profile(s0["a"])):
                 if (c.bm, c.bn, c.schedule, c.fit) != (plan.bm, plan.bn, plan.schedule, plan.fit):
-                    plans["ours_fit" if c.fit else f"ours_{c.bm}x{c.bn}{SUFFIX[c.schedule]}"] = c
+                    plans[f"ours_fit{SUFFIX[c.schedule]}" if c.fit else f"ours_{c.bm}x{c.bn}{SUFFIX[c.schedule]}"] = c
             if max(sizes) > plan.panel * plan.bm:  # the tallest group is walked in panels
                 plans["ours_no_panel"] = dataclasses.replace(plan, panel=1 << 30)
+        if args.fitted:
+            prof = grouped_profile(s0["a"])
+            if grouped.fit_kernel_problem("contiguous", "bf16", "bf16", False, G, T) is None:
+                for schedule in grouped.FIT_SCHEDULES:
+                    if not (plan.fit and plan.schedule == schedule):
+                        plans[f"ours_fit{SUFFIX[schedule]}"] = grouped.fitted_plan("contiguous", G, T, N, K,
+                                                                                   schedule=schedule, profile=prof)
+            if plan.fit:
+                plans["ours_tiled"] = grouped.tiled_plan("contiguous", G, T, N, K, profile=prof)
 
         refs = {}
         if args.fp8:  # e4m3 copies of every set: a per-tensor scale for a, one per expert for b

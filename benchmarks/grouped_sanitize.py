@@ -7,9 +7,9 @@
 reports those as API errors unless told not to, as tests/test_sanitizer_gpu.py does.)
 
 Group sizes on both sides of every short A box (8, 16, 32, 64, 128 rows) and of whole tiles, an empty group
-among them; bf16 with K-major and MN-major b (and the fitted form, listed at fewer rows a group, on the same
-groups), the masked layout, and e4m3 with per-tensor and block scales. Each run prints the plan and its
-relative error against the float64 reference (``grouped.reference_grouped_mm``); a run whose output is
+among them; bf16 with K-major and MN-major b (and the fitted form, data-parallel and ping-pong, each listed
+at other rows a group, on the same groups), the masked layout, and e4m3 with per-tensor and block scales.
+Each run prints the plan and its relative error against the float64 reference (``grouped.reference_grouped_mm``); a run whose output is
 wrong, or writes rows outside the groups (NaN-poisoned), says so and the script exits 1.
 """
 
@@ -66,9 +66,10 @@ def main() -> None:
         rows = a.shape[1] if counts is not None else a.shape[0]
         seen = set()
         cands = grouped.candidates(layout, G, rows, N, K, **kw)
-        if not any(c.fit for c in cands):  # the fitted form is listed at few rows a group; it runs any rows
-            few = grouped.candidates(layout, G, grouped.FIT_MAX_ROWS * G, N, K, **kw)
-            cands += [dataclasses.replace(c, rows=rows) for c in few if c.fit]
+        dt, b_mn = kw.get("dtype", "bf16"), kw.get("b_mn", False)
+        if grouped.fit_kernel_problem(layout, dt, "bf16", b_mn, G, rows) is None:
+            # the fitted form, both schedules (listed elsewhere: few rows a group; ping-pong, many): any rows
+            cands += [grouped.fitted_plan(layout, G, rows, N, K, schedule=s, **kw) for s in grouped.FIT_SCHEDULES]
         for c in cands:
             key = (c.bm, c.bn, c.schedule, c.fit)
             if key in seen:

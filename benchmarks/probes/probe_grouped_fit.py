@@ -3,7 +3,7 @@
     PYTHONPATH=src python3 benchmarks/probes/probe_grouped_fit.py $OUT/grouped_fit_probe.jsonl
 
 The kernel swaps the operands (128 or 256 weight rows x W tokens a tile) and fits each group's token tiles to its
-rows on the device (W a multiple of Q up to WMAX; the planner's form is fit_q16). On grouped_bench's uneven
+rows on the device (W a multiple of Q up to WMAX; the planner's forms are fit_q16 and fitpp128_q16). On grouped_bench's uneven
 routing (same seeds; the routes follow PROBE_GROUPED's order as grouped_bench's --shapes do) of the shapes in PROBE_GROUPED (model:T pairs,
 default the many-expert shapes where the pick pads the most), each width set is checked against an fp32
 reference on poisoned outputs, then timed interleaved with ``grouped_mm``'s pick, ``torch._grouped_mm`` and
@@ -39,7 +39,8 @@ TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax},
 # output of the tiled 128 x 256 at W = 128), 4 stages beside a 64-group table; fitpp128: ping-pong consumers
 # of 128 weight rows, each epilogue under the other's k-loop; _shared: one epilogue at WMAX for every width
 # (SHARED_STORE: 2.8-3.7 k SASS instructions against 6-10.7 k with one a width; the tiled kernel's 2.8-3.0 k).
-# Session 31's variants (fit256, fitpp128, _shared) are not yet timed.
+# Session 31's variants (fit256, fitpp128, _shared) were timed at 0be9b20 (grouped_fit_probe.jsonl); fitpp128_q16
+# led and is planned (grouped.FIT_PINGPONG_OFFERED).
 VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4, 32, 128, 3, 0),
             "fit_q16_g512": (128, 128, 4, 16, 512, 0, 0), "fit256_q16": (256, 128, 4, 16, 64, 0, 0),
             "fitpp128_q16": (128, 128, 5, 16, 128, 3, 0), "fit_q16_shared": (128, 128, 5, 16, 128, 0, 1),
