@@ -190,7 +190,8 @@ def test_inspect_planned_kernels(capsys):
     rc, out, _ = run(capsys, "inspect", "grouped", "--shape", "4096,28672,4096", "--groups", "8")
     flat = " ".join(out.split())
     assert rc == 0 and grouped.plan("contiguous", 8, 4096, 28672, 4096).compiled_name in flat
-    assert "SASS claims met" in flat and "HGMMA 64x256x16" in flat
+    # (the fitted form with ping-pong consumers at 512 rows a group: one HGMMA shape a token-tile width)
+    assert "SASS claims met" in flat and "HGMMA 64x16x16" in flat and "HGMMA 64x128x16" in flat
     rc, out, _ = run(capsys, "inspect", "engine", "--shape", "2040,3584,3584", "--json")
     assert rc == 0 and planner.plan(2040, 3584, 3584).compiled_name in json.loads(out)["name"]
     rc, out, _ = run(capsys, "inspect", "fp8", "--shape", "4096,4096,4096", "--scale", "block", "--sass")

@@ -83,8 +83,9 @@ def _representative():
 def _every():
     """Every plan ``candidates`` lists for 8 and 256 groups (the two tables; 256 groups of 16 rows store
     every block directly): bf16 / fp16 operands with each output dtype, MN-major b, and in claim order."""
-    def listed(layout, dt, odt, groups, b_mn=False):
-        return grouped.candidates(layout, groups, 4096, 4096, 4096, dtype=dt, out_dtype=odt, b_mn=b_mn)
+    def listed(layout, dt, odt, groups, b_mn=False):  # the tiled kernel's (the fitted form's: test_grouped_fit.py)
+        return [p for p in grouped.candidates(layout, groups, 4096, 4096, 4096, dtype=dt, out_dtype=odt, b_mn=b_mn)
+                if not p.fit]
 
     ps = [p for layout in grouped.LAYOUTS for groups in (8, 256) for dt in ("bf16", "fp16")
           for odt in ("bf16", "fp16", "fp32") for p in listed(layout, dt, odt, groups)]
@@ -122,8 +123,9 @@ def test_plans_fit_and_are_priced():
             assert all(p.smem_bytes <= grouped.smem_limit(p.table) and p.stages >= 3 for p in ps)
             assert [p.predicted_s for p in ps] == sorted(p.predicted_s for p in ps)
             assert all(0 < p.grid <= 132 for p in ps)
-            # DIRECT stores only where most blocks cross a group's end (out's rows are aligned here)
-            assert all(p.direct == (_share(p) >= grouped.ALL_DIRECT_SHARE) for p in ps)
+            # DIRECT stores only where most blocks cross a group's end (out's rows are aligned here); the
+            # fitted form (listed at 128 rows a group with ping-pong consumers) stores every row itself
+            assert all(p.direct == (p.fit or _share(p) >= grouped.ALL_DIRECT_SHARE) for p in ps)
     # Few rows a group (decode): one short tile each; more rows priced as more time.
     few = grouped.plan("contiguous", 256, 256, 2048, 7168)
     many = grouped.plan("contiguous", 256, 65536, 2048, 7168)
@@ -207,8 +209,10 @@ def test_stream_k_is_listed_for_16_bit_operands_and_ranked_first_where_a_partial
 def test_ping_pong_is_listed_on_its_tiles_and_taken_only_once_offered(monkeypatch):
     """Ping-pong plans (bf16 / fp16) on PINGPONG_TILES, two consumers (64-row tiles too) with their slabs,
     priced below their cooperative twin where a tile's epilogue hides under the other consumer's k-loop;
-    plan() takes one only with PINGPONG_OFFERED; refused for e4m3 and 256-row tiles."""
-    cands = grouped.candidates("contiguous", 8, 4096, 28672, 4096)
+    plan() takes one only with PINGPONG_OFFERED; refused for e4m3 and 256-row tiles. (The fitted form's
+    ping-pong plan, listed and taken here: test_grouped_fit.py.)"""
+    monkeypatch.setattr(grouped, "FIT_PINGPONG_OFFERED", False)
+    cands = [c for c in grouped.candidates("contiguous", 8, 4096, 28672, 4096) if not c.fit]
     pp = [c for c in cands if c.schedule == "pingpong"]
     assert {(c.bm, c.bn) for c in pp} == set(grouped.PINGPONG_TILES)
     assert {(c.bm, c.bn): c.stages for c in pp} == {(64, 256): 4, (128, 128): 6, (128, 160): 5, (128, 176): 5}
@@ -252,7 +256,8 @@ def test_hbm_bound_ties_pick_the_fewest_rows_then_the_shortest_busy_plan(monkeyp
     assert (p.bm, p.bn, p.schedule) == (128, 128, "pingpong")
 
 
-def test_direct_stores_only_where_out_cannot_take_a_tma_map():
+def test_direct_stores_only_where_out_cannot_take_a_tma_map(monkeypatch):
+    monkeypatch.setattr(grouped, "FIT_PINGPONG_OFFERED", False)  # the tiled kernel's plans (the fitted form's: direct)
     assert not grouped.plan("contiguous", 8, 4096, 4096, 4096).direct
     assert grouped.plan("contiguous", 8, 4096, 4100, 4096).direct  # 8200-byte rows
     assert not grouped.plan("contiguous", 8, 4096, 4100, 4096, out_dtype="fp32").direct  # 16400-byte rows
@@ -605,6 +610,7 @@ def test_small_groups_store_every_block_directly():
 def test_plan_takes_stream_k_only_past_the_margin(monkeypatch):
     """A stream-K plan priced below the best data-parallel one but within STREAM_K_MARGIN of it is not
     taken (the stream-K kernel measured a few per cent slower where its streamed wave gains little)."""
+    monkeypatch.setattr(grouped, "FIT_PINGPONG_OFFERED", False)  # (which it would take over a data-parallel pick)
     both = grouped.candidates("contiguous", 8, 4096, 4096, 14336)
     sk, dp = both[0], next(c for c in both if c.schedule == "data_parallel")
     assert sk.schedule == "stream_k"

@@ -198,13 +198,18 @@ def test_prepared_launch_follows_every_address(driver, mode, layout):
     assert [s.replaced for s in slots] == replaced
 
 
-def test_fitted_launch_passes_what_launch_passes_and_follows_every_address(driver, monkeypatch):
-    """FitLaunch (the fitted form's prepared launch) passes grouped.launch's parameters, and run with other
-    tensors points every descriptor and pointer at them; run again with the same, it replaces nothing."""
+@pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)
+def test_fitted_launch_passes_what_launch_passes_and_follows_every_address(driver, monkeypatch, schedule):
+    """FitLaunch (the fitted form's prepared launch, either schedule) passes grouped.launch's parameters, and
+    run with other tensors points every descriptor and pointer at them; run again with the same, it replaces
+    nothing."""
+    import dataclasses
+
     monkeypatch.setattr(grouped, "FIT_OFFERED", True)
     c0 = _case("bf16", "contiguous", T=40)
     p, prob, out = _planned(c0)
     assert p.fit
+    p = dataclasses.replace(p, schedule=schedule)
     grouped.launch(p, c0["a"], c0["b"], _ranges(c0), prob.lead, out)
     want = fakes.as_params(driver.captured["args"])
     launch = grouped.FitLaunch(p, c0["a"], c0["b"], prob.lead, out)

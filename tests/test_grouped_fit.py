@@ -3,19 +3,24 @@ without a GPU: the probe's variants (token tiles up to 128 wide in steps of 16, 
 256 weight rows a tile; ping-pong consumers of 64 or 128 weight rows; one epilogue a width or one for all)
 compile for sm_90a without spills or local memory, with one k-loop per width: that width's HGMMA, four k16
 steps each, one wgmma fence and the two waits a loop (nothing serialized). As a grouped plan
-(``GroupedPlan.fit``): where ``candidates`` lists it, that ``plan`` takes it there (with ``FIT_OFFERED``), the
-plan's own checks, its launch arguments against the kernel's PTX parameters, its SASS claims. On the GPU:
+(``GroupedPlan.fit``, data-parallel or with ping-pong consumers): where ``candidates`` lists each form, that
+``plan`` takes it there (the data-parallel form with ``FIT_OFFERED``; the ping-pong one with
+``FIT_PINGPONG_OFFERED`` where the rule says, checked against the records it rests on), the plan's own checks,
+its launch arguments against the kernel's PTX parameters, its SASS claims. On the GPU:
 tests/test_grouped_gpu.py (``test_fitted_*``) and the probe's timings (benchmarks/probes/probe_grouped_fit.py;
 docs/worklog.md, sessions 30-31)."""
 
 import dataclasses
+import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 
 from gemmlab import grouped, sass
+from gemmlab.errors import UnsupportedProblem
 from gemmlab.jit.compiler import compile_kernel
 
 from fakes import launch_arg_types, ptx_param_types, unsigned
@@ -76,16 +81,18 @@ def test_fitted_form_is_picked_where_listed_and_offered(monkeypatch):
 
 
 @pytest.mark.parametrize("change", [{"layout": "masked"}, {"bm": 64}, {"direct": False}, {"out_dtype": "fp32"},
-                                    {"b_mn": True}, {"stages": 4}, {"rows": grouped.FIT_MAX_TILE_ROWS + 1}])
+                                    {"b_mn": True}, {"stages": 4}, {"rows": grouped.FIT_MAX_TILE_ROWS + 1},
+                                    {"schedule": "stream_k"}])
 def test_fitted_plan_refuses_what_its_kernel_does_not_do(change):
     with pytest.raises(ValueError, match="fitted form"):
         dataclasses.replace(_fitted(), **change)
 
 
+@pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)
 @pytest.mark.parametrize("shared", [False, True])
-def test_fitted_launch_arguments_match_the_kernel(shared, monkeypatch):
+def test_fitted_launch_arguments_match_the_kernel(shared, schedule, monkeypatch):
     monkeypatch.setattr(grouped, "FIT_SHARED_STORE", shared)
-    p = _fitted(groups=4, rows=64, N=48, K=64)
+    p = grouped.fitted_plan("contiguous", 4, 64, 48, 64, schedule=schedule)
     a, b = torch.randn(64, 64).bfloat16(), torch.randn(4, 48, 64).bfloat16()
     offs = torch.tensor([0, 5, 5, 40, 64], dtype=torch.int32)
     captured = {}
@@ -102,11 +109,120 @@ def test_fitted_launch_arguments_match_the_kernel(shared, monkeypatch):
     assert args[9] is offs and [int(x) for x in args[10:15]] == [1, 4, 64, 48, 64] and int(args[16]) == 48
 
 
+@pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)
 @pytest.mark.parametrize("shared", [False, True])
-def test_fitted_plan_compiles_clean(shared, monkeypatch):
+def test_fitted_plan_compiles_clean(shared, schedule, monkeypatch):
+    """Both forms as planned: no spills or local memory, the SASS claims (HGMMA, TMA loads, setmaxnreg, no
+    TMA stores, no GPU-wide fence in a loop), each width's HGMMA 64 x W x 16, four k16 steps for each of the
+    consumer's 64-row blocks (one data-parallel, two ping-pong: a consumer holds the whole 128-row tile)."""
     monkeypatch.setattr(grouped, "FIT_SHARED_STORE", shared)
-    p = _fitted()
+    p = grouped.fitted_plan("contiguous", 64, 8192, 5120, 3584, schedule=schedule)
     assert p.name_expression.endswith(", 128, 16, true>" if shared else ", 128, 16>")
     ck = grouped.compile_plan(p)
     assert sass.check(grouped.sass_expect(p), sass.kernel_summary(ck), ck.resources) == []
+    assert not ck.resources.spills and ck.resources.stack_frame == 0, ck.resources
     assert ("shared store" in p.compiled_name) == shared
+    text = sass.disassemble(ck.cubin)
+    blocks = 2 if schedule == "pingpong" else 1
+    assert Counter(re.findall(r"HGMMA\.64x(\d+)x16", text)) == {str(w): 4 * blocks for w in grouped.fit_widths()}
+    assert not re.search(r"\b(LDL|STL)\b", text) and re.search(r"\bUSETMAXREG\b", text)
+    assert len(re.findall(r"\bUTMALDG\b", text)) == 2  # the weight's box and the width's token box
+
+
+# The fitted form with ping-pong consumers: where ``plan`` takes it (FIT_PINGPONG_OFFERED's rule) ---------------
+
+RECORDS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "grouped_fit_probe.jsonl"
+RULE_SHA = "0be9b20a64da"  # the probe run the rule rests on (fitpp128_q16 beside the pick on 12 shapes)
+
+
+def _probe_records() -> dict:
+    """(G, T, N, K) -> (the pick's TFLOP/s, the ping-pong fitted form's) of RULE_SHA's probe run."""
+    runs: dict = {}
+    for line in RECORDS.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("git_sha", "").startswith(RULE_SHA) and r["candidate"] in ("ours", "fitpp128_q16"):
+            runs.setdefault((r["groups"], r["T"], r["N"], r["K"]), {})[r["candidate"]] = r["tflops"]
+    return {k: (v["ours"], v["fitpp128_q16"]) for k, v in runs.items()}
+
+
+def test_ping_pong_fitted_plan_is_the_measured_variant():
+    """The plan compiles the probe's fitpp128_q16 (benchmarks/probes/probe_grouped_fit.py), the variant the
+    records time, and says what it is; the data-parallel form's name is the one it shipped with."""
+    p = grouped.plan("contiguous", 8, 4096, 28672, 4096)
+    assert p.fit and p.schedule == "pingpong" and p.consumers == 2 and p.threads == 384
+    probe_traits = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 128, 128, 5, false, false, false, false, "
+                    "0, true, 3, true>")
+    assert p.name_expression == f"engine_gemm_grouped_fit<{probe_traits}, 128, 16>"
+    assert p.smem_bytes == 1024 + 5 * (128 + 128) * 64 * 2 + 2 * 2 * 64 * 128  # the probe's launch
+    assert "token tiles fitted per group (16..128 wide), ping-pong" in repr(p) and p.direct and p.table == 128
+    dp = _fitted()
+    assert dp.name_expression == f"engine_gemm_grouped_fit<{probe_traits.replace(' 3, true>', ' 0, true>')}, 128, 16>"
+    assert "ping-pong" not in repr(dp) and dp.compiled_name != p.compiled_name
+
+
+def test_ping_pong_fitted_plan_is_taken_where_it_measured_ahead_by_a_margin():
+    """The 12 probed shapes (8-64 experts, 128-512 rows an expert): ``plan`` takes the form on the 7 where it
+    ran 1.036-1.099x the pick (K >= 2048, the pick not stream-K), not on the 3 of K <= 1408 (0.958-1.026x)
+    nor the 2 whose pick is stream-K (0.988 / 1.050x)."""
+    records = _probe_records()
+    assert len(records) == 12
+    taken = {}
+    for (G, T, N, K), (ours, fitpp) in records.items():
+        p = grouped.plan("contiguous", G, T, N, K)
+        taken[(G, T, N, K)] = p.fit and p.schedule == "pingpong"
+        if taken[(G, T, N, K)]:
+            assert fitpp >= 1.03 * ours, (G, T, N, K, ours, fitpp)
+        else:
+            assert K < grouped.FIT_PINGPONG_MIN_K or p.schedule == "stream_k", p
+    assert sum(taken.values()) == 7
+    assert all(not t for (G, T, N, K), t in taken.items() if records[(G, T, N, K)][1] < records[(G, T, N, K)][0])
+
+
+@pytest.mark.parametrize("G,T,N,K,why", [
+    (8, 8192, 32768, 6144, "listed"),  # 1024 rows an expert: the tiled 128-row tiles pad as few rows
+    (8, 16384, 28672, 4096, "listed"),  # 2048 rows
+    (8, 4096, 4096, 14336, "listed"),  # the pick stream-K
+    (64, 8192, 2048, 1024, "K"),  # short K
+    (8, 512, 32768, 6144, "rows"),  # 64 rows an expert: not measured
+    (64, 4096, 2816, 2048, "rows"),
+    (129, 129 * 256, 2048, 2048, "groups"),  # the group table of 128
+    (8, grouped.FIT_MAX_TILE_ROWS + 1, 512, 2048, "tile count"),  # FitTable's 15 bits
+])
+def test_ping_pong_fitted_plan_is_not_taken_elsewhere(G, T, N, K, why):
+    p = grouped.plan("contiguous", G, T, N, K)
+    assert not p.fit
+    listed = [c for c in grouped.candidates("contiguous", G, T, N, K) if c.fit]
+    assert [c.schedule for c in listed] == (["pingpong"] if why == "listed" else [])
+
+
+def test_ping_pong_fitted_plan_rule_pieces(monkeypatch):
+    # Listed only for what the kernel runs; the data-parallel form keeps the few rows a group.
+    for kw in ({"out_dtype": "fp32"}, {"dtype": "e4m3"}, {"b_mn": True}):
+        assert not any(c.fit for c in grouped.candidates("contiguous", 8, 4096, 28672, 4096, **kw)), kw
+    assert not any(c.fit for c in grouped.candidates("masked", 8, 512, 28672, 4096))
+    assert grouped.plan("contiguous", 8, 4096, 28672, 4096, dtype="fp16").schedule == "pingpong"
+    small = grouped.plan("contiguous", 64, 512, 5120, 3584)  # 8 rows a group
+    assert small.fit and small.schedule == "data_parallel"
+    # Padded rows: ~Q / 2 a token tile against ~bm / 2 a group; the tiled pick it is weighed against.
+    assert grouped.fitted_rows(128) == pytest.approx(1.5 * (128 / 1.5 + 8))
+    monkeypatch.setattr(grouped, "FIT_PINGPONG_OFFERED", False)
+    tiled = grouped.plan("contiguous", 8, 4096, 28672, 4096)
+    assert not tiled.fit and (tiled.bm, tiled.bn, tiled.schedule) == (128, 256, "data_parallel")
+    assert grouped.fit_pingpong_beats(tiled)  # 548 rows against 576
+    assert not grouped.fit_pingpong_beats(dataclasses.replace(tiled, expected_rows=1024.0))  # 1092 against 1088
+    assert not grouped.fit_pingpong_beats(dataclasses.replace(tiled, schedule="stream_k"))
+
+
+def test_fitted_plan_builds_either_form_anywhere_its_kernel_runs():
+    """``fitted_plan`` (probes, benchmarks, tests): either schedule at any rows, priced as listed; refused
+    where the kernel cannot run the problem."""
+    pp = grouped.fitted_plan("contiguous", 8, 512, 32768, 6144, schedule="pingpong")
+    assert pp.fit and pp.schedule == "pingpong" and pp.predicted_s > 0 and pp.expected_rows == 64
+    assert grouped.fitted_plan("contiguous", 8, 4096, 28672, 4096, schedule="pingpong") == grouped.plan(
+        "contiguous", 8, 4096, 28672, 4096)
+    assert grouped.fitted_plan("contiguous", 64, 512, 5120, 3584) == _fitted()
+    for args, kw in (((("masked", 8, 64, 512, 512)), {}), (("contiguous", 129, 1024, 512, 512), {}),
+                     (("contiguous", 8, 64, 512, 512), {"out_dtype": "fp32"}),
+                     (("contiguous", 8, 64, 512, 512), {"schedule": "stream_k"})):
+        with pytest.raises(UnsupportedProblem):
+            grouped.fitted_plan(*args, **kw)

@@ -10,8 +10,8 @@ tables, bitwise repeatable, fp16, the workspace shared with the dense kernel, gr
 counts); FP8 (e4m3 operands, per-tensor scales, one per
 group for b) on every FP8 tile, both layouts and in a graph; and FP8 with block scales (``test_block_*``:
 1 x 128 for a, 128 x 128 per expert for b) on every FP8 tile, both layouts, NaN scales outside the groups,
-in a graph, K up to 7168; the fitted form (``test_fitted_*``: token tiles fitted per group, every width and
-group edge, through ``grouped_mm`` in a graph and with fresh tensors).
+in a graph, K up to 7168; the fitted form (``test_fitted_*``: token tiles fitted per group, data-parallel and
+with ping-pong consumers, every width and group edge, through ``grouped_mm`` in a graph and with fresh tensors).
 
 Run on the H200 at 6417c0c (DIRECT stores only) and d107e97 (TMA stores, both tables, 256 x 128,
 panels): all passed.
@@ -925,41 +925,50 @@ def test_fp8_short_a_boxes_at_every_group_size(tile, scale):
 
 # The fitted form (GroupedPlan.fit: gemm_grouped_fit.cu, token tiles fitted per group) -------------------------
 
-def _fit_plan(G, T, N, K, dtype="bf16"):
-    return next(c for c in grouped.candidates("contiguous", G, T, N, K, dtype=dtype, out_dtype=dtype) if c.fit)
+def _fit_plan(G, T, N, K, dtype="bf16", schedule="data_parallel"):
+    """The fitted form at ``schedule`` for any rows (``grouped.fitted_plan``: listed where measured ahead)."""
+    return grouped.fitted_plan("contiguous", G, T, N, K, dtype=dtype, out_dtype=dtype, schedule=schedule)
 
 
-@pytest.mark.parametrize("shared", [False, True])  # grouped.FIT_SHARED_STORE: one epilogue a width, or one for all
+# Both schedules: data-parallel (listed at few rows a group) and ping-pong consumers (taken at 128 rows a group
+# and more, K >= 2048); grouped.FIT_SHARED_STORE: one epilogue a width, or one for all.
+@pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("G,T,N,K,dtype", [(64, 512, 1408, 2048, "bf16"), (128, 512, 768, 2048, "bf16"),
                                            (60, 256, 2816, 2048, "fp16"), (11, 64, 200, 104, "bf16"),
-                                           (8, 128, 4096, 4096, "bf16")])
-def test_fitted_form_uneven_groups(G, T, N, K, dtype, shared, monkeypatch):
+                                           (8, 128, 4096, 4096, "bf16"), (16, 4096, 1000, 2056, "bf16"),
+                                           (8, 4096, 2048, 4096, "fp16")])
+def test_fitted_form_uneven_groups(G, T, N, K, dtype, shared, schedule, monkeypatch):
     monkeypatch.setattr(grouped, "FIT_SHARED_STORE", shared)
     a, b = _operands((T,), G, N, K, dtype=_TYPES[dtype])
     offs = _uneven_offsets(G, T, seed=G + T, empty=(0, G // 2))
     out, frame = _framed((T, N), _TYPES[dtype])
-    grouped.run(a, b, offs, out=out, plan=_fit_plan(G, T, N, K, dtype))
+    grouped.run(a, b, offs, out=out, plan=_fit_plan(G, T, N, K, dtype, schedule))
     _check(out, grouped.reference_grouped_mm(a, b, offs), dtype)
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
+@pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)
 @pytest.mark.parametrize("shared", [False, True])
-def test_fitted_form_at_every_width_and_group_edge(shared, monkeypatch):
+def test_fitted_form_at_every_width_and_group_edge(shared, schedule, monkeypatch):
     # Groups of 0 .. 300 rows: one token tile of each width, and several (300: three of 112, padded from 100).
+    # Ping-pong: the CTAs' tiles alternate between the consumers at every width.
     monkeypatch.setattr(grouped, "FIT_SHARED_STORE", shared)
     sizes = [0, 1, 15, 16, 17, 33, 64, 65, 100, 127, 128, 129, 300, 0, 2, 48]
     G, T, N, K = len(sizes), sum(sizes), 328, 1000
     offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     a, b = _operands((T,), G, N, K)
-    p = dataclasses.replace(_fit_plan(G, 16 * G, N, K), rows=T)  # listed at 16 rows a group; any T runs
-    out, _ = _framed((T, N), torch.bfloat16)
-    grouped.run(a, b, offs, out=out, plan=p)
+    out, frame = _framed((T, N), torch.bfloat16)
+    grouped.run(a, b, offs, out=out, plan=_fit_plan(G, T, N, K, schedule=schedule))
     _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+    assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
-def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors():
-    G, T, N, K = 64, 512, 1024, 512
-    assert grouped.plan("contiguous", G, T, N, K).fit  # 8 rows a group
+@pytest.mark.parametrize("schedule,G,T,N,K", [("data_parallel", 64, 512, 1024, 512),  # 8 rows a group
+                                              ("pingpong", 8, 2048, 1000, 2048)])  # 256 rows a group
+def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors(schedule, G, T, N, K):
+    p = grouped.plan("contiguous", G, T, N, K)
+    assert p.fit and p.schedule == schedule  # what grouped_mm runs here
     offs = _replays_with_new_offsets(G, T, N, K)
     for seed in (4, 5):  # the prepared launch's descriptors follow new tensors
         a, b = _operands((T,), G, N, K, seed=seed)

@@ -116,7 +116,8 @@ FP8_TILES = ((64, 128), (64, 192), (128, 128), (128, 192))
 # before it on the 10 shapes of 60-128 experts at 4-8 rows an expert (Qwen1.5-MoE, OLMoE, Qwen2-57B,
 # Qwen3-30B, DeepSeek-V2-Lite at T = 256 / 512; probe_grouped_fit.py, 99368d4), again 1.006-1.086x on six
 # of them (grouped_bench --all-tiles, 3b6ce4c); behind it wherever a group needs several token tiles
-# (0.80-0.99x) and at 256 experts (0.94-0.96x), where it is not listed.
+# (0.80-0.99x) and at 256 experts (0.94-0.96x), where it is not listed. With ping-pong consumers it is taken at
+# many rows a group instead (FIT_PINGPONG_OFFERED, below).
 FIT_SOURCE = "engine/gemm_grouped_fit.cu"
 FIT_KERNEL = "engine_gemm_grouped_fit"
 FIT_BM, FIT_WMAX, FIT_Q, FIT_STAGES = 128, 128, 16, 5
@@ -128,6 +129,34 @@ FIT_OFFERED = True
 # session 31). Off until timed on the GPU.
 FIT_SHARED_STORE = False
 FIT_MAX_TILE_ROWS = FIT_WMAX * 0x7FFF  # a group's token tiles, ceil(rows / FIT_WMAX), fit 15 bits of FitTable.shape
+# The fitted form with ping-pong consumers (``schedule="pingpong"``, gemm_traits.cuh's schedule 3): each
+# consumer a whole FIT_BM x W tile in turn, its thread-stored epilogue under the other's k-loop; the same ring,
+# stages, table and grid as the data-parallel form. Measured (H200, 0be9b20, grouped_fit_probe.jsonl, probe
+# variant fitpp128_q16, graph replay interleaved with the pick on grouped_bench's routing, 1365-1785 MHz),
+# TFLOP/s pick -> fitted ping-pong on 12 shapes of 8-64 experts at 128-512 rows an expert:
+#   K >= 2048, pick not stream-K (7, all ahead, x1.067 geomean): 128 rows an expert, G = 64: K 3584
+#   374 -> 411 (x1.099), K 2560 387 -> 411 (x1.062), K 2048 359 -> 394 (x1.097); 256-273 rows, G = 60 / 64,
+#   K 2048: 466 -> 488 (x1.047), 462 -> 491 (x1.063); 512 rows, G = 8 / 16, K 4096 / 6144: 560 -> 596
+#   (x1.064), 560 -> 580 (x1.036);
+#   K 1024-1408 (22 k-steps or fewer): 312 -> 314 (x1.006), 454 -> 435 (x0.958), 416 -> 427 (x1.026);
+#   the pick stream-K (512 rows, K 14336 / 10752): 567 -> 560 (x0.988), 557 -> 585 (x1.050).
+# So ``plan`` takes it (FIT_PINGPONG_OFFERED) where it was ahead by a margin, on the classes measured:
+# contiguous bf16 / fp16 with 16-bit output and K-major b, <= FIT_MAX_GROUPS groups, at least
+# FIT_PINGPONG_MIN_ROWS rows a group on average (below, only the data-parallel form was measured), K >=
+# FIT_PINGPONG_MIN_K (a short k-loop hides less of the thread-stored epilogue: the plan model's k-loop of 16-22
+# k-steps is 1.3-1.8x the epilogue, 2.4x or more at K >= 2048; the three short-K shapes x0.958-1.026), the
+# tiled pick not stream-K (its partial last wave streamed; the fitted form has none: x0.988 / x1.050, mixed),
+# and at most FIT_PINGPONG_ROW_SHARE of the tiled pick's padded rows (``fitted_rows``): each token tile pads
+# ~Q / 2 rows where a tiled group pads ~bm / 2, so the saving falls with the rows (x0.95 at 512 rows an
+# expert against 128-row tiles, none at ~1024: not measured there, not taken). The plan model does not
+# explain the lead (``_fit_pingpong_price`` ties the form with the pick at the HBM floor at 128 rows an expert,
+# prices it 5-11% faster at 256-273 rows, where it measured x0.958-1.063, and 8-12% slower at 512 rows, where
+# it measured x0.988-1.064): listed at its model price, taken by rule.
+FIT_PINGPONG_OFFERED = True
+FIT_PINGPONG_MIN_ROWS = 128
+FIT_PINGPONG_MIN_K = 2048
+FIT_PINGPONG_ROW_SHARE = 0.96
+FIT_SCHEDULES = ("data_parallel", "pingpong")
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
@@ -251,12 +280,12 @@ class GroupedPlan(Warpgroups):
                              f"{' / '.join(f'{m} x {n}' for m, n in CLAIM_REFUSED)}; got {self.bm} x {self.bn} "
                              f"{self.schedule}")
         if self.fit and (self.layout != "contiguous" or self.dtype not in ("bf16", "fp16") or
-                         self.out_dtype not in ("bf16", "fp16") or self.b_mn or self.schedule != "data_parallel"
+                         self.out_dtype not in ("bf16", "fp16") or self.b_mn or self.schedule not in FIT_SCHEDULES
                          or (self.bm, self.bn, self.stages) != (FIT_BM, FIT_WMAX, FIT_STAGES) or not self.direct
                          or self.claim):
             raise ValueError(f"the fitted form ({FIT_KERNEL}): contiguous bf16 / fp16 operands, K-major b, 16-bit "
-                             f"output, {FIT_BM} x {FIT_WMAX} data-parallel at {FIT_STAGES} stages, direct stores; "
-                             f"got {self!r}")
+                             f"output, {FIT_BM} x {FIT_WMAX} data-parallel or ping-pong at {FIT_STAGES} stages, "
+                             f"direct stores; got {self!r}")
         if self.fit and self.rows > FIT_MAX_TILE_ROWS:
             raise ValueError(f"the fitted form counts a group's token tiles in 15 bits (FitTable): at most "
                              f"{FIT_MAX_TILE_ROWS} rows, got {self.rows}")
@@ -294,10 +323,10 @@ class GroupedPlan(Warpgroups):
         Fp8GemmTraits<TOut, TBias, BM, BN, STAGES, SCALE (0 per-tensor, 1 block), PROMOTE (every 128 of K),
         BIAS, ACT, DIRECT>."""
         direct = cpp_bool(self.direct)
-        if self.fit:  # TRANS_OUT (the tile is a block of out^T), DIRECT, data-parallel
+        if self.fit:  # TRANS_OUT (the tile is a block of out^T), DIRECT, data-parallel or ping-pong
             t, o = _CTYPE[self.dtype], _CTYPE[self.out_dtype]
             return (t, o, o, str(self.bm), str(self.bn), str(self.stages), "false", "false", "false", "false", "0",
-                    "true", "0", "true")
+                    "true", str(_SCHEDULE_INDEX[self.schedule]), "true")
         if self.dtype == "e4m3":
             return (_CTYPE[self.out_dtype], "float", str(self.bm), str(self.bn), str(self.stages),
                     "1" if self.scale == "block" else "0", "1", "false", "0", direct)
@@ -323,7 +352,8 @@ class GroupedPlan(Warpgroups):
         return f"{name}[{', '.join(self.template_args())}, {self.layout}, {self.table}{', claim' if self.claim else ''}]"
 
     def __repr__(self) -> str:
-        tiles = (f"{self.bm} weight rows x token tiles fitted per group ({FIT_Q}..{self.bn} wide)" if self.fit else
+        tiles = (f"{self.bm} weight rows x token tiles fitted per group ({FIT_Q}..{self.bn} wide)"
+                 f"{_SCHEDULE_NOTE[self.schedule]}" if self.fit else
                  f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}{', claimed' if self.claim else ''}")
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
                 f"{self.dtype}{' block scales' if self.scale == 'block' else ''}{', MN-major b' if self.b_mn else ''}"
@@ -432,15 +462,127 @@ def _hbm_floor_s(groups, rows_per_group, N, K, out_bytes, prof: DeviceProfile) -
     return _unique_bytes(groups, rows_per_group, N, K, out_bytes) / prof.hbm_read_bytes_per_s
 
 
+def fit_kernel_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int, rows: int) -> str | None:
+    """Why the fitted kernel (``FIT_KERNEL``, either schedule) cannot run a problem, or None where it can."""
+    if layout != "contiguous" or dtype not in ("bf16", "fp16") or out_dtype not in ("bf16", "fp16") or b_mn:
+        return "the fitted form takes contiguous bf16 / fp16 operands, K-major b and 16-bit output"
+    if groups > FIT_MAX_GROUPS:
+        return f"the fitted form's group table holds {FIT_MAX_GROUPS} groups at {FIT_STAGES} stages"
+    if rows > FIT_MAX_TILE_ROWS:
+        return f"the fitted form counts a group's token tiles in 15 bits: at most {FIT_MAX_TILE_ROWS} rows"
+    return None
+
+
 def fit_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int,
                 rows_per_group: float) -> str | None:
-    """Why the fitted form (``FIT_KERNEL``) is not listed for a problem, or None where it is."""
+    """Why the fitted form (``FIT_KERNEL``, data-parallel) is not listed for a problem, or None where it is."""
     if layout != "contiguous" or dtype not in ("bf16", "fp16") or out_dtype not in ("bf16", "fp16") or b_mn:
         return "the fitted form takes contiguous bf16 / fp16 operands, K-major b and 16-bit output"
     if groups > FIT_MAX_GROUPS or rows_per_group > FIT_MAX_ROWS:
         return (f"the fitted form is listed up to {FIT_MAX_GROUPS} groups of {FIT_MAX_ROWS} rows on average "
                 f"(measured ahead there only)")
     return None
+
+
+def fit_pingpong_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int, rows: int, K: int,
+                         rows_per_group: float) -> str | None:
+    """Why the fitted form with ping-pong consumers is not listed for a problem (``rows`` = T, priced at
+    ``rows_per_group``), or None where it is: the classes it was measured ahead on (FIT_PINGPONG_OFFERED's
+    comment). ``plan`` takes it where listed unless the tiled pick is stream-K or pads no more rows
+    (``fit_pingpong_beats``)."""
+    why = fit_kernel_problem(layout, dtype, out_dtype, b_mn, groups, rows)
+    if why:
+        return why
+    if rows_per_group < FIT_PINGPONG_MIN_ROWS or K < FIT_PINGPONG_MIN_K:
+        return (f"the ping-pong fitted form is listed from {FIT_PINGPONG_MIN_ROWS} rows a group on average and K >= "
+                f"{FIT_PINGPONG_MIN_K} (measured ahead there only)")
+    return None
+
+
+def fitted_rows(rows_per_group: float) -> float:
+    """Rows a group the fitted form multiplies on average: its nt token tiles (``tiles_m_per_group`` at
+    FIT_WMAX, uneven) each pad ~FIT_Q / 2 rows (the width rounded up to a multiple of FIT_Q)."""
+    if rows_per_group <= 0:
+        return 0.0
+    nt = tiles_m_per_group(rows_per_group, FIT_WMAX, True)
+    return nt * min(FIT_WMAX, rows_per_group / nt + FIT_Q / 2)
+
+
+def fit_pingpong_beats(tiled: GroupedPlan) -> bool:
+    """Where a listed ping-pong fitted plan is taken over ``tiled`` (the tiled kernel's pick for the same
+    problem): the pick not stream-K, and its padded rows at least 1 / FIT_PINGPONG_ROW_SHARE the fitted ones."""
+    r = tiled.expected_rows
+    padded = tiles_m_per_group(r, tiled.bm, tiled.layout == "contiguous") * tiled.bm
+    return tiled.schedule != "stream_k" and fitted_rows(r) <= FIT_PINGPONG_ROW_SHARE * padded
+
+
+def _fit_pingpong_price(groups, rows_per_group, N, K, prof, out_bytes) -> tuple[float, float]:
+    """(predict_s, busy time) of the ping-pong fitted form: ``_price``'s ping-pong terms on FIT_BM x W tiles, W
+    the average fitted width, ``fitted_rows`` multiplied, every epilogue thread-stored. Not fitted to its
+    records (FIT_PINGPONG_OFFERED: it prices the form below the measured speed)."""
+    nt = tiles_m_per_group(rows_per_group, FIT_WMAX, True)
+    tiles = math.ceil(groups * nt * math.ceil(N / FIT_BM))
+    if tiles == 0:
+        return prof.launch_s, 0.0
+    w = fitted_rows(rows_per_group) / nt
+    k = math.ceil(K / BK)
+    unique = _unique_bytes(groups, rows_per_group, N, K, out_bytes)
+    share = min(1.0, unique / max(1.0, tiles * k * (FIT_BM + w) * BK * 2))
+
+    def ks(active: int) -> float:  # as _price's ping-pong k-step (w need not be a whole wgmma width: an average)
+        return plan_cost.kstep_s(FIT_BM, w, FIT_BM, FIT_STAGES, active, share, prof, prof.plan_clock_mhz,
+                                 one_consumer=False, ring_latency=False)
+
+    epi = plan_cost.tile_epilogue_s(FIT_BM, w, out_bytes, prof, direct=True)
+    full, rem = divmod(tiles, prof.sm_count)
+    t = full * max(k * ks(prof.sm_count), epi) + (k * ks(rem) if rem else 0.0) + epi
+    return prof.launch_s + max(t, unique / prof.hbm_read_bytes_per_s), t
+
+
+def _fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
+            schedule) -> tuple[float, GroupedPlan]:
+    """(busy time, plan) of the fitted form at ``schedule``. Data-parallel: priced at the HBM floor of every
+    plan (each expert's weight read once, A and out), where at its few rows a group the others' prices sit
+    too; ``plan`` takes it by rule (FIT_OFFERED), not price. Ping-pong: ``_fit_pingpong_price``."""
+    if schedule == "pingpong":
+        t, busy = _fit_pingpong_price(groups, expected_rows, N, K_priced, prof, out_bytes)
+    else:
+        t = busy = prof.launch_s + _hbm_floor_s(groups, expected_rows, N, K_priced, out_bytes, prof)
+    most = (math.ceil(rows / FIT_WMAX) + groups) * math.ceil(N / FIT_BM)
+    return busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=FIT_BM, bn=FIT_WMAX,
+                             stages=FIT_STAGES, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
+                             table=table_groups(groups), direct=True, expected_rows=float(expected_rows),
+                             predicted_s=t, kernel=FIT_KERNEL, schedule=schedule)
+
+
+def _dtype_names(dtype, out_dtype) -> tuple[str, str]:
+    """(operand, output) dtype names of ``candidates``' arguments (names or torch dtypes); ValueError else."""
+    dt = dtype if dtype in ("bf16", "fp16", "e4m3") else ("e4m3" if dtype == E4M3 else _NAMES.get(dtype))
+    if dt not in ("bf16", "fp16", "e4m3"):
+        raise ValueError(f"grouped_mm takes bf16, fp16 or e4m3 operands, got {dtype!r}")
+    default_out = "bf16" if dt == "e4m3" else dt
+    odt = default_out if out_dtype is None else (out_dtype if out_dtype in _CTYPE else _NAMES.get(out_dtype))
+    if odt not in _CTYPE:
+        raise ValueError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype!r}")
+    return dt, odt
+
+
+def fitted_plan(layout: str, groups: int, rows: int, N: int, K: int, *, schedule: str = "data_parallel",
+                dtype="bf16", out_dtype=None, expected_rows: float | None = None,
+                profile: DeviceProfile | None = None, b_mn: bool = False) -> GroupedPlan:
+    """The fitted form at ``schedule`` ("data_parallel" or "pingpong") for any problem its kernel runs
+    (``fit_kernel_problem``; UnsupportedProblem else), listed by ``candidates`` or not, priced as there: for
+    probes, benchmarks and tests that run it beside the pick. Arguments as ``candidates``'."""
+    from .planner import _profile
+
+    dt, odt = _dtype_names(dtype, out_dtype)
+    why = fit_kernel_problem(layout, dt, odt, b_mn, groups, rows)
+    if why or schedule not in FIT_SCHEDULES or min(groups, rows, N, K) < 1:
+        raise UnsupportedProblem(why or f"the fitted form: schedule one of {FIT_SCHEDULES}, groups, rows, N, K >= 1; "
+                                        f"got {schedule!r}, {groups}, {rows}, {N}, {K}")
+    r = rows / groups if expected_rows is None else expected_rows
+    return _fitted(layout, groups, rows, N, K, dt, odt, r, K, plan_cost.in_bytes(odt), _profile(profile, None),
+                   schedule)[1]
 
 
 def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
@@ -457,17 +599,11 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     prof = _profile(profile, None)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; known: {list(LAYOUTS)}")
-    dt = dtype if dtype in ("bf16", "fp16", "e4m3") else ("e4m3" if dtype == E4M3 else _NAMES.get(dtype))
-    if dt not in ("bf16", "fp16", "e4m3"):
-        raise ValueError(f"grouped_mm takes bf16, fp16 or e4m3 operands, got {dtype!r}")
+    dt, odt = _dtype_names(dtype, out_dtype)
     fp8 = dt == "e4m3"
     if scale not in ("tensor", "block") or (scale == "block" and (not fp8 or K % FP8_BLOCK)):
         raise ValueError(f"scale must be 'tensor' or 'block' (e4m3 operands, K % {FP8_BLOCK} == 0); got {scale!r} "
                          f"for {dt}, K = {K}")
-    default_out = "bf16" if fp8 else dt
-    odt = default_out if out_dtype is None else (out_dtype if out_dtype in _CTYPE else _NAMES.get(out_dtype))
-    if odt not in _CTYPE:
-        raise ValueError(f"out_dtype must be bf16, fp16 or fp32, got {out_dtype!r}")
     if not 1 <= groups <= MAX_GROUPS or min(rows, N, K) < 1:
         raise ValueError(f"need 1 <= groups <= {MAX_GROUPS} and rows, N, K >= 1; got {groups}, {rows}, {N}, {K}")
     if expected_rows is None:
@@ -500,23 +636,25 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
                                         direct=all_direct, expected_rows=float(expected_rows), predicted_s=t,
                                         scale=scale, schedule=schedule, b_mn=b_mn,
                                         claim=CLAIM_OFFERED and claimable(bm, bn, dt, schedule))))
+    # The fitted forms where listed (``plan`` takes them by rule, not price: ``_fitted``).
     if fit_problem(layout, dt, odt, b_mn, groups, expected_rows) is None:
-        # Priced at the HBM floor of every plan (each expert's weight read once, A and out): at these few
-        # rows a group the others' prices sit there too; ``plan`` takes it by rule (FIT_OFFERED), not price.
-        t_fit = prof.launch_s + _hbm_floor_s(groups, expected_rows, N, K_priced, out_bytes, prof)
-        most = (math.ceil(rows / FIT_WMAX) + groups) * math.ceil(N / FIT_BM)
-        plans.append((t_fit, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=FIT_BM, bn=FIT_WMAX,
-                                         stages=FIT_STAGES, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
-                                         table=table, direct=True, expected_rows=float(expected_rows),
-                                         predicted_s=t_fit, kernel=FIT_KERNEL)))
+        plans.append(_fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
+                             "data_parallel"))
+    if fit_pingpong_problem(layout, dt, odt, b_mn, groups, rows, K, expected_rows) is None:
+        plans.append(_fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
+                             "pingpong"))
     # Ties (at the HBM floor): the tile that multiplies the fewest rows (padding each group to whole tiles;
     # within 5% of the fewest counts as fewest), then the plan that keeps the SMs busy the shortest
     # (epilogues hidden by ping-pong), then data-parallel first (stream-K only where it is priced faster).
     # Measured (H200, 886e76f, --all-tiles): at 4-16 rows an expert (T = 256; DeepSeek-V3 at 4096) 64-row
     # tiles ran 1.15-1.25x 128 x 128 ping-pong, which the busy time alone ranked first; at ~68 rows
     # (Qwen1.5-MoE, T = 4096: 64- and 128-row tiles multiply 128 and 132 rows a group) ping-pong led.
-    rows = {id(p): groups * (max(expected_rows, FIT_Q) if p.fit else
-                             tiles_m_per_group(expected_rows, p.bm, layout == "contiguous") * p.bm) for _, p in plans}
+    def multiplied(p: GroupedPlan) -> float:
+        if p.fit:
+            return fitted_rows(expected_rows) if p.schedule == "pingpong" else max(expected_rows, FIT_Q)
+        return tiles_m_per_group(expected_rows, p.bm, layout == "contiguous") * p.bm
+
+    rows = {id(p): groups * multiplied(p) for _, p in plans}
     fewest = min(rows.values(), default=0.0)
     def padded(p: GroupedPlan) -> float:
         return 0.0 if rows[id(p)] <= 1.05 * fewest else rows[id(p)]
@@ -563,11 +701,25 @@ def plan(layout: str, groups: int, rows: int, N: int, K: int, **kw) -> GroupedPl
     """The cheapest plan of ``candidates`` (same arguments) among the offered schedules: a stream-K one only
     where it is priced at most ``STREAM_K_MARGIN`` of the cheapest data-parallel one (and
     ``STREAM_K_OFFERED``), ping-pong only with ``PINGPONG_OFFERED``, tiles with a tail piece only with
-    ``TAIL_TILES_OFFERED``; the fitted form where listed and ``FIT_OFFERED``. Pure Python; no GPU needed."""
+    ``TAIL_TILES_OFFERED``; the data-parallel fitted form where listed and ``FIT_OFFERED``; the ping-pong fitted
+    form where listed, ``FIT_PINGPONG_OFFERED`` and ``fit_pingpong_beats`` that pick. Pure Python; no GPU
+    needed."""
     listed = candidates(layout, groups, rows, N, K, **kw)
-    fitted = next((c for c in listed if c.fit), None)
-    if FIT_OFFERED and fitted is not None:
-        return fitted
+    fitted = {c.schedule: c for c in listed if c.fit}
+    if FIT_OFFERED and "data_parallel" in fitted:
+        return fitted["data_parallel"]
+    tiled = _tiled_pick(listed)
+    pp = fitted.get("pingpong")
+    return pp if FIT_PINGPONG_OFFERED and pp is not None and fit_pingpong_beats(tiled) else tiled
+
+
+def tiled_plan(layout: str, groups: int, rows: int, N: int, K: int, **kw) -> GroupedPlan:
+    """``plan``'s pick among the tiled kernel's plans only (what it runs where it takes no fitted form): for
+    benchmarks that time a fitted pick against it. Same arguments."""
+    return _tiled_pick(candidates(layout, groups, rows, N, K, **kw))
+
+
+def _tiled_pick(listed: list[GroupedPlan]) -> GroupedPlan:
     ranked = [c for c in listed if not c.fit and (c.schedule != "pingpong" or PINGPONG_OFFERED)
               and (c.bn % 64 == 0 or TAIL_TILES_OFFERED)]
     dp = next(c for c in ranked if c.schedule == "data_parallel")
@@ -1439,7 +1591,7 @@ def sass_expect(p: GroupedPlan):
     table's warp scan (SHFL.UP), TMA stores (UTMASTG) for the blocks inside a group unless the plan is
     ``direct`` (then none), no mma.sync, no local memory, no GPU-wide fence in a loop; setmaxnreg with two
     consumers; programmatic dependent launch's wait and trigger; stream-K's flag release (RED), its
-    partials' fence allowed where data-parallel plans have none."""
+    partials' fence allowed where data-parallel plans (and the fitted form's, either schedule) have none."""
     from .sass import PDL_OPCODES, SassExpect
 
     mma = r"^QGMMA" if p.dtype == "e4m3" else r"^HGMMA"  # FP8 wgmma prints as QGMMA
@@ -1449,4 +1601,4 @@ def sass_expect(p: GroupedPlan):
     absent = (r"^HMMA",) + ((r"^UTMASTG",) if p.direct else ()) + ((r"^HGMMA",) if p.dtype == "e4m3" else ())
     absent += (r"^LDGSTS",) if p.scale == "block" else ()  # block scales ride the ring by TMA: no cp.async
     return SassExpect(contains=tuple(contains), absent=absent, no_local_memory=True,
-                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule == "data_parallel" else ())
+                      loop_absent=(r"^MEMBAR\.ALL\.GPU",) if p.schedule == "data_parallel" or p.fit else ())

@@ -1,5 +1,6 @@
 // engine.gemm_grouped_fit: grouped GEMM with the operands swapped and each group's token tiles fitted to its
-// rows (gemmlab.grouped: GroupedPlan.fit, taken at few rows a group; the ping-pong form is a probe's).
+// rows (gemmlab.grouped: GroupedPlan.fit, taken at few rows a group; the 128-row ping-pong form at 128 rows a
+// group and more, K >= 2048: grouped.FIT_PINGPONG_OFFERED).
 // For each group g, out_g (rows_g x N) = A_g (rows_g x K) @ B[g]^T, computed as out_g^T = B[g] @ A_g^T:
 // the kernel's "A" is the expert's weight (BM = 128 weight rows a tile, two consumers of 64, or 256, two
 // of 128; or PINGPONG: BM = 64 or 128, each consumer a whole tile in turn, its epilogue under the other's
