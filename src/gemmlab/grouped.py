@@ -462,10 +462,18 @@ def _hbm_floor_s(groups, rows_per_group, N, K, out_bytes, prof: DeviceProfile) -
     return _unique_bytes(groups, rows_per_group, N, K, out_bytes) / prof.hbm_read_bytes_per_s
 
 
-def fit_kernel_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int, rows: int) -> str | None:
-    """Why the fitted kernel (``FIT_KERNEL``, either schedule) cannot run a problem, or None where it can."""
+def _fit_operands_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool) -> str | None:
+    """Why the fitted kernel cannot take these operands (layout, dtypes, b's layout), or None."""
     if layout != "contiguous" or dtype not in ("bf16", "fp16") or out_dtype not in ("bf16", "fp16") or b_mn:
         return "the fitted form takes contiguous bf16 / fp16 operands, K-major b and 16-bit output"
+    return None
+
+
+def fit_kernel_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int, rows: int) -> str | None:
+    """Why the fitted kernel (``FIT_KERNEL``, either schedule) cannot run a problem, or None where it can."""
+    why = _fit_operands_problem(layout, dtype, out_dtype, b_mn)
+    if why:
+        return why
     if groups > FIT_MAX_GROUPS:
         return f"the fitted form's group table holds {FIT_MAX_GROUPS} groups at {FIT_STAGES} stages"
     if rows > FIT_MAX_TILE_ROWS:
@@ -476,8 +484,9 @@ def fit_kernel_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, grou
 def fit_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int,
                 rows_per_group: float) -> str | None:
     """Why the fitted form (``FIT_KERNEL``, data-parallel) is not listed for a problem, or None where it is."""
-    if layout != "contiguous" or dtype not in ("bf16", "fp16") or out_dtype not in ("bf16", "fp16") or b_mn:
-        return "the fitted form takes contiguous bf16 / fp16 operands, K-major b and 16-bit output"
+    why = _fit_operands_problem(layout, dtype, out_dtype, b_mn)
+    if why:
+        return why
     if groups > FIT_MAX_GROUPS or rows_per_group > FIT_MAX_ROWS:
         return (f"the fitted form is listed up to {FIT_MAX_GROUPS} groups of {FIT_MAX_ROWS} rows on average "
                 f"(measured ahead there only)")
