@@ -5,6 +5,7 @@
 #
 #   gt      grouped GPU tests (bf16; GT_K selects)                 et     GPU test files (ET_FILES)
 #   gsan    compute-sanitizer memcheck + racecheck, grouped        eh     grouped eager host cost
+#   ed      dense eager host cost (eager_host.py; ED_ARGS)
 #   varx    probe_variants.py per pick=variants (VARX)             fit    probe_grouped_fit.py (PROBE_* env)
 #   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (BR_ARGS; the broad set)
 #
@@ -31,6 +32,9 @@ for s in ${STEPS:-}; do
           done ;;
     eh) timeout "${EH_T:-200}" python3 benchmarks/eager_host.py --grouped --no-calls --out "$OUT/eager.jsonl" 2>&1 \
           | tee "$OUT/eager_grouped.txt" | tail -40 ;;
+    # shellcheck disable=SC2086
+    ed) timeout "${ED_T:-150}" python3 benchmarks/eager_host.py ${ED_ARGS:-} --out "$OUT/eager.jsonl" 2>&1 \
+          | tee "$OUT/eager_dense.txt" | tail -40 ;;
     varx) for pv in ${VARX:-stream=base,hint1,hint2,hint3,store moe=base,hint1,hint2 decode=base,dhint}; do
             timeout "${VAR_T:-300}" python3 benchmarks/probes/probe_variants.py "$OUT/variants_probe.jsonl" --pick "${pv%%=*}" \
               --limit "${VAR_LIMIT:-24}" --variants "${pv#*=}" 2>&1 | grep -v "^ " | tail -"${VAR_TAIL:-30}"
@@ -42,7 +46,7 @@ for s in ${STEPS:-}; do
     # shellcheck disable=SC2086
     broad) timeout "${BR_T:-520}" python3 benchmarks/engine_broad.py --out "$OUT/engine_broad.jsonl" --budget-s "${BR_BUDGET:-330}" ${BR_ARGS:-} 2>&1 \
              | tail -6 ;;
-    *) echo "unknown step $s (known: gt et gsan eh varx fit gsuite broad)" ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed varx fit gsuite broad)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
