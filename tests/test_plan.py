@@ -67,7 +67,13 @@ def test_every_candidate_is_a_launch_the_kernel_accepts(shape):
             assert k // p.splits >= planner.MIN_SPLIT_K_STEPS and (p.splits - 1) * per < k
             assert prof.clusters(p.splits) >= 1
             assert p.bm * (p.bn + 8) * 4 <= p.stages * (p.bm + p.bn) * planner.BK * 2  # the partial fits
+        elif p.schedule == "split_k_global":  # offered on few 128-row tiles over a deep K only
+            assert planner.gsk_few_tiles(M, N, K, p.bm, p.bn, p.swap_ab, prof) and p.tiles == p.sk_tiles
+            assert p.sk_ctas == p.splits * p.sk_tiles == p.grid <= prof.sm_count
+            assert k // p.splits >= planner.GSK_FEW_MIN_STEPS and p.rank_s == p.predicted_s * prof.gsk_few_tiles_factor
+            assert p.workspace_floats == p.sk_ctas * p.bm * (p.bn + 8)
         else:
+            assert p.schedule == "stream_k"
             dp = p.tiles - p.sk_tiles
             assert dp % prof.sm_count == 0 and p.sk_ctas <= p.grid <= prof.sm_count
             assert p.sk_tiles * k // p.sk_ctas >= planner.MIN_SK_STEPS and p.sk_ctas > p.sk_tiles
@@ -98,12 +104,14 @@ def test_template_args_name_every_choice():
 
 
 def test_global_split_k_is_offered_only_by_its_rank_factor():
-    """gsk_rank_factor 0 (the H200's): no global split-K plan among the offered candidates; above 0 they are
-    offered and ranked by their price times the factor (Plan.rank_s), their predicted time left as priced."""
+    """gsk_rank_factor 0 (the H200's): no global split-K plan among the offered candidates outside the few-tile
+    class (its own factor off here); above 0 they are offered and ranked by their price times the factor
+    (Plan.rank_s), their predicted time left as priced."""
     shape = (512, 1024, 8192)
+    h200 = dataclasses.replace(devices.H200, gsk_few_tiles_factor=0.0)
     assert devices.H200.gsk_rank_factor == 0
-    assert not any(c.schedule == "split_k_global" for c in planner.candidates(*shape))
-    at = {f: planner.candidates(*shape, profile=dataclasses.replace(devices.H200, gsk_rank_factor=f))
+    assert not any(c.schedule == "split_k_global" for c in planner.candidates(*shape, profile=h200))
+    at = {f: planner.candidates(*shape, profile=dataclasses.replace(h200, gsk_rank_factor=f))
           for f in (1.0, 100.0)}
     g = [c for c in at[1.0] if c.schedule == "split_k_global"]
     assert g and all(c.rank_s == c.predicted_s for c in g)
@@ -112,6 +120,31 @@ def test_global_split_k_is_offered_only_by_its_rank_factor():
     assert all(math.isclose(c.rank_s, 100 * c.predicted_s) for c in far)
     assert at[100.0][0].schedule != "split_k_global" and at[100.0][-1].schedule == "split_k_global"
     assert all(c.rank_s == 0 for c in at[100.0] if c.schedule != "split_k_global")
+
+
+def test_global_split_k_is_offered_on_few_tiles_over_a_deep_k():
+    """The H200 offers global split-K on few 128-row tiles over a deep K (planner.gsk_few_tiles), ranked by price
+    x gsk_few_tiles_factor, with GSK_FEW_MIN_STEPS k-steps a rank; nowhere else (nor with the factor at 0)."""
+    prof = devices.H200
+    assert prof.gsk_few_tiles_factor > 1
+    for shape in ((512, 1024, 8192), (384, 1024, 8192), (512, 768, 8192), (512, 1024, 14336)):  # measured ahead
+        p = planner.candidates(*shape)[0]
+        assert (p.schedule, p.bm, p.splits) == ("split_k_global", 128, 4), p
+        assert p.k_iters // p.splits >= planner.GSK_FEW_MIN_STEPS and 4 * p.tiles <= prof.sm_count
+        off = planner.candidates(*shape, profile=dataclasses.replace(prof, gsk_few_tiles_factor=0.0))
+        assert not any(c.schedule == "split_k_global" for c in off) and off[0].schedule != "split_k_global"
+    # Not picked where it measured behind: 16 k-steps a rank (512 x 1024 x 4096 x4), 64 tiles (512 x 2048 x 8192),
+    # 39 tiles (300 x 1600 x 6400); not offered outside the class: few rows, swapped, many tiles.
+    for shape in ((512, 1024, 4096), (512, 2048, 8192), (300, 1600, 6400)):
+        assert planner.candidates(*shape)[0].schedule != "split_k_global", shape
+    for shape in ((200, 1024, 8192), (32, 1024, 8192), (4096, 4096, 8192)):
+        assert not any(c.schedule == "split_k_global" for c in planner.candidates(*shape)), shape
+    assert planner.gsk_few_tiles(512, 1024, 8192, 128, 128, False, prof)
+    assert not planner.gsk_few_tiles(512, 1024, 8192, 128, 128, True, prof)  # swapped
+    assert not planner.gsk_few_tiles(512, 1024, 8192, 64, 128, False, prof)  # 64-row tiles
+    assert not planner.gsk_few_tiles(255, 1024, 8192, 128, 128, False, prof)  # under GSK_FEW_MIN_M rows
+    assert not planner.gsk_few_tiles(512, 1024, 4032, 128, 128, False, prof)  # 63 k-steps: under two ranks of 32
+    assert not planner.gsk_few_tiles(512, 1152, 8192, 128, 128, False, prof)  # 36 tiles: over a quarter of 132
 
 
 def test_optional_template_args_and_the_short_boxes():

@@ -165,6 +165,9 @@ class DeviceProfile:
     # Offered where its price times this factor is the lowest (0: not offered): a margin for the price's
     # error (mean |log| 0.078 above) before it displaces a plan priced almost as fast.
     gsk_rank_factor: float = 0.0
+    # The same where global split-K is offered on few tiles over a deep K (planner.gsk_few_tiles; 0: not): a
+    # 10% margin, the spread of its price on the records that rule covers.
+    gsk_few_tiles_factor: float = 1.1
     one_consumer_efficiency: float = 0.85  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit

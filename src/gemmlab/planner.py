@@ -42,6 +42,19 @@ MAX_GLOBAL_SPLITS = 4  # global split-K: ranks per tile (its reduction keeps 4 i
 # data-parallel plan on every one (512x1024x4096 128x128 x4: 14.4 us against 9.9 predicted; stream-K's
 # 64x128 plan 12.6 us). It stays runnable (schedules=SCHEDULES) and GPU-tested; see docs/worklog.md.
 OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
+# Except on few tiles over a deep K (``gsk_few_tiles``): 128-row tiles, at most a quarter as many as SMs, at
+# least GSK_FEW_MIN_M rows and GSK_FEW_MIN_STEPS k-steps a rank, ranked by price x the profile's
+# ``gsk_few_tiles_factor``. There the data-parallel plans are 64-row tiles whose loads bind (the kstep-bound
+# probe) and cluster split-K pays its DSMEM reduction on 128 x 96-128 partials, while global split-K's price
+# held (measured / priced 0.99-1.04). Measured (H200, 6428b37, deep_k_gsk_probe.jsonl, every schedule on 16
+# deep-K few-tile shapes): 512x1024x8192 128 x 128 x4 0.955x torch.mm against the pick's 0.870,
+# 512x1024x14336 0.916 / 0.808, 384x1024x8192 128 x 96 x4 0.938 / 0.866, 512x768x8192 1.007 / 0.941; where
+# it lost (512x1024x4096 x4: 16 k-steps a rank, 0.745 / 0.871; 512x2048x8192 and 1024x1024x8192 x2: 64 tiles;
+# 300x1600x6400 x3: 39 tiles) the rule does not offer it. On the broad set (3 runs) it would move one
+# shape (256x2560x9728 128 x 160 x4, 0.98-1.01x the pick).
+GSK_FEW_MIN_M = 256
+GSK_FEW_MIN_STEPS = 32
+GSK_FEW_TILES_SHARE = 4  # tiles x this <= SMs
 # Swap AB (``Plan.swap_ab``): at few tokens the kernel may compute out^T = W @ A^T, the weight as the
 # wgmma's 64-row operand and the tokens as its narrow n (cuBLAS's sm90 kernels do at decode shapes, e.g.
 # 64 weight rows x 16 tokens per tile at 16x14336x4096). Offered where M <= SWAP_MAX_M (and data-parallel
@@ -483,8 +496,18 @@ def tile_problem(bm: int, bn: int, schedule: str, *, dtype: str = "bf16", b_mn: 
     return register_problem(bm, bn, schedule, heavy)
 
 
-def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, offered=OFFERED_SCHEDULES):
-    """(schedule, splits, sk_tiles, sk_ctas, grid) worth scoring for one tile."""
+def gsk_few_tiles(M: int, N: int, K: int, bm: int, bn: int, swapped: bool, prof: DeviceProfile) -> bool:
+    """Whether global split-K is offered on this tile of the kernel's M x N x K problem although the schedule
+    is not (OFFERED_SCHEDULES' comment): few 128-row tiles over a deep K, not swapped."""
+    return (prof.gsk_few_tiles_factor > 0 and bm == 128 and not swapped and M >= GSK_FEW_MIN_M
+            and math.ceil(K / BK) >= 2 * GSK_FEW_MIN_STEPS
+            and GSK_FEW_TILES_SHARE * math.ceil(M / bm) * math.ceil(N / bn) <= prof.sm_count)
+
+
+def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, offered=OFFERED_SCHEDULES,
+               few: bool = False):
+    """(schedule, splits, sk_tiles, sk_ctas, grid) worth scoring for one tile; ``few``: global split-K too,
+    with at least GSK_FEW_MIN_STEPS k-steps a rank (``gsk_few_tiles``)."""
     G = prof.sm_count
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
     k = math.ceil(K / BK)
@@ -506,10 +529,11 @@ def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, of
                 yield "stream_k", 1, sk_tiles, ctas, G if tiles > sk_tiles else ctas
     # Global split-K: the same streamed tiles, each cut into `s` aligned k-ranges (one CTA each, no
     # cluster), reduced by all s CTAs together.
-    if "split_k_global" in offered:
+    if "split_k_global" in offered or few:
+        least = MIN_SPLIT_K_STEPS if "split_k_global" in offered else GSK_FEW_MIN_STEPS
         for sk_tiles in sorted({rem, rem + G if full else 0} - {0}):
             for s in range(2, MAX_GLOBAL_SPLITS + 1):
-                if s * sk_tiles <= G and k // s >= MIN_SPLIT_K_STEPS:
+                if s * sk_tiles <= G and k // s >= least:
                     yield "split_k_global", s, sk_tiles, s * sk_tiles, G if tiles > sk_tiles else s * sk_tiles
 
 
@@ -687,7 +711,8 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
                               grid=min(2 * prof.clusters(2), tiles), dtype=dt, out_dtype=odt, bias_dtype=bdt,
                               has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
                               predicted_s=t, tie_s=t, mcast=2))
-    for sched, splits, sk_tiles, sk_ctas, grid in _schedules(pm, pn, K, bm, bn, prof, offered):
+    few = "split_k_global" not in offered and gsk_few_tiles(pm, pn, K, bm, bn, swapped, prof)
+    for sched, splits, sk_tiles, sk_ctas, grid in _schedules(pm, pn, K, bm, bn, prof, offered, few):
         if tile_problem(bm, bn, sched, dtype=dt, b_mn=kb_mn, heavy=heavy):
             continue
         if sched == "pingpong" and (direct or K % 16):
@@ -707,7 +732,9 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
                                     direct=direct, misaligned=misaligned, floor=False)
         M, N = (pn, pm) if swapped else (pm, pn)
         evict = EVICT_WEIGHT_OFFERED and weight_read_once(pm, pn, bm, bn, swapped)
-        rank = t * prof.gsk_rank_factor if sched == "split_k_global" and prof.gsk_rank_factor > 0 else 0.0
+        rank = 0.0
+        if sched == "split_k_global":
+            rank = t * (prof.gsk_few_tiles_factor if few else prof.gsk_rank_factor)
         plans.append(Plan(M=M, N=N, K=K, bm=bm, bn=bn, schedule=sched, stages=stages, grid=grid, splits=splits,
                           sk_tiles=sk_tiles, sk_ctas=sk_ctas, dtype=dt, out_dtype=odt, bias_dtype=bdt,
                           has_c=has_c, activation=activation, a_mn=a_mn, b_mn=b_mn, direct=direct,
