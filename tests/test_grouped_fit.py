@@ -183,7 +183,7 @@ def test_ping_pong_fitted_plan_is_taken_where_it_measured_ahead_by_a_margin():
     (8, 16384, 28672, 4096, "listed"),  # 2048 rows
     (8, 4096, 4096, 14336, "listed"),  # the pick stream-K
     (64, 8192, 2048, 1024, "K"),  # short K
-    (8, 512, 32768, 6144, "rows"),  # 64 rows an expert: not measured
+    (8, 512, 6144, 16384, "rows"),  # 64 rows an expert, N < 2 K (down): mixed there
     (64, 4096, 2816, 2048, "rows"),
     (129, 129 * 256, 2048, 2048, "groups"),  # the group table of 128
     (8, grouped.FIT_MAX_TILE_ROWS + 1, 512, 2048, "tile count"),  # FitTable's 15 bits
@@ -211,6 +211,71 @@ def test_ping_pong_fitted_plan_rule_pieces(monkeypatch):
     assert grouped.fit_pingpong_beats(tiled)  # 548 rows against 576
     assert not grouped.fit_pingpong_beats(dataclasses.replace(tiled, expected_rows=1024.0))  # 1092 against 1088
     assert not grouped.fit_pingpong_beats(dataclasses.replace(tiled, schedule="stream_k"))
+
+
+WIDE_RECORDS = RECORDS.with_name("grouped_fit64_probe.jsonl")
+WIDE_SHA = "6428b37b5fd5"  # the probe run the 64-row rule at N >= 2 K rests on (64 / 96 rows an expert, 12 shapes)
+
+
+def _wide_records() -> dict:
+    """(proj, G, T, N, K) -> {"ours": the pick's record, "ours_fit_pp": the ping-pong fitted form's} of WIDE_SHA."""
+    runs: dict = {}
+    for line in WIDE_RECORDS.read_text().splitlines():
+        r = json.loads(line)
+        if r["git_sha"].startswith(WIDE_SHA) and r["candidate"] in ("ours", "ours_fit_pp"):
+            runs.setdefault((r["proj"], r["groups"], r["T"], r["N"], r["K"]), {})[r["candidate"]] = r
+    return runs
+
+
+def test_ping_pong_fitted_plan_is_taken_on_gate_up_from_64_rows_a_group():
+    """The 12 shapes of grouped_fit64_probe.jsonl (8 / 16 experts at 64 / 96 rows an expert): ``plan`` takes the
+    form on the 6 gate/up shapes (N >= 2 K), where it ran 1.028-1.089x the pick, and on none of the 6 down
+    shapes (N < K: 0.890-1.116x), among them the 3 where it ran behind."""
+    records = _wide_records()
+    assert len(records) == 12 and all(len(v) == 2 for v in records.values())
+    behind = 0
+    for (proj, G, T, N, K), v in records.items():
+        ours, fitpp = v["ours"]["tflops"], v["ours_fit_pp"]["tflops"]
+        p = grouped.plan("contiguous", G, T, N, K)
+        assert p.expected_rows in (64, 96) and f"priced for {p.expected_rows} rows a group" in v["ours"]["plan"]
+        taken = p.fit and p.schedule == "pingpong"
+        assert (N >= 2 * K) == (proj == "gate_up") == taken, (proj, G, T, N, K, p)
+        if taken:
+            assert fitpp > ours and f"{grouped.FIT_KERNEL} 128 weight rows" in v["ours_fit_pp"]["plan"], v
+        behind += fitpp < ours
+    assert behind == 3
+
+
+def test_ping_pong_fitted_form_is_listed_from_64_rows_a_group_where_n_is_2k():
+    """FIT_PINGPONG_MIN_ROWS_WIDE rows a group at N >= 2 K, FIT_PINGPONG_MIN_ROWS below; K >= FIT_PINGPONG_MIN_K
+    at either; refused with a message that says both."""
+    def why(rows_per_group, N, K=4096):
+        return grouped.fit_pingpong_problem("contiguous", "bf16", "bf16", False, 8, round(8 * rows_per_group), N, K,
+                                            rows_per_group)
+
+    message = "listed from 128 rows a group on average (64 where N >= 2 K) and K >= 2048"
+    assert why(64, 8192) is None and why(127, 8192) is None and why(64, 28672) is None
+    assert message in why(63, 8192) and message in why(63.9, 8192)
+    for N in (8191, 4096, 1024):
+        assert all(message in why(r, N) for r in (64, 96, 127)), N
+        assert why(128, N) is None
+    assert message in why(64, 2048, K=1024) and message in why(128, 4096, K=2047)
+    # Through ``plan`` (8 experts, K = 4096): 63 against 64 rows a group at N = 2 K; 64 rows just below 2 K.
+    assert grouped.plan("contiguous", 8, 512, 8192, 4096).fit
+    for T, N in ((504, 8192), (512, 8191)):
+        assert not any(c.fit for c in grouped.candidates("contiguous", 8, T, N, 4096)), (T, N)
+    assert grouped.plan("contiguous", 8, 1024, 4096, 4096).fit  # 128 rows, N = K: as before
+
+
+def test_listing_the_ping_pong_fitted_form_does_not_move_the_tiled_pick(monkeypatch):
+    """At 68 rows a group (60 experts, T = 4096) 64- and 128-row tiles multiply 128 and 132 rows a group, a tie
+    in ``candidates``' order; the fitted form's 77, listed there at N >= 2 K, must not break it."""
+    shape = ("contiguous", 60, 4096, 28672, 4096)
+    tiled = grouped.tiled_plan(*shape)
+    assert grouped.plan(*shape).fit
+    monkeypatch.setattr(grouped, "FIT_PINGPONG_MIN_ROWS_WIDE", grouped.FIT_PINGPONG_MIN_ROWS)
+    assert not any(c.fit for c in grouped.candidates(*shape))
+    assert grouped.tiled_plan(*shape) == tiled
 
 
 def test_fitted_plan_builds_either_form_anywhere_its_kernel_runs():

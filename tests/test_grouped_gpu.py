@@ -931,7 +931,7 @@ def _fit_plan(G, T, N, K, dtype="bf16", schedule="data_parallel"):
 
 
 # Both schedules: data-parallel (listed at few rows a group) and ping-pong consumers (taken at 128 rows a group
-# and more, K >= 2048); grouped.FIT_SHARED_STORE: one epilogue a width, or one for all.
+# and more, 64 where N >= 2 K; K >= 2048); grouped.FIT_SHARED_STORE: one epilogue a width, or one for all.
 @pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("G,T,N,K,dtype", [(64, 512, 1408, 2048, "bf16"), (128, 512, 768, 2048, "bf16"),

@@ -142,7 +142,7 @@ FIT_MAX_TILE_ROWS = FIT_WMAX * 0x7FFF  # a group's token tiles, ceil(rows / FIT_
 #   the pick stream-K (512 rows, K 14336 / 10752): 567 -> 560 (x0.988), 557 -> 585 (x1.050).
 # So ``plan`` takes it (FIT_PINGPONG_OFFERED) where it was ahead by a margin, on the classes measured:
 # contiguous bf16 / fp16 with 16-bit output and K-major b, <= FIT_MAX_GROUPS groups, at least
-# FIT_PINGPONG_MIN_ROWS rows a group on average (below, only the data-parallel form was measured), K >=
+# FIT_PINGPONG_MIN_ROWS rows a group on average (FIT_PINGPONG_MIN_ROWS_WIDE where N >= 2 K: below), K >=
 # FIT_PINGPONG_MIN_K (a short k-loop hides less of the thread-stored epilogue: the plan model's k-loop of 16-22
 # k-steps is 1.3-1.8x the epilogue, 2.4x or more at K >= 2048; the three short-K shapes x0.958-1.026), the
 # tiled pick not stream-K (its partial last wave streamed; the fitted form has none: x0.988 / x1.050, mixed),
@@ -152,8 +152,22 @@ FIT_MAX_TILE_ROWS = FIT_WMAX * 0x7FFF  # a group's token tiles, ceil(rows / FIT_
 # explain the lead (``_fit_pingpong_price`` ties the form with the pick at the HBM floor at 128 rows an expert,
 # prices it 5-11% faster at 256-273 rows, where it measured x0.958-1.063, and 8-12% slower at 512 rows, where
 # it measured x0.988-1.064): listed at its model price, taken by rule.
+# At 64-127 rows a group, only where N >= 2 K (the gate/up class). Measured (H200, 6428b37,
+# grouped_fit64_probe.jsonl, graph replay interleaved with the pick on grouped_bench's routing, 1470-1770 MHz),
+# TFLOP/s pick -> fitted ping-pong on 12 shapes of 8 / 16 experts at 64 / 96 rows an expert, K 4096-16384
+# (Mixtral T = 512 / 768, Mixtral 8x22B T = 512 / 768, DBRX T = 1024 / 1536):
+#   gate/up (N = 2 x intermediate, 3.5-7 K; the pick 64 x 256 ping-pong; all 6 ahead, x1.056 geomean): Mixtral
+#   255 -> 268 (x1.052), 345 -> 376 (x1.089); 8x22B 332 -> 352 (x1.058), 342 -> 369 (x1.079); DBRX 287 -> 296
+#   (x1.031), 353 -> 363 (x1.028);
+#   down (N = hidden < K; mixed, x0.987 geomean): Mixtral 278 -> 310 (x1.116, the pick 64 x 128 data-parallel),
+#   402 -> 358 (x0.890); 8x22B 262 -> 245 (x0.937, the pick 64 x 128 data-parallel), 361 -> 365 (x1.012); DBRX
+#   283 -> 274 (x0.971), 366 -> 369 (x1.008).
+# So the line is drawn at N >= 2 K, where all 6 were ahead; elsewhere FIT_PINGPONG_MIN_ROWS stands (N between K
+# and 2 K was not measured). It rests on this one probe of 12 shapes, and the plan model does not explain it: it
+# prices the pick and the form alike, at the HBM floor, on all 12, gate/up and down.
 FIT_PINGPONG_OFFERED = True
 FIT_PINGPONG_MIN_ROWS = 128
+FIT_PINGPONG_MIN_ROWS_WIDE = 64  # where N >= 2 K
 FIT_PINGPONG_MIN_K = 2048
 FIT_PINGPONG_ROW_SHARE = 0.96
 FIT_SCHEDULES = ("data_parallel", "pingpong")
@@ -493,8 +507,8 @@ def fit_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int
     return None
 
 
-def fit_pingpong_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int, rows: int, K: int,
-                         rows_per_group: float) -> str | None:
+def fit_pingpong_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, groups: int, rows: int, N: int,
+                         K: int, rows_per_group: float) -> str | None:
     """Why the fitted form with ping-pong consumers is not listed for a problem (``rows`` = T, priced at
     ``rows_per_group``), or None where it is: the classes it was measured ahead on (FIT_PINGPONG_OFFERED's
     comment). ``plan`` takes it where listed unless the tiled pick is stream-K or pads no more rows
@@ -502,9 +516,11 @@ def fit_pingpong_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, gr
     why = fit_kernel_problem(layout, dtype, out_dtype, b_mn, groups, rows)
     if why:
         return why
-    if rows_per_group < FIT_PINGPONG_MIN_ROWS or K < FIT_PINGPONG_MIN_K:
-        return (f"the ping-pong fitted form is listed from {FIT_PINGPONG_MIN_ROWS} rows a group on average and K >= "
-                f"{FIT_PINGPONG_MIN_K} (measured ahead there only)")
+    least = FIT_PINGPONG_MIN_ROWS_WIDE if N >= 2 * K else FIT_PINGPONG_MIN_ROWS
+    if rows_per_group < least or K < FIT_PINGPONG_MIN_K:
+        return (f"the ping-pong fitted form is listed from {FIT_PINGPONG_MIN_ROWS} rows a group on average "
+                f"({FIT_PINGPONG_MIN_ROWS_WIDE} where N >= 2 K) and K >= {FIT_PINGPONG_MIN_K} "
+                f"(measured ahead there only)")
     return None
 
 
@@ -649,7 +665,7 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     if fit_problem(layout, dt, odt, b_mn, groups, expected_rows) is None:
         plans.append(_fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
                              "data_parallel"))
-    if fit_pingpong_problem(layout, dt, odt, b_mn, groups, rows, K, expected_rows) is None:
+    if fit_pingpong_problem(layout, dt, odt, b_mn, groups, rows, N, K, expected_rows) is None:
         plans.append(_fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
                              "pingpong"))
     # Ties (at the HBM floor): the tile that multiplies the fewest rows (padding each group to whole tiles;
@@ -658,13 +674,17 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     # Measured (H200, 886e76f, --all-tiles): at 4-16 rows an expert (T = 256; DeepSeek-V3 at 4096) 64-row
     # tiles ran 1.15-1.25x 128 x 128 ping-pong, which the busy time alone ranked first; at ~68 rows
     # (Qwen1.5-MoE, T = 4096: 64- and 128-row tiles multiply 128 and 132 rows a group) ping-pong led.
+    # The ping-pong fitted form does not set the fewest: ``plan`` weighs it against the tiled pick
+    # (``fit_pingpong_beats``), so listing it must not move that pick (at 68 rows its 77 would rank the 64-row
+    # tiles' 128 ahead of the 128-row tiles' 132). At 128 rows and more, where it was listed before, leaving it
+    # out changed no ranking on a grid of 150k problems.
     def multiplied(p: GroupedPlan) -> float:
         if p.fit:
             return fitted_rows(expected_rows) if p.schedule == "pingpong" else max(expected_rows, FIT_Q)
         return tiles_m_per_group(expected_rows, p.bm, layout == "contiguous") * p.bm
 
     rows = {id(p): groups * multiplied(p) for _, p in plans}
-    fewest = min(rows.values(), default=0.0)
+    fewest = min((rows[id(p)] for _, p in plans if not (p.fit and p.schedule == "pingpong")), default=0.0)
     def padded(p: GroupedPlan) -> float:
         return 0.0 if rows[id(p)] <= 1.05 * fewest else rows[id(p)]
 
