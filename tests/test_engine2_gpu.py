@@ -242,6 +242,8 @@ ROUTED = [
     ((5000, 5120, 14336), torch.bfloat16, None, False, None, None, False),  # swapped ping-pong (SWAP_WIDE)
     ((12608, 768, 3072), torch.float16, None, False, torch.float16, "silu", False),  # swapped, 99 token columns
     ((8192, 9216, 8192), torch.bfloat16, None, False, None, None, False),  # stream-K
+    ((512, 1024, 8192), torch.bfloat16, None, False, None, None, False),  # global split-K (gsk_few_tiles)
+    ((384, 1000, 8192), torch.float16, torch.float32, False, torch.float16, "silu", True),  # the same, heavy
 ]
 
 
@@ -304,3 +306,37 @@ def test_routed_stream_k_is_bitwise_deterministic_and_replays_in_a_graph():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.view(torch.int16), first.view(torch.int16))
+
+
+@pytest.mark.parametrize("shape", [(512, 1024, 8192), (384, 1024, 8192), (512, 768, 14336)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_routed_global_split_k_is_bitwise_deterministic_and_replays_in_a_graph(shape):
+    """The router's global split-K plans (planner.gsk_few_tiles) through gemmlab.matmul: float64's answer, the
+    same bits call after call, and replayed in a CUDA graph with new inputs copied into the captured ones."""
+    import gemmlab
+
+    assert gemmlab.plan(*shape).plan.schedule == "split_k_global"
+    a, b, _, _ = _routed_case(shape, torch.bfloat16, None, False, None, None, False, seed=11)
+    first = gemmlab.matmul(a, b)
+    torch.cuda.synchronize()
+    assert not torch.isnan(first).any() and rel_error(first, reference(a, b)) <= 1e-2
+    for _ in range(3):
+        again = gemmlab.matmul(a, b)
+        assert torch.equal(again.view(torch.int16), first.view(torch.int16))
+    out = torch.full_like(first, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gemmlab.matmul(a, b, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gemmlab.matmul(a, b, out=out)
+    a2, b2, _, _ = _routed_case(shape, torch.bfloat16, None, False, None, None, False, seed=12)
+    a.copy_(a2)
+    b.copy_(b2)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_error(out, reference(a2, b2)) <= 1e-2
+    assert torch.equal(out.view(torch.int16), gemmlab.matmul(a2, b2).view(torch.int16))
