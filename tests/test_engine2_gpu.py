@@ -279,6 +279,22 @@ def test_matmul_routes_to_the_engine_kernel_and_matches_float64(case):
         assert rel_error(y, ref) <= 1e-2, (shape, rel_error(y, ref))
 
 
+def _captured_matmul(a, b, out):
+    """gemmlab.matmul(a, b, out=out) captured in a CUDA graph, after one call on the capture stream (which
+    prepares the launch and grows the workspace)."""
+    import gemmlab
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gemmlab.matmul(a, b, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gemmlab.matmul(a, b, out=out)
+    return g
+
+
 def test_routed_stream_k_is_bitwise_deterministic_and_replays_in_a_graph():
     """The router's stream-K plan (8192x9216x8192; 5000x5120x14336's until SWAP_WIDE) through gemmlab.matmul:
     the same bits run after run,
@@ -293,14 +309,7 @@ def test_routed_stream_k_is_bitwise_deterministic_and_replays_in_a_graph():
         again = gemmlab.matmul(a, b)
         assert torch.equal(again.view(torch.int16), first.view(torch.int16))
     out = torch.full_like(first, float("nan"))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        gemmlab.matmul(a, b, out=out)  # warm on the capture stream
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        gemmlab.matmul(a, b, out=out)
+    g = _captured_matmul(a, b, out)
     for _ in range(2):
         out.fill_(float("nan"))
         g.replay()
@@ -324,14 +333,7 @@ def test_routed_global_split_k_is_bitwise_deterministic_and_replays_in_a_graph(s
         again = gemmlab.matmul(a, b)
         assert torch.equal(again.view(torch.int16), first.view(torch.int16))
     out = torch.full_like(first, float("nan"))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        gemmlab.matmul(a, b, out=out)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        gemmlab.matmul(a, b, out=out)
+    g = _captured_matmul(a, b, out)
     a2, b2, _, _ = _routed_case(shape, torch.bfloat16, None, False, None, None, False, seed=12)
     a.copy_(a2)
     b.copy_(b2)
