@@ -5,7 +5,7 @@
 #
 #   gt      grouped GPU tests (bf16; GT_K selects)                 et     GPU test files (ET_FILES)
 #   gsan    compute-sanitizer memcheck + racecheck, grouped        eh     grouped eager host cost
-#   ed      dense eager host cost (eager_host.py; ED_ARGS)
+#   ed      dense eager host cost (eager_host.py; ED_ARGS)      suite  gemmlab bench --suite matmul-NAME (SUITES)
 #   varx    probe_variants.py per pick=variants (VARX)             fit    probe_grouped_fit.py (PROBE_* env)
 #   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (BR_ARGS; the broad set)
 #
@@ -35,6 +35,10 @@ for s in ${STEPS:-}; do
     # shellcheck disable=SC2086
     ed) timeout "${ED_T:-150}" python3 benchmarks/eager_host.py ${ED_ARGS:-} --out "$OUT/eager.jsonl" 2>&1 \
           | tee "$OUT/eager_dense.txt" | tail -40 ;;
+    suite) for name in ${SUITES:-prefill}; do
+             timeout "${SUITE_T:-200}" python3 -m gemmlab bench --suite "matmul-$name" --no-plots --out "$OUT/matmul.jsonl" 2>&1 \
+               | tee -a "$OUT/suites.txt" | tail -"${SUITE_TAIL:-12}"
+           done ;;
     varx) for pv in ${VARX:-stream=base,hint1,hint2,hint3,store moe=base,hint1,hint2 decode=base,dhint}; do
             timeout "${VAR_T:-300}" python3 benchmarks/probes/probe_variants.py "$OUT/variants_probe.jsonl" --pick "${pv%%=*}" \
               --limit "${VAR_LIMIT:-24}" --variants "${pv#*=}" 2>&1 | grep -v "^ " | tail -"${VAR_TAIL:-30}"
@@ -46,7 +50,7 @@ for s in ${STEPS:-}; do
     # shellcheck disable=SC2086
     broad) timeout "${BR_T:-520}" python3 benchmarks/engine_broad.py --out "$OUT/engine_broad.jsonl" --budget-s "${BR_BUDGET:-330}" ${BR_ARGS:-} 2>&1 \
              | tail -6 ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed varx fit gsuite broad)" ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
