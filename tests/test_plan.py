@@ -124,7 +124,8 @@ def test_global_split_k_is_offered_only_by_its_rank_factor():
 
 def test_global_split_k_is_offered_on_few_tiles_over_a_deep_k():
     """The H200 offers global split-K on few 128-row tiles over a deep K (planner.gsk_few_tiles), ranked by price
-    x gsk_few_tiles_factor, with GSK_FEW_MIN_STEPS k-steps a rank; nowhere else (nor with the factor at 0)."""
+    x gsk_few_tiles_factor, in GSK_FEW_SPLITS ranks of GSK_FEW_MIN_STEPS k-steps or more; nowhere else (nor with
+    the factor at 0)."""
     prof = devices.H200
     assert prof.gsk_few_tiles_factor > 1
     for shape in ((512, 1024, 8192), (384, 1024, 8192), (512, 768, 8192), (512, 1024, 14336)):  # measured ahead
@@ -143,7 +144,10 @@ def test_global_split_k_is_offered_on_few_tiles_over_a_deep_k():
     assert not planner.gsk_few_tiles(512, 1024, 8192, 128, 128, True, prof)  # swapped
     assert not planner.gsk_few_tiles(512, 1024, 8192, 64, 128, False, prof)  # 64-row tiles
     assert not planner.gsk_few_tiles(255, 1024, 8192, 128, 128, False, prof)  # under GSK_FEW_MIN_M rows
-    assert not planner.gsk_few_tiles(512, 1024, 4032, 128, 128, False, prof)  # 63 k-steps: under two ranks of 32
+    assert not planner.gsk_few_tiles(512, 1024, 8128, 128, 128, False, prof)  # 127 k-steps: under 4 ranks of 32
+    assert not planner.gsk_few_tiles(512, 1024, 8192, 128, 208, False, prof)  # wider than GSK_FEW_MAX_BN
+    assert all(c.splits == planner.GSK_FEW_SPLITS for c in planner.candidates(512, 1024, 8192)
+               if c.schedule == "split_k_global")
     assert not planner.gsk_few_tiles(512, 1152, 8192, 128, 128, False, prof)  # 36 tiles: over a quarter of 132
 
 

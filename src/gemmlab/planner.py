@@ -54,6 +54,8 @@ OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
 # shape (256x2560x9728 128 x 160 x4, 0.98-1.01x the pick).
 GSK_FEW_MIN_M = 256
 GSK_FEW_MIN_STEPS = 32
+GSK_FEW_SPLITS = 4
+GSK_FEW_MAX_BN = 192
 GSK_FEW_TILES_SHARE = 4  # tiles x this <= SMs
 # Swap AB (``Plan.swap_ab``): at few tokens the kernel may compute out^T = W @ A^T, the weight as the
 # wgmma's 64-row operand and the tokens as its narrow n (cuBLAS's sm90 kernels do at decode shapes, e.g.
@@ -498,16 +500,17 @@ def tile_problem(bm: int, bn: int, schedule: str, *, dtype: str = "bf16", b_mn: 
 
 def gsk_few_tiles(M: int, N: int, K: int, bm: int, bn: int, swapped: bool, prof: DeviceProfile) -> bool:
     """Whether global split-K is offered on this tile of the kernel's M x N x K problem although the schedule
-    is not (OFFERED_SCHEDULES' comment): few 128-row tiles over a deep K, not swapped."""
-    return (prof.gsk_few_tiles_factor > 0 and bm == 128 and not swapped and M >= GSK_FEW_MIN_M
-            and math.ceil(K / BK) >= 2 * GSK_FEW_MIN_STEPS
+    is not (OFFERED_SCHEDULES' comment): few 128 x <= GSK_FEW_MAX_BN tiles over a deep K, not swapped (then
+    in GSK_FEW_SPLITS ranks of at least GSK_FEW_MIN_STEPS k-steps)."""
+    return (prof.gsk_few_tiles_factor > 0 and bm == 128 and bn <= GSK_FEW_MAX_BN and not swapped
+            and M >= GSK_FEW_MIN_M and math.ceil(K / BK) // GSK_FEW_SPLITS >= GSK_FEW_MIN_STEPS
             and GSK_FEW_TILES_SHARE * math.ceil(M / bm) * math.ceil(N / bn) <= prof.sm_count)
 
 
 def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, offered=OFFERED_SCHEDULES,
                few: bool = False):
-    """(schedule, splits, sk_tiles, sk_ctas, grid) worth scoring for one tile; ``few``: global split-K too,
-    with at least GSK_FEW_MIN_STEPS k-steps a rank (``gsk_few_tiles``)."""
+    """(schedule, splits, sk_tiles, sk_ctas, grid) worth scoring for one tile; ``few``: global split-K too, in
+    GSK_FEW_SPLITS ranks (``gsk_few_tiles``)."""
     G = prof.sm_count
     tiles = math.ceil(M / bm) * math.ceil(N / bn)
     k = math.ceil(K / BK)
@@ -530,10 +533,10 @@ def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, of
     # Global split-K: the same streamed tiles, each cut into `s` aligned k-ranges (one CTA each, no
     # cluster), reduced by all s CTAs together.
     if "split_k_global" in offered or few:
-        least = MIN_SPLIT_K_STEPS if "split_k_global" in offered else GSK_FEW_MIN_STEPS
+        splits = range(2, MAX_GLOBAL_SPLITS + 1) if "split_k_global" in offered else (GSK_FEW_SPLITS,)
         for sk_tiles in sorted({rem, rem + G if full else 0} - {0}):
-            for s in range(2, MAX_GLOBAL_SPLITS + 1):
-                if s * sk_tiles <= G and k // s >= least:
+            for s in splits:
+                if s * sk_tiles <= G and k // s >= MIN_SPLIT_K_STEPS:
                     yield "split_k_global", s, sk_tiles, s * sk_tiles, G if tiles > sk_tiles else s * sk_tiles
 
 
