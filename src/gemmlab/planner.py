@@ -42,16 +42,19 @@ MAX_GLOBAL_SPLITS = 4  # global split-K: ranks per tile (its reduction keeps 4 i
 # data-parallel plan on every one (512x1024x4096 128x128 x4: 14.4 us against 9.9 predicted; stream-K's
 # 64x128 plan 12.6 us). It stays runnable (schedules=SCHEDULES) and GPU-tested; see docs/worklog.md.
 OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
-# Except on few tiles over a deep K (``gsk_few_tiles``): 128-row tiles, at most a quarter as many as SMs, at
-# least GSK_FEW_MIN_M rows and GSK_FEW_MIN_STEPS k-steps a rank, ranked by price x the profile's
-# ``gsk_few_tiles_factor``. There the data-parallel plans are 64-row tiles whose loads bind (the kstep-bound
-# probe) and cluster split-K pays its DSMEM reduction on 128 x 96-128 partials, while global split-K's price
-# held (measured / priced 0.99-1.04). Measured (H200, 6428b37, deep_k_gsk_probe.jsonl, every schedule on 16
+# Except on few tiles over a deep K (``gsk_few_tiles``): 128 x <= GSK_FEW_MAX_BN tiles, at most a quarter as
+# many as SMs, at least GSK_FEW_MIN_M rows, GSK_FEW_SPLITS ranks of at least GSK_FEW_MIN_STEPS k-steps, ranked
+# by price x the profile's ``gsk_few_tiles_factor``. There the data-parallel plans are 64-row tiles whose loads
+# bind (the kstep-bound probe) and cluster split-K pays its DSMEM reduction on 128 x 96-128 partials, while
+# global split-K's price held (measured / priced 0.99-1.04). Measured (H200, 6428b37, deep_k_gsk_probe.jsonl, every schedule on 16
 # deep-K few-tile shapes): 512x1024x8192 128 x 128 x4 0.955x torch.mm against the pick's 0.870,
 # 512x1024x14336 0.916 / 0.808, 384x1024x8192 128 x 96 x4 0.938 / 0.866, 512x768x8192 1.007 / 0.941; where
 # it lost (512x1024x4096 x4: 16 k-steps a rank, 0.745 / 0.871; 512x2048x8192 and 1024x1024x8192 x2: 64 tiles;
-# 300x1600x6400 x3: 39 tiles) the rule does not offer it. On the broad set (3 runs) it would move one
-# shape (256x2560x9728 128 x 160 x4, 0.98-1.01x the pick).
+# 300x1600x6400 x3: 39 tiles) the rule does not offer it. Timed in place (gsk_few_tiles_probe.jsonl, 62 shapes
+# it moved, mostly random): x1.023 over the plans it replaced, but every plan of 224-240 columns ran 1.06-1.19x
+# its price and lost (x0.85-1.00), as did the one 3-rank plan (x0.89): hence GSK_FEW_MAX_BN and GSK_FEW_SPLITS,
+# drawn on those records (the 54 left: x1.039, 7 slower by more than 2%, worst x0.91). On the broad set it
+# moves one shape (256x2560x9728 128 x 160 x4, 0.98-1.01x the pick).
 GSK_FEW_MIN_M = 256
 GSK_FEW_MIN_STEPS = 32
 GSK_FEW_SPLITS = 4
