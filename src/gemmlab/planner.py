@@ -46,8 +46,8 @@ OFFERED_SCHEDULES = tuple(s for s in SCHEDULES if s != "split_k_global")
 # many as SMs, at least GSK_FEW_MIN_M rows, GSK_FEW_SPLITS ranks of at least GSK_FEW_MIN_STEPS k-steps, ranked
 # by price x the profile's ``gsk_few_tiles_factor``. There the data-parallel plans are 64-row tiles whose loads
 # bind (the kstep-bound probe) and cluster split-K pays its DSMEM reduction on 128 x 96-128 partials, while
-# global split-K's price held (measured / priced 0.99-1.04). Measured (H200, 6428b37, deep_k_gsk_probe.jsonl, every schedule on 16
-# deep-K few-tile shapes): 512x1024x8192 128 x 128 x4 0.955x torch.mm against the pick's 0.870,
+# global split-K's price held (measured / priced 0.99-1.04). Measured (H200, 6428b37, deep_k_gsk_probe.jsonl,
+# every schedule on 16 deep-K few-tile shapes): 512x1024x8192 128 x 128 x4 0.955x torch.mm against the pick's 0.870,
 # 512x1024x14336 0.916 / 0.808, 384x1024x8192 128 x 96 x4 0.938 / 0.866, 512x768x8192 1.007 / 0.941; where
 # it lost (512x1024x4096 x4: 16 k-steps a rank, 0.745 / 0.871; 512x2048x8192 and 1024x1024x8192 x2: 64 tiles;
 # 300x1600x6400 x3: 39 tiles) the rule does not offer it. Timed in place (gsk_few_tiles_probe.jsonl, 62 shapes
