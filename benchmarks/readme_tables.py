@@ -149,7 +149,7 @@ def sweep_table(records: list[dict]) -> str:
 
 def matmul_suites(records: list[dict]) -> dict[str, list[dict]]:
     """suite -> the newest record of each of its cases. `prefill` and `decode` are the halves of `llm`: a
-    separate run of one is kept only while it is newer."""
+    separate run of one is kept only while it is newer, and `llm` only while one of them is not."""
     records = list(latest(records, lambda r: (r["suite"], r.get("case"), r["M"], r["N"], r["K"])).values())
     suites = defaultdict(list)
     for r in records:
@@ -158,6 +158,8 @@ def matmul_suites(records: list[dict]) -> dict[str, list[dict]]:
     for half in ("prefill", "decode"):
         if half in suites and max(r["time"] for r in suites[half]) < llm_time:
             del suites[half]
+    if "llm" in suites and all(half in suites for half in ("prefill", "decode")):
+        del suites["llm"]  # both halves ran since: its cases are timed anew there
     return dict(suites)
 
 
@@ -243,8 +245,9 @@ def summary_table(hopper: list[dict], sweep: list[dict], sgemm: list[dict], matm
                     f"({len(ratios)} sizes) |")
     for name, rs in matmul_suites(matmul).items():
         ratios = [r["ratio"] for r in rs]
-        rows.append(f"| `gemmlab.matmul`, suite `{name}` ({len(rs)} cases) against torch | {geomean(ratios):.3f}x "
-                    f"geomean ({min(ratios):.2f}x to {max(ratios):.2f}x) |")
+        runs = ", ".join(sorted({r["git_sha"][:7] for r in rs}))
+        rows.append(f"| `gemmlab.matmul`, suite `{name}` ({len(rs)} cases, run {runs}) against torch | "
+                    f"{geomean(ratios):.3f}x geomean ({min(ratios):.2f}x to {max(ratios):.2f}x) |")
     runs = {sha: kinds for sha, kinds in eager_runs(eager or []).items() if kinds["per_call"]}
     if runs:
         sha, kinds = list(runs.items())[-1]
