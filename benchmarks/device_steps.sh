@@ -8,6 +8,7 @@
 #   ed      dense eager host cost (eager_host.py; ED_ARGS)      suite  gemmlab bench --suite matmul-NAME (SUITES)
 #   varx    probe_variants.py per pick=variants (VARX)             fit    probe_grouped_fit.py (PROBE_* env)
 #   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (BR_ARGS; the broad set)
+#   fuzz    the fuzz soak over every route for FUZZ_S seconds (tests/test_fuzz_gpu.py -k soak; record in fuzz.jsonl)
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -50,7 +51,9 @@ for s in ${STEPS:-}; do
     # shellcheck disable=SC2086
     broad) timeout "${BR_T:-520}" python3 benchmarks/engine_broad.py --out "$OUT/engine_broad.jsonl" --budget-s "${BR_BUDGET:-330}" ${BR_ARGS:-} 2>&1 \
              | tail -6 ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad)" ;;
+    fuzz) GEMMLAB_FUZZ_SECONDS=${FUZZ_S:-120} GEMMLAB_FUZZ_RECORD="$OUT/fuzz.jsonl" timeout "${FUZZ_T:-300}" \
+            python3 -m pytest -q -s -m slow tests/test_fuzz_gpu.py -k soak 2>&1 | tee "$OUT/fuzz.txt" | tail -8 ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
