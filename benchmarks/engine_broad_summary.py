@@ -7,6 +7,13 @@ pick against the best measured plan of the new kernel; the oracle (best of every
 with ``--before``, ``engine`` of both runs over the shapes both timed (what gemmlab.matmul ran then and
 now), and the router's kernel choice against the alternatives timed beside it in the same run (``h11``,
 ``decode``, or the engine kernel's ``model`` plan where the decode kernel ran).
+
+    python3 benchmarks/engine_broad_summary.py --runs 0a9a13b 933513a bb0d0cc
+
+``--runs``: what ``gemmlab.matmul`` ran (``engine``) over several runs of the set, shape by shape: each
+run's bars (geomean, share >= 1.0, shapes under 0.95) and those of the per-shape median over the runs,
+with the shapes whose median is under 1.0 and their range: a shape one run puts under a bar and the
+others do not is the run's noise, not the class's.
 """
 
 from __future__ import annotations
@@ -38,12 +45,39 @@ def load(path: Path, sha: str) -> dict:
     return by
 
 
+def bars(xs: list[float]) -> str:
+    return f"{gm(xs):.3f}  >=1.0: {sum(x >= 1 for x in xs) / len(xs):5.1%}  under 0.95: {sum(x < 0.95 for x in xs)}"
+
+
+def across(path: Path, shas: list[str]) -> None:
+    """``--runs``: the routed call's ratio per shape over the runs ``shas`` (the shapes every run timed)."""
+    runs = {sha: load(path, sha) for sha in shas}
+    shapes = set.intersection(*({s for s, d in run.items() if "engine" in d} for run in runs.values()))
+    if not shapes:
+        print("no shape has an engine record in every run (are the shas' prefixes right?)")
+        return
+    for sha, run in runs.items():
+        print(f"  {sha:12s} {bars([run[s]['engine']['ratio'] for s in shapes])}")
+    per = {s: sorted(run[s]["engine"]["ratio"] for run in runs.values()) for s in shapes}
+    med = {s: statistics.median(xs) for s, xs in per.items()}
+    print(f"  {'median':12s} {bars(list(med.values()))}  ({len(shapes)} shapes, {len(runs)} runs)")
+    print("shapes whose median is under 1.0 (median [min - max] over the runs):")
+    for s in sorted((s for s in shapes if med[s] < 1.0), key=med.get):
+        print(f"  {med[s]:.3f} [{per[s][0]:.3f} - {per[s][-1]:.3f}] {s} {next(iter(runs.values()))[s]['engine']['cls']}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sha", required=True, help="a run's git sha, or a prefix of it")
+    p.add_argument("--sha", help="a run's git sha, or a prefix of it")
     p.add_argument("--before", default=None, help="an earlier run's sha, compared over the shapes both timed")
+    p.add_argument("--runs", nargs="+", default=None, metavar="SHA", help="several runs' shas: the routed call over them")
     p.add_argument("--file", type=Path, default=RESULTS)
     args = p.parse_args()
+    if args.runs:
+        across(args.file, args.runs)
+        return
+    if not args.sha:
+        p.error("give --sha (one run) or --runs (several)")
     now = load(args.file, args.sha)
     print(f"{args.sha}: {len(now)} shapes")
     cands = sorted({c for d in now.values() for c in d})

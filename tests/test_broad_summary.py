@@ -33,3 +33,24 @@ def test_the_same_plan_timed_twice_gives_the_runs_noise(tmp_path, monkeypatch, c
     # Three shapes ran the engine kernel; the largest spread is 1.20 / 1.00 at the second one.
     assert "the same plan timed twice (engine / model, 3 shapes)" in out, out
     assert "max 0.182 at (128, 1024, 4096)" in out, out
+
+
+def test_runs_reads_each_shape_over_several_runs(tmp_path, monkeypatch, capsys):
+    """--runs: each run's bars over the shapes every run timed, and the per-shape median's; a shape one run
+    puts under 0.95 but whose median is 1.0 or more is not listed."""
+    recs = []
+    ratios = {(64, 1024, 4096): (0.90, 0.92, 0.94), (128, 1024, 4096): (0.90, 1.05, 1.10),
+              (256, 1024, 4096): (1.20, 1.20, 1.20)}
+    for shape, rs in ratios.items():
+        for sha, x in zip(("aaa111", "bbb222", "ccc333"), rs):
+            recs.append({**_rec(shape, "engine", 1 / x, kernel="engine"), "git_sha": sha})
+    recs.append({**_rec((512, 1024, 4096), "engine", 1.0, kernel="engine"), "git_sha": "aaa111"})  # one run only
+    path = tmp_path / "broad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--runs", "aaa", "bbb", "ccc", "--file", str(path)])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "aaa          0.991  >=1.0: 33.3%  under 0.95: 2" in out, out  # (0.9 * 0.9 * 1.2) ** (1 / 3)
+    assert "median       1.050  >=1.0: 66.7%  under 0.95: 1  (3 shapes, 3 runs)" in out, out  # 0.92, 1.05, 1.2
+    listed = out.split("under 1.0")[1]
+    assert "0.920 [0.900 - 0.940] (64, 1024, 4096)" in listed and "(128, 1024, 4096)" not in listed, out
