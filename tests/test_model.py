@@ -141,6 +141,82 @@ def test_device_profile_default_is_h200_without_gpu():
         model.device_profile("Z100")
 
 
+H100_SXM_PEAK = 2 * 2619e6 * 5120 / 8  # HBM3: 2619 MHz memory clock, 5120-bit bus: 3.35 TB/s
+
+
+def test_a_gpu_with_other_memory_has_the_hbm_rates_in_proportion():
+    from gemmlab import devices
+
+    h100 = devices.with_memory(model.H200, H100_SXM_PEAK)
+    r = H100_SXM_PEAK / model.H200.hbm_peak_bytes_per_s
+    assert 0.67 < r < 0.69 and h100.hbm_peak_bytes_per_s == H100_SXM_PEAK
+    for name in devices.HBM_RATES:
+        assert getattr(h100, name) == pytest.approx(getattr(model.H200, name) * r), name
+    assert h100.hbm_bytes_per_s == pytest.approx(2.93e12, rel=0.01)
+    # Nothing else moves: the SM count, the L2 rates, the fitted k-step factors.
+    rest = [f.name for f in dataclasses.fields(model.H200) if f.name not in devices.HBM_RATES + ("hbm_peak_bytes_per_s",)]
+    assert rest and all(getattr(h100, f) == getattr(model.H200, f) for f in rest)
+    # An unknown peak, or the H200's own, leaves the profile as it is.
+    for peak in (None, 0.0, model.H200.hbm_peak_bytes_per_s):
+        assert devices.with_memory(model.H200, peak) is model.H200
+    # A memory-bound prediction follows the rate.
+    t200 = model.predict(16, 8192, 8192, tile=(64, 128, 64), threads=128, registers=90, smem_bytes=30000,
+                         dtype="bf16", efficiency=0.9, l2_hit=0.9).t_memory_s
+    t100 = model.predict(16, 8192, 8192, tile=(64, 128, 64), threads=128, registers=90, smem_bytes=30000,
+                         dtype="bf16", efficiency=0.9, l2_hit=0.9, profile=h100).t_memory_s
+    assert t100 == pytest.approx(t200 / r)
+
+
+def test_the_visible_gpus_profile_reads_its_memory_peak(monkeypatch):
+    """device_profile(): the visible GPU's SM count, L2 and memory peak (its HBM rates in proportion); a GPU
+    whose driver does not report the memory keeps the H200's rates."""
+    import types
+
+    import torch
+
+    from gemmlab import devices, gpu
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    info = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", sm_count=132, l2_bytes=50 * 2**20,
+                                 hbm_peak_bytes_per_s=H100_SXM_PEAK)
+    monkeypatch.setattr(gpu, "gpu_info", lambda *a: info)
+    prof = devices.device_profile()
+    assert prof.name == info.name and prof.source == "gpu" and prof.sm_count == 132
+    assert prof.hbm_bytes_per_s == pytest.approx(model.H200.hbm_bytes_per_s * 0.6819, rel=1e-3)
+    info.hbm_peak_bytes_per_s = None
+    assert devices.device_profile().hbm_bytes_per_s == model.H200.hbm_bytes_per_s
+    # The engine's planner keeps the H200's rates whatever the GPU (its picks are fitted to them).
+    from gemmlab import engine
+
+    assert engine.plan_profile(132).hbm_read_bytes_per_s == model.H200.hbm_read_bytes_per_s
+
+
+def test_memory_peak_from_the_driver(monkeypatch):
+    """gpu.memory_peak: 2 x memory clock x bus width; None where the driver reports nothing or fails."""
+    import types
+
+    import cuda.core
+
+    from gemmlab import gpu
+
+    def fake(khz, bits):
+        return lambda idx: types.SimpleNamespace(
+            properties=types.SimpleNamespace(memory_clock_rate=khz, global_memory_bus_width=bits))
+
+    monkeypatch.setattr(cuda.core, "Device", fake(3201000, 6144))
+    assert gpu.memory_peak(0) == pytest.approx(model.H200.hbm_peak_bytes_per_s)
+    monkeypatch.setattr(cuda.core, "Device", fake(2619000, 5120))
+    assert gpu.memory_peak(0) == pytest.approx(H100_SXM_PEAK)
+    monkeypatch.setattr(cuda.core, "Device", fake(0, 5120))
+    assert gpu.memory_peak(0) is None
+
+    def broken(idx):
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(cuda.core, "Device", broken)
+    assert gpu.memory_peak(0) is None
+
+
 def test_device_constants_live_in_the_profile():
     """Issue 14: one device profile holds the device constants every model uses. No module of the package
     but gemmlab.devices defines a rate, latency or bandwidth at module level (names ending PER_S,

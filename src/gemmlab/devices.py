@@ -88,7 +88,11 @@ class DeviceProfile:
     max_threads_per_sm: int = 2048
     max_threads_per_block: int = 1024
     max_blocks_per_sm: int = 32
-    source: str = "profile"  # "profile" or "gpu" (SM count and L2 read from the device)
+    source: str = "profile"  # "profile" or "gpu" (SM count, L2 and memory read from the device)
+    # The device memory's peak rate (2 transfers a clock x memory clock x bus width), what the HBM rates
+    # below (``HBM_RATES``) were measured against: a GPU with other memory has them in proportion
+    # (``device_profile``). 0: not known.
+    hbm_peak_bytes_per_s: float = 0.0
     # The TMA -> shared memory -> wgmma pipeline (``predict_pipelined``): the H200's values; where they
     # come from is in the docstring above.
     l2_smem_bytes_per_s: float = 10e12  # L2 -> shared memory, all SMs together; clock-independent
@@ -210,15 +214,34 @@ class DeviceProfile:
         return self.sm_count * self.flop_per_clk_sm[dtype] * (clock_mhz or self.sm_clock_mhz) * 1e6
 
 
-# H200 SXM: 132 SMs; sustained ~1320 MHz at the 700 W limit, 1980 MHz boost; ~4.3 TB/s HBM copy; 50 MB L2.
+# H200 SXM: 132 SMs; sustained ~1320 MHz at the 700 W limit, 1980 MHz boost; ~4.3 TB/s HBM copy of a
+# 4.92 TB/s peak (HBM3e, 3201 MHz memory clock as NVML reads it, 6144-bit bus); 50 MB L2.
 H200 = DeviceProfile(name="H200", sm_count=132, sm_clock_mhz=1320.0, max_clock_mhz=1980.0,
-                     hbm_bytes_per_s=4.3e12, l2_bytes=50 * 2**20)
+                     hbm_bytes_per_s=4.3e12, l2_bytes=50 * 2**20, hbm_peak_bytes_per_s=2 * 3201e6 * 6144 / 8)
 PROFILES: dict[str, DeviceProfile] = {"H200": H200}
+
+# The profile's rates that scale with the device memory's peak (``with_memory``).
+HBM_RATES = ("hbm_bytes_per_s", "hbm_read_bytes_per_s", "hbm_stream_bytes_per_s", "decode_hbm_bytes_per_s",
+             "decode_split_hbm_bytes_per_s")
+
+
+def with_memory(prof: DeviceProfile, peak_bytes_per_s: float | None) -> DeviceProfile:
+    """``prof`` for a GPU whose memory peaks at ``peak_bytes_per_s``: its ``HBM_RATES`` in proportion to the
+    two peaks (an H100 SXM's 3.35 TB/s against the H200's 4.92: x0.68), everything else as it is. The rates
+    were measured on one GPU; in proportion is the first-order guess for another, not a measurement.
+    ``prof`` itself where either peak is unknown."""
+    if not peak_bytes_per_s or not prof.hbm_peak_bytes_per_s or peak_bytes_per_s == prof.hbm_peak_bytes_per_s:
+        return prof
+    r = peak_bytes_per_s / prof.hbm_peak_bytes_per_s
+    return dataclasses.replace(prof, hbm_peak_bytes_per_s=peak_bytes_per_s,
+                               **{name: getattr(prof, name) * r for name in HBM_RATES})
 
 
 def device_profile(name: str | None = None) -> DeviceProfile:
-    """The profile called ``name``; without a name, the visible GPU's (SM count, L2 and name read from it,
-    the rest from the H200 profile), or the H200 profile when there is no GPU."""
+    """The profile called ``name``; without a name, the visible GPU's (SM count, L2, name and memory peak
+    read from it, the HBM rates in proportion to that peak (``with_memory``), the rest from the H200
+    profile), or the H200 profile when there is no GPU. What the models and reports use; the engine's
+    planner keeps the H200's rates (``engine.plan_profile``: its picks are fitted to them)."""
     if name is not None:
         try:
             return PROFILES[name]
@@ -234,6 +257,7 @@ def device_profile(name: str | None = None) -> DeviceProfile:
         info = gpu_info()
     except Exception:  # noqa: BLE001 - no usable GPU: the named default
         return H200
-    return dataclasses.replace(H200, name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes, source="gpu")
+    prof = dataclasses.replace(H200, name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes, source="gpu")
+    return with_memory(prof, getattr(info, "hbm_peak_bytes_per_s", None))
 
 

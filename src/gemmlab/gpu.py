@@ -22,6 +22,7 @@ class GpuInfo:
     driver: str
     torch: str
     cuda_runtime: str
+    hbm_peak_bytes_per_s: float | None = None  # the device memory's peak (``memory_peak``); None: unknown
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -49,7 +50,21 @@ def _gpu_info(idx: int) -> GpuInfo:
             pass
     return GpuInfo(name=p.name, capability=(p.major, p.minor), sm_count=p.multi_processor_count,
                    l2_bytes=int(getattr(p, "L2_cache_size", 50 * 2**20)), memory_bytes=int(p.total_memory),
-                   driver=driver, torch=torch.__version__, cuda_runtime=str(torch.version.cuda))
+                   driver=driver, torch=torch.__version__, cuda_runtime=str(torch.version.cuda),
+                   hbm_peak_bytes_per_s=memory_peak(idx))
+
+
+def memory_peak(idx: int) -> float | None:
+    """GPU ``idx``'s device-memory peak in bytes/s: two transfers a clock (DDR) x the memory clock x the bus
+    width, as the driver reports them (cuda.core's device properties); None where it reports neither."""
+    try:
+        from cuda.core import Device
+
+        props = Device(idx).properties
+        khz, bits = props.memory_clock_rate, props.global_memory_bus_width
+    except Exception:  # noqa: BLE001 - a driver without the attributes: the profile keeps the H200's rates
+        return None
+    return 2 * khz * 1e3 * bits / 8 if khz > 0 and bits > 0 else None
 
 
 @functools.lru_cache(maxsize=None)
