@@ -62,15 +62,17 @@ def across(path: Path, shas: list[str]) -> None:
     med = {s: statistics.median(xs) for s, xs in per.items()}
     print(f"  {'median':12s} {bars(list(med.values()))}  ({len(shapes)} shapes, {len(runs)} runs)")
     print("shapes whose median is under 1.0 (median [min - max] over the runs):")
+    first = next(iter(runs.values()))
     for s in sorted((s for s in shapes if med[s] < 1.0), key=med.get):
-        print(f"  {med[s]:.3f} [{per[s][0]:.3f} - {per[s][-1]:.3f}] {s} {next(iter(runs.values()))[s]['engine']['cls']}")
+        print(f"  {med[s]:.3f} [{per[s][0]:.3f} - {per[s][-1]:.3f}] {s} {first[s]['engine']['cls']}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sha", help="a run's git sha, or a prefix of it")
     p.add_argument("--before", default=None, help="an earlier run's sha, compared over the shapes both timed")
-    p.add_argument("--runs", nargs="+", default=None, metavar="SHA", help="several runs' shas: the routed call over them")
+    p.add_argument("--runs", nargs="+", default=None, metavar="SHA",
+                   help="several runs' shas: the routed call over them")
     p.add_argument("--file", type=Path, default=RESULTS)
     args = p.parse_args()
     if args.runs:

@@ -92,8 +92,8 @@ def _steps(selected) -> list[str]:
     return sorted({k for k, _ in selected}, key=lambda k: _spec(k).step)
 
 
-def _shas(records) -> str:
-    return ", ".join(sorted({r["git_sha"] for r in records}))
+def _shas(records, short: bool = False) -> str:
+    return ", ".join(sorted({r["git_sha"][:7] if short else r["git_sha"] for r in records}))
 
 
 # Tables -------------------------------------------------------------------------------------------------------
@@ -175,9 +175,8 @@ def matmul_table(records: list[dict]) -> str:
             notes.append(f"prefill {geomean(pre):.3f}x (min {min(pre):.3f})")
         if name in ("decode", "llm") and dec:
             notes.append(f"decode {geomean([r['ratio'] for r in dec]):.3f}x, up to {max(r['gbps'] for r in dec):.0f} GB/s")
-        runs = sorted({r["git_sha"][:7] for r in rs})
         rows.append(f"| {name} | {len(rs)} | {geomean(ratios):.3f} | {min(ratios):.3f} | {max(ratios):.3f} | "
-                    f"{'; '.join(notes)} | {', '.join(runs)} |")
+                    f"{'; '.join(notes)} | {_shas(rs, short=True)} |")
     kept = [r for rs in suites.values() for r in rs]
     detail = ["", "| case | TFLOP/s | torch TFLOP/s | x torch |", "|---|---|---|---|"]
     for r in kept:
@@ -245,9 +244,8 @@ def summary_table(hopper: list[dict], sweep: list[dict], sgemm: list[dict], matm
                     f"({len(ratios)} sizes) |")
     for name, rs in matmul_suites(matmul).items():
         ratios = [r["ratio"] for r in rs]
-        runs = ", ".join(sorted({r["git_sha"][:7] for r in rs}))
-        rows.append(f"| `gemmlab.matmul`, suite `{name}` ({len(rs)} cases, run {runs}) against torch | "
-                    f"{geomean(ratios):.3f}x geomean ({min(ratios):.2f}x to {max(ratios):.2f}x) |")
+        rows.append(f"| `gemmlab.matmul`, suite `{name}` ({len(rs)} cases, run {_shas(rs, short=True)}) "
+                    f"against torch | {geomean(ratios):.3f}x geomean ({min(ratios):.2f}x to {max(ratios):.2f}x) |")
     runs = {sha: kinds for sha, kinds in eager_runs(eager or []).items() if kinds["per_call"]}
     if runs:
         sha, kinds = list(runs.items())[-1]

@@ -154,7 +154,8 @@ def test_a_gpu_with_other_memory_has_the_hbm_rates_in_proportion():
         assert getattr(h100, name) == pytest.approx(getattr(model.H200, name) * r), name
     assert h100.hbm_bytes_per_s == pytest.approx(2.93e12, rel=0.01)
     # Nothing else moves: the SM count, the L2 rates, the fitted k-step factors.
-    rest = [f.name for f in dataclasses.fields(model.H200) if f.name not in devices.HBM_RATES + ("hbm_peak_bytes_per_s",)]
+    scaled = devices.HBM_RATES + ("hbm_peak_bytes_per_s",)
+    rest = [f.name for f in dataclasses.fields(model.H200) if f.name not in scaled]
     assert rest and all(getattr(h100, f) == getattr(model.H200, f) for f in rest)
     # An unknown peak, or the H200's own, leaves the profile as it is.
     for peak in (None, 0.0, model.H200.hbm_peak_bytes_per_s):
