@@ -61,8 +61,11 @@ def across(path: Path, shas: list[str]) -> None:
     per = {s: sorted(run[s]["engine"]["ratio"] for run in runs.values()) for s in shapes}
     med = {s: statistics.median(xs) for s, xs in per.items()}
     print(f"  {'median':12s} {bars(list(med.values()))}  ({len(shapes)} shapes, {len(runs)} runs)")
-    print("shapes whose median is under 1.0 (median [min - max] over the runs):")
     first = next(iter(runs.values()))
+    for cls in sorted({first[s]["engine"]["cls"] for s in shapes}):
+        cs = [s for s in shapes if first[s]["engine"]["cls"] == cls]
+        print(f"  {'  ' + cls:12s} {bars([med[s] for s in cs])}  ({len(cs)} shapes)")
+    print("shapes whose median is under 1.0 (median [min - max] over the runs):")
     for s in sorted((s for s in shapes if med[s] < 1.0), key=med.get):
         print(f"  {med[s]:.3f} [{per[s][0]:.3f} - {per[s][-1]:.3f}] {s} {first[s]['engine']['cls']}")
 

@@ -52,5 +52,6 @@ def test_runs_reads_each_shape_over_several_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "aaa          0.991  >=1.0: 33.3%  under 0.95: 2" in out, out  # (0.9 * 0.9 * 1.2) ** (1 / 3)
     assert "median       1.050  >=1.0: 66.7%  under 0.95: 1  (3 shapes, 3 runs)" in out, out  # 0.92, 1.05, 1.2
+    assert "  mid        1.050  >=1.0: 66.7%  under 0.95: 1  (3 shapes)" in out, out  # every shape is "mid" here
     listed = out.split("under 1.0")[1]
     assert "0.920 [0.900 - 0.940] (64, 1024, 4096)" in listed and "(128, 1024, 4096)" not in listed, out
