@@ -14,6 +14,9 @@ a process (PROBE_VARIANT), patching a copy of the kernel sources (probe_mc_parts
   cl1spread: as cl1, the cl1 copies with each GPC's CTAs given tiles from eight places of the order
          (probe_mc_parts.spread_pairs over pairs of CTAs: a clustered grid fills the GPCs in turn, a plain one
          deals pairs of CTAs round the GPCs), plus the plain launch with that order ("spread").
+  cl1static: every plan as asis but with a compile-time cluster shape of one CTA (__cluster_dims__(1, 1, 1),
+         PTX .reqnctapercluster; launched with no cluster attribute): against cl1 (the attribute) and asis in
+         other processes, whether the cluster of one's cost is the launch attribute's or the cluster launch's.
   cl1cs: as cl1, with each 64-row tile also in its column-split form (two consumers of half the columns,
          384 threads, "cs"): whether the cluster launch's cost follows the CTA's warpgroups.
 The results of half and none are wrong by design (the probe reports them as bad). If half runs near none,
@@ -49,6 +52,7 @@ PATCHES["cl1"] = []
 PATCHES["cl1none"] = PATCHES["none"]
 PATCHES["cl1spread"] = []
 PATCHES["cl1cs"] = []
+PATCHES["cl1static"] = parts.static_cluster("1")
 
 
 def cluster_of_one(engine2, plans: dict, spread: bool = False) -> dict:

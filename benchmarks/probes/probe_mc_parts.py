@@ -7,7 +7,9 @@ interleaved; one process a build, so the ratios to torch compare across builds):
   indep   clusters of two launched, but each CTA loads its own B and releases only its own ring: what the
           cluster launch and its two cluster barriers cost alone;
   launch  indep without the cluster barriers: the cluster launch alone;
-  mcrelax mc with the closing cluster barriers relaxed.
+  mcrelax mc with the closing cluster barriers relaxed;
+  mcstatic mc with the cluster shape compiled into the kernel (__cluster_dims__) and no launch attribute
+          (the plain plans then run as compiled clusters of one).
 PROBE_CLUSTER_POLICY=1 / 2: the clustered kernels launched with the spread / load-balancing cluster
 scheduling policy (a function attribute). PROBE_SWAP_ORDER=1 (launch build only): the multicast plans take
 the Hilbert order of tiles, the others the order of pairs, to tell the cluster launch from the tile order.
@@ -87,6 +89,21 @@ PATCHES["mc2prod"] = [
     ("common/mainloop.cuh", "// Before pdl_wait (the kernel before may still be running)", _MC_B_ONLY.lstrip("\n")
      + "\n// Before pdl_wait (the kernel before may still be running)"),
     ("engine/gemm.cu", _PRODUCER, _SECOND + _PRODUCER)]
+# mcstatic: the cluster shape compiled into the kernel (__cluster_dims__, PTX .reqnctapercluster) instead of
+# the launch attribute, and the launches carrying none (main): multicast plans as clusters of two, the plain
+# ones as clusters of one. Whether a clustered launch's cost (session 28: a cluster of one 0.957 -> 0.740 at
+# 512x1024x8192 64 x 64) follows the launch attribute or the cluster launch as such. Not for split-K plans
+# (their cluster shape is the launch's splits, not a template argument).
+KERNEL_HEAD = "template <class Tr>\n__global__ void __launch_bounds__(Tr::THREADS, 1)\nengine_gemm("
+
+
+def static_cluster(size: str) -> list:
+    """The engine kernel declared with a compile-time cluster shape of ``size`` CTAs (a C++ expression)."""
+    return [("engine/gemm.cu", KERNEL_HEAD, KERNEL_HEAD.replace(
+        "__launch_bounds__(Tr::THREADS, 1)", f"__launch_bounds__(Tr::THREADS, 1) __cluster_dims__({size}, 1, 1)"))]
+
+
+PATCHES["mcstatic"] = static_cluster("Tr::MCAST")
 # mcrelax: multicast as it is, the closing cluster barrier without release semantics (no MEMBAR.GPU before it).
 PATCHES["mcrelax"] = [("engine/gemm.cu", "if constexpr (Tr::MCAST > 1) cluster_sync();",
                        "if constexpr (Tr::MCAST > 1) cluster_sync_relaxed();")]
@@ -298,6 +315,9 @@ def main():
             return spread[key]
         engine2.plan_order = spread_order
         variant += f"-spread{groups}"
+    if variant == "mcstatic":  # the compiled cluster shape: launches carry no cluster attribute
+        inner = engine2._launch
+        engine2._launch = lambda compiled, **kw: inner(compiled, **{**kw, "cluster": None})
     prof = engine2._profile(torch.device("cuda"))
     plans = {s: plans_for(*s, prof) for s in SHAPES}
     precompile([p for d in plans.values() for p in d.values()], root)
