@@ -11,7 +11,8 @@ interleaved; one process a build, so the ratios to torch compare across builds):
   mcstatic mc with the cluster shape compiled into the kernel (__cluster_dims__) and no launch attribute
           (the plain plans then run as compiled clusters of one).
 PROBE_CLUSTER_POLICY=1 / 2: the clustered kernels launched with the spread / load-balancing cluster
-scheduling policy (a function attribute). PROBE_SWAP_ORDER=1 (launch build only): the multicast plans take
+scheduling policy (a function attribute). PROBE_GRIDS: the multicast plans on smaller persistent grids too
+(below). PROBE_SWAP_ORDER=1 (launch build only): the multicast plans take
 the Hilbert order of tiles, the others the order of pairs, to tell the cluster launch from the tile order.
 The builds patch a copy of the kernel sources (gemmlab.jit.compiler.KERNEL_ROOT), not the package.
 Multicast plans also run with deeper rings where shared memory allows."""
@@ -110,6 +111,10 @@ PATCHES["mcrelax"] = [("engine/gemm.cu", "if constexpr (Tr::MCAST > 1) cluster_s
 
 
 DEEPER = os.environ.get("PROBE_DEEPER", "1") == "1"
+# PROBE_GRIDS="120,96": each multicast plan also on persistent grids of that many CTAs (even, fewer than its
+# own), i.e. fewer pairs than the GPU holds at once, in case a clustered grid waits for SMs the grid before
+# it still holds.
+GRIDS = [int(g) for g in os.environ.get("PROBE_GRIDS", "").split(",") if g]
 
 
 def patched_root(variant: str) -> Path:
@@ -257,6 +262,9 @@ def plans_for(M, N, K, prof):
         if dp:
             out[f"dp {c.bm}x{c.bn}/{dp[0].stages}"] = dp[0]
         out[f"mc {c.bm}x{c.bn}/{c.stages}"] = c
+        for g in GRIDS:
+            if g % c.mcast == 0 and g < c.grid:
+                out[f"mc {c.bm}x{c.bn}/{c.stages} grid {g}"] = dataclasses.replace(c, grid=g)
         for st in (c.stages + 2, c.stages + 4) if DEEPER else ():
             q = dataclasses.replace(c, stages=st)
             if q.smem_bytes <= planner.SMEM_LIMIT:
