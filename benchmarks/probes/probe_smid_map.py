@@ -13,6 +13,8 @@ launches (10 replays): a cost of the launch itself shows there and not in the CT
     PROBE_SHAPES="512,1024,8192;..." PROBE_TILES="64,64;..." PROBE_MCAST=1 (the multicast plans too)
     PROBE_BETWEEN=1 (a one-element fill between the graph's launches)
     PROBE_PICKS=1 (the model's pick and its data-parallel alternative instead of the tiles)
+    PROBE_STATIC=1 (every plan compiled with a cluster shape of one, __cluster_dims__(1, 1, 1), launched with
+                    no cluster attribute; no cl1 copies): the compiled cluster of one against the attribute's
 Each plan is also timed back to back through engine.gemm's prepared launch (programmatic dependent launch).
 """
 import json
@@ -83,6 +85,9 @@ def back_to_back_us(launch, n: int = 100) -> tuple[float, float]:
 def main():
     buf = torch.zeros(132 * EV * 3, dtype=torch.int64, device="cuda")
     parts.PATCHES["smid"] = parts.timeline_common_patches(buf.data_ptr(), EV)
+    static = os.environ.get("PROBE_STATIC") == "1"
+    if static:
+        parts.PATCHES["smid"] += parts.static_cluster("1")
     compiler.KERNEL_ROOT = root = parts.patched_root("smid")
     from gemmlab import engine2
     from gemmlab.gpu import gpu_info
@@ -95,6 +100,8 @@ def main():
             cands = planner.candidates(*s, profile=prof)
             dp = next(c for c in cands if c.schedule == "data_parallel" and c.mcast == 1 and not c.swap_ab)
             plans[s] = {"pick " + kb.plan_label(cands[0]): cands[0], "dp " + kb.plan_label(dp): dp}
+    elif static:  # each plan once: it is a compiled cluster of one already
+        plans = {s: kb.variants(*s, prof, clustered=clustered) for s in SHAPES}
     else:
         plans = {s: kb.cluster_of_one(engine2, kb.variants(*s, prof, clustered=clustered, col_split=not clustered))
                  for s in SHAPES}
