@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gemmlab import autotune, broad_shapes, decode, engine, planner, registry, sass
+from gemmlab.devices import H200
 from gemmlab.errors import UnsupportedProblem
 from gemmlab.jit.compiler import compile_kernel
 
@@ -405,6 +406,45 @@ def test_route_plans_for_the_gpus_sm_count():
     assert r.plan.grid <= 114 and engine.plan_profile(114).sm_count == 114
 
 
+@pytest.mark.parametrize("sm", [16, 78, 114])
+@pytest.mark.parametrize("M, N, K", [(64, 4096, 3584), (32, 1024, 1024), (512, 1024, 8192), (8192, 8191, 1000),
+                                     (256, 1536, 7168), (1, 4096, 4096)])
+def test_plans_for_a_gpu_with_fewer_sms_fit_its_clusters(sm, M, N, K):
+    """On a GPU of fewer SMs than the H200 (an H100 PCIe's 114, an H20's 78, a MIG slice) the plan's clusters
+    are counted from that GPU's SMs, not the H200's table: a multicast plan's persistent grid and a split-K
+    plan's waves of clusters fit what it holds at once (never more clusters of s than SMs // s)."""
+    import gemmlab
+
+    prof = engine.plan_profile(sm)
+    for s, n in prof.cluster_capacity:
+        assert 0 <= n <= sm // s and n <= dict(H200.cluster_capacity)[s]
+    p = gemmlab.plan(M, N, K, sm_count=sm).plan
+    assert p.grid <= (sm if p.schedule != "split_k" else p.tiles * p.splits)
+    if p.mcast > 1:
+        assert p.grid <= p.mcast * prof.clusters(p.mcast)
+    if p.schedule == "split_k":
+        assert prof.clusters(p.splits) >= 1
+
+
+def test_route_sizes_the_engine_plan_by_the_gpus_own_cluster_table():
+    """Where the GPU is not a 132-SM one, ``route`` asks it how many clusters it holds (the callable) and the
+    engine kernel's plan is priced with that table; on a 132-SM GPU that plan keeps the H200's (the one
+    fitted; h11's plan asks the GPU's either way)."""
+    asked = []
+    none_of_4 = {1: 114, 2: 57, 3: 38, 4: 0, 5: 0, 6: 0, 7: 0, 8: 0}
+
+    def capacity():
+        asked.append(1)
+        return none_of_4
+    a, b, out = _meta(256, 1536, 7168)
+    r = engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=114, capacity=capacity)
+    assert asked and engine.plan_profile(114, none_of_4).clusters(4) == 0
+    assert r.plan == planner.plan(256, 1536, 7168, profile=engine.plan_profile(114, none_of_4))
+    assert not (r.plan.schedule == "split_k" and r.plan.splits >= 4)
+    r = engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132, capacity=capacity)
+    assert r.plan == planner.plan(256, 1536, 7168, profile=H200) and engine.plan_profile(132) is H200
+
+
 def test_gemmlab_plan_says_which_kernel_matmul_runs():
     import gemmlab
 
@@ -439,11 +479,17 @@ def test_gemmlab_plan_for_fp32_names_the_ladder_step_matmul_runs():
     ({"activation": "tanh"}, UnsupportedProblem, "unknown activation"),
     ({"M": 2**31}, UnsupportedProblem, "below 2\\^31"),
     ({"M": 2**30, "N": 2**11}, UnsupportedProblem, "limit is 2\\^40"),
+    ({"M": 2**40, "K": 2**40}, UnsupportedProblem, "below 2\\^31"),  # before any tensor of that size is made
+    ({"dtype": None}, TypeError, "dtype must be a torch.dtype"),
+    ({"sm_count": 0}, ValueError, "sm_count must be a positive integer"),
+    ({"sm_count": -4}, ValueError, "sm_count must be a positive integer"),
+    ({"sm_count": True}, ValueError, "sm_count must be a positive integer"),
+    ({"sm_count": 2.5}, TypeError, "integer"),
 ])
 def test_gemmlab_plan_refuses_what_matmul_refuses(kwargs, error, match):
     import gemmlab
 
-    sizes = {"M": kwargs.pop("M", 64), "N": kwargs.pop("N", 64), "K": 64}
+    sizes = {"M": kwargs.pop("M", 64), "N": kwargs.pop("N", 64), "K": kwargs.pop("K", 64)}
     with pytest.raises(error, match=match):
         gemmlab.plan(sizes["M"], sizes["N"], sizes["K"], **kwargs)
 

@@ -237,6 +237,23 @@ def with_memory(prof: DeviceProfile, peak_bytes_per_s: float | None) -> DevicePr
                                **{name: getattr(prof, name) * r for name in HBM_RATES})
 
 
+def with_sm_count(prof: DeviceProfile, sm_count: int, capacity: dict[int, int] | None = None) -> DeviceProfile:
+    """``prof`` for a GPU of ``sm_count`` SMs: that SM count, and the clusters of each size it holds at once:
+    ``capacity`` ({size: clusters}, asked of the GPU: ``engine.cluster_capacity``) where given, else
+    ``prof``'s table in proportion to the SMs and never past ``sm_count // size`` (a GPU with fewer SMs
+    holds fewer clusters; how its GPCs split them is only known by asking it). ``prof`` itself where
+    nothing changes."""
+    if capacity is not None:
+        table = tuple(sorted((int(s), int(n)) for s, n in capacity.items()))
+    elif sm_count == prof.sm_count:
+        table = prof.cluster_capacity
+    else:
+        table = tuple((s, min(sm_count // s, n * sm_count // prof.sm_count)) for s, n in prof.cluster_capacity)
+    if sm_count == prof.sm_count and table == prof.cluster_capacity:
+        return prof
+    return dataclasses.replace(prof, sm_count=sm_count, cluster_capacity=table)
+
+
 def device_profile(name: str | None = None) -> DeviceProfile:
     """The profile called ``name``; without a name, the visible GPU's (SM count, L2, name and memory peak
     read from it, the HBM rates in proportion to that peak (``with_memory``), the rest from the H200
@@ -257,7 +274,8 @@ def device_profile(name: str | None = None) -> DeviceProfile:
         info = gpu_info()
     except Exception:  # noqa: BLE001 - no usable GPU: the named default
         return H200
-    prof = dataclasses.replace(H200, name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes, source="gpu")
+    prof = dataclasses.replace(with_sm_count(H200, info.sm_count), name=info.name, l2_bytes=info.l2_bytes,
+                               source="gpu")
     return with_memory(prof, getattr(info, "hbm_peak_bytes_per_s", None))
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from . import decode, plan_cost, planner, tuned
-from .devices import H200, DeviceProfile
+from .devices import H200, DeviceProfile, with_sm_count
 from .epilogue import ACTIVATIONS, DIRECT, ctypes, epi_bits
 from .log import logger
 from .errors import UnsupportedProblem
@@ -487,15 +487,18 @@ class Route:
         return head + f"engine kernel ({self.how}): {self.plan!r}{other})"
 
 
-_PROFILES: dict[int, DeviceProfile] = {}
+_PROFILES: dict[tuple, DeviceProfile] = {}
 
 
-def plan_profile(sm_count: int) -> DeviceProfile:
-    """The plan model's profile for a GPU with ``sm_count`` SMs (the H200's constants, its SM count)."""
-    prof = _PROFILES.get(sm_count)
+def plan_profile(sm_count: int, capacity: dict[int, int] | None = None) -> DeviceProfile:
+    """The plan model's profile for a GPU with ``sm_count`` SMs and the cluster table ``capacity`` (asked of
+    the GPU: ``cluster_capacity``; None: the H200's in proportion to the SMs, ``devices.with_sm_count``):
+    the H200's other constants. One object per (SMs, table), so that the planner's cache keeps its plans."""
+    key = (sm_count, tuple(sorted(capacity.items())) if capacity is not None else None)
+    prof = _PROFILES.get(key)
     if prof is None:
-        prof = _PROFILES[sm_count] = (H200 if sm_count == H200.sm_count
-                                      else dataclasses.replace(H200, sm_count=sm_count, source="gpu"))
+        prof = with_sm_count(H200, sm_count, capacity)
+        prof = _PROFILES[key] = prof if prof is H200 else dataclasses.replace(prof, source="gpu")
     return prof
 
 
@@ -535,7 +538,8 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
        runs; ties go to h11, the kernel with the longer record.
 
     sm_count: the GPU's SMs (or a function returning it); capacity: its cluster table (or a function
-    returning it); gpu: a function returning its ``tuned.GpuKey`` (asked only for step 3)."""
+    returning it), which h11's plan and, on a GPU of other than the H200's 132 SMs, the engine kernel's plan
+    (``plan_profile``) are sized by; gpu: a function returning its ``tuned.GpuKey`` (asked only for step 3)."""
     M, K = a.shape
     N = b.shape[1]
     if isinstance(plan, planner.Plan):
@@ -551,7 +555,9 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
         return Route("h11", M, N, K, "forced", h11=validate_plan(plan, K, capacity))
     if callable(sm_count):
         sm_count = sm_count()
-    prof = plan_profile(sm_count)
+    if callable(capacity) and sm_count != H200.sm_count:
+        capacity = capacity()  # asked once per GPU; a 132-SM GPU plans with the H200's table (fitted with it)
+    prof = plan_profile(sm_count, None if callable(capacity) else capacity)
     direct = not _tma_ok(out)
     new = None
     decode_s = None

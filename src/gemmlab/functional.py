@@ -98,14 +98,17 @@ def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dty
     or h11). float32: the fp32 route's step and config (``gemmlab.fp32``; ``kernel == "sgemm"``). Needs no GPU:
     ``sm_count`` defaults to the visible GPU's, else the H200's 132. The arguments are checked by the same
     rules as ``gemmlab.matmul``'s, with the same errors (``TypeError`` for dtypes, ``UnsupportedProblem``
-    for sizes past the kernels' limits); M, N, K must be >= 1 (``ValueError``). FP8 operands are
+    for sizes past the kernels' limits); M, N, K and ``sm_count`` must be integers >= 1 (``ValueError``). FP8 operands are
     ``gemmlab.scaled_mm``'s: ``gemmlab.planner.plan_fp8`` (or ``gemmlab model --dtype fp8``) plans those."""
     for name, n in (("M", M), ("N", N), ("K", K)):
         if operator.index(n) < 1:
             raise ValueError(f"{name} must be >= 1, got {n}")
+    ops.check_dims(M, N, K, "gemmlab.plan")
     for name, dt in (("dtype", dtype), ("out_dtype", out_dtype), ("bias_dtype", bias_dtype)):
-        if dt is not None and not isinstance(dt, torch.dtype):
+        if (dt is not None or name == "dtype") and not isinstance(dt, torch.dtype):
             raise TypeError(f"gemmlab.plan: {name} must be a torch.dtype, got {dt!r}")
+    if sm_count is not None and (isinstance(sm_count, bool) or operator.index(sm_count) < 1):
+        raise ValueError(f"gemmlab.plan: sm_count must be a positive integer (the GPU's SMs), got {sm_count!r}")
     if dtype.is_floating_point and dtype.itemsize == 1:
         raise TypeError(f"gemmlab.plan: {dtype} operands are gemmlab.scaled_mm's, not gemmlab.matmul's; "
                         "gemmlab.planner.plan_fp8(M, N, K, scale='tensor' or 'block') gives its plan")

@@ -184,12 +184,7 @@ def _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out=None) -> Pr
                                  "overwrite each other; pass a tensor with distinct elements (out=c.contiguous(), "
                                  "or no out)")
 
-    for dim_name, d in (("M", M), ("N", N), ("K", K)):
-        if d >= MAX_DIM:
-            raise UnsupportedProblem(f"{_NAME}: {dim_name}={d} is too large: every dimension must be below "
-                                     f"2^31 ({MAX_DIM}) for the kernels' 32-bit row/column indices")
-    if M * N >= MAX_SPAN:
-        raise UnsupportedProblem(f"{_NAME}: the output has M*N = {M * N} elements; the limit is 2^40")
+    check_dims(M, N, K)
     for name, t in tensors:
         if name != "bias" and _span(t) >= MAX_SPAN:
             raise UnsupportedProblem(f"{_NAME}: {name} (shape {tuple(t.shape)}, strides {t.stride()}) spans "
@@ -201,6 +196,16 @@ def _validate(a, b, bias, activation, alpha, beta, c, out_dtype, out=None) -> Pr
         raise UnsupportedProblem(f"{_NAME}: all tensors must be on one device; got {where}")
     _check_device(a.device)
     return Problem(M, N, K, a.dtype, out_dtype, a.device)
+
+
+def check_dims(M: int, N: int, K: int, name: str = _NAME) -> None:
+    """UnsupportedProblem where a dimension reaches MAX_DIM or the output MAX_SPAN elements."""
+    for dim_name, d in (("M", M), ("N", N), ("K", K)):
+        if d >= MAX_DIM:
+            raise UnsupportedProblem(f"{name}: {dim_name}={d} is too large: every dimension must be below "
+                                     f"2^31 ({MAX_DIM}) for the kernels' 32-bit row/column indices")
+    if M * N >= MAX_SPAN:
+        raise UnsupportedProblem(f"{name}: the output has M*N = {M * N} elements; the limit is 2^40")
 
 
 def _overlaps_itself(t: torch.Tensor) -> bool:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from . import plan_cost
-from .devices import H200, DeviceProfile
+from .devices import H200, DeviceProfile, with_sm_count
 
 SOURCE = "engine/gemm.cu"
 KERNEL = "engine_gemm"
@@ -821,7 +821,8 @@ def _profile(profile: DeviceProfile | None, device) -> DeviceProfile:
 
     idx = torch.device(device).index if not isinstance(device, int) else device
     info = gpu_info(idx)
-    return dataclasses.replace(H200, name=info.name, sm_count=info.sm_count, l2_bytes=info.l2_bytes, source="gpu")
+    return dataclasses.replace(with_sm_count(H200, info.sm_count), name=info.name, l2_bytes=info.l2_bytes,
+                               source="gpu")
 
 
 # FP8 (e4m3) ---------------------------------------------------------------------------------------------
