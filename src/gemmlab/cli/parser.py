@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         "plots. Needs a GPU; exits with status 3 without one."
         "\n\n"
         "Each job is one interleaved run of every (step, config) at one shape. A step with a shape heuristic "
-        "(h10) runs the config it picks for each shape (as gemmlab.matmul would), the others their defaults; "
+        "(h10, h11, h12, k10) runs the config it picks for each shape (as gemmlab.matmul would), the others their defaults; "
         "--config overrides parameters of that config for the named steps; --configs adds variants to the same "
         "run, each tried by every step that has its parameters and offers its values (the rest skip it).",
         epilog="suites (--suite):\n"
@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     fig = command(
         "figures", "the subject's figures (swizzle, tile order, roofline...)",
         "Draw the figures of the subject from the same functions the kernels and models use: "
-        + ", ".join(FIGURE_NAMES) + ". Each is written as OUT/<name>.png (and .svg), with figures.json, the "
+        + ", ".join(FIGURE_NAMES) + ". Each is written as OUT/<name>.png (--format adds svg or pdf), with figures.json, the "
         "fingerprint of what each figure draws (a test checks the committed ones are current).")
     fig.add_argument("out", metavar="OUT", help="output folder")
     fig.add_argument("--only", nargs="+", choices=FIGURE_NAMES, metavar="NAME", help="only these figures")
@@ -396,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     mcp = command(
         "mcp", "serve the tools to coding agents over MCP (stdio or HTTP)",
         "Run gemmlab's MCP server (the [mcp] extra) for agents in VS Code, Cursor or Claude Desktop: "
-        "list_kernels, inspect_kernel, model_gemm, benchmark_gemm (GPU) and explain_gap, plus the gemmlab://brief "
+        "list_kernels, inspect_kernel, inspect_plan, model_gemm, model_grouped_gemm, explain_gap and benchmark_gemm "
+        "(GPU), plus the gemmlab://brief "
         "and gemmlab://ladders resources. Speaks stdio by default (what editors launch: the editor starts this "
         "command itself); --http serves streamable HTTP at http://HOST:PORT/mcp, bound to 127.0.0.1 unless "
         "--host says otherwise. Ctrl-C stops it. See docs/mcp.md.")

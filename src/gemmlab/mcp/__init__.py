@@ -7,7 +7,9 @@ the reports of ``gemmlab.reports``, the same the ``gemmlab`` command prints:
 - ``list_kernels``: the registry (ladder steps, techniques, constraints, parameters, SASS claims).
 - ``inspect_kernel``: registers, smem, spills, instruction mix with widths, loops and unrolling, a capped
   SASS/PTX listing; of a ladder step, or of CUDA C++ source that is compiled and disassembled, never run.
+- ``inspect_plan``: the same for the kernel ``gemmlab.matmul``, ``scaled_mm`` or ``grouped_mm`` runs at a shape.
 - ``model_gemm``: roofline, speed of light at a clock, waves, occupancy, predicted time (``gemmlab.model``).
+- ``model_grouped_gemm``: a MoE layer's grouped GEMM (``gemmlab.grouped``'s model and plan).
 - ``benchmark_gemm``: a step or ``gemmlab.matmul`` against cuBLAS with the one timer (GPU only).
 - ``explain_gap``: which limiter the model says dominates, with the numbers; and the measurement on a GPU.
 

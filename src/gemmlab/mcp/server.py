@@ -319,9 +319,11 @@ a kernel with cuBLAS in one interleaved run, never absolute numbers across runs.
 1. `list_kernels`: the steps, their constraints and parameters (`config` values).
 2. `inspect_kernel`: what the compiler made (registers, spills, instruction mix with widths, loops, SASS);
    also for your own CUDA source (compiled and disassembled, never run).
-3. `model_gemm`: roofline, speed of light, waves, occupancy, predicted time for a shape (and a step).
-4. `explain_gap`: the dominant limiter for a step and shape, with numbers; plus the measurement on a GPU.
-5. `benchmark_gemm`: a step or `gemmlab.matmul` against cuBLAS (needs a GPU).
+3. `inspect_plan`: the kernel `gemmlab.matmul`, `scaled_mm` or `grouped_mm` would run at a shape, inspected.
+4. `model_gemm`: roofline, speed of light, waves, occupancy, predicted time for a shape (and a step).
+5. `model_grouped_gemm`: a MoE layer's grouped GEMM modelled, and the plan `grouped_mm` runs.
+6. `explain_gap`: the dominant limiter for a step and shape, with numbers; plus the measurement on a GPU.
+7. `benchmark_gemm`: a step or `gemmlab.matmul` against cuBLAS (needs a GPU).
 
 A good loop: model the shape, explain the gap, inspect the main loop, change one thing, inspect again.
 """
