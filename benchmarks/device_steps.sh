@@ -9,6 +9,8 @@
 #   varx    probe_variants.py per pick=variants (VARX)             fit    probe_grouped_fit.py (PROBE_* env)
 #   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (BR_ARGS; the broad set)
 #   fuzz    the fuzz soak over every route for FUZZ_S seconds (tests/test_fuzz_gpu.py -k soak; record in fuzz.jsonl)
+#   clprobe the clustered-launch probes (session 36): the cluster shape compiled in (cl1static, mcstatic), smaller
+#           persistent clustered grids (PROBE_GRIDS) and the per-CTA timeline of the compiled cluster of one
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -53,7 +55,19 @@ for s in ${STEPS:-}; do
              | tail -6 ;;
     fuzz) GEMMLAB_FUZZ_SECONDS=${FUZZ_S:-120} GEMMLAB_FUZZ_RECORD="$OUT/fuzz.jsonl" timeout "${FUZZ_T:-300}" \
             python3 -m pytest -q -s -m slow tests/test_fuzz_gpu.py -k soak 2>&1 | tee "$OUT/fuzz.txt" | tail -8 ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz)" ;;
+    clprobe) (export PYTHONPATH=$PWD/src:$PWD/benchmarks \
+                PROBE_SHAPES=${CL_SHAPES:-"512,1024,8192;512,1024,4096;1024,768,3072"} PROBE_TILES=${CL_TILES:-"64,64;64,128"}
+              for v in ${CL_VARIANTS:-asis cl1 cl1static}; do
+                PROBE_VARIANT=$v timeout "${CL_T:-150}" python3 benchmarks/probes/probe_kstep_bound.py "$OUT/kstep_bound_probe.jsonl"
+              done 2>&1 | tee "$OUT/clprobe.txt" | grep -v "^ " | tail -20
+              for v in ${CL_MC_VARIANTS:-mc mcstatic}; do
+                PROBE_MC_VARIANT=$v PROBE_GRIDS=${CL_GRIDS:-120,96} timeout "${CL_T:-150}" \
+                  python3 benchmarks/probes/probe_mc_parts.py "$OUT/mc_parts_probe.jsonl"
+              done 2>&1 | tee -a "$OUT/clprobe.txt" | grep -v "^ " | tail -20
+              for st in 0 1; do
+                PROBE_STATIC=$st timeout "${CL_T:-150}" python3 benchmarks/probes/probe_smid_map.py "$OUT/smid_map.jsonl"
+              done 2>&1 | tee -a "$OUT/clprobe.txt" | tail -20) ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
