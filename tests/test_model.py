@@ -192,6 +192,29 @@ def test_the_visible_gpus_profile_reads_its_memory_peak(monkeypatch):
     assert engine.plan_profile(132).hbm_read_bytes_per_s == model.H200.hbm_read_bytes_per_s
 
 
+def test_a_gpu_of_fewer_sms_holds_fewer_clusters(monkeypatch):
+    """device_profile() and the planners' profile of a named GPU (planner._profile: engine2, fp8, grouped)
+    for an H100 PCIe (114 SMs): the H200's cluster table in proportion, never past sm_count // size."""
+    import types
+
+    import torch
+
+    from gemmlab import devices, gpu, planner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    info = types.SimpleNamespace(name="NVIDIA H100 PCIe", sm_count=114, l2_bytes=50 * 2**20,
+                                 hbm_peak_bytes_per_s=2.0e12)
+    monkeypatch.setattr(gpu, "gpu_info", lambda *a: info)
+    for prof in (devices.device_profile(), planner._profile(None, 0)):
+        assert prof.sm_count == 114 and prof.name == info.name
+        h200 = dict(model.H200.cluster_capacity)
+        for size, n in prof.cluster_capacity:
+            assert n == min(114 // size, h200[size] * 114 // 132)
+        assert prof.clusters(2) == 57 and prof.clusters(4) == 25
+    assert devices.with_sm_count(model.H200, 132) is model.H200
+    assert dict(devices.with_sm_count(model.H200, 132, {2: 60, 4: 28}).cluster_capacity) == {2: 60, 4: 28}
+
+
 def test_memory_peak_from_the_driver(monkeypatch):
     """gpu.memory_peak: 2 x memory clock x bus width; None where the driver reports nothing or fails."""
     import types
