@@ -297,9 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
         "plots. Needs a GPU; exits with status 3 without one."
         "\n\n"
         "Each job is one interleaved run of every (step, config) at one shape. A step with a shape heuristic "
-        "(h10, h11, h12, k10) runs the config it picks for each shape (as gemmlab.matmul would), the others their defaults; "
-        "--config overrides parameters of that config for the named steps; --configs adds variants to the same "
-        "run, each tried by every step that has its parameters and offers its values (the rest skip it).",
+        "(h10, h11, h12, k10) runs the config it picks for each shape (as gemmlab.matmul would), the others "
+        "their defaults; --config overrides parameters of that config for the named steps; --configs adds "
+        "variants to the same run, each tried by every step that has its parameters and offers its values (the rest skip it).",
         epilog="suites (--suite):\n"
                "  ladder            every step of both ladders at 4096^3 (the default)\n"
                "  square            1024..8192 cubes for the last step of each ladder (or --steps)\n"
@@ -359,8 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     fig = command(
         "figures", "the subject's figures (swizzle, tile order, roofline...)",
         "Draw the figures of the subject from the same functions the kernels and models use: "
-        + ", ".join(FIGURE_NAMES) + ". Each is written as OUT/<name>.png (--format adds svg or pdf), with figures.json, the "
-        "fingerprint of what each figure draws (a test checks the committed ones are current).")
+        + ", ".join(FIGURE_NAMES) + ". Each is written as OUT/<name>.png (--format adds svg or pdf), with "
+        "figures.json, the fingerprint of what each figure draws (a test checks the committed ones are current).")
     fig.add_argument("out", metavar="OUT", help="output folder")
     fig.add_argument("--only", nargs="+", choices=FIGURE_NAMES, metavar="NAME", help="only these figures")
     fig.add_argument("--format", nargs="+", default=["png"], choices=("png", "svg", "pdf"),
