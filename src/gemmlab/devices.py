@@ -254,6 +254,13 @@ def with_sm_count(prof: DeviceProfile, sm_count: int, capacity: dict[int, int] |
     return dataclasses.replace(prof, sm_count=sm_count, cluster_capacity=table)
 
 
+def gpu_profile(info) -> DeviceProfile:
+    """The H200 profile with the SM count (and the clusters it holds, ``with_sm_count``), L2 and name of the
+    GPU ``info`` describes (``gpu.gpu_info``); its HBM rates stay the H200's."""
+    return dataclasses.replace(with_sm_count(H200, info.sm_count), name=info.name, l2_bytes=info.l2_bytes,
+                               source="gpu")
+
+
 def device_profile(name: str | None = None) -> DeviceProfile:
     """The profile called ``name``; without a name, the visible GPU's (SM count, L2, name and memory peak
     read from it, the HBM rates in proportion to that peak (``with_memory``), the rest from the H200
@@ -274,8 +281,6 @@ def device_profile(name: str | None = None) -> DeviceProfile:
         info = gpu_info()
     except Exception:  # noqa: BLE001 - no usable GPU: the named default
         return H200
-    prof = dataclasses.replace(with_sm_count(H200, info.sm_count), name=info.name, l2_bytes=info.l2_bytes,
-                               source="gpu")
-    return with_memory(prof, getattr(info, "hbm_peak_bytes_per_s", None))
+    return with_memory(gpu_profile(info), getattr(info, "hbm_peak_bytes_per_s", None))
 
 

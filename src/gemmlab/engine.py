@@ -555,9 +555,10 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
         return Route("h11", M, N, K, "forced", h11=validate_plan(plan, K, capacity))
     if callable(sm_count):
         sm_count = sm_count()
-    if callable(capacity) and sm_count != H200.sm_count:
-        capacity = capacity()  # asked once per GPU; a 132-SM GPU plans with the H200's table (fitted with it)
-    prof = plan_profile(sm_count, None if callable(capacity) else capacity)
+    # The GPU's cluster table (asked once per GPU) where it has other than the H200's 132 SMs; a 132-SM GPU
+    # plans with the H200's table, the one the model was fitted with.
+    own = None if sm_count == H200.sm_count or capacity is None else _capacity_of(capacity)
+    prof = plan_profile(sm_count, own)
     direct = not _tma_ok(out)
     new = None
     decode_s = None

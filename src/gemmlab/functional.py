@@ -99,7 +99,8 @@ def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dty
     ``sm_count`` defaults to the visible GPU's, else the H200's 132. The arguments are checked by the same
     rules as ``gemmlab.matmul``'s, with the same errors (``TypeError`` for dtypes, ``UnsupportedProblem``
     for sizes past the kernels' limits); M, N, K and ``sm_count`` must be integers >= 1 (``ValueError``).
-    FP8 operands are ``gemmlab.scaled_mm``'s: ``gemmlab.planner.plan_fp8`` (or ``gemmlab model --dtype fp8``) plans those."""
+    FP8 operands are ``gemmlab.scaled_mm``'s: ``gemmlab.planner.plan_fp8`` (or ``gemmlab model --dtype fp8``)
+    plans those."""
     for name, n in (("M", M), ("N", N), ("K", K)):
         if operator.index(n) < 1:
             raise ValueError(f"{name} must be >= 1, got {n}")

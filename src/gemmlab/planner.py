@@ -15,12 +15,11 @@ Imports neither torch nor CUDA at module import: a torch dtype is read by its na
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 from . import plan_cost
-from .devices import H200, DeviceProfile, with_sm_count
+from .devices import H200, DeviceProfile, gpu_profile
 
 SOURCE = "engine/gemm.cu"
 KERNEL = "engine_gemm"
@@ -821,8 +820,7 @@ def _profile(profile: DeviceProfile | None, device) -> DeviceProfile:
 
     idx = torch.device(device).index if not isinstance(device, int) else device
     info = gpu_info(idx)
-    return dataclasses.replace(with_sm_count(H200, info.sm_count), name=info.name, l2_bytes=info.l2_bytes,
-                               source="gpu")
+    return gpu_profile(info)
 
 
 # FP8 (e4m3) ---------------------------------------------------------------------------------------------

@@ -299,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Each job is one interleaved run of every (step, config) at one shape. A step with a shape heuristic "
         "(h10, h11, h12, k10) runs the config it picks for each shape (as gemmlab.matmul would), the others "
         "their defaults; --config overrides parameters of that config for the named steps; --configs adds "
-        "variants to the same run, each tried by every step that has its parameters and offers its values (the rest skip it).",
+        "variants to the same run, each tried by every step that has its parameters and offers its values "
+        "(the rest skip it).",
         epilog="suites (--suite):\n"
                "  ladder            every step of both ladders at 4096^3 (the default)\n"
                "  square            1024..8192 cubes for the last step of each ladder (or --steps)\n"
