@@ -32,7 +32,6 @@ sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import probe_mc_parts as parts  # noqa: E402
 from gemmlab import planner  # noqa: E402
-from gemmlab.jit import compiler  # noqa: E402
 from plans_vs_torch import shapes_from_env  # noqa: E402
 
 SHAPES = [(512, 1024, 4096), (512, 1024, 8192), (300, 1600, 6400), (1024, 768, 3072)]
@@ -124,11 +123,7 @@ def variants(M, N, K, prof, clustered=False, col_split=False):
 
 def main():
     variant = os.environ.get("PROBE_VARIANT", "asis")
-    parts.PATCHES.setdefault(variant, PATCHES[variant])
-    compiler.KERNEL_ROOT = root = parts.patched_root(variant)
-    from gemmlab import engine2
-    import torch
-    prof = engine2._profile(torch.device("cuda"))
+    root, engine2, prof = parts.patched_engine(variant, PATCHES)
     plans = {s: variants(*s, prof, clustered=variant.startswith("launch"), col_split=variant == "cl1cs")
              for s in SHAPES}
     if variant.startswith("cl1"):

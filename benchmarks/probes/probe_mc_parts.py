@@ -251,6 +251,15 @@ def set_cluster_policy(plans, policy: int) -> None:
         assert err == driver.CUresult.CUDA_SUCCESS, err
 
 
+def patched_engine(variant: str, patches: dict):
+    """A probe's build ``variant`` of ``patches`` ({variant: [(file, old, new)]}): the patched copy of the
+    kernel sources made the compiler's root, then (root, gemmlab.engine2, the visible GPU's profile)."""
+    PATCHES.setdefault(variant, patches[variant])
+    compiler.KERNEL_ROOT = root = patched_root(variant)
+    from gemmlab import engine2
+    return root, engine2, engine2._profile(torch.device("cuda"))
+
+
 def plans_for(M, N, K, prof):
     cands = planner.candidates(M, N, K, profile=prof, mcast=True)
     out, seen = {}, set()
