@@ -90,6 +90,7 @@ def test_prepared_copies_share_one_pdl_launch_and_feed_the_gemm(monkeypatch, cas
     launchers = fakes.fake_driver(monkeypatch, engine)
     monkeypatch.setattr(engine, "_index", lambda device: 0)
     monkeypatch.setattr(engine, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(engine, "_memory_peak", lambda device: engine.H200.hbm_peak_bytes_per_s)
     monkeypatch.setattr(engine, "device_order_table", lambda *a, **k: torch.zeros(4, dtype=torch.int32))
     M, N, K = (33, 257, 129) if case == "both" else (100, 256, 128)
 
@@ -443,6 +444,49 @@ def test_route_sizes_the_engine_plan_by_the_gpus_own_cluster_table():
     assert not (r.plan.schedule == "split_k" and r.plan.splits >= 4)
     r = engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132, capacity=capacity)
     assert r.plan == planner.plan(256, 1536, 7168, profile=H200) and engine.plan_profile(132) is H200
+
+
+# The broad set's shapes whose H200 pick is stream-K (bb0d0cc's records), and the H100 SXM's memory peak.
+STREAM_K_PICKS = ((8192, 8192, 28672), (16384, 4544, 18176), (5000, 5376, 21504), (4096, 57344, 8192))
+H100_SXM_PEAK = 2 * 2619e6 * 5120 / 8  # 3.35 TB/s: HBM3 at 2619 MHz on a 5120-bit bus
+
+
+def test_stream_k_is_offered_only_where_the_memory_is_as_fast_as_the_h200s():
+    """On a GPU whose memory peaks under devices.STREAM_K_MIN_MEMORY_SHARE of the H200's (an H100 SXM: stream-K
+    measured 0.53-0.93x torch.mm there) no plan the model lists is stream-K, and the route picks another;
+    with the H200's peak, or an unknown one, the picks stay what they were (stream-K on these shapes)."""
+    from gemmlab import devices
+
+    assert devices.stream_k_offered(None) and devices.stream_k_offered(H200.hbm_peak_bytes_per_s)
+    assert not devices.stream_k_offered(H100_SXM_PEAK)
+    slow = engine.plan_profile(132, None, stream_k=False)
+    assert not slow.stream_k_offered and engine.plan_profile(132, None, stream_k=False) is slow
+    assert engine.plan_profile(132, None, stream_k=True) is H200 and slow.sm_count == 132
+    for M, N, K in STREAM_K_PICKS:
+        assert planner.plan(M, N, K, profile=H200).schedule == "stream_k"
+        assert not [p for p in planner.candidates(M, N, K, profile=slow) if p.schedule == "stream_k"]
+        a, b, out = _meta(M, N, K)
+        routes = {peak: engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132,
+                                     memory_peak=lambda peak=peak: peak)
+                  for peak in (None, H200.hbm_peak_bytes_per_s, H100_SXM_PEAK)}
+        assert routes[None].plan == routes[H200.hbm_peak_bytes_per_s].plan == planner.plan(M, N, K, profile=H200)
+        assert routes[H100_SXM_PEAK].plan.schedule != "stream_k"
+        assert routes[H100_SXM_PEAK].plan == planner.plan(M, N, K, profile=slow)
+
+
+def test_a_gpus_planning_profile_offers_stream_k_by_its_memory():
+    from gemmlab import devices
+    from gemmlab.gpu import GpuInfo
+
+    def info(peak):
+        return GpuInfo(name="a Hopper", capability=(9, 0), sm_count=132, l2_bytes=50 * 2**20,
+                       memory_bytes=80 * 2**30, driver="-", torch="-", cuda_runtime="-", hbm_peak_bytes_per_s=peak)
+    assert devices.gpu_profile(info(H200.hbm_peak_bytes_per_s)).stream_k_offered
+    assert devices.gpu_profile(info(None)).stream_k_offered
+    h100 = devices.gpu_profile(info(H100_SXM_PEAK))
+    assert not h100.stream_k_offered
+    M, N, K = STREAM_K_PICKS[0]
+    assert planner.plan(M, N, K, profile=h100).schedule != "stream_k"
 
 
 def test_gemmlab_plan_says_which_kernel_matmul_runs():

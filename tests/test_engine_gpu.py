@@ -149,6 +149,32 @@ def test_cluster_capacity_is_queried_from_the_gpu():
     assert all(0 < cap[s] * s <= sm for s in range(1, engine.MAX_CLUSTER + 1))
 
 
+def test_the_gpus_memory_peak_decides_stream_k_as_the_records_say():
+    """The driver's memory clock and bus width give the peak ``devices.stream_k_offered`` reads: an H200's is
+    the profile's (4.92 TB/s, stream-K offered), an H100's 3.35 TB/s (not offered), and the route of a
+    stream-K shape follows it."""
+    from gemmlab import devices, engine
+    from gemmlab.gpu import gpu_info
+
+    info = gpu_info()
+    peak = info.hbm_peak_bytes_per_s
+    assert peak is not None and 1e12 < peak < 2e13
+    if "H200" in info.name:
+        assert abs(peak / devices.H200.hbm_peak_bytes_per_s - 1) < 0.02 and devices.stream_k_offered(peak)
+    if "H100" in info.name:
+        assert not devices.stream_k_offered(peak)
+    a = torch.empty(8192, 28672, device="meta", dtype=torch.bfloat16)  # route reads metadata only
+    b = torch.empty(8192, 28672, device="meta", dtype=torch.bfloat16).t()
+    out = torch.empty(8192, 8192, device="meta", dtype=torch.bfloat16)
+    gpu = torch.device("cuda")
+    r = engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=lambda: engine._sm_count(gpu),
+                     memory_peak=lambda: engine._memory_peak(gpu))
+    if not devices.stream_k_offered(peak):
+        assert r.plan.schedule != "stream_k"
+    elif info.sm_count == 132:  # the H200's pick (bb0d0cc's broad records)
+        assert r.plan.schedule == "stream_k"
+
+
 def test_split_k_in_a_cuda_graph():
     from gemmlab import engine
 

@@ -367,6 +367,7 @@ class HostOnly:
             monkeypatch.setattr(mod, "MapSlot", MapSlot, raising=False)
             monkeypatch.setattr(mod, "raw_stream", lambda index: 0, raising=False)
         monkeypatch.setattr(engine, "_sm_count", lambda device: 132)
+        monkeypatch.setattr(engine, "_memory_peak", lambda device: engine.H200.hbm_peak_bytes_per_s)
         monkeypatch.setattr(engine, "_index", lambda device: 0)
         monkeypatch.setattr(engine, "stream_k_workspace", lambda p, index, stream: (
             torch.empty(max(1, p.workspace_floats)), torch.zeros(2 * max(256, p.sk_ctas), dtype=torch.int32)))

@@ -51,6 +51,7 @@ def engine_on_meta(monkeypatch):
     monkeypatch.setattr(engine, "MapSlot", lambda *a, **k: types.SimpleNamespace(tmap=None))
     monkeypatch.setattr(engine, "device_order_table", lambda *a, **k: torch.empty(1, device="meta", dtype=torch.int32))
     monkeypatch.setattr(engine, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(engine, "_memory_peak", lambda device: engine.H200.hbm_peak_bytes_per_s)
     monkeypatch.setattr(engine, "raw_stream", lambda index: 0)
     monkeypatch.setattr(engine, "stream_k_workspace", lambda p, index, stream: None)
     monkeypatch.setattr(engine, "_index", lambda device: 0)

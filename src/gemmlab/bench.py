@@ -202,7 +202,8 @@ def _matmul_path(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, bias: torc
     from . import engine
 
     return engine.route(a, b, out, bias=bias, activation=activation, has_c=False,
-                        sm_count=lambda: engine._sm_count(a.device)).kernel
+                        sm_count=lambda: engine._sm_count(a.device),
+                        memory_peak=lambda: engine._memory_peak(a.device)).kernel
 
 
 def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bfloat16, bias: bool = False,

@@ -173,6 +173,9 @@ class DeviceProfile:
     # 10% margin, the spread of its price on the records that rule covers.
     gsk_few_tiles_factor: float = 1.1
     one_consumer_efficiency: float = 0.85  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
+    # Whether the engine kernel's planner offers stream-K (``stream_k_offered``: not where the GPU's memory is
+    # slower than STREAM_K_MIN_MEMORY_SHARE of the H200's).
+    stream_k_offered: bool = True
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit
     # half of the shapes; benchmarks/fit_plan_model.py --route --decode). ``decode.plan_time`` (which picks the
@@ -254,11 +257,31 @@ def with_sm_count(prof: DeviceProfile, sm_count: int, capacity: dict[int, int] |
     return dataclasses.replace(prof, sm_count=sm_count, cluster_capacity=table)
 
 
+# The engine kernel's stream-K is offered only on GPUs whose memory peaks at this share of the H200's or more.
+# Measured on an H100 SXM (3.35 TB/s, 0.68 of the H200's; f83af88, h100_engine_broad.jsonl and
+# h100_stream_k_recheck.jsonl): the broad set's stream-K picks with 40-116 streamed tiles ran 0.53-0.98x
+# torch.mm, behind the data-parallel plans of their own tile (1.00-1.08x where timed), and the loss grows with
+# K (8192 x 8192 at K 8192 / 14336 / 20480 / 28672: the stream-K plan +9% / +12-21% / +42-49% / +58-104% over
+# 128 x 256 data-parallel). On the H200 the same plans run even with or 1-2.5% ahead of it. The streamed
+# k-steps read their tiles at k-offsets no other CTA shares (no L2 reuse) before the data-parallel waves:
+# a memory-bound phase, which is why the share is of the memory's peak; the phase's full cost on the H100
+# is not explained yet (worklog, session 38).
+STREAM_K_MIN_MEMORY_SHARE = 0.9
+
+
+def stream_k_offered(peak_bytes_per_s: float | None) -> bool:
+    """Whether the engine kernel's stream-K is offered on a GPU whose memory peaks at ``peak_bytes_per_s``
+    (``gpu.memory_peak``; None: unknown, planned as the H200)."""
+    return not peak_bytes_per_s or peak_bytes_per_s >= STREAM_K_MIN_MEMORY_SHARE * H200.hbm_peak_bytes_per_s
+
+
 def gpu_profile(info) -> DeviceProfile:
     """The H200 profile with the SM count (and the clusters it holds, ``with_sm_count``), L2 and name of the
-    GPU ``info`` describes (``gpu.gpu_info``); its HBM rates stay the H200's."""
+    GPU ``info`` describes (``gpu.gpu_info``), and stream-K offered by its memory's peak
+    (``stream_k_offered``); its HBM rates stay the H200's."""
+    peak = getattr(info, "hbm_peak_bytes_per_s", None)
     return dataclasses.replace(with_sm_count(H200, info.sm_count), name=info.name, l2_bytes=info.l2_bytes,
-                               source="gpu")
+                               stream_k_offered=stream_k_offered(peak), source="gpu")
 
 
 def device_profile(name: str | None = None) -> DeviceProfile:

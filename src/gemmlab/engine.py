@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from . import decode, plan_cost, planner, tuned
-from .devices import H200, DeviceProfile, with_sm_count
+from .devices import H200, DeviceProfile, stream_k_offered, with_sm_count
 from .epilogue import ACTIVATIONS, DIRECT, ctypes, epi_bits
 from .log import logger
 from .errors import UnsupportedProblem
@@ -351,6 +351,13 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT[idx]
 
 
+def _memory_peak(device: torch.device) -> float | None:
+    """The memory peak of ``device`` in bytes/s (``gpu.gpu_info``'s, read once per GPU; None: unknown)."""
+    from .gpu import gpu_info
+
+    return gpu_info(_index(device)).hbm_peak_bytes_per_s
+
+
 def a_rows_loaded(M: int, a_mn: bool) -> int:
     """Rows of A that h11 loads for a tile whose rows m0 + 64 .. lie past M (the last row of tiles, or
     every tile when M <= 64): the rows left in that tile rounded up to 8 (a K-major box may be as short as
@@ -421,7 +428,8 @@ def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.
     if activation not in ACTIVATIONS:
         raise UnsupportedProblem(f"unknown activation {activation!r}; known: {[k for k in ACTIVATIONS if k]}")
     r = route(a, b, out, bias=bias, activation=activation, has_c=has_c, plan=plan, sm_count=lambda: _sm_count(a.device),
-              capacity=lambda: cluster_capacity(a.device), gpu=lambda: tuned.device_gpu(_index(a.device)))
+              capacity=lambda: cluster_capacity(a.device), gpu=lambda: tuned.device_gpu(_index(a.device)),
+              memory_peak=lambda: _memory_peak(a.device))
     if r.kernel == "decode":
         logger.debug("matmul %dx%dx%d %s: %r", M, N, K, a.dtype, r)
         return decode.prepare(a, b, out, epi=epi_bits(bias is not None, has_c, activation),
@@ -490,14 +498,17 @@ class Route:
 _PROFILES: dict[tuple, DeviceProfile] = {}
 
 
-def plan_profile(sm_count: int, capacity: dict[int, int] | None = None) -> DeviceProfile:
+def plan_profile(sm_count: int, capacity: dict[int, int] | None = None, stream_k: bool = True) -> DeviceProfile:
     """The plan model's profile for a GPU with ``sm_count`` SMs and the cluster table ``capacity`` (asked of
-    the GPU: ``cluster_capacity``; None: the H200's in proportion to the SMs, ``devices.with_sm_count``):
-    the H200's other constants. One object per (SMs, table), so that the planner's cache keeps its plans."""
-    key = (sm_count, tuple(sorted(capacity.items())) if capacity is not None else None)
+    the GPU: ``cluster_capacity``; None: the H200's in proportion to the SMs, ``devices.with_sm_count``),
+    stream-K offered or not (``devices.stream_k_offered``): the H200's other constants. One object per
+    (SMs, table, stream-K), so that the planner's cache keeps its plans."""
+    key = (sm_count, tuple(sorted(capacity.items())) if capacity is not None else None, stream_k)
     prof = _PROFILES.get(key)
     if prof is None:
         prof = with_sm_count(H200, sm_count, capacity)
+        if not stream_k:
+            prof = dataclasses.replace(prof, stream_k_offered=False)
         prof = _PROFILES[key] = prof if prof is H200 else dataclasses.replace(prof, source="gpu")
     return prof
 
@@ -523,7 +534,8 @@ def decode_shape(M: int, N: int, K: int) -> bool:
 def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None,
           activation: str | None, has_c: bool, plan=None, sm_count: int | Callable[[], int],
           capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None,
-          gpu: Callable[[], tuned.GpuKey | None] | None = None) -> Route:
+          gpu: Callable[[], tuned.GpuKey | None] | None = None,
+          memory_peak: float | Callable[[], float | None] | None = None) -> Route:
     """Which kernel and plan ``prepare`` builds for these tensors (metadata only: meta tensors will do).
     The one place the choice is made (``gemmlab.plan`` and ``gemmlab.warm`` ask it too):
 
@@ -539,7 +551,9 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
 
     sm_count: the GPU's SMs (or a function returning it); capacity: its cluster table (or a function
     returning it), which h11's plan and, on a GPU of other than the H200's 132 SMs, the engine kernel's plan
-    (``plan_profile``) are sized by; gpu: a function returning its ``tuned.GpuKey`` (asked only for step 3)."""
+    (``plan_profile``) are sized by; gpu: a function returning its ``tuned.GpuKey`` (asked only for step 3);
+    memory_peak: its memory's peak in bytes/s (or a function returning it; None: unknown, as the H200),
+    which decides whether the engine kernel's plan may be stream-K (``devices.stream_k_offered``)."""
     M, K = a.shape
     N = b.shape[1]
     if isinstance(plan, planner.Plan):
@@ -558,7 +572,7 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     # The GPU's cluster table (asked once per GPU) where it has other than the H200's 132 SMs; a 132-SM GPU
     # plans with the H200's table, the one the model was fitted with.
     own = None if sm_count == H200.sm_count or capacity is None else _capacity_of(capacity)
-    prof = plan_profile(sm_count, own)
+    prof = plan_profile(sm_count, own, stream_k_offered(memory_peak() if callable(memory_peak) else memory_peak))
     direct = not _tma_ok(out)
     new = None
     decode_s = None
@@ -640,19 +654,24 @@ def plan(M: int, N: int, K: int, *, dtype=torch.bfloat16, out_dtype=None, bias_d
     """What ``gemmlab.matmul`` runs for a (M, K) row-major A and a (K, N) B (``b_mn``: B row-major, N
     contiguous; default: K-contiguous, as ``w.t()`` of an nn.Linear weight), contiguous output of
     ``out_dtype`` (default: dtype), and the epilogue given: a ``Route`` that names the kernel and plan.
-    sm_count: the GPU's (default: the visible GPU's, else the H200's 132). Needs no GPU."""
+    sm_count: the GPU's (default: the visible GPU's, its memory's peak too, else the H200's 132). Needs no
+    GPU."""
     for name, n in (("M", M), ("N", N), ("K", K)):
         if operator.index(n) < 1:
             raise ValueError(f"{name} must be >= 1, got {n}")
-    if sm_count is None:
-        sm_count = (_sm_count(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available()
-                    else H200.sm_count)
+    memory_peak = None
+    if sm_count is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+        sm_count, memory_peak = _sm_count(device), _memory_peak(device)
+    elif sm_count is None:
+        sm_count = H200.sm_count
     out_dtype = out_dtype or dtype
     a = torch.empty((M, K), dtype=dtype, device="meta")
     b = torch.empty((K, N), dtype=dtype, device="meta") if b_mn else torch.empty((N, K), dtype=dtype, device="meta").t()
     out = torch.empty((M, N), dtype=out_dtype, device="meta")
     bias = torch.empty(N, dtype=bias_dtype, device="meta") if bias_dtype is not None else None
-    return route(a, b, out, bias=bias, activation=activation, has_c=has_c, sm_count=sm_count)
+    return route(a, b, out, bias=bias, activation=activation, has_c=has_c, sm_count=sm_count,
+                 memory_peak=memory_peak)
 
 
 def _operand_mn(x: torch.Tensor, k_dim: int) -> bool:

@@ -96,7 +96,8 @@ def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dty
 
     bf16 / fp16: the Hopper engine's router (``engine.route``: the decode kernel, the engine kernel's plan
     or h11). float32: the fp32 route's step and config (``gemmlab.fp32``; ``kernel == "sgemm"``). Needs no GPU:
-    ``sm_count`` defaults to the visible GPU's, else the H200's 132. The arguments are checked by the same
+    ``sm_count`` defaults to the visible GPU's (whose memory's peak then also decides whether the engine kernel
+    may plan stream-K: ``devices.stream_k_offered``), else the H200's 132. The arguments are checked by the same
     rules as ``gemmlab.matmul``'s, with the same errors (``TypeError`` for dtypes, ``UnsupportedProblem``
     for sizes past the kernels' limits); M, N, K and ``sm_count`` must be integers >= 1 (``ValueError``).
     FP8 operands are ``gemmlab.scaled_mm``'s: ``gemmlab.planner.plan_fp8`` (or ``gemmlab model --dtype fp8``)
@@ -119,11 +120,11 @@ def plan(M: int, N: int, K: int, *, dtype: torch.dtype = torch.bfloat16, out_dty
     bias = torch.empty(N, dtype=bias_dtype, **meta) if bias_dtype is not None else None
     c = torch.empty((M, N), dtype=out_dtype or dtype, **meta) if has_c else None
     p = ops._validate(a, b, bias, activation, 1.0, 1.0 if has_c else 0.0, c, out_dtype)
-    if sm_count is None:
-        sm_count = (ops._sm_count(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available()
-                    else H200.sm_count)
     engine = ops._load_engine()
     if p.in_dtype == torch.float32:
+        if sm_count is None:
+            sm_count = (ops._sm_count(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available()
+                        else H200.sm_count)
         cfg = fp32.config_for(M, N, K, sm_count)
         n = len(fp32.row_blocks(M, N, K, cfg))
         how = "fp32 inputs" if n == 1 else f"{n} launches over row blocks"

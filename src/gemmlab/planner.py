@@ -524,10 +524,12 @@ def _schedules(M: int, N: int, K: int, bm: int, bn: int, prof: DeviceProfile, of
         # Every split at least MIN_SPLIT_K_STEPS long, none empty, and the GPU holds such a cluster.
         if k // s >= MIN_SPLIT_K_STEPS and (s - 1) * per < k and prof.clusters(s) >= 1:
             yield "split_k", s, 0, 0, tiles * s
-    # Hybrid stream-K: the partial wave's tiles (or it and one full wave) streamed over the SMs.
+    # Hybrid stream-K: the partial wave's tiles (or it and one full wave) streamed over the SMs, where the
+    # profile offers it (``devices.stream_k_offered``).
     full, rem = divmod(tiles, G)
     # Spread over all SMs, or over 2-4 CTAs per tile (an owner adds fewer partials).
-    for sk_tiles in sorted({rem, rem + G if full else 0} - {0}):
+    streamed = sorted({rem, rem + G if full else 0} - {0}) if prof.stream_k_offered else []
+    for sk_tiles in streamed:
         most = min(G, sk_tiles * k // MIN_SK_STEPS)
         for ctas in sorted({most} | {sk_tiles * s for s in (2, 3, 4) if sk_tiles * s < most}):
             if ctas > sk_tiles:  # else every CTA would run whole tiles: that is data-parallel

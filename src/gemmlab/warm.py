@@ -99,13 +99,15 @@ class Kernel:
 @dataclass(frozen=True)
 class Target:
     """The GPU the plans are for: its SM count, the clusters it holds at once (a dict, or a function asked
-    only when a split-K plan is weighed) and the key of its tuned plans (None: heuristic plans only)."""
+    only when a split-K plan is weighed), the key of its tuned plans (None: heuristic plans only) and its
+    memory's peak (whether the engine kernel may plan stream-K)."""
 
     name: str
     sm_count: int
     capacity: dict | Callable[[], dict]
     gpu: object = None
     device: torch.device | None = None  # the visible GPU planned for (None: planning ahead of time)
+    memory_peak: float | None = None  # its memory's peak in bytes/s (None: unknown, as the H200's)
 
     @classmethod
     def h200(cls) -> Target:
@@ -121,7 +123,8 @@ class Target:
             return cls.h200()
         idx = engine._index(device)
         return cls(torch.cuda.get_device_name(idx), engine._sm_count(device),
-                   lambda: engine.cluster_capacity(device), engine.tuned.device_gpu(idx), device)
+                   lambda: engine.cluster_capacity(device), engine.tuned.device_gpu(idx), device,
+                   engine._memory_peak(device))
 
 
 def kernels_for(args: tuple, target: Target) -> list[Kernel]:
@@ -140,7 +143,7 @@ def kernels_for(args: tuple, target: Target) -> list[Kernel]:
     epi = epi_bits(bias is not None, has_c, activation)
     tbias = CTYPES[bias.dtype] if bias is not None else "float"
     r = engine.route(a, b, out, bias=bias, activation=activation, has_c=has_c, sm_count=target.sm_count,
-                     capacity=target.capacity, gpu=lambda: target.gpu)
+                     capacity=target.capacity, gpu=lambda: target.gpu, memory_peak=target.memory_peak)
     if r.kernel == "decode":
         dp = decode.plan(p.M, p.N, p.K, target.sm_count)
         expr = decode.kernel_expr(CTYPES[a.dtype], CTYPES[out.dtype], tbias, dp.nt, epi,
