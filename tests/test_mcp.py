@@ -488,6 +488,21 @@ def _gemmlab_mcp(*args, stdin=None):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _wait_listening(port: int, timeout: float = 60.0) -> None:
+    """Until a TCP connection to 127.0.0.1:``port`` is accepted (fails after ``timeout`` seconds)."""
+    import socket
+    import time
+
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+                return
+        except OSError:
+            assert time.monotonic() < end, f"nothing listens on port {port} after {timeout} s"
+            time.sleep(0.1)
+
+
 def _wait_for(stream, needle: str, timeout: float = 120.0) -> str:
     """Lines of ``stream`` until one holds ``needle`` (fails after ``timeout`` seconds)."""
     import select
@@ -538,7 +553,8 @@ def test_gemmlab_mcp_http_prints_its_address():
     try:
         seen = _wait_for(proc.stderr, "serving streamable HTTP")
         assert f"http://127.0.0.1:{port}/mcp" in seen
-        proc.send_signal(signal.SIGINT)
+        _wait_listening(port)  # the line comes before the server installs its Ctrl-C handler: a SIGINT
+        proc.send_signal(signal.SIGINT)  # sent earlier may land in its start-up and be lost
         proc.wait(timeout=30)
     finally:
         proc.kill()
