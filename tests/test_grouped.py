@@ -472,6 +472,19 @@ def test_launch_arguments_match_the_kernel_parameters(monkeypatch, layout, direc
     assert args[17] is args[18] is args[15]  # data-parallel: no stream-K workspace read
 
 
+def test_stream_k_is_not_listed_where_the_gpus_memory_is_slower():
+    """The grouped kernel's stream-K runs the dense engine's scheduler: on a profile whose GPU's memory is
+    under devices.STREAM_K_MIN_MEMORY_SHARE of the H200's (an H100 SXM's, as gpu_profile builds it) no
+    candidate is stream-K, and Mixtral's down projection at T = 4096 (stream-K on the H200) takes another."""
+    from gemmlab import devices
+
+    slow = dataclasses.replace(devices.H200, stream_k_offered=False)
+    assert grouped.plan("contiguous", 8, 4096, 4096, 14336).schedule == "stream_k"
+    assert not [c for c in grouped.candidates("contiguous", 8, 4096, 4096, 14336, profile=slow)
+                if c.schedule == "stream_k"]
+    assert grouped.plan("contiguous", 8, 4096, 4096, 14336, profile=slow).schedule != "stream_k"
+
+
 def test_stream_k_launch_passes_the_streams_workspace(monkeypatch):
     """A stream-K plan's last two arguments: the per-stream workspace (partial slots for every CTA) and its
     flags, as the dense kernel's stream-K plans get them (``engine.stream_k_workspace``)."""

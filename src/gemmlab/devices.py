@@ -173,8 +173,8 @@ class DeviceProfile:
     # 10% margin, the spread of its price on the records that rule covers.
     gsk_few_tiles_factor: float = 1.1
     one_consumer_efficiency: float = 0.85  # share of mma_efficiency one consumer warpgroup (64-row tiles) keeps
-    # Whether the engine kernel's planner offers stream-K (``stream_k_offered``: not where the GPU's memory is
-    # slower than STREAM_K_MIN_MEMORY_SHARE of the H200's).
+    # Whether the planners of the engine and grouped kernels (one stream-K scheduler) offer stream-K
+    # (``stream_k_offered``: not where the GPU's memory is slower than STREAM_K_MIN_MEMORY_SHARE of the H200's).
     stream_k_offered: bool = True
     # The decode kernel's time as the router prices it against the engine kernel's plan (``decode.cost_s``):
     # fitted to the decode kernel's broad-set records (M <= 32; shas ac16df0070a2 and f55b3b567247, the fit

@@ -643,6 +643,11 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     for bm, bn, schedule in tile_schedules(fp8, odt):
         if b_mn and bn % 64:  # MN-major b is loaded in 64-column boxes
             continue
+        # The dense engine's stream-K scheduler (tile_scheduler.cuh): not where the profile's GPU has a memory
+        # slower than the line the dense engine's stream-K lost under (devices.stream_k_offered; the grouped
+        # kernel's stream-K itself was not timed on such a GPU).
+        if schedule == "stream_k" and not prof.stream_k_offered:
+            continue
         stages = stages_for(bm, bn, table, scale, schedule)
         # Tiles there can be: contiguous, sum ceil(rows_g / bm) <= ceil(T / bm) + G; masked, G ceil(C / bm).
         if layout == "contiguous":
