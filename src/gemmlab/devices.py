@@ -265,7 +265,8 @@ def with_sm_count(prof: DeviceProfile, sm_count: int, capacity: dict[int, int] |
 # 128 x 256 data-parallel). On the H200 the same plans run even with or 1-2.5% ahead of it. The streamed
 # k-steps read their tiles at k-offsets no other CTA shares (no L2 reuse) before the data-parallel waves:
 # a memory-bound phase, which is why the share is of the memory's peak; the phase's full cost on the H100
-# is not explained yet (worklog, session 38).
+# is not explained yet (worklog, session 38). The line lies between the two GPUs measured (0.68 lost, 1.0
+# gained), near the H200: a GPU between them (a GH200 with HBM3's 4.0 TB/s: 0.81) is planned without it.
 STREAM_K_MIN_MEMORY_SHARE = 0.9
 
 
