@@ -28,10 +28,9 @@ from plans_vs_torch import shapes_from_env  # noqa: E402
 SHAPES = [(8192, 8192, 8192), (8192, 8192, 14336), (8192, 8192, 28672), (4096, 4096, 28672),
           (16384, 4544, 18176), (5000, 5376, 21504)]
 SHAPES = shapes_from_env(SHAPES)  # PROBE_SHAPES="M,N,K;..." in its place
-SK_FIRST = ("            if constexpr (SCHED == SPLIT_K_GLOBAL) {  // data-parallel tiles first, then the split unit\n")
-PATCHES = {"asis": [],
-           "dpfirst": [("common/tile_scheduler.cuh", SK_FIRST,
-                        "            if constexpr (STREAMED) {  // data-parallel tiles first, then the streamed range\n")]}
+SK_FIRST = "            if constexpr (SCHED == SPLIT_K_GLOBAL) {  // data-parallel tiles first, then the split unit\n"
+DP_FIRST = "            if constexpr (STREAMED) {  // data-parallel tiles first, then the streamed range\n"
+PATCHES = {"asis": [], "dpfirst": [("common/tile_scheduler.cuh", SK_FIRST, DP_FIRST)]}
 
 
 def plans_for(M, N, K, prof) -> dict:
