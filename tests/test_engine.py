@@ -453,7 +453,7 @@ H100_SXM_PEAK = 2 * 2619e6 * 5120 / 8  # 3.35 TB/s: HBM3 at 2619 MHz on a 5120-b
 
 def test_stream_k_is_offered_only_where_the_memory_is_as_fast_as_the_h200s():
     """On a GPU whose memory peaks under devices.STREAM_K_MIN_MEMORY_SHARE of the H200's (an H100 SXM: stream-K
-    measured 0.53-0.93x torch.mm there) no plan the model lists is stream-K, and the route picks another;
+    measured 0.53-0.98x torch.mm there) no plan the model lists is stream-K, and the route picks another;
     with the H200's peak, or an unknown one, the picks stay what they were (stream-K on these shapes)."""
     from gemmlab import devices
 
