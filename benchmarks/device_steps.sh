@@ -13,6 +13,7 @@
 #           persistent clustered grids (PROBE_GRIDS) and the per-CTA timeline of the compiled cluster of one
 #   skorder stream-K's streamed range first (as shipped) or after the data-parallel tiles (probe_sk_order.py,
 #           SK_VARIANTS, SK_SHAPES): the H100's deep-K stream-K loss (session 38)
+#   cpplans what the operand copies cost each plan (probe_copy_plans.py, CP_SHAPES): session 39
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -73,7 +74,9 @@ for s in ${STEPS:-}; do
                PYTHONPATH=$PWD/src:$PWD/benchmarks PROBE_VARIANT=$v PROBE_SHAPES=${SK_SHAPES:-} \
                  timeout "${SK_T:-200}" python3 benchmarks/probes/probe_sk_order.py "$OUT/sk_order_probe.jsonl"
              done 2>&1 | tee "$OUT/skorder.txt" | grep -v "^ " | tail -30 ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder)" ;;
+    cpplans) PYTHONPATH=$PWD/src:$PWD/benchmarks PROBE_SHAPES=${CP_SHAPES:-} timeout "${CP_T:-240}" \
+               python3 benchmarks/probes/probe_copy_plans.py "$OUT/copy_plans_probe.jsonl" 2>&1 | tee "$OUT/cpplans.txt" | tail -40 ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
