@@ -716,7 +716,7 @@ class _OperandCopies:
     """The operand copies of one prepared GEMM launch (``_OperandCopy`` for A, B or both, None where the
     operand is read as it is), made on every call: the unit-stride ones in one launch of
     ``pad_copy_operands`` (kernels/engine/pad_copy.cu: both operands' copies in one grid, launched with
-    PDL so the GEMM after it is scheduled while it copies), the others by torch's copy."""
+    PDL so the GEMM after it is scheduled as its last blocks copy), the others by torch's copy."""
 
     def __init__(self, copy_a: _OperandCopy | None, copy_b: _OperandCopy | None):
         self.a, self.b = copy_a, copy_b

@@ -10,8 +10,11 @@
 //
 // pad_copy_operands: a GEMM's one or two operand copies (into aligned buffers) in one launch, ahead of
 // the GEMM kernel: blocks 0 .. blocks_a - 1 copy A, the rest B. Launched with programmatic dependent
-// launch: it waits for the kernel before it (pdl_wait) and lets the GEMM be scheduled at once, so the
-// GEMM's launch and set-up overlap the copy (the GEMM's own pdl_wait holds it until the copy is done).
+// launch: it waits for the kernel before it (pdl_wait), and each block lets the GEMM be scheduled once its
+// share of the copy is done (launch_dependents at its end), so the GEMM's launch overlaps the copy's last
+// blocks (the GEMM's own pdl_wait holds it until the copy is done). Triggered at the blocks' start, the GEMM's
+// CTAs took the SMs as the copy's blocks drained, and the plans without a cluster ran 2-12 us slower a call
+// than with plain launches (H100, copy_plans_probe; docs/worklog.md, session 39).
 #include <cuda_fp16.h>
 #include "common/ptx.cuh"
 
@@ -113,10 +116,10 @@ pad_copy_operands(const void* __restrict__ src_a, long long lds_a, void* __restr
                   long long rows_a, int cols_a, int blocks_a, const void* __restrict__ src_b, long long lds_b,
                   void* __restrict__ dst_b, long long ldd_b, long long rows_b, int cols_b) {
     pdl_wait();  // the kernel before may still write A or B
-    pdl_launch_dependents();
     if ((int)blockIdx.x < blocks_a)
         copy_rows<ELEM_BYTES, VEC_A, 1>(src_a, lds_a, dst_a, ldd_a, rows_a, cols_a, blockIdx.x, blocks_a);
     else
         copy_rows<ELEM_BYTES, VEC_B, 1>(src_b, lds_b, dst_b, ldd_b, rows_b, cols_b, blockIdx.x - blocks_a,
                                         gridDim.x - blocks_a);
+    pdl_launch_dependents();
 }
