@@ -12,9 +12,9 @@
 // the GEMM kernel: blocks 0 .. blocks_a - 1 copy A, the rest B. Launched with programmatic dependent
 // launch: it waits for the kernel before it (pdl_wait), and each block lets the GEMM be scheduled once its
 // share of the copy is done (launch_dependents at its end), so the GEMM's launch overlaps the copy's last
-// blocks (the GEMM's own pdl_wait holds it until the copy is done). Triggered at the blocks' start, the GEMM's
-// CTAs took the SMs as the copy's blocks drained, and the plans without a cluster ran 2-12 us slower a call
-// than with plain launches (H100, copy_plans_probe; docs/worklog.md, session 39).
+// blocks (the GEMM's own pdl_wait holds it until the copy is done). Triggered at the blocks' start, the plans
+// without a cluster ran 2-12 us a call slower than with plain launches (H100, copy_plans_probe; the likely
+// cause, not traced: their CTAs took the SMs in the order the copy's blocks drained; worklog, session 39).
 #include <cuda_fp16.h>
 #include "common/ptx.cuh"
 
