@@ -301,7 +301,10 @@ def test_routed_stream_k_is_bitwise_deterministic_and_replays_in_a_graph():
     and captured in a CUDA graph (after an eager call prepared it and grew the workspace) it replays
     with the same bits."""
     import gemmlab
+    from gemmlab import devices, engine
 
+    if not devices.stream_k_offered(engine._memory_peak(torch.device("cuda"))):
+        pytest.skip("the planner offers no stream-K on this GPU's slower memory (devices.stream_k_offered)")
     assert gemmlab.plan(8192, 9216, 8192).plan.schedule == "stream_k"
     a, b, _, _ = _routed_case((8192, 9216, 8192), torch.bfloat16, None, False, None, None, False, seed=7)
     first = gemmlab.matmul(a, b)
