@@ -11,8 +11,8 @@
 #   fuzz    the fuzz soak over every route for FUZZ_S seconds (tests/test_fuzz_gpu.py -k soak; record in fuzz.jsonl)
 #   clprobe the clustered-launch probes (session 36): the cluster shape compiled in (cl1static, mcstatic), smaller
 #           persistent clustered grids (PROBE_GRIDS) and the per-CTA timeline of the compiled cluster of one
-#   skorder stream-K's streamed range first (as shipped) or after the data-parallel tiles (probe_sk_order.py,
-#           SK_VARIANTS, SK_SHAPES): the H100's deep-K stream-K loss (session 38)
+#   skorder stream-K's streamed range after the data-parallel tiles (shipped, session 40) or before them
+#           (probe_sk_order.py, SK_VARIANTS, SK_SHAPES): the H100's deep-K stream-K loss (session 38)
 #   cpplans what the operand copies cost each plan (probe_copy_plans.py, CP_SHAPES): session 39
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
@@ -70,7 +70,7 @@ for s in ${STEPS:-}; do
               for st in 0 1; do
                 PROBE_STATIC=$st timeout "${CL_T:-150}" python3 benchmarks/probes/probe_smid_map.py "$OUT/smid_map.jsonl"
               done 2>&1 | tee -a "$OUT/clprobe.txt" | tail -20) ;;
-    skorder) for v in ${SK_VARIANTS:-asis dpfirst}; do
+    skorder) for v in ${SK_VARIANTS:-shipped rangefirst}; do
                PYTHONPATH=$PWD/src:$PWD/benchmarks PROBE_VARIANT=$v PROBE_SHAPES=${SK_SHAPES:-} \
                  timeout "${SK_T:-200}" python3 benchmarks/probes/probe_sk_order.py "$OUT/sk_order_probe.jsonl"
              done 2>&1 | tee "$OUT/skorder.txt" | grep -v "^ " | tail -30 ;;

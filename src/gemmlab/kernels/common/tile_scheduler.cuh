@@ -8,19 +8,22 @@
 //  * STREAM_K (hybrid): the first dp_tiles = tiles - sk_tiles tiles go data-parallel (whole waves, the
 //    plan makes dp_tiles a multiple of the grid); the k-steps of the last sk_tiles tiles, laid end to
 //    end (tile-major), are cut into sk_ctas contiguous, equal (+-1) ranges, one per CTA b < sk_ctas, and
-//    each CTA runs its stream-K range before its data-parallel tiles. A range that starts inside a tile
-//    (k_begin > 0) makes that CTA a *contributor*: it leaves its partial sum in the workspace (slot b).
+//    each CTA runs its stream-K range after its data-parallel tiles (every CTA has as many: whole waves,
+//    so the waves start in step; with the ranges first, deep-K plans ran up to 2x slower on an H100).
+//    A range that starts inside a tile (k_begin > 0) makes that CTA a *contributor*: it leaves its
+//    partial sum in the workspace (slot b).
 //    The CTA whose range holds the tile's k = 0 is its *owner*: it adds the contributors' partials in
 //    CTA order (b + 1, b + 2, ...) to its own and stores the tile. The ranges depend only on the plan,
 //    so every run adds the same numbers in the same order: bitwise deterministic. A contributor's
 //    partial is always the first unit of its range (later units start at k = 0), so a CTA writes at
-//    most one partial and the owner, whose k = 0 part is the last unit of its range, rarely waits.
+//    most one partial and the owner, whose k = 0 part is the last unit of its range, rarely waits (its
+//    contributors reach their ranges as their data-parallel waves end, as it does).
 //  * SPLIT_K_GLOBAL: stream-K's hybrid with sk_ctas = splits x sk_tiles, so the ranges are aligned to
 //    the tiles: CTA b < sk_ctas runs k-steps [r k / splits, (r + 1) k / splits) (r = b % splits) of
 //    streamed tile b / splits: one unit, no CTA straddles two tiles. Its `splits` CTAs reduce the tile together
 //    through the global workspace (reduction.cuh, gsk_reduce_store): no cluster, so no co-residency limit.
-//    A CTA runs its split unit after its data-parallel tiles (every CTA has as many: whole waves), so the
-//    unit is its last and its reduction may use the drained ring (GSK_BULK) while no load is in flight.
+//    A CTA runs its split unit after its data-parallel tiles, as stream-K does, so the unit is its last
+//    and its reduction may use the drained ring (GSK_BULK) while no load is in flight.
 #pragma once
 
 // PINGPONG: data-parallel tiles, whole tiles handed to the two consumer warpgroups in turn (gemm.cu).
@@ -87,10 +90,8 @@ struct TileScheduler {
             next_dp = -1;  // exactly one unit per CTA
             return u.tile < num_tiles;
         } else {
-            if constexpr (SCHED == SPLIT_K_GLOBAL) {  // data-parallel tiles first, then the split unit
+            if constexpr (STREAMED) {  // the data-parallel tiles first, then the streamed range
                 if (next_dp < dp_tiles()) return whole_tile(u);
-            }
-            if constexpr (STREAMED) {
                 if (sk_it < sk_end) {
                     const int s = (int)(sk_it / k_iters);  // streamed tile index
                     u.tile = dp_tiles() + s;
