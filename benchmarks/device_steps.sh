@@ -14,6 +14,7 @@
 #   skorder stream-K's streamed range after the data-parallel tiles (shipped, session 40) or before them
 #           (probe_sk_order.py, SK_VARIANTS, SK_SHAPES): the H100's deep-K stream-K loss (session 38)
 #   cpplans what the operand copies cost each plan (probe_copy_plans.py, CP_SHAPES): session 39
+#   hostprof where an eager call's host time goes, copied operands against aligned (probe_host_profile.py)
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -76,7 +77,9 @@ for s in ${STEPS:-}; do
              done 2>&1 | tee "$OUT/skorder.txt" | grep -v "^ " | tail -30 ;;
     cpplans) PYTHONPATH=$PWD/src:$PWD/benchmarks PROBE_SHAPES=${CP_SHAPES:-} timeout "${CP_T:-240}" \
                python3 benchmarks/probes/probe_copy_plans.py "$OUT/copy_plans_probe.jsonl" 2>&1 | tee "$OUT/cpplans.txt" | tail -40 ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans)" ;;
+    hostprof) timeout "${HP_T:-150}" python3 benchmarks/probes/probe_host_profile.py "$OUT/host_profile.txt" \
+                "$OUT/host_profile.jsonl" 2>&1 | tail -12 ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
