@@ -2,8 +2,8 @@
 (K or N off 8: ``pad_copy_operands`` then the GEMM) against an aligned call of similar size. On an H100
 host (session 39, h100_copies_probe.jsonl) copied calls took 34-59 us of host time against torch.mm's
 19-33, where aligned calls took 17-23 against 14-23. Per shape: the host time of a call (GPU kept busy, so
-calls only queue) for gemmlab.matmul and torch.mm (median of three interleaved measurements), then cProfile over ``PROBE_CALLS`` calls, its 25
-costliest functions by own time and by cumulative time. Text report under argv[1]; a JSON line per shape
+calls only queue) for gemmlab.matmul and torch.mm (median of three interleaved measurements), then cProfile
+over ``PROBE_CALLS`` calls, its 25 costliest functions by own time and by cumulative time. Text report under argv[1]; a JSON line per shape
 under argv[2].
 
     PYTHONPATH=src python3 benchmarks/probes/probe_host_profile.py OUT.txt OUT.jsonl"""
