@@ -151,8 +151,8 @@ def test_cluster_capacity_is_queried_from_the_gpu():
 
 def test_the_gpus_memory_peak_decides_stream_k_as_the_records_say():
     """The driver's memory clock and bus width give the peak ``devices.stream_k_offered`` reads: an H200's is
-    the profile's (4.92 TB/s, stream-K offered), an H100's 3.35 TB/s (not offered), and the route of a
-    stream-K shape follows it."""
+    near the profile's 4.92 TB/s (boards report 3134-3201 MHz memory clocks: 4.81-4.92 TB/s; stream-K offered),
+    an H100's 3.35 TB/s (not offered), and the route of a stream-K shape follows it."""
     from gemmlab import devices, engine
     from gemmlab.gpu import gpu_info
 
@@ -160,7 +160,7 @@ def test_the_gpus_memory_peak_decides_stream_k_as_the_records_say():
     peak = info.hbm_peak_bytes_per_s
     assert peak is not None and 1e12 < peak < 2e13
     if "H200" in info.name:
-        assert abs(peak / devices.H200.hbm_peak_bytes_per_s - 1) < 0.02 and devices.stream_k_offered(peak)
+        assert abs(peak / devices.H200.hbm_peak_bytes_per_s - 1) < 0.05 and devices.stream_k_offered(peak)
     if "H100" in info.name:
         assert not devices.stream_k_offered(peak)
     a = torch.empty(8192, 28672, device="meta", dtype=torch.bfloat16)  # route reads metadata only
