@@ -3,6 +3,7 @@ tests/test_engine_gpu.py)."""
 
 import json
 import math
+import threading
 
 import pytest
 import torch
@@ -88,8 +89,10 @@ def test_pad_copy_operands_stores_16_byte_chunks(elem, vec_a, vec_b):
 def test_prepared_copies_share_one_pdl_launch_and_feed_the_gemm(monkeypatch, case):
     """Unaligned operands through Engine2Launch (driver faked): one ``pad_copy_operands`` launch with PDL
     copies them, from the call's tensors into fresh 32-byte-aligned buffers, and the GEMM's A and B
-    descriptors point at those buffers. "both": rows of 258 B on both sides (two jobs); "a-offset": A's
-    base 2 bytes off (one job; B's job repeats A's addresses with no rows, and the grid is A's blocks)."""
+    descriptors point at those buffers: views of the (device, stream, thread) copy space, the same from call
+    to call, another on another stream or in another thread. "both": rows of 258 B on both sides (two
+    jobs); "a-offset": A's base 2 bytes off (one job; B's job repeats A's addresses with no rows, and the
+    grid is A's blocks)."""
     import fakes
 
     launchers = fakes.fake_driver(monkeypatch, engine)
@@ -114,11 +117,14 @@ def test_prepared_copies_share_one_pdl_launch_and_feed_the_gemm(monkeypatch, cas
     jobs = 2 if case == "both" else 1
     blocks = [engine._copy_blocks(M, K, 2, 132), engine._copy_blocks(N, K, 2, 132)][:jobs]
     assert copy.config["grid"] == sum(blocks)
-    for _ in range(2):  # new tensors each call: only addresses change
+    monkeypatch.setattr(engine, "_COPY_SPACE", {})
+    seen = []
+    for stream in (5, 5, 6, 6):  # new tensors each call: only addresses change
         a, w = operands()
-        call.run(5, a, w.t(), out, None, None, 1.0, 0.0)
-        (stream, cv), (_, gv) = copy.launches[-1], gemm.launches[-1]
-        assert stream == 5
+        call.run(stream, a, w.t(), out, None, None, 1.0, 0.0)
+        (launched_on, cv), (_, gv) = copy.launches[-1], gemm.launches[-1]
+        assert launched_on == stream
+        seen.append(cv[2][1])
         ldd = -(-K // 16) * 16  # 32-byte rows
         assert cv[0] == ("ptr", a.data_ptr()) and cv[1] == ("i64", K) and cv[3] == ("i64", ldd)
         assert cv[4:7] == [("i64", M), ("i32", K), ("i32", blocks[0])]
@@ -132,6 +138,14 @@ def test_prepared_copies_share_one_pdl_launch_and_feed_the_gemm(monkeypatch, cas
             assert cv[7] == cv[0] and cv[9] == cv[2] and cv[11] == ("i64", 0)
             assert gv[engine._E2_B][2] == w.data_ptr()
         assert gv[engine._E2_A][2] == da
+    assert seen[0] == seen[1] != seen[2] == seen[3]  # one space per stream, its views made once
+    other = []
+    thread = threading.Thread(target=lambda: (call.run(5, *operands()[:1], operands()[1].t(), out, None, None, 1.0, 0.0),
+                                              other.append(copy.launches[-1][1][2][1])))
+    thread.start()
+    thread.join()
+    assert other and other[0] not in seen  # another thread: a space of its own
+    assert len(engine._COPY_SPACE) == 3
 
 
 # Plans: forced, tuned, validated ----------------------------------------------------------------------

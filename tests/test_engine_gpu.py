@@ -228,6 +228,52 @@ def test_operand_copies_follow_the_kernel_that_writes_them(shape):
         assert rel_error(out, reference(x)) <= 2 * TOL[torch.bfloat16]
 
 
+def test_copied_calls_share_the_copy_space_safely():
+    """Calls whose operands are copied reuse one copy space per (device, stream, thread)
+    (``engine.copy_space``): shapes in an order that makes the space grow between calls and then go back
+    to a smaller one, and two threads running such calls at once, on one stream and on two, with fresh
+    inputs every call; every result against float64, none poisoned output left behind."""
+    import threading
+
+    import gemmlab
+    from gemmlab import engine
+
+    shapes = [(33, 257, 129), (300, 1001, 777), (1, 4097, 1025), (65, 2049, 1025), (33, 257, 129)]
+
+    def calls(rounds, results):
+        for _ in range(rounds):
+            for M, N, K in shapes:
+                a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+                out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+                results.append((a, w, gemmlab.matmul(a, w.t(), out=out)))
+
+    def check(results):
+        torch.cuda.synchronize()
+        assert results
+        for a, w, out in results:
+            assert rel_error(out, _reference(a, w.t())) <= TOL[torch.bfloat16]
+
+    results = []
+    calls(2, results)
+    check(results)
+    assert any(k[2] == threading.get_ident() for k in engine._COPY_SPACE)  # the calls used the space
+    for streams in ("one", "two"):
+        side = [torch.cuda.Stream() for _ in range(2)] if streams == "two" else [torch.cuda.current_stream()] * 2
+        per_thread = [[], []]
+
+        def work(i):
+            with torch.cuda.stream(side[i]):
+                calls(8, per_thread[i])
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        check(per_thread[0] + per_thread[1])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("src_cols, dst_cols", [(4095, 4096), (4096, 4095), (4095, 4095), (4104, 4104), (3, 9)])
 def test_pad_copy_between_row_strides(dtype, src_cols, dst_cols):

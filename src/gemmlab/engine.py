@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import math
 import operator
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -716,24 +717,85 @@ class _OperandCopies:
     """The operand copies of one prepared GEMM launch (``_OperandCopy`` for A, B or both, None where the
     operand is read as it is), made on every call: the unit-stride ones in one launch of
     ``pad_copy_operands`` (kernels/engine/pad_copy.cu: both operands' copies in one grid, launched with
-    PDL so the GEMM after it is scheduled as its last blocks copy), the others by torch's copy."""
+    PDL so the GEMM after it is scheduled as its last blocks copy), the others by torch's copy.
 
-    def __init__(self, copy_a: _OperandCopy | None, copy_b: _OperandCopy | None):
+    ``kept``: the caller launches the GEMM that reads the copies right after this call, in the same thread
+    (``Engine2Launch.run``, ``H11Launch.run``). The copies then go into the copy space of that (device,
+    stream, thread) (``copy_space``) through views made once, not into two fresh allocations a call (2.5-5
+    us of host time each, H200 host), where both fit in ``COPY_SPACE_MAX_BYTES`` and no graph is being
+    captured. Each call's copy kernel waits for the kernel before it (``pdl_wait``; torch's copy waits
+    anyway), so it cannot overwrite what the previous GEMM on the stream still reads."""
+
+    def __init__(self, copy_a: _OperandCopy | None, copy_b: _OperandCopy | None, *, kept: bool = False):
         self.a, self.b = copy_a, copy_b
         units = [i for i, c in enumerate((copy_a, copy_b)) if c is not None and c.unit]
         self.torch_copies = [i for i, c in enumerate((copy_a, copy_b)) if c is not None and not c.unit]
         # A and B share one dtype (ops._validate), so one launch takes both jobs
         self.launch = _CopyLaunch([(copy_a, copy_b)[i] for i in units], units) if units else None
+        first = copy_a or copy_b
+        self.device = first.device
+        self.offsets = (0, _space_bytes(copy_a))  # where A's and B's copies start in the copy space
+        self.nbytes = self.offsets[1] + _space_bytes(copy_b)
+        self.kept = kept and self.nbytes <= COPY_SPACE_MAX_BYTES
+        self._views: dict[tuple, tuple] = {}  # (stream, thread) -> (the space, the two views of it)
 
     def __call__(self, va: torch.Tensor, vb: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tensors TMA reads: va / vb where they need no copy, else fresh aligned copies of them."""
+        """The tensors TMA reads: va / vb where they need no copy, else aligned copies of them."""
         srcs = (va, vb)
-        dsts = (va if self.a is None else self.a.fresh(), vb if self.b is None else self.b.fresh())
+        dsts = None
+        if self.kept and not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            key = (stream, threading.get_ident())
+            space = copy_space(self.device, stream, self.nbytes)
+            kept = self._views.get(key)
+            if kept is None or kept[0] is not space:
+                if len(self._views) >= _COPY_KEYS_MAX:
+                    self._views.clear()
+                kept = self._views[key] = (space, self._carve(space, va, vb))
+            dsts = kept[1]
+            if self.a is None or self.b is None:  # the operand read as it is changes from call to call
+                dsts = (va, dsts[1]) if self.a is None else (dsts[0], vb)
+        if dsts is None:
+            dsts = (va if self.a is None else self.a.fresh(), vb if self.b is None else self.b.fresh())
         for i in self.torch_copies:
             dsts[i].copy_(srcs[i])
         if self.launch is not None:
             self.launch(srcs, dsts, stream)
         return dsts
+
+    def _carve(self, space: torch.Tensor, va: torch.Tensor, vb: torch.Tensor) -> tuple:
+        """Views of ``space`` laid out as ``_OperandCopy.fresh`` lays a copy out (va / vb where none)."""
+        views = []
+        for c, v, at in zip((self.a, self.b), (va, vb), self.offsets):
+            views.append(v if c is None else space[at:at + _space_bytes(c)].view(c.dtype).as_strided(c.size, c.stride))
+        return tuple(views)
+
+
+COPY_SPACE_MAX_BYTES = 16 * 2**20  # both copies of a call at most this big go into the copy space
+_COPY_KEYS_MAX = 64  # (device, stream, thread) keys kept before starting over (threads come and go)
+_COPY_SPACE: dict[tuple, torch.Tensor] = {}
+
+
+def _space_bytes(c: _OperandCopy | None) -> int:
+    """Bytes a copy takes in the copy space: its rows ldd elements apart, rounded up to 256."""
+    return 0 if c is None else math.ceil(c.rows * c.ldd * c.es / 256) * 256
+
+
+def copy_space(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
+    """The bytes (uint8, at least ``nbytes``) that prepared launches on ``stream`` (a raw handle) of
+    ``device`` copy operands into from this thread (``_OperandCopies``' ``kept``). A space that must
+    grow is replaced by one twice as big (at most ``COPY_SPACE_MAX_BYTES``); the old one lives on in the
+    views made of it until their calls make new ones, and then goes back to torch's allocator, which
+    gives it out again only in that stream's order. One thread's launches on one stream run in the order
+    they are made; another thread's get a space of their own, so no copy of theirs can fall between one
+    call's copy and its GEMM."""
+    key = (device, stream, threading.get_ident())
+    space = _COPY_SPACE.get(key)
+    if space is None or space.numel() < nbytes:
+        if space is None and len(_COPY_SPACE) >= _COPY_KEYS_MAX:
+            _COPY_SPACE.clear()
+        size = max(nbytes, min(2 * space.numel(), COPY_SPACE_MAX_BYTES) if space is not None else 0)
+        space = _COPY_SPACE[key] = torch.empty(size, dtype=torch.uint8, device=device)
+    return space
 
 
 # pad_copy_operands' parameters: A's job (src, lds, dst, ldd, rows, cols, blocks), then B's (no blocks).
@@ -813,7 +875,7 @@ class H11Launch:
         dev = _index(a.device)
         ta, a_mn, self.copy_a = _operand_plan(a, 1)
         tb, b_mn, self.copy_b = _operand_plan(b, 0)
-        self.copies = _OperandCopies(self.copy_a, self.copy_b) if self.copy_a or self.copy_b else None
+        self.copies = _OperandCopies(self.copy_a, self.copy_b, kept=True) if self.copy_a or self.copy_b else None
         self.a_view, self.b_view = _view_fn(a_mn, 1), _view_fn(b_mn, 0)
         # An output TMA cannot write (rows not 16-byte aligned) is stored by the consumers from the epilogue's
         # slab, row by row (DIRECT). At 4095^3 that cost 33 us over a TMA store, against 51 us for an aligned
@@ -960,7 +1022,7 @@ class Engine2Launch:
         N = kb.shape[1]
         ta, a_mn, self.copy_a = _operand_plan(ka, 1)
         tb, b_mn, self.copy_b = _operand_plan(kb, 0)
-        self.copies = _OperandCopies(self.copy_a, self.copy_b) if self.copy_a or self.copy_b else None
+        self.copies = _OperandCopies(self.copy_a, self.copy_b, kept=True) if self.copy_a or self.copy_b else None
         self.direct = direct = not _tma_ok(out)
         if (a_mn, b_mn, direct) != (p.kernel_a_mn, p.kernel_b_mn, p.direct):
             raise UnsupportedProblem(f"plan is for a_mn={p.a_mn}, b_mn={p.b_mn}, direct={p.direct}; the tensors "
