@@ -737,10 +737,14 @@ class _OperandCopies:
         self.offsets = (0, _space_bytes(copy_a))  # where A's and B's copies start in the copy space
         self.nbytes = self.offsets[1] + _space_bytes(copy_b)
         self.kept = kept and self.nbytes <= COPY_SPACE_MAX_BYTES
+        # Without torch's copies, only addresses are read (the pad copy's sources, the GEMM's operands), and
+        # a transposed view has its tensor's address: the callers may pass the tensors, not views of them.
+        self.addresses_only = not self.torch_copies
         self._views: dict[tuple, tuple] = {}  # (stream, thread) -> (the space, the two views of it)
 
     def __call__(self, va: torch.Tensor, vb: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The tensors TMA reads: va / vb where they need no copy, else aligned copies of them."""
+        """The tensors TMA reads: va / vb where they need no copy, else aligned copies of them. With
+        ``addresses_only``, va / vb may be the operands themselves rather than the views TMA reads."""
         srcs = (va, vb)
         dsts = None
         if self.kept and not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
@@ -768,6 +772,17 @@ class _OperandCopies:
         for c, v, at in zip((self.a, self.b), (va, vb), self.offsets):
             views.append(v if c is None else space[at:at + _space_bytes(c)].view(c.dtype).as_strided(c.size, c.stride))
         return tuple(views)
+
+
+def _copied(launch, a: torch.Tensor, b: torch.Tensor, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a prepared launch (``Engine2Launch``, ``H11Launch``: ``copies``, ``a_view``, ``b_view``) reads
+    for the kernel's A and B: a and b themselves where nothing is copied, else ``copies``' result."""
+    c = launch.copies
+    if c is None:
+        return a, b
+    if c.addresses_only:
+        return c(a, b, stream)
+    return c(launch.a_view(a), launch.b_view(b), stream)
 
 
 COPY_SPACE_MAX_BYTES = 16 * 2**20  # both copies of a call at most this big go into the copy space
@@ -925,7 +940,7 @@ class H11Launch:
             L.set_map(_C, self.map_a.tmap)
 
     def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
-        ta, tb = self.copies(self.a_view(a), self.b_view(b), stream) if self.copies else (a, b)
+        ta, tb = _copied(self, a, b, stream)
         L = self.launcher
         with L.lock:
             pa = ta.data_ptr()
@@ -1067,7 +1082,7 @@ class Engine2Launch:
     def run(self, stream: int, a, b, out, bias, c, alpha: float, beta: float) -> None:
         if self.swap_ab:
             a, b = b, a
-        ta, tb = self.copies(self.a_view(a), self.b_view(b), stream) if self.copies else (a, b)
+        ta, tb = _copied(self, a, b, stream)
         ws = stream_k_workspace(self.plan, self.dev, stream) if self.stream_k else None
         L = self.launcher
         with L.lock:
