@@ -695,7 +695,8 @@ def _operand_layout(x: torch.Tensor, k_dim: int) -> tuple[bool, int | None]:
 
 class _OperandCopy:
     """An operand TMA cannot read as it is (a leading dimension or base not 16-byte aligned): copied on
-    every call into a fresh buffer with 32-byte aligned rows, by ``pad_copy_operands`` where the view has
+    every call into a buffer with 32-byte aligned rows (a view of the copy space made once, or a fresh one:
+    ``_OperandCopies``), by ``pad_copy_operands`` where the view has
     unit column stride and 2- or 4-byte elements (``unit``), else by torch's copy (``_OperandCopies``)."""
 
     def __init__(self, view: torch.Tensor):
@@ -786,7 +787,7 @@ def _copied(launch, a: torch.Tensor, b: torch.Tensor, stream: int) -> tuple[torc
 
 
 COPY_SPACE_MAX_BYTES = 16 * 2**20  # both copies of a call at most this big go into the copy space
-_COPY_KEYS_MAX = 64  # (device, stream, thread) keys kept before starting over (threads come and go)
+_COPY_KEYS_MAX = 16  # (device, stream, thread) keys kept before starting over (threads come and go)
 _COPY_SPACE: dict[tuple, torch.Tensor] = {}
 
 
