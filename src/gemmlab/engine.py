@@ -786,7 +786,7 @@ def _copied(launch, a: torch.Tensor, b: torch.Tensor, stream: int) -> tuple[torc
     return c(launch.a_view(a), launch.b_view(b), stream)
 
 
-COPY_SPACE_MAX_BYTES = 16 * 2**20  # both copies of a call at most this big go into the copy space
+COPY_SPACE_MAX_BYTES = 64 * 2**20  # both copies of a call at most this big go into the copy space
 _COPY_KEYS_MAX = 16  # (device, stream, thread) keys kept before starting over (threads come and go)
 _COPY_SPACE: dict[tuple, torch.Tensor] = {}
 
