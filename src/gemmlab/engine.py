@@ -797,8 +797,9 @@ def _space_bytes(c: _OperandCopy | None) -> int:
 
 
 def copy_space(device: torch.device, stream: int, nbytes: int) -> torch.Tensor:
-    """The bytes (uint8, at least ``nbytes``) that prepared launches on ``stream`` (a raw handle) of
-    ``device`` copy operands into from this thread (``_OperandCopies``' ``kept``). A space that must
+    """The bytes (uint8, at least ``nbytes``) that prepared launches on ``stream`` (a raw handle: torch's
+    current stream on ``device``, as every prepared launch is run, so that torch's allocator ties the space
+    to it) of ``device`` copy operands into from this thread (``_OperandCopies``' ``kept``). A space that must
     grow is replaced by one twice as big (at most ``COPY_SPACE_MAX_BYTES``); the old one lives on in the
     views made of it until their calls make new ones, and then goes back to torch's allocator, which
     gives it out again only in that stream's order. One thread's launches on one stream run in the order
