@@ -88,7 +88,7 @@ def test_pad_copy_operands_stores_16_byte_chunks(elem, vec_a, vec_b):
 @pytest.mark.parametrize("case", ["both", "a-offset"])
 def test_prepared_copies_share_one_pdl_launch_and_feed_the_gemm(monkeypatch, case):
     """Unaligned operands through Engine2Launch (driver faked): one ``pad_copy_operands`` launch with PDL
-    copies them, from the call's tensors into fresh 32-byte-aligned buffers, and the GEMM's A and B
+    copies them, from the call's tensors into 32-byte-aligned buffers, and the GEMM's A and B
     descriptors point at those buffers: views of the (device, stream, thread) copy space, the same from call
     to call, another on another stream or in another thread. "both": rows of 258 B on both sides (two
     jobs); "a-offset": A's base 2 bytes off (one job; B's job repeats A's addresses with no rows, and the
@@ -140,8 +140,13 @@ def test_prepared_copies_share_one_pdl_launch_and_feed_the_gemm(monkeypatch, cas
         assert gv[engine._E2_A][2] == da
     assert seen[0] == seen[1] != seen[2] == seen[3]  # one space per stream, its views made once
     other = []
-    thread = threading.Thread(target=lambda: (call.run(5, *operands()[:1], operands()[1].t(), out, None, None, 1.0, 0.0),
-                                              other.append(copy.launches[-1][1][2][1])))
+
+    def in_another_thread():
+        a, w = operands()
+        call.run(5, a, w.t(), out, None, None, 1.0, 0.0)
+        other.append(copy.launches[-1][1][2][1])
+
+    thread = threading.Thread(target=in_another_thread)
     thread.start()
     thread.join()
     assert other and other[0] not in seen  # another thread: a space of its own

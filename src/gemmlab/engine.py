@@ -695,9 +695,9 @@ def _operand_layout(x: torch.Tensor, k_dim: int) -> tuple[bool, int | None]:
 
 class _OperandCopy:
     """An operand TMA cannot read as it is (a leading dimension or base not 16-byte aligned): copied on
-    every call into a buffer with 32-byte aligned rows (a view of the copy space made once, or a fresh one:
-    ``_OperandCopies``), by ``pad_copy_operands`` where the view has
-    unit column stride and 2- or 4-byte elements (``unit``), else by torch's copy (``_OperandCopies``)."""
+    every call into a buffer with 32-byte aligned rows (a view of the copy space made once, or a fresh
+    one: ``_OperandCopies``), by ``pad_copy_operands`` where the view has unit column stride and 2- or
+    4-byte elements (``unit``), else by torch's copy."""
 
     def __init__(self, view: torch.Tensor):
         self.rows, self.cols = view.shape
