@@ -153,6 +153,28 @@ def test_prepared_copies_share_one_pdl_launch_and_feed_the_gemm(monkeypatch, cas
     assert len(engine._COPY_SPACE) == 3
 
 
+def test_copy_space_grows_by_doubling_up_to_its_cap_and_starts_over_past_its_keys(monkeypatch):
+    """``engine.copy_space``: the same bytes while they suffice, twice as many (at least what is asked, at most
+    the cap) when not, one space per (device, stream, thread), and all of them dropped once a new key would
+    pass ``_COPY_KEYS_MAX``."""
+    monkeypatch.setattr(engine, "_COPY_SPACE", {})
+    monkeypatch.setattr(engine, "COPY_SPACE_MAX_BYTES", 4096)
+    cpu = torch.device("cpu")
+    first = engine.copy_space(cpu, 5, 1000)
+    assert first.numel() == 1000 and first.dtype == torch.uint8
+    assert engine.copy_space(cpu, 5, 600) is first
+    grown = engine.copy_space(cpu, 5, 1200)
+    assert grown is not first and grown.numel() == 2000
+    assert engine.copy_space(cpu, 5, 3000).numel() == 4000
+    assert engine.copy_space(cpu, 5, 4090).numel() == 4096  # twice would pass the cap
+    assert engine.copy_space(cpu, 7, 10).numel() == 10 and engine.copy_space(cpu, 7, 25).numel() == 25  # more than twice
+    for stream in range(8, 8 + engine._COPY_KEYS_MAX - 2):
+        engine.copy_space(cpu, stream, 10)
+    assert len(engine._COPY_SPACE) == engine._COPY_KEYS_MAX
+    engine.copy_space(cpu, 99, 10)  # one key too many: start over
+    assert list(engine._COPY_SPACE) == [(cpu, 99, threading.get_ident())]
+
+
 # Plans: forced, tuned, validated ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("plan, K, message", [
