@@ -66,6 +66,63 @@ def test_k_permutation_reproduces_the_product_exactly():
     np.testing.assert_array_equal(got, want)
 
 
+def _byte_perm(x: int, y: int, sel: int) -> int:
+    """CUDA's __byte_perm: bytes 0-3 of x and 4-7 of y, picked by the selector's four low nibbles."""
+    pool = (x | (y << 32)).to_bytes(8, "little")
+    return int.from_bytes(bytes(pool[(sel >> (4 * i)) & 7] for i in range(4)), "little")
+
+
+def _bytes_at(lo: list[int], hi: list[int], s: int) -> list[int]:
+    """decode::bytes_at on four-word lists: the selects by 8 and 4 bytes, then one byte permute a word."""
+    v = lo + hi
+    a = [v[i + 2] if s & 8 else v[i] for i in range(6)]
+    b = [a[i + 1] if s & 4 else a[i] for i in range(5)]
+    sel = 0x5432 if s & 2 else 0x3210
+    return [_byte_perm(b[i], b[i + 1], sel) for i in range(4)]
+
+
+def _words(mem: bytes, at: int) -> list[int]:
+    return [int.from_bytes(mem[at + 4 * i:at + 4 * i + 4], "little") for i in range(4)]
+
+
+@pytest.mark.parametrize("row_start", range(0, 32, 2))
+def test_straddled_windows_give_each_lane_its_16_bytes(row_start):
+    """decode::ld_straddle + cut for the four lanes of a row starting at any 2-byte address: each lane loads
+    the aligned window its 16 bytes start in, lane 3 also the one after; lane q's second window is lane
+    q + 1's first (the shuffle), lane 3's its own. Every lane must get exactly the 16 bytes at its address,
+    and every window loaded must hold bytes of the row's 64 (nothing read beyond what is needed)."""
+    rng = np.random.default_rng(row_start)
+    mem = rng.integers(0, 256, size=256, dtype=np.uint8).tobytes()
+    p = [64 + row_start + 16 * q for q in range(4)]  # lane q's 8 elements (16 bytes)
+    lo = [_words(mem, a - a % 16) for a in p]
+    nxt = _words(mem, p[3] - p[3] % 16 + 16) if p[3] % 16 else [0, 0, 0, 0]
+    loaded = [a - a % 16 for a in p] + ([p[3] - p[3] % 16 + 16] if p[3] % 16 else [])
+    assert all(w + 16 > p[0] and w < p[3] + 16 for w in loaded)
+    for q in range(4):
+        hi = lo[q + 1] if q < 3 else nxt
+        got = b"".join(w.to_bytes(4, "little") for w in _bytes_at(lo[q], hi, p[q] % 16))
+        assert got == mem[p[q]:p[q] + 16]
+
+
+@pytest.mark.parametrize("start", range(0, 16, 2))
+@pytest.mark.parametrize("n", range(0, 9))
+def test_tail_load_keeps_the_first_n_elements(start, n):
+    """decode::ld_tail: the lane's first n elements at any 2-byte address, zeros after them, loading only the
+    windows that hold one of the n (none for n = 0)."""
+    rng = np.random.default_rng(17 * start + n)
+    mem = rng.integers(1, 256, size=64, dtype=np.uint8).tobytes()
+    a = 16 + start
+    base = a - a % 16
+    lo = _words(mem, base) if n > 0 else [0] * 4
+    second = n > 0 and start + 2 * n > 16
+    hi = _words(mem, base + 16) if second else [0] * 4
+    v = _bytes_at(lo, hi, start)
+    keep = [w if 2 * i + 1 < n else (w & 0xFFFF if 2 * i < n else 0) for i, w in enumerate(v)]
+    got = b"".join(w.to_bytes(4, "little") for w in keep)
+    assert got == mem[a:a + 2 * n] + bytes(16 - 2 * n)
+    assert not second or base + 16 < a + 2 * n  # the second window holds one of the n
+
+
 def test_two_row_groups_per_warp_share_each_x_fragment():
     """RPW = 2: the warp's second 16 rows (w_lane[1][*]) use the same X registers; each group's
     accumulators hold its own rows of W @ X^T."""
@@ -224,9 +281,6 @@ def test_use_decode_sends_large_weights_to_h11(M, N, K, decode_kernel):
 @pytest.mark.parametrize("case,reason", [
     ("b row-major (K, N)", "weight"),
     ("a column-major", "a is not K-contiguous"),
-    ("K % 8", "multiple of 8"),
-    ("a offset by one element", "aligned"),
-    ("weight row stride 4100", "stride"),
     ("M = 65", "M=65"),
 ])
 def test_why_not_names_the_reason(case, reason):
@@ -236,17 +290,74 @@ def test_why_not_names_the_reason(case, reason):
         b = torch.empty(K, N, dtype=torch.bfloat16)
     elif case == "a column-major":
         a = torch.empty(K, M, dtype=torch.bfloat16).t()
-    elif case == "K % 8":
-        a, b = torch.empty(M, 4092, dtype=torch.bfloat16), torch.empty(N, 4092, dtype=torch.bfloat16).t()
-    elif case == "a offset by one element":
-        a = torch.empty(M * K + 1, dtype=torch.bfloat16)[1:].view(M, K)
-    elif case == "weight row stride 4100":
-        b = torch.empty(N, 4100, dtype=torch.bfloat16)[:, :K].t()
     elif case == "M = 65":
         a = torch.empty(65, K, dtype=torch.bfloat16)
     why = decode.why_not(a, b)
     assert why is not None and reason in why
     assert not engine.use_decode(a, b)
+
+
+def _unaligned(case):
+    K, N, M = 4096, 1024, 16
+    a, b = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16).t()
+    if case == "K % 8":
+        a, b = torch.empty(M, 4093, dtype=torch.bfloat16), torch.empty(N, 4093, dtype=torch.bfloat16).t()
+    elif case == "a offset by one element":
+        a = torch.empty(M * K + 1, dtype=torch.bfloat16)[1:].view(M, K)
+    elif case == "weight offset by three elements":
+        b = torch.empty(N * K + 3, dtype=torch.bfloat16)[3:].view(N, K).t()
+    elif case == "weight row stride 4100":
+        b = torch.empty(N, 4100, dtype=torch.bfloat16)[:, :K].t()
+    elif case == "a row stride 4097":
+        a = torch.empty(M, 4097, dtype=torch.bfloat16)[:, :K]
+    return a, b
+
+
+@pytest.mark.parametrize("case", ["K % 8", "a offset by one element", "weight offset by three elements",
+                                  "weight row stride 4100", "a row stride 4097"])
+def test_rows_at_any_address_take_the_unaligned_variants(case):
+    """Rows TMA cannot read (the engine kernel and h11 would copy them) are read in place by the unaligned
+    variants: ``why_not`` allows them, ``aligned`` says no, and the launch's variant reads any address."""
+    a, b = _unaligned(case)
+    assert decode.why_not(a, b) is None and engine.use_decode(a, b)
+    assert not decode.aligned(a, b)
+    v = decode.variant_for(a, b)
+    assert not v.aligned and v == decode.UNALIGNED_VARIANTS[decode.token_tiles(a.shape[0])]
+    assert decode.kernel_expr("__nv_bfloat16", "__nv_bfloat16", "float", 2, 0, False, v).count("false") >= 1
+    a_ok, b_ok = _unaligned("none")
+    assert decode.aligned(a_ok, b_ok) and decode.variant_for(a_ok, b_ok) == decode.default_variant(2)
+
+
+def test_unaligned_weights_past_the_h11_limit_stay_on_the_decode_kernel():
+    """h11 streams a big aligned weight faster, but an unaligned one it would copy whole first."""
+    x = torch.empty(1, 8191, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(28672, 8191, dtype=torch.bfloat16, device="meta")
+    assert engine.use_decode(x, w.t())
+    x = torch.empty(1, 8192, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(28672, 8192, dtype=torch.bfloat16, device="meta")
+    assert not engine.use_decode(x, w.t())
+
+
+def test_no_unaligned_variant_past_max_m():
+    with pytest.raises(ValueError, match="any address"):
+        decode.default_variant(8, aligned=False)
+
+
+def test_route_weighs_the_engine_kernels_copies_against_the_unaligned_decode_kernel():
+    """1 x 4097 x 1025 (K odd): the engine kernel copies the 8 MB weight every call (read and written), the
+    decode kernel reads it once in place: the router prices both and runs the decode kernel. Aligned, the
+    same rule as before (no copies in the price)."""
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    a, b, out = torch.empty(1, 1025, **meta), torch.empty(4097, 1025, **meta).t(), torch.empty(1, 4097, **meta)
+    r = engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132)
+    assert r.kernel == "decode" and r.decode_s is not None
+    copies = engine.copies_s(a, b, H200)
+    assert copies >= engine.COPY_FIXED_S + 2 * 4097 * 1025 * 2 / H200.hbm_bytes_per_s
+    assert r.decode_s <= r.engine_s + copies
+    assert engine.copies_s(torch.empty(1, 1024, **meta), torch.empty(4097, 1024, **meta).t(), H200) == 0.0
+    # Priced without its copies the engine kernel would win here: the copies decide.
+    assert not engine.decode_runs(1, 4097, 1025, 132, r.decode_s, r.decode_s * 0.5)
+    assert engine.decode_runs(1, 4097, 1025, 132, r.decode_s, r.decode_s * 0.5, copies)
 
 
 def test_why_not_works_on_meta_tensors():
@@ -294,6 +405,34 @@ def test_sass_of_every_instantiation(case):
     assert main.mix.get("hmma", 0) == nt * len(w_loads)
     assert (len(prefetches) >= 2) == (v.pf > 0)
     assert ck.resources.static_shared <= 1024, "the partials live in dynamic shared memory"
+
+
+UNALIGNED_SASS_CASES = ([(t, t, "f32", nt, 0, s) for t in ("bf16", "f16") for nt in decode.UNALIGNED_VARIANTS
+                         for s in (0, 1)]
+                        + [("bf16", o, b, 4, 1 | 2 | (act << 2), 1)
+                           for o, b, act in (("f32", "bf16", 1), ("f16", "f32", 2), ("bf16", "f32", 4))])
+
+
+@pytest.mark.parametrize("case", UNALIGNED_SASS_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_sass_of_every_unaligned_instantiation(case):
+    """The unaligned variants (rows at any address): no local memory under their register cap; in the main
+    loop two no-allocate weight loads per 16 bytes used (the window and lane 3's next one, predicated),
+    NT HMMA per pair, and the shuffles and byte permutes that cut each lane's 16 bytes out of two windows."""
+    tin, tout, tbias, nt, epi, split = case
+    v = decode.default_variant(nt, aligned=False)
+    expr = decode.kernel_expr(_CT[tin], _CT[tout], _CT[tbias], nt, epi, bool(split), v)
+    ck = compile_kernel(decode.SOURCE, expr, arch="sm_90a")
+    summary = sass.kernel_summary(ck)
+    mma = r"^HMMA\.16816\.F32\.BF16$" if tin == "bf16" else r"^HMMA\.16816\.F32$"
+    expect = sass.SassExpect(
+        contains=(mma, r"^LDG\.E\.NA\.128\.CONSTANT$", r"^LDG\.E\.128\.CONSTANT$", r"^SHFL\.DOWN$", r"^PRMT$",
+                  *sass.PDL_OPCODES),
+        absent=(r"^LDL", r"^STL"), no_local_memory=True, max_registers=v.max_registers(nt))
+    assert sass.check(expect, summary, ck.resources) == []
+    body, main = _main_loop(summary)
+    w_loads = [ins for ins in body if ins.opcode == "LDG.E.NA.128.CONSTANT"]
+    assert w_loads and len(w_loads) % (4 * v.u * v.rpw * v.depth) == 0
+    assert main.mix.get("hmma", 0) * 2 == nt * len(w_loads)
 
 
 @pytest.mark.parametrize("nt", [1, 2])  # NT = 4, 8 run the first kernel: measured faster, loads interleaved

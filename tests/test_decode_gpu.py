@@ -155,3 +155,85 @@ def test_matmul_routes_decode_shapes_and_not_others():
     bn = b.contiguous()  # (K, N) row-major: not K-contiguous, so h11
     assert not engine.use_decode(a, bn)
     assert rel_error(gemmlab.matmul(a, bn), _reference(a, bn)) <= TOL[torch.bfloat16]
+
+
+# Rows at any address (the unaligned variants) ------------------------------------------------------------
+
+def _unaligned_linear(M, N, K, dtype, a_off, w_off, pad):
+    """x (M, K) and b = w.t() whose rows start at any element: each a view at an element offset into a
+    NaN-filled buffer, the weight's rows ``pad`` elements longer than K. The padding and the elements past
+    the last rows stay NaN, so a byte the kernel reads but does not mask off shows up in the result."""
+    def rows(r, ld, off):
+        buf = torch.full((r * ld + off + 16,), float("nan"), device="cuda", dtype=dtype)
+        view = buf[off:off + r * ld].view(r, ld)[:, :K]
+        view.copy_(torch.randn(r, K, device="cuda", dtype=dtype))
+        return view
+    return rows(M, K, a_off), rows(N, K + pad, w_off).t()
+
+
+_UNALIGNED_SHAPES = [(M, N, K) for M, N, K in itertools.product((1, 3, 8, 16, 17, 32), (1, 100, 1000, 4097),
+                                                                 (1, 7, 129, 1025, 4093, 8191))]
+
+
+@pytest.mark.parametrize("M,N,K", _UNALIGNED_SHAPES)
+def test_unaligned_shapes(M, N, K):
+    """Any K, bases at any element, ragged weight rows: read in place (no copy) and exact to the tolerance."""
+    a, b = _unaligned_linear(M, N, K, torch.bfloat16, a_off=(M + K) % 8, w_off=(N + K) % 7 or 1, pad=K % 3)
+    assert engine.use_decode(a, b) and not decode.aligned(a, b)
+    out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+    engine.gemm(a, b, out, plan="decode")
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16], (M, N, K)
+
+
+@pytest.mark.parametrize("act", [None, "gelu", "silu"])
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16)])
+@pytest.mark.parametrize("M,N,K", [(5, 1000, 4095), (32, 257, 1029)])
+def test_unaligned_epilogue(M, N, K, dtype, out_dtype, act):
+    a, b = _unaligned_linear(M, N, K, dtype, a_off=3, w_off=5, pad=1)
+    bias = torch.randn(N, device="cuda", dtype=dtype if act != "gelu" else torch.float32)
+    c = torch.randn(N, M, device="cuda", dtype=out_dtype).t()
+    out = poison_(torch.empty(M, N, device="cuda", dtype=out_dtype))
+    engine.gemm(a, b, out, plan="decode", bias=bias, activation=act, alpha=0.5, beta=-0.75, c=c)
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(a, b, bias, act, 0.5, -0.75, c)) <= TOL[out_dtype]
+
+
+def test_unaligned_split_k_repeats_bitwise_and_replays_in_a_graph():
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    shape = next(((M, N, K) for M, N, K in ((16, 1024, 8191), (1, 1024, 14335), (8, 256, 28671), (32, 512, 8191))
+                  if decode.plan(M, N, K, sm, decode.default_variant(decode.token_tiles(M), False)).splits > 1), None)
+    if shape is None:
+        pytest.skip(f"no unaligned split-K shape on {sm} SMs")
+    M, N, K = shape
+    a, b = _unaligned_linear(M, N, K, torch.bfloat16, a_off=1, w_off=3, pad=0)
+    out = poison_(torch.empty(M, N, device="cuda", dtype=torch.bfloat16))
+    engine.gemm(a, b, out, plan="decode")
+    torch.cuda.synchronize()
+    first = out.clone()
+    assert rel_error(first, _reference(a, b)) <= TOL[torch.bfloat16]
+    for _ in range(3):
+        poison_(out)
+        engine.gemm(a, b, out, plan="decode")
+        torch.cuda.synchronize()
+        assert torch.equal(out, first), "split-K reduction is not deterministic"
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        engine.gemm(a, b, out, plan="decode")
+    a.copy_(torch.randn_like(a))
+    poison_(out)
+    g.replay()
+    torch.cuda.synchronize()
+    assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16]
+
+
+def test_matmul_reads_unaligned_weights_in_place():
+    """Through the public op: at M = 1 and K odd the router runs the decode kernel (the engine kernel would
+    copy the 8 MB weight every call); a NaN in the weight's last element reaches the output (it is read)."""
+    import gemmlab
+
+    a, b = _linear(1, 4097, 1025, torch.bfloat16)
+    assert gemmlab.plan(1, 4097, 1025).kernel == "decode"
+    assert rel_error(gemmlab.matmul(a, b), _reference(a, b)) <= TOL[torch.bfloat16]
+    b[1024, 4096] = float("nan")
+    assert torch.isnan(gemmlab.matmul(a, b)[0, 4096]) and not torch.isnan(gemmlab.matmul(a, b)[0, :4096]).any()

@@ -35,12 +35,14 @@ class Variant:
     """The kernel's compile-time choices (template parameters of ``engine_decode``, see decode.cu):
     ``u`` 32-k chunks per iteration, ``rpw`` 16-row groups per warp, ``depth`` iterations of weight loads
     in flight (2: the next iteration's loads are issued before this one's mmas), ``pf`` the L2 prefetch
-    distance in iterations (0: none)."""
+    distance in iterations (0: none), ``aligned`` the 16-byte contract (False: rows at any address, K any;
+    each 16 bytes in flight takes 32 bytes of registers, see ``UNALIGNED_VARIANTS``)."""
 
     u: int = 4
     rpw: int = 1
     depth: int = 1
     pf: int = 1
+    aligned: bool = True
 
     def __post_init__(self):
         assert self.u in (1, 2, 4) and self.rpw in (1, 2) and self.depth in (1, 2) and self.pf in (0, 1, 2)
@@ -79,6 +81,13 @@ class Variant:
 #  dynamic shared memory and failed to launch (CUDA_ERROR_INVALID_VALUE) on the H200; not offered.
 DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, depth=2),
                     4: Variant(u=4), 8: Variant(u=2)}
+# Rows at any address (``why_not`` allows them, ``aligned`` says which contract a call gets): half the
+# default's chunks in flight, since a lane holds two 16-byte windows for each 16 bytes it uses. NT = 4 keeps
+# its two chunks as two iterations without the L2 prefetch (depth 2: 128 registers; with the prefetch it
+# spills 8 bytes, U = 2 at depth 1 spills 4 with it). Up to MAX_M tokens only: at NT = 8 every unaligned
+# variant spills (U = 1: 4-12 bytes).
+UNALIGNED_VARIANTS = {1: Variant(u=2, depth=2, aligned=False), 2: Variant(u=1, depth=2, aligned=False),
+                      4: Variant(u=1, depth=2, pf=0, aligned=False)}
 # What benchmarks/decode_variants.py times against the defaults (and the SASS tests compile): the
 # previous kernel (``Variant(u=4)``, ``Variant(u=2)`` at NT = 8) and one step along each axis.
 VARIANTS = {
@@ -91,8 +100,11 @@ VARIANTS = {
 }
 
 
-def default_variant(nt: int) -> Variant:
-    return DEFAULT_VARIANTS[nt]
+def default_variant(nt: int, aligned: bool = True) -> Variant:
+    """The variant a call of ``nt`` token tiles runs, of the 16-byte contract or (``aligned`` False) not."""
+    if not aligned and nt not in UNALIGNED_VARIANTS:
+        raise ValueError(f"rows at any address are read up to {8 * max(UNALIGNED_VARIANTS)} tokens, not {8 * nt}")
+    return (DEFAULT_VARIANTS if aligned else UNALIGNED_VARIANTS)[nt]
 
 
 def unroll(nt: int) -> int:
@@ -112,9 +124,9 @@ def why_not(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
     """None if ``a @ b`` can take the decode kernel, else the first reason it cannot.
 
     a: (M, K), b: (K, N), bf16 or fp16 (checked by the engine). Needs M <= MAX_M; a and the weight
-    ``b.t()`` K-contiguous (``a.stride(1) == 1``, ``b.stride(0) == 1``); K % 8 == 0; 16-byte aligned base
-    pointers and row strides (the kernel reads 8 k per 16-byte load); ``out`` with unit column stride.
-    Only metadata is read (works on meta tensors).
+    ``b.t()`` K-contiguous (``a.stride(1) == 1``, ``b.stride(0) == 1``); ``out`` with unit column stride.
+    Rows at any address and any K are read (``aligned`` says which variants a call gets). Only metadata is
+    read (works on meta tensors).
     """
     M, K = a.shape
     if M > MAX_M:
@@ -125,20 +137,34 @@ def why_not(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
         return "a is not K-contiguous"
     if b.stride(0) != 1 and K > 1:
         return "the weight (b.t()) is not K-contiguous"
-    if K % 8:
-        return f"K={K} is not a multiple of 8"
-    per16 = 16 // a.element_size()
-    lda = a.stride(0) if M > 1 else K
-    ldw = b.stride(1) if b.shape[1] > 1 else K
-    if a.data_ptr() % 16 or b.data_ptr() % 16:
-        return "a or b is not 16-byte aligned"
-    if lda % per16 or ldw % per16:
-        return "a row stride or weight row stride is not a multiple of 16 bytes"
-    if M * lda >= _IDX_LIMIT:
+    if M * leads(a, b)[0] >= _IDX_LIMIT:
         return "a spans 2^31 elements or more"
     if out is not None and out.stride(1) != 1 and b.shape[1] > 1:
         return "out does not have unit column stride"
     return None
+
+
+def leads(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+    """Elements between the K-contiguous rows of a (M, K) and of the weight b.t() (b: (K, N)); K where there
+    is one row (its stride is then any value)."""
+    M, K = a.shape
+    return (a.stride(0) if M > 1 else K), (b.stride(1) if b.shape[1] > 1 else K)
+
+
+def aligned(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a call ``why_not`` allows keeps the kernel's 16-byte contract: K % 8 == 0 and 16-byte aligned
+    bases and row strides of a and the weight (one 16-byte load a lane and row: ``DEFAULT_VARIANTS``); else it
+    runs ``UNALIGNED_VARIANTS``, which read rows at any address."""
+    per16 = 16 // a.element_size()
+    lda, ldw = leads(a, b)
+    return (a.shape[1] % 8 == 0 and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0 and lda % per16 == 0
+            and ldw % per16 == 0)
+
+
+def variant_for(a: torch.Tensor, b: torch.Tensor) -> Variant:
+    """The variant a call ``why_not`` allows runs: the default for its token tiles, of the 16-byte contract
+    where ``aligned`` holds, else the unaligned one."""
+    return default_variant(token_tiles(a.shape[0]), aligned(a, b))
 
 
 @dataclass(frozen=True)
@@ -223,14 +249,15 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     return t, DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece, row_blocks=row_blocks, variant=v)
 
 
-def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile) -> float:
+def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile, aligned: bool = True) -> float:
     """The decode kernel's time for (M, N, K) as ``engine.route`` prices it against the engine kernel's
-    plan: ``plan``'s split, priced with the profile's fitted decode constants (``DeviceProfile.decode_*``):
+    plan: ``plan``'s split (for the ``aligned`` or the unaligned variants), priced with the profile's fitted
+    decode constants (``DeviceProfile.decode_*``):
     a fixed cost per call, one per 8-token column (NT), the weight stream (at the plan's fill of in-flight
     loads) and the split-K fix-up. ``plan_time`` alone ran 1.2-7.5x below the measured times (sha ac16df0:
     3.3 us measured at 1 x 256 x 2048 against 1.1 priced, 11.4 against 2.9 at 32 x 1024 x 5120): it only
     has to rank splits against each other, this has to rank kernels."""
-    p = plan(M, N, K, sm_count)
+    p = plan(M, N, K, sm_count, default_variant(token_tiles(M), aligned))
     weight_bytes, _, fixup, _, _ = _terms(M, N, K, sm_count, p.rw, p.splits, p.variant)
     return (prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + weight_bytes / prof.decode_hbm_bytes_per_s
             + prof.decode_fixup_factor * fixup)
@@ -275,7 +302,7 @@ def kernel_expr(in_ctype: str, out_ctype: str, bias_ctype: str, nt: int, epi: in
     v = variant or default_variant(nt)
     has_bias, has_c, act = (cpp_bool(epi & 1), cpp_bool(epi & 2), (epi >> 2) & 7)
     return (f"engine_decode<{in_ctype}, {out_ctype}, {bias_ctype}, {nt}, {v.u}, {v.rpw}, {v.depth}, {v.pf}, "
-            f"{has_bias}, {has_c}, {act}, {cpp_bool(split)}>")
+            f"{cpp_bool(v.aligned)}, {has_bias}, {has_c}, {act}, {cpp_bool(split)}>")
 
 
 
@@ -330,6 +357,9 @@ class DecodeLaunch:
 
         M, K = a.shape
         N = b.shape[1]
+        variant = variant or variant_for(a, b)
+        if variant.aligned and not aligned(a, b):
+            raise ValueError(f"{variant} keeps the 16-byte contract, which this call does not (decode.aligned)")
         p = self.plan = plan(M, N, K, sm_count, variant)
         logger.debug("decode plan %s", p)
         expr = kernel_expr(*ctypes, p.nt, epi, p.splits > 1, p.variant)
@@ -338,8 +368,7 @@ class DecodeLaunch:
         self.split = p.splits > 1
         self.ws_floats = p.row_blocks * p.splits * M * p.rows_cta
         self.has_c, self.has_bias = bool(epi & 2), bias is not None
-        lda = a.stride(0) if M > 1 else K
-        ldw = b.stride(1) if N > 1 else K
+        lda, ldw = leads(a, b)
         cin = c if self.has_c else out
         L = self.launcher = Launcher(compiled, _PARAMS, grid=p.grid, block=WARPS * 32, smem=p.smem_bytes,
                                      device_index=a.get_device(), pdl=True)

@@ -380,8 +380,8 @@ DECODE_MAX_WEIGHT_DIM = 12288  # past it, h11 streams a weight faster than the d
 
 def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> bool:
     """Whether ``a @ b`` may run on the decode kernel (``gemmlab.decode``: M <= decode.MAX_M, K-contiguous
-    operands, K % 8 == 0, 16-byte alignment); ``route`` then runs it where ``decode.cost_s`` prices it at
-    most the engine kernel's best plan.
+    operands, rows at any address); ``route`` then runs it where ``decode.cost_s`` prices it at most the
+    engine kernel's best plan (with its operand copies, ``copies_s``, where the rows are not 16-byte aligned).
 
     Weights with a dimension past DECODE_MAX_WEIGHT_DIM go to h11 at every M (its TMA pipeline keeps
     more bytes in flight). On the H200 (engine_policies.jsonl): at M = 16, 16x28672x8192 ran 116 us on
@@ -389,11 +389,25 @@ def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
     A that exist (``a_rows_loaded``) also M <= 8 (sha 6ea410a): 1x14336x4096 31.8 against 35.6 us,
     1x8192x28672 112.1 against 124.0, 1x28672x8192 118.4 against 130.5, 8x14336x4096 32.2 against 35.9.
     8192x8192 (h11 36.1 against 35.7 us at M = 1) and 4096-wide weights (1x4096x4096: 13.5 against 10.8)
-    stay on the decode kernel."""
-    M, K = a.shape
-    if max(b.shape[1], K) > DECODE_MAX_WEIGHT_DIM:
+    stay on the decode kernel. Rows TMA cannot read (``decode.aligned`` false) stay at any size: h11 and the
+    engine kernel would copy the weight first, reading and writing all of it, and the decode kernel reads it
+    in place once."""
+    if decode.why_not(a, b, out) is not None:
         return False
-    return decode.why_not(a, b, out) is None
+    return max(b.shape[1], a.shape[1]) <= DECODE_MAX_WEIGHT_DIM or not decode.aligned(a, b)
+
+
+# What a call's operand copies add before its GEMM on the engine kernel or h11 besides their bytes: the copy
+# launch's gap, which its PDL trigger hides only in part (docs/worklog.md session 23: ~1.5 us a launch gap).
+COPY_FIXED_S = 1.5e-6
+
+
+def copies_s(a: torch.Tensor, b: torch.Tensor, prof: DeviceProfile) -> float:
+    """What the operand copies ``_operand_plan`` makes for these tensors (where TMA cannot read one as it is)
+    add to a call on the engine kernel or h11: each copied operand read and written once at the profile's
+    HBM rate, and ``COPY_FIXED_S`` once; 0 where nothing is copied. Metadata only."""
+    nbytes = sum(x.numel() * x.element_size() for x, k in ((a, 1), (b, 0)) if _operand_layout(x, k)[1] is None)
+    return COPY_FIXED_S + 2.0 * nbytes / prof.hbm_bytes_per_s if nbytes else 0.0
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None = None,
@@ -579,8 +593,9 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     decode_s = None
     if use_decode(a, b, out):
         new, new_s = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
-        decode_s = decode.cost_s(M, N, K, sm_count, prof)
-        if decode_runs(M, N, K, sm_count, decode_s, new_s):
+        in_place = not decode.aligned(a, b)
+        decode_s = decode.cost_s(M, N, K, sm_count, prof, aligned=not in_place)
+        if decode_runs(M, N, K, sm_count, decode_s, new_s, copies_s(a, b, prof) if in_place else None):
             return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s, engine_s=new_s)
     h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
     if h11 is not None:
@@ -594,10 +609,16 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s, decode_s=decode_s, engine_s=new_s)
 
 
-def decode_runs(M: int, N: int, K: int, sm_count: int, decode_s: float, engine_s: float) -> bool:
+def decode_runs(M: int, N: int, K: int, sm_count: int, decode_s: float, engine_s: float,
+                copies: float | None = None) -> bool:
     """``route``'s rule 2 for a shape ``use_decode`` allows: the decode kernel's price ``decode_s``
     (``decode.cost_s``) at most the engine kernel's ``engine_s``, and a decode plan that keeps K whole (see
-    ``DECODE_MAX_WEIGHT_DIM``). The benchmarks that replay the router on records ask it too."""
+    ``DECODE_MAX_WEIGHT_DIM``). ``copies``: where the decode kernel reads rows TMA cannot (``decode.aligned``
+    false), what the engine kernel's operand copies add (``copies_s``); then its price with them is the bar,
+    split or not (the split-K plans' 1.4-1.8x against the engine kernel's is less than a copy that moves the
+    weight twice). The benchmarks that replay the router on records ask it too."""
+    if copies is not None:
+        return decode_s <= engine_s + copies
     return decode_s <= engine_s and decode.plan(M, N, K, sm_count).splits == 1
 
 

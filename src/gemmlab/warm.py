@@ -145,7 +145,7 @@ def kernels_for(args: tuple, target: Target) -> list[Kernel]:
     r = engine.route(a, b, out, bias=bias, activation=activation, has_c=has_c, sm_count=target.sm_count,
                      capacity=target.capacity, gpu=lambda: target.gpu, memory_peak=target.memory_peak)
     if r.kernel == "decode":
-        dp = decode.plan(p.M, p.N, p.K, target.sm_count)
+        dp = decode.plan(p.M, p.N, p.K, target.sm_count, decode.variant_for(a, b))
         expr = decode.kernel_expr(CTYPES[a.dtype], CTYPES[out.dtype], tbias, dp.nt, epi,
                                   dp.splits > 1, dp.variant)
         return [Kernel(decode.SOURCE, expr, f"engine.decode[{expr[14:-1]}]")]

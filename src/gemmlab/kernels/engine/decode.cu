@@ -29,8 +29,14 @@
 //  * Epilogue as in hopper/h11_general.cu: out = act(alpha * acc + beta * C + bias), fp32 math, stored
 //    as TO. The out^T tile is transposed on the way through shared memory, so stores run along N.
 //
-// Host-side contract (gemmlab/decode.py checks it): W and X K-contiguous with 16-byte aligned base and
-// rows, K % 8 == 0, M <= 8 * NT, Out row-major with unit column stride.
+//  * Rows at any address (ALIGNED = false): W's and X's rows may start at any element (K odd, a sliced
+//    view), so a lane's 16 bytes straddle two aligned 16-byte windows. The four lanes of a row need
+//    consecutive 16-byte pieces, so lane q's second window is lane q + 1's first: every lane loads its first
+//    window, lane 3 also the one after it, and at use the windows move one lane down the row by shuffle
+//    and the 16 bytes are cut out of the 32 (``Straddle``): 80 bytes read for 64, not a copy of W.
+//
+// Host-side contract (gemmlab/decode.py checks it): W and X K-contiguous, M <= 8 * NT, Out row-major with
+// unit column stride; with ALIGNED also 16-byte aligned bases and rows and K % 8 == 0.
 #include "common/epilogue.cuh"
 
 namespace decode {
@@ -72,6 +78,75 @@ __device__ __forceinline__ uint4 ld_shared_by_warps(const void* p) {
     return v;
 }
 
+template <bool STREAM>
+__device__ __forceinline__ uint4 ld16(const void* p) {
+    return STREAM ? ld_stream(p) : ld_shared_by_warps(p);
+}
+
+// ALIGNED = false: a lane's 8 k at a 2-byte aligned address, as the aligned window they start in (``lo``)
+// and, in lane 3 of a row only, the window after it (``next``; the other lanes take theirs from the next
+// lane at use, ``cut``). Every window loaded holds bytes the lane's row needs, so none is read past the
+// tensor's last 16-byte boundary (allocations are whole 16-byte windows, at least).
+struct Straddle {
+    uint4 lo, next;
+};
+
+template <bool STREAM>
+__device__ __forceinline__ Straddle ld_straddle(const void* p, int q) {
+    const unsigned long long a = reinterpret_cast<unsigned long long>(p);
+    const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);
+    Straddle w;
+    w.lo = ld16<STREAM>(base);
+    w.next = make_uint4(0, 0, 0, 0);
+    if (q == 3 && (a & 15)) w.next = ld16<STREAM>(base + 1);
+    return w;
+}
+
+// The 16 bytes at byte offset s (even, 0..14) of the 32 bytes lo, hi: two selects by 8 and 4 bytes, then
+// one byte permute per word for the last 2.
+__device__ __forceinline__ uint4 bytes_at(const uint4& lo, const uint4& hi, u32 s) {
+    const u32 v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    u32 a[6], b[5];
+#pragma unroll
+    for (int i = 0; i < 6; ++i) a[i] = (s & 8) ? v[i + 2] : v[i];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) b[i] = (s & 4) ? a[i + 1] : a[i];
+    const u32 sel = (s & 2) ? 0x5432u : 0x3210u;
+    return make_uint4(__byte_perm(b[0], b[1], sel), __byte_perm(b[1], b[2], sel), __byte_perm(b[2], b[3], sel),
+                      __byte_perm(b[3], b[4], sel));
+}
+
+// The lane's 16 bytes from a Straddle loaded at p (warp-uniform call: every lane shuffles). Lane q's second
+// window is lane q + 1's first; lane 3's is its own ``next``.
+__device__ __forceinline__ uint4 cut(const Straddle& w, const void* p, int q) {
+    uint4 hi;
+    hi.x = __shfl_down_sync(0xffffffffu, w.lo.x, 1, 4);
+    hi.y = __shfl_down_sync(0xffffffffu, w.lo.y, 1, 4);
+    hi.z = __shfl_down_sync(0xffffffffu, w.lo.z, 1, 4);
+    hi.w = __shfl_down_sync(0xffffffffu, w.lo.w, 1, 4);
+    if (q == 3) hi = w.next;
+    return bytes_at(w.lo, hi, static_cast<u32>(reinterpret_cast<unsigned long long>(p) & 15));
+}
+
+// The K tail at any address: the lane's first n (0..8) elements at p, the rest zero. Each lane loads both
+// its windows itself (only those holding one of its n elements), no shuffles: lanes differ in n.
+template <bool STREAM>
+__device__ __forceinline__ uint4 ld_tail(const void* p, int n) {
+    const unsigned long long a = reinterpret_cast<unsigned long long>(p);
+    const u32 s = static_cast<u32>(a & 15);
+    const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const uint4 lo = n > 0 ? ld16<STREAM>(base) : zero;
+    const uint4 hi = (n > 0 && s + 2 * n > 16) ? ld16<STREAM>(base + 1) : zero;
+    uint4 v = bytes_at(lo, hi, s);
+    auto keep = [n](u32 w, int i) { return 2 * i + 1 < n ? w : (2 * i < n ? (w & 0xffffu) : 0u); };
+    v.x = keep(v.x, 0);
+    v.y = keep(v.y, 1);
+    v.z = keep(v.z, 2);
+    v.w = keep(v.w, 3);
+    return v;
+}
+
 // PTX ISA "Warp-level matrix multiply-accumulate instructions", mma.m16n8k16 with f32 accumulators.
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1);
@@ -110,6 +185,16 @@ constexpr __host__ __device__ int min_blocks(int nt, int rpw, int depth) {
     return (nt == 1 && rpw == 1 && depth == 1) ? 3 : (nt * rpw >= 16 ? 1 : 2);
 }
 
+// What a lane holds of one weight row's 16 bytes while the load is in flight.
+template <bool ALIGNED>
+struct WReg {
+    using type = uint4;
+};
+template <>
+struct WReg<false> {
+    using type = Straddle;
+};
+
 }  // namespace decode
 
 // Variants (template parameters, chosen per NT by decode.default_variant; benchmarks/decode_variants.py
@@ -122,9 +207,11 @@ constexpr __host__ __device__ int min_blocks(int nt, int rpw, int depth) {
 //    iteration are issued before this iteration's mmas (two register buffers, the loop unrolled by two
 //    so no copies), so a warp always has a full iteration of weight loads in flight.
 //  * PF: L2 prefetch distance, in iterations past the last one loaded into registers (0 = none).
+//  * ALIGNED: the 16-byte contract (one 16-byte load a lane and row); false: rows at any address (a
+//    Straddle a lane and row: twice the registers in flight, so those variants halve U).
 // The epilogue by name: HAS_BIAS, HAS_C (beta * C) and ACT (epilogue.cuh's activation code); SPLIT: split-K.
-template <typename T, typename TO, typename TBIAS, int NT, int U, int RPW, int DEPTH, int PF, bool HAS_BIAS, bool HAS_C,
-          int ACT, bool SPLIT>
+template <typename T, typename TO, typename TBIAS, int NT, int U, int RPW, int DEPTH, int PF, bool ALIGNED,
+          bool HAS_BIAS, bool HAS_C, int ACT, bool SPLIT>
 __global__ void __launch_bounds__(decode::WARPS * 32, decode::min_blocks(NT, RPW, DEPTH))
 engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, long long ldx, int M, int N, int K,
               int RW, int PIECE, float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row,
@@ -143,7 +230,12 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     extern __shared__ float red[];
     __shared__ int is_last;
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    // Unaligned: the warp index through a shuffle from lane 0, so ptxas knows it is the same in every lane: the
+    // loops and branches that depend on it are then uniform and the shuffles in them (``cut``) need no
+    // divergent fallback path (BRA.DIV), which also left the k-loop without a single entry. (Aligned, the
+    // same shuffle costs the 80-register NT = 1 variant a spill.)
+    const int warp = ALIGNED ? threadIdx.x / 32 : __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
+    const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     const int KW = WARPS / RW, rows_cta = ROWS * RW, stride_m = rows_cta + 4;
     const int rg = warp % RW, ks = warp / RW;  // this warp's row group in the CTA and its k piece
     const int row0 = (blockIdx.x * RW + rg) * ROWS;
@@ -175,14 +267,17 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
 #pragma unroll
         for (int j = 0; j < NT; ++j) x_row[j] = min(8 * j + g, M - 1) * (int)ldx;
 
-        using WRegs = uint4[RPW][2][U];
+        using WRegs = typename decode::WReg<ALIGNED>::type[RPW][2][U];
         auto load_w = [&](WRegs& w, int k) {
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int r = 0; r < RPW; ++r)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) w[r][h][u] = ld_stream(w_lane[r][h] + k + 32 * u);
+                    for (int h = 0; h < 2; ++h) {
+                        if constexpr (ALIGNED) w[r][h][u] = ld_stream(w_lane[r][h] + k + 32 * u);
+                        else w[r][h][u] = ld_straddle<true>(w_lane[r][h] + k + 32 * u, q);
+                    }
         };
         // The 4 lanes of a row split its CHUNK k (2 CHUNK bytes): lane q asks for the 64-byte pieces
         // q, q + 4, ... (fewer than 4 pieces at U < 4: those lanes ask nothing).
@@ -201,9 +296,17 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
             for (int u = 0; u < U; ++u) {
                 uint4 x[NT];
 #pragma unroll
-                for (int j = 0; j < NT; ++j) x[j] = ld_shared_by_warps(x_lane + x_row[j] + k + 32 * u);
+                for (int j = 0; j < NT; ++j) {
+                    const T* px = x_lane + x_row[j] + k + 32 * u;
+                    if constexpr (ALIGNED) x[j] = ld_shared_by_warps(px);
+                    else x[j] = cut(ld_straddle<false>(px, q), px, q);
+                }
 #pragma unroll
-                for (int r = 0; r < RPW; ++r) mma_chunk<T, NT>(acc[r], w[r][0][u], w[r][1][u], x);
+                for (int r = 0; r < RPW; ++r) {
+                    // (The shift of a row's windows is the same at every k: k moves in 64-byte steps.)
+                    if constexpr (ALIGNED) mma_chunk<T, NT>(acc[r], w[r][0][u], w[r][1][u], x);
+                    else mma_chunk<T, NT>(acc[r], cut(w[r][0][u], w_lane[r][0], q), cut(w[r][1][u], w_lane[r][1], q), x);
+                }
             }
         };
 
@@ -235,19 +338,29 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
             }
         }
         // Tail (K of the last piece not a multiple of CHUNK): at most CHUNK / 32 chunks of 32 k with the
-        // lane's 8 k zeroed past k_end (K % 8 == 0, so a lane's 8 k are all in or all out). Unrolled
-        // straight-line code, not a loop: the main loop stays the only one with HMMAs.
+        // lane's 8 k zeroed past k_end (ALIGNED: K % 8 == 0, so a lane's 8 k are all in or all out; else its
+        // first n, ``ld_tail``, in W and X both: past them a window holds the next row's bytes, any value).
+        // Unrolled straight-line code, not a loop: the main loop stays the only one with HMMAs.
 #pragma unroll
         for (int t = 0; t < CHUNK / 32 && k < k_end; ++t, k += 32) {
-            const bool in = k + 8 * q < k_end;
+            const int n = min(8, k_end - (k + 8 * q));
             const uint4 zero = make_uint4(0, 0, 0, 0);
             uint4 x[NT];
 #pragma unroll
-            for (int j = 0; j < NT; ++j) x[j] = in ? ld_shared_by_warps(x_lane + x_row[j] + k) : zero;
+            for (int j = 0; j < NT; ++j) {
+                if constexpr (ALIGNED) x[j] = n > 0 ? ld_shared_by_warps(x_lane + x_row[j] + k) : zero;
+                else x[j] = ld_tail<false>(x_lane + x_row[j] + k, n);
+            }
 #pragma unroll
             for (int r = 0; r < RPW; ++r) {
-                const uint4 wt = in ? ld_stream(w_lane[r][0] + k) : zero;
-                const uint4 wb = in ? ld_stream(w_lane[r][1] + k) : zero;
+                uint4 wt, wb;
+                if constexpr (ALIGNED) {
+                    wt = n > 0 ? ld_stream(w_lane[r][0] + k) : zero;
+                    wb = n > 0 ? ld_stream(w_lane[r][1] + k) : zero;
+                } else {
+                    wt = ld_tail<true>(w_lane[r][0] + k, n);
+                    wb = ld_tail<true>(w_lane[r][1] + k, n);
+                }
                 mma_chunk<T, NT>(acc[r], wt, wb, x);
             }
         }
