@@ -3,7 +3,8 @@ choice (the decode default up to decode.MAX_M, h11 past it), interleaved.
 
     PYTHONPATH=src python3 benchmarks/decode_variants.py --out decode_variants.jsonl
 
-Default shapes: M = 1, 16, 32, 64 against the Llama-3 8B/70B projections. Records carry
+Default shapes: M = 1, 16, 32, 64 against the Llama-3 8B/70B projections. A shape whose K is not a multiple of
+8 times the unaligned variants (``decode.UNALIGNED_VARIANTS`` and ``UNALIGNED_TRIALS``) instead. Records carry
 ``suite = "decode-variants"``, the variant in ``config`` and GB/s over weight + X + out bytes.
 """
 
@@ -38,8 +39,10 @@ def main() -> None:
         sets = [(torch.randn(M, K, device="cuda").bfloat16(), torch.randn(N, K, device="cuda").bfloat16().t(),
                  torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
         nt = decode.token_tiles(M)
-        variants = {f"decode {v}" + (" (default)" if v == decode.default_variant(nt) else ""): v
-                    for v in dict.fromkeys((decode.default_variant(nt),) + decode.VARIANTS[nt])}
+        fits = decode.aligned(*sets[0][:2])  # K % 8 (contiguous operands): the unaligned variants and trials
+        default = decode.default_variant(nt, fits)
+        trials = decode.VARIANTS[nt] if fits else decode.UNALIGNED_TRIALS[nt]
+        variants = {f"decode {v}" + (" (default)" if v == default else ""): v for v in dict.fromkeys((default,) + trials)}
         own = "engine (" + ("decode" if engine.use_decode(*sets[0]) else "h11") + ")"
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2]),
                  own: lambda i: engine.gemm(*sets[i])}

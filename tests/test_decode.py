@@ -407,10 +407,11 @@ def test_sass_of_every_instantiation(case):
     assert ck.resources.static_shared <= 1024, "the partials live in dynamic shared memory"
 
 
-UNALIGNED_SASS_CASES = ([(t, t, "f32", nt, 0, s) for t in ("bf16", "f16") for nt in decode.UNALIGNED_VARIANTS
+UNALIGNED_SASS_CASES = ([(t, t, "f32", nt, 0, s, None) for t in ("bf16", "f16") for nt in decode.UNALIGNED_VARIANTS
                          for s in (0, 1)]
-                        + [("bf16", o, b, 4, 1 | 2 | (act << 2), 1)
-                           for o, b, act in (("f32", "bf16", 1), ("f16", "f32", 2), ("bf16", "f32", 4))])
+                        + [("bf16", o, b, 4, 1 | 2 | (act << 2), 1, None)
+                           for o, b, act in (("f32", "bf16", 1), ("f16", "f32", 2), ("bf16", "f32", 4))]
+                        + [("bf16", "bf16", "f32", nt, 0, 1, v) for nt, vs in decode.UNALIGNED_TRIALS.items() for v in vs])
 
 
 @pytest.mark.parametrize("case", UNALIGNED_SASS_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -418,8 +419,8 @@ def test_sass_of_every_unaligned_instantiation(case):
     """The unaligned variants (rows at any address): no local memory under their register cap; in the main
     loop two no-allocate weight loads per 16 bytes used (the window and lane 3's next one, predicated),
     NT HMMA per pair, and the shuffles and byte permutes that cut each lane's 16 bytes out of two windows."""
-    tin, tout, tbias, nt, epi, split = case
-    v = decode.default_variant(nt, aligned=False)
+    tin, tout, tbias, nt, epi, split, variant = case
+    v = variant or decode.default_variant(nt, aligned=False)
     expr = decode.kernel_expr(_CT[tin], _CT[tout], _CT[tbias], nt, epi, bool(split), v)
     ck = compile_kernel(decode.SOURCE, expr, arch="sm_90a")
     summary = sass.kernel_summary(ck)

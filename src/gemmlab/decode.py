@@ -88,6 +88,14 @@ DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, dept
 # variant spills (U = 1: 4-12 bytes).
 UNALIGNED_VARIANTS = {1: Variant(u=2, depth=2, aligned=False), 2: Variant(u=1, depth=2, aligned=False),
                       4: Variant(u=1, depth=2, pf=0, aligned=False)}
+# What benchmarks/decode_variants.py times against them on unaligned shapes (the SASS tests compile each):
+# a deeper L2 prefetch (no registers), three CTAs an SM with one iteration in flight, two row groups a warp.
+UNALIGNED_TRIALS = {
+    1: (Variant(u=2, depth=2, pf=2, aligned=False), Variant(u=2, depth=1, pf=2, aligned=False),
+        Variant(u=1, rpw=2, depth=2, aligned=False)),
+    2: (Variant(u=1, depth=2, pf=2, aligned=False), Variant(u=2, aligned=False), Variant(u=2, pf=2, aligned=False)),
+    4: (Variant(u=1, pf=2, aligned=False), Variant(u=2, pf=0, aligned=False), Variant(u=1, aligned=False)),
+}
 # What benchmarks/decode_variants.py times against the defaults (and the SASS tests compile): the
 # previous kernel (``Variant(u=4)``, ``Variant(u=2)`` at NT = 8) and one step along each axis.
 VARIANTS = {
