@@ -81,21 +81,25 @@ class Variant:
 #  dynamic shared memory and failed to launch (CUDA_ERROR_INVALID_VALUE) on the H200; not offered.
 DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, depth=2),
                     4: Variant(u=4), 8: Variant(u=2)}
-# Rows at any address (``why_not`` allows them, ``aligned`` says which contract a call gets): half the
-# default's chunks in flight, since a lane holds two 16-byte windows for each 16 bytes it uses. NT = 4 keeps
-# its two chunks as two iterations without the L2 prefetch (depth 2: 128 registers; with the prefetch it
-# spills 8 bytes, U = 2 at depth 1 spills 4 with it). Up to MAX_M tokens only: at NT = 8 every unaligned
-# variant spills (U = 1: 4-12 bytes).
-UNALIGNED_VARIANTS = {1: Variant(u=2, depth=2, aligned=False), 2: Variant(u=1, depth=2, aligned=False),
-                      4: Variant(u=1, depth=2, pf=0, aligned=False)}
-# What benchmarks/decode_variants.py times against them on unaligned shapes (the SASS tests compile each):
-# a deeper L2 prefetch (no registers), three CTAs an SM with one iteration in flight, two row groups a warp.
+# Rows at any address (``why_not`` allows them, ``aligned`` says which contract a call gets): a lane holds
+# two 16-byte windows for each 16 bytes it uses, so these keep half the default's chunks in flight at
+# NT = 1 (two iterations of two) and one iteration of two at NT = 2 and 4 (measured on the H100,
+# h100_decode_variants.jsonl at 25fe6b2, against the other trials: NT = 1 u=2 depth 2 best of four on three
+# shapes, 1.08x torch.mm at 1x4095x4095; NT = 2 u=2 depth 1 with the deeper prefetch 1.50x against 1.45x
+# at 16x4095x4095; NT = 4 u=2 depth 1 1.09 / 1.15x against 1.02 / 1.04x at 32x4095x4095 / 32x2049x2049). At
+# NT = 4 without the L2 prefetch: with it U = 2 spills 4 bytes. Up to MAX_M tokens only: at NT = 8 every
+# unaligned variant spills (U = 1: 4-12 bytes).
+UNALIGNED_VARIANTS = {1: Variant(u=2, depth=2, aligned=False), 2: Variant(u=2, pf=2, aligned=False),
+                      4: Variant(u=2, pf=0, aligned=False)}
+# What benchmarks/decode_variants.py times against them on unaligned shapes (the SASS tests compile each).
 UNALIGNED_TRIALS = {
     1: (Variant(u=2, depth=2, pf=2, aligned=False), Variant(u=2, depth=1, pf=2, aligned=False),
         Variant(u=1, rpw=2, depth=2, aligned=False)),
-    2: (Variant(u=1, depth=2, pf=2, aligned=False), Variant(u=2, aligned=False), Variant(u=2, pf=2, aligned=False)),
-    4: (Variant(u=1, pf=2, aligned=False), Variant(u=2, pf=0, aligned=False), Variant(u=1, aligned=False)),
+    2: (Variant(u=1, depth=2, aligned=False), Variant(u=1, depth=2, pf=2, aligned=False), Variant(u=2, aligned=False)),
+    4: (Variant(u=1, depth=2, pf=0, aligned=False), Variant(u=1, pf=2, aligned=False), Variant(u=1, aligned=False)),
 }
+
+
 # What benchmarks/decode_variants.py times against the defaults (and the SASS tests compile): the
 # previous kernel (``Variant(u=4)``, ``Variant(u=2)`` at NT = 8) and one step along each axis.
 VARIANTS = {
