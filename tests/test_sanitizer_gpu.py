@@ -10,7 +10,10 @@ streamed tiles), global split-K (its bulk exchange, all split and hybrid, and a 
 stores), copies + direct stores under each schedule, epilogues (bias + relu, silu, fp32 output
 with beta * C), B multicast (64- and 128-row tiles, a padding tile), and calls the router itself sends to
 the engine kernel (one with B multicast, two swapped over many token columns: SWAP_WIDE); the decode kernel
-(forced) unsplit and split-K.
+(forced) unsplit and split-K, aligned and reading unaligned rows in place. (Its unaligned loads read whole
+16-byte windows that hold a byte the call needs, so past a tensor's last element by up to 15 bytes, inside
+torch's allocations, which are whole 512-byte blocks; memcheck would report those bytes only for a tensor
+allocated to an exact odd size outside torch's allocator.)
 """
 
 import os
@@ -128,6 +131,13 @@ run("decode 7x14x256", x, r(14, 256).t(), plan="decode", bias=r(14))
 M, N, K = 16, 256, 8192
 assert decode.plan(M, N, K, sm).splits > 1
 run("decode split-K", r(M, K), r(N, K).t(), plan="decode", activation="relu")
+# The unaligned variants: rows at any address (K odd, bases a few elements into their buffers), read in place
+a, w = r(5, 1031)[:, 3:1030], r(300, 1030)[:, 1:1028]
+assert engine.use_decode(a, w.t()) and not decode.aligned(a, w.t())
+run("decode unaligned", a, w.t(), plan="decode", bias=r(300))
+M, N, K = 16, 256, 8191
+assert decode.plan(M, N, K, sm, decode.default_variant(decode.token_tiles(M), False)).splits > 1
+run("decode unaligned split-K", r(M, K), r(N, K).t(), plan="decode", activation="silu")
 print("all routes ran")
 """
 

@@ -85,8 +85,9 @@ __device__ __forceinline__ uint4 ld16(const void* p) {
 
 // ALIGNED = false: a lane's 8 k at a 2-byte aligned address, as the aligned window they start in (``lo``)
 // and, in lane 3 of a row only, the window after it (``next``; the other lanes take theirs from the next
-// lane at use, ``cut``). Every window loaded holds bytes the lane's row needs, so none is read past the
-// tensor's last 16-byte boundary (allocations are whole 16-byte windows, at least).
+// lane at use, ``cut``). Every window loaded holds a byte the lane's row needs, so a read ends at most 15
+// bytes past the tensor's last element, inside that element's aligned 16-byte window: inside its allocation
+// (torch's are whole 512-byte blocks; the GPU maps memory in pages of 64 KB or more).
 struct Straddle {
     uint4 lo, next;
 };
