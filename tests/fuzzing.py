@@ -1,7 +1,7 @@
 """Randomized differential testing of ``gemmlab.matmul`` / ``gemmlab.linear`` (issue 15).
 
 A seeded generator (``families``) draws calls aimed at every route of the library: the decode kernel
-(M <= decode.MAX_M, its split-K), h11 (its split-K for few-tile shapes, the aligned copies for
+(M <= decode.MAX_M, its split-K, rows at any address), h11 (its split-K for few-tile shapes, the aligned copies for
 unaligned rows or pointers, direct stores for unaligned output rows), the fp32 CUDA-core path, tiny,
 large and empty shapes. Each call has its own layouts (row- or column-major views, padded leading
 dimensions, storage offsets that break 16-byte alignment), dtypes (bf16, fp16, fp32 in; bf16, fp16,
@@ -34,15 +34,16 @@ import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
-ROUTES = ("decode", "decode-splitk", "h11", "h11-splitk", "h11-copy", "h11-shallow", "fp32", "large", "tiny", "empty")
+ROUTES = ("decode", "decode-splitk", "decode-unaligned", "h11", "h11-splitk", "h11-copy", "h11-shallow", "fp32", "large", "tiny", "empty")
 # Where the generator aims, and how often (the classification of what each call really hit is
 # ``classify``'s; the records count both).
 # Since engine.route weighs the engine kernel against h11, the "h11*" targets mostly reach the engine
 # kernel (data-parallel and split-K); "h11-shallow" (large M x N, K <= 128: h11's overlapped epilogue
 # wins) is where the router still runs h11. "decode-splitk" (few tokens, N <= 1024, deep K: shapes the decode
 # kernel would split K for) reaches the engine kernel's swapped split-K plans: the router sends the decode
-# kernel no call it would split.
-ROUTE_WEIGHTS = {"decode": 20, "decode-splitk": 8, "h11": 18, "h11-splitk": 12, "h11-copy": 12, "h11-shallow": 8,
+# kernel no call it would split. "decode-unaligned" (few tokens, any K, rows off 16 bytes) reaches the decode
+# kernel's unaligned variants, which read such rows in place where the engine kernel would copy them.
+ROUTE_WEIGHTS = {"decode": 20, "decode-splitk": 8, "decode-unaligned": 10, "h11": 18, "h11-splitk": 12, "h11-copy": 12, "h11-shallow": 8,
                  "fp32": 12, "large": 6, "tiny": 8, "empty": 4}
 MUTATIONS = ("fresh", "layout", "offset", "dtype", "stream", "epilogue", "alias")
 GUARD = 64  # elements of buffer past every view's last element
@@ -235,12 +236,15 @@ class Generator:
     def case(self, target: str) -> Case:
         r, mm = self.rng, self.max_m
         half = target != "fp32"
-        aligned = target != "h11-copy"
+        aligned = target not in ("h11-copy", "decode-unaligned")
         a_order = b_order = None
         if target in ("decode", "decode-splitk"):
             M = self.dim(1, mm)
             N = self.dim(1, 1024) if target == "decode-splitk" else self.dim(1, self.max_weight)
             K = self.mult8(4096, self.max_weight) if target == "decode-splitk" else self.mult8(8, self.max_weight)
+            a_order, b_order = "row", "col"
+        elif target == "decode-unaligned":
+            M, N, K = self.dim(1, mm), self.dim(1, self.max_weight), self.dim(1, self.max_weight)
             a_order, b_order = "row", "col"
         elif target == "h11":
             M, N, K = self.dim(mm + 1, 4096), self.dim(1, 4096), self.dim(1, 4096)
@@ -273,7 +277,7 @@ class Generator:
         while M * N * K > MAX_MNK:
             K = max(1, K // 2)
         dtype, out_dtype = self.dtypes(half=half)
-        plain = target in ("decode", "decode-splitk")
+        plain = target in ("decode", "decode-splitk", "decode-unaligned")
         case = Case(index=-1, family=self.family, target=target, M=M, N=N, K=K, dtype=dtype, out_dtype=out_dtype,
                     a=self.layout(M, K, order=a_order, aligned=aligned, mostly_plain=plain),
                     b=self.layout(K, N, order=b_order, aligned=aligned, mostly_plain=plain),
@@ -286,7 +290,7 @@ class Generator:
     def mutate(self, case: Case, how: str) -> Case:
         r = self.rng
         if how == "layout":
-            aligned = case.target != "h11-copy"
+            aligned = case.target not in ("h11-copy", "decode-unaligned")
             case = dataclasses.replace(case, a=self.layout(case.M, case.K, aligned=aligned),
                                        b=self.layout(case.K, case.N, aligned=aligned))
             return self.output(case) if case.api == "matmul" else case
@@ -435,7 +439,7 @@ def call_args(case: Case, t: Tensors):
 
 def classify(case: Case, t: Tensors, sm_count: int = 132, capacity=None) -> str:
     """The route the library takes for the case, from the engine's own router (``engine.route``,
-    ``decode.plan``): "decode", "decode-splitk", "h11[-splitk][+copy][+direct]",
+    ``decode.plan``): "decode[-splitk][+unaligned]", "h11[-splitk][+copy][+direct]",
     "engine[-splitk|-streamk|-pingpong|-gsk][+copy][+direct]" (the engine kernel's schedule), "fp32",
     "empty", "epilogue-only"; "unknown" when the helpers moved (the call path is being refactored)."""
     M, N, K = case.M, case.N, case.K
@@ -454,7 +458,8 @@ def classify(case: Case, t: Tensors, sm_count: int = 132, capacity=None) -> str:
         r = engine.route(t.a, t.b, dense, bias=bias, activation=case.activation,
                          has_c=case.c is not None and case.beta != 0, sm_count=sm_count, capacity=capacity)
         if r.kernel == "decode":
-            return "decode-splitk" if decode.plan(M, N, K, sm_count).splits > 1 else "decode"
+            route = "decode-splitk" if decode.plan(M, N, K, sm_count, decode.variant_for(t.a, t.b)).splits > 1 else "decode"
+            return route if decode.aligned(t.a, t.b) else route + "+unaligned"
         if r.kernel == "engine":
             route = {"data_parallel": "engine", "split_k": "engine-splitk", "stream_k": "engine-streamk",
                      "pingpong": "engine-pingpong", "split_k_global": "engine-gsk"}[r.plan.schedule]
