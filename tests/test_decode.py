@@ -338,6 +338,15 @@ def test_unaligned_weights_past_the_h11_limit_stay_on_the_decode_kernel():
     assert not engine.use_decode(x, w.t())
 
 
+def test_route_keeps_the_engine_kernel_where_its_copies_cost_less_than_the_slower_unaligned_stream():
+    """32 x 2049 x 2049 (H100, session 42): the engine kernel with its copies ran 1.32x faster than the decode
+    kernel's unaligned variant; priced with ``decode_unaligned_factor`` the router keeps it there."""
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    a, b, out = torch.empty(32, 2049, **meta), torch.empty(2049, 2049, **meta).t(), torch.empty(32, 2049, **meta)
+    r = engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132)
+    assert r.kernel == "engine" and r.decode_s > r.engine_s + engine.copies_s(a, b, H200)
+
+
 def test_no_unaligned_variant_past_max_m():
     with pytest.raises(ValueError, match="any address"):
         decode.default_variant(8, aligned=False)
@@ -355,6 +364,8 @@ def test_route_weighs_the_engine_kernels_copies_against_the_unaligned_decode_ker
     assert copies >= engine.COPY_FIXED_S + 2 * 4097 * 1025 * 2 / H200.hbm_bytes_per_s
     assert r.decode_s <= r.engine_s + copies
     assert engine.copies_s(torch.empty(1, 1024, **meta), torch.empty(4097, 1024, **meta).t(), H200) == 0.0
+    # The unaligned variants' stream is priced slower than the aligned ones' (decode_unaligned_factor).
+    assert decode.cost_s(1, 4097, 1025, 132, H200, aligned=False) > decode.cost_s(1, 4097, 1025, 132, H200)
     # Priced without its copies the engine kernel would win here: the copies decide.
     assert not engine.decode_runs(1, 4097, 1025, 132, r.decode_s, r.decode_s * 0.5)
     assert engine.decode_runs(1, 4097, 1025, 132, r.decode_s, r.decode_s * 0.5, copies)

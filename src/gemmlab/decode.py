@@ -268,11 +268,12 @@ def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile, aligned: 
     a fixed cost per call, one per 8-token column (NT), the weight stream (at the plan's fill of in-flight
     loads) and the split-K fix-up. ``plan_time`` alone ran 1.2-7.5x below the measured times (sha ac16df0:
     3.3 us measured at 1 x 256 x 2048 against 1.1 priced, 11.4 against 2.9 at 32 x 1024 x 5120): it only
-    has to rank splits against each other, this has to rank kernels."""
+    has to rank splits against each other, this has to rank kernels. Unaligned (``aligned`` False), the weight
+    stream is ``decode_unaligned_factor`` slower."""
     p = plan(M, N, K, sm_count, default_variant(token_tiles(M), aligned))
     weight_bytes, _, fixup, _, _ = _terms(M, N, K, sm_count, p.rw, p.splits, p.variant)
-    return (prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + weight_bytes / prof.decode_hbm_bytes_per_s
-            + prof.decode_fixup_factor * fixup)
+    stream = weight_bytes / prof.decode_hbm_bytes_per_s * (1.0 if aligned else prof.decode_unaligned_factor)
+    return prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + stream + prof.decode_fixup_factor * fixup
 
 
 @functools.lru_cache(maxsize=4096)
