@@ -297,7 +297,8 @@ def test_why_not_names_the_reason(case, reason):
     assert not engine.use_decode(a, b)
 
 
-def _unaligned(case):
+def _operands(case):
+    """(a, b) for a 16 x 4096 x 1024 call, aligned or broken as ``case`` says."""
     K, N, M = 4096, 1024, 16
     a, b = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16).t()
     if case == "K % 8":
@@ -318,13 +319,13 @@ def _unaligned(case):
 def test_rows_at_any_address_take_the_unaligned_variants(case):
     """Rows TMA cannot read (the engine kernel and h11 would copy them) are read in place by the unaligned
     variants: ``why_not`` allows them, ``aligned`` says no, and the launch's variant reads any address."""
-    a, b = _unaligned(case)
+    a, b = _operands(case)
     assert decode.why_not(a, b) is None and engine.use_decode(a, b)
     assert not decode.aligned(a, b)
     v = decode.variant_for(a, b)
     assert not v.aligned and v == decode.UNALIGNED_VARIANTS[decode.token_tiles(a.shape[0])]
     assert decode.kernel_expr("__nv_bfloat16", "__nv_bfloat16", "float", 2, 0, False, v).count("false") >= 1
-    a_ok, b_ok = _unaligned("none")
+    a_ok, b_ok = _operands("aligned")
     assert decode.aligned(a_ok, b_ok) and decode.variant_for(a_ok, b_ok) == decode.default_variant(2)
 
 
