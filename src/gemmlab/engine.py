@@ -542,7 +542,10 @@ def h11_cost(M: int, N: int, K: int, *, prof: DeviceProfile = H200, plan: tuple[
 
 
 def decode_shape(M: int, N: int, K: int) -> bool:
-    """``use_decode`` for contiguous, aligned operands (a: (M, K) row-major, the weight K-contiguous)."""
+    """``use_decode`` for contiguous, aligned operands (a: (M, K) row-major, the weight K-contiguous), as the
+    benchmarks that replay the router on records ask it. Contiguous operands with K % 8 != 0 may take the
+    decode kernel too (``route`` weighs it against the engine kernel plus its copies, ``copies_s``); records
+    before session 42 have only the engine kernel's times for them, so the replays leave them there."""
     return M <= decode.MAX_M and max(N, K) <= DECODE_MAX_WEIGHT_DIM and K % 8 == 0
 
 
