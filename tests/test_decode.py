@@ -85,23 +85,47 @@ def _words(mem: bytes, at: int) -> list[int]:
     return [int.from_bytes(mem[at + 4 * i:at + 4 * i + 4], "little") for i in range(4)]
 
 
+@pytest.mark.parametrize("u_chunks", [1, 2, 4])
 @pytest.mark.parametrize("row_start", range(0, 32, 2))
-def test_straddled_windows_give_each_lane_its_16_bytes(row_start):
-    """decode::ld_straddle + cut for the four lanes of a row starting at any 2-byte address: each lane loads
-    the aligned window its 16 bytes start in, lane 3 also the one after; lane q's second window is lane
-    q + 1's first (the shuffle), lane 3's its own. Every lane must get exactly the 16 bytes at its address,
-    and every window loaded must hold bytes of the row's 64 (nothing read beyond what is needed)."""
-    rng = np.random.default_rng(row_start)
-    mem = rng.integers(0, 256, size=256, dtype=np.uint8).tobytes()
-    p = [64 + row_start + 16 * q for q in range(4)]  # lane q's 8 elements (16 bytes)
-    lo = [_words(mem, a - a % 16) for a in p]
-    nxt = _words(mem, p[3] - p[3] % 16 + 16) if p[3] % 16 else [0, 0, 0, 0]
-    loaded = [a - a % 16 for a in p] + ([p[3] - p[3] % 16 + 16] if p[3] % 16 else [])
-    assert all(w + 16 > p[0] and w < p[3] + 16 for w in loaded)
+def test_row_windows_give_each_lane_its_16_bytes_of_every_chunk(row_start, u_chunks):
+    """decode::ld_windows + cut_row (ALIGNED = false) for the four lanes of a row starting at any 2-byte address:
+    lane q loads the aligned window its 16 bytes of chunk u start in (v[u]), lane 0 also the window after
+    lane 3's last one (v[U], only if the row is off 16 bytes; zero elsewhere). Lane 0 offers v[u + 1], the
+    others v[u], and lane q takes lane (q + 1) % 4's offer as its second window. Every lane must get exactly
+    the 16 bytes at its address in every chunk, and every window loaded must hold bytes of the row's 64 U
+    (nothing read beyond what is needed)."""
+    U = u_chunks
+    rng = np.random.default_rng(100 * U + row_start)
+    mem = rng.integers(0, 256, size=512, dtype=np.uint8).tobytes()
+    row = 64 + row_start  # byte address of the row's chunk 0
+    shift = row % 16
+    p = [row + 16 * q for q in range(4)]  # lane q's 8 elements (16 bytes) of chunk 0
+    v = [[_words(mem, a - a % 16 + 64 * u) for u in range(U)] for a in p]  # lane q's v[0 .. U-1]
+    loaded = [a - a % 16 + 64 * u for a in p for u in range(U)]
     for q in range(4):
-        hi = lo[q + 1] if q < 3 else nxt
-        got = b"".join(w.to_bytes(4, "little") for w in _bytes_at(lo[q], hi, p[q] % 16))
-        assert got == mem[p[q]:p[q] + 16]
+        ext = p[q] - p[q] % 16 + 64 * U
+        v[q].append(_words(mem, ext) if q == 0 and shift else [0, 0, 0, 0])
+        if q == 0 and shift:
+            loaded.append(ext)
+    assert all(w + 16 > row and w < row + 64 * U for w in loaded)
+    assert len(loaded) == 4 * U + (shift != 0)
+    for u in range(U):
+        offers = [v[q][u + 1] if q == 0 else v[q][u] for q in range(4)]
+        for q in range(4):
+            got = b"".join(w.to_bytes(4, "little") for w in _bytes_at(v[q][u], offers[(q + 1) % 4], shift))
+            at = p[q] + 64 * u
+            assert got == mem[at:at + 16], (q, u)
+
+
+def test_rows_eight_apart_share_the_lanes_shift():
+    """decode.cu cuts all of a lane's weight rows (g, g + 8, and g + 16, g + 24 at RPW = 2) at the shift of
+    row g, and all its token rows (8 j + g) at token g's: rows 8 apart start 16 ld bytes apart, for any
+    leading dimension and base."""
+    for ld in (1, 3, 4095, 4097, 8191, 50257):
+        for base in range(0, 16, 2):
+            for g in range(8):
+                shifts = {(base + 2 * (g + 8 * i) * ld) % 16 for i in range(4)}
+                assert len(shifts) == 1
 
 
 @pytest.mark.parametrize("start", range(0, 16, 2))
@@ -429,8 +453,9 @@ UNALIGNED_SASS_CASES = ([(t, t, "f32", nt, 0, s, None) for t in ("bf16", "f16") 
 @pytest.mark.parametrize("case", UNALIGNED_SASS_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_sass_of_every_unaligned_instantiation(case):
     """The unaligned variants (rows at any address): no local memory under their register cap; in the main
-    loop two no-allocate weight loads per 16 bytes used (the window and lane 3's next one, predicated),
-    NT HMMA per pair, and the shuffles and byte permutes that cut each lane's 16 bytes out of two windows."""
+    loop U + 1 no-allocate weight loads a row for U chunks (the windows and lane 0's one after them,
+    predicated), 2 NT HMMA per chunk and row pair, and the shuffles and byte permutes that cut each lane's
+    16 bytes out of two windows."""
     tin, tout, tbias, nt, epi, split, variant = case
     v = variant or decode.default_variant(nt, aligned=False)
     expr = decode.kernel_expr(_CT[tin], _CT[tout], _CT[tbias], nt, epi, bool(split), v)
@@ -438,14 +463,15 @@ def test_sass_of_every_unaligned_instantiation(case):
     summary = sass.kernel_summary(ck)
     mma = r"^HMMA\.16816\.F32\.BF16$" if tin == "bf16" else r"^HMMA\.16816\.F32$"
     expect = sass.SassExpect(
-        contains=(mma, r"^LDG\.E\.NA\.128\.CONSTANT$", r"^LDG\.E\.128\.CONSTANT$", r"^SHFL\.DOWN$", r"^PRMT$",
+        contains=(mma, r"^LDG\.E\.NA\.128\.CONSTANT$", r"^LDG\.E\.128\.CONSTANT$", r"^SHFL\.IDX$", r"^PRMT$",
                   *sass.PDL_OPCODES),
         absent=(r"^LDL", r"^STL"), no_local_memory=True, max_registers=v.max_registers(nt))
     assert sass.check(expect, summary, ck.resources) == []
     body, main = _main_loop(summary)
     w_loads = [ins for ins in body if ins.opcode == "LDG.E.NA.128.CONSTANT"]
-    assert w_loads and len(w_loads) % (4 * v.u * v.rpw * v.depth) == 0
-    assert main.mix.get("hmma", 0) * 2 == nt * len(w_loads)
+    per_iteration = 2 * v.rpw * (v.u + 1)  # rows g and g + 8 of each row group: U windows and lane 0's next one
+    assert w_loads and len(w_loads) % (per_iteration * v.depth) == 0
+    assert main.mix.get("hmma", 0) * (v.u + 1) == nt * v.u * len(w_loads)
 
 
 @pytest.mark.parametrize("nt", [1, 2])  # NT = 4, 8 run the first kernel: measured faster, loads interleaved

@@ -186,6 +186,22 @@ def test_unaligned_shapes(M, N, K):
     assert rel_error(out, _reference(a, b)) <= TOL[torch.bfloat16], (M, N, K)
 
 
+_UNALIGNED_VARIANT_CASES = [(nt, v) for nt, vs in decode.UNALIGNED_TRIALS.items()
+                            for v in (decode.UNALIGNED_VARIANTS[nt], *vs)]
+
+
+@pytest.mark.parametrize("nt,variant", _UNALIGNED_VARIANT_CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("N,K", [(100, 41), (1000, 4101), (4097, 14335)])
+def test_every_unaligned_variant(nt, variant, N, K):
+    """Every unaligned variant the benchmark times, at the largest M of its NT and one ragged M, with bases
+    and rows off 16 bytes (NaN around them), an epilogue (bias + SiLU), and a K that splits."""
+    for M in (8 * nt, 8 * nt - 3 if nt > 1 else 1):
+        a, b = _unaligned_linear(M, N, K, torch.bfloat16, a_off=M % 8 or 3, w_off=5, pad=K % 3 + 1)
+        bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+        out = _run(a, b, torch.bfloat16, variant, bias=bias, activation="silu")
+        assert rel_error(out, _reference(a, b, bias, "silu")) <= TOL[torch.bfloat16], (M, N, K)
+
+
 @pytest.mark.parametrize("act", [None, "gelu", "silu"])
 @pytest.mark.parametrize("dtype,out_dtype", [(torch.bfloat16, torch.float32), (torch.float16, torch.float16)])
 @pytest.mark.parametrize("M,N,K", [(5, 1000, 4095), (32, 257, 1029)])

@@ -36,7 +36,7 @@ class Variant:
     ``u`` 32-k chunks per iteration, ``rpw`` 16-row groups per warp, ``depth`` iterations of weight loads
     in flight (2: the next iteration's loads are issued before this one's mmas), ``pf`` the L2 prefetch
     distance in iterations (0: none), ``aligned`` the 16-byte contract (False: rows at any address, K any;
-    each 16 bytes in flight takes 32 bytes of registers, see ``UNALIGNED_VARIANTS``)."""
+    a lane holds U + 1 windows a row for U used, see ``UNALIGNED_VARIANTS``)."""
 
     u: int = 4
     rpw: int = 1
@@ -82,21 +82,20 @@ class Variant:
 DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, depth=2),
                     4: Variant(u=4), 8: Variant(u=2)}
 # Rows at any address (``why_not`` allows them, ``aligned`` says which contract a call gets): a lane holds
-# two 16-byte windows for each 16 bytes it uses, so these keep half the default's chunks in flight at
-# NT = 1 (two iterations of two) and one iteration of two at NT = 2 and 4 (measured on the H100,
-# h100_decode_variants.jsonl at 25fe6b2, against the other trials: NT = 1 u=2 depth 2 best of four on three
-# shapes, 1.08x torch.mm at 1x4095x4095; NT = 2 u=2 depth 1 with the deeper prefetch 1.50x against 1.45x
-# at 16x4095x4095; NT = 4 u=2 depth 1 1.09 / 1.15x against 1.02 / 1.04x at 32x4095x4095 / 32x2049x2049). At
-# NT = 4 without the L2 prefetch: with it U = 2 spills 4 bytes. Up to MAX_M tokens only: at NT = 8 every
-# unaligned variant spills (U = 1: 4-12 bytes).
-UNALIGNED_VARIANTS = {1: Variant(u=2, depth=2, aligned=False), 2: Variant(u=2, pf=2, aligned=False),
-                      4: Variant(u=2, pf=0, aligned=False)}
+# U + 1 aligned 16-byte windows a row for the U it uses (decode.cu's ``WRow``), so the aligned defaults'
+# geometry fits the register caps without local memory at NT = 1 (two iterations of four chunks); at NT = 2
+# and 4, one iteration of four (two of two spill at NT = 4). Session 42's form held two windows for each one
+# used (``Straddle``) and had to halve U (u=2 depth 2 / u=2 pf 2 / u=2 pf 0 at NT = 1 / 2 / 4: 1.73-1.84
+# TB/s on the H100 and 2.0-2.1 on the H200 against the aligned variants' 2.4-2.7 and 3.1-3.3); those
+# geometries are kept among the trials. Up to MAX_M tokens only: at NT = 8 the unaligned variants spill.
+UNALIGNED_VARIANTS = {1: Variant(u=4, depth=2, aligned=False), 2: Variant(u=4, aligned=False),
+                      4: Variant(u=4, aligned=False)}
 # What benchmarks/decode_variants.py times against them on unaligned shapes (the SASS tests compile each).
 UNALIGNED_TRIALS = {
-    1: (Variant(u=2, depth=2, pf=2, aligned=False), Variant(u=2, depth=1, pf=2, aligned=False),
-        Variant(u=1, rpw=2, depth=2, aligned=False)),
-    2: (Variant(u=1, depth=2, aligned=False), Variant(u=1, depth=2, pf=2, aligned=False), Variant(u=2, aligned=False)),
-    4: (Variant(u=1, depth=2, pf=0, aligned=False), Variant(u=1, pf=2, aligned=False), Variant(u=1, aligned=False)),
+    1: (Variant(u=4, depth=1, aligned=False), Variant(u=4, rpw=2, aligned=False),
+        Variant(u=2, depth=2, aligned=False)),
+    2: (Variant(u=4, rpw=2, aligned=False), Variant(u=2, depth=2, aligned=False), Variant(u=2, pf=2, aligned=False)),
+    4: (Variant(u=4, pf=2, aligned=False), Variant(u=2, pf=0, aligned=False), Variant(u=1, rpw=2, aligned=False)),
 }
 
 

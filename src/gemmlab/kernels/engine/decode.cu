@@ -31,9 +31,11 @@
 //
 //  * Rows at any address (ALIGNED = false): W's and X's rows may start at any element (K odd, a sliced
 //    view), so a lane's 16 bytes straddle two aligned 16-byte windows. The four lanes of a row need
-//    consecutive 16-byte pieces, so lane q's second window is lane q + 1's first: every lane loads its first
-//    window, lane 3 also the one after it, and at use the windows move one lane down the row by shuffle
-//    and the 16 bytes are cut out of the 32 (``Straddle``): 80 bytes read for 64, not a copy of W.
+//    consecutive 16-byte pieces, so lane q's second window is lane q + 1's first, and lane 3's is lane 0's
+//    first of the next chunk: each lane loads the window its bytes start in for each of the U chunks, lane
+//    0 also the one after the last chunk (``WRow``), and at use a shuffle hands every lane its second window
+//    and the 16 bytes are cut out of the 32 (``cut_row``): U + 1 windows read and held for U used, not a
+//    copy of W. X's rows are read the same way.
 //
 // Host-side contract (gemmlab/decode.py checks it): W and X K-contiguous, M <= 8 * NT, Out row-major with
 // unit column stride; with ALIGNED also 16-byte aligned bases and rows and K % 8 == 0.
@@ -83,26 +85,6 @@ __device__ __forceinline__ uint4 ld16(const void* p) {
     return STREAM ? ld_stream(p) : ld_shared_by_warps(p);
 }
 
-// ALIGNED = false: a lane's 8 k at a 2-byte aligned address, as the aligned window they start in (``lo``)
-// and, in lane 3 of a row only, the window after it (``next``; the other lanes take theirs from the next
-// lane at use, ``cut``). Every window loaded holds a byte the lane's row needs, so a read ends at most 15
-// bytes past the tensor's last element, inside that element's aligned 16-byte window: inside its allocation
-// (torch's are whole 512-byte blocks; the GPU maps memory in pages of 64 KB or more).
-struct Straddle {
-    uint4 lo, next;
-};
-
-template <bool STREAM>
-__device__ __forceinline__ Straddle ld_straddle(const void* p, int q) {
-    const unsigned long long a = reinterpret_cast<unsigned long long>(p);
-    const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);
-    Straddle w;
-    w.lo = ld16<STREAM>(base);
-    w.next = make_uint4(0, 0, 0, 0);
-    if (q == 3 && (a & 15)) w.next = ld16<STREAM>(base + 1);
-    return w;
-}
-
 // The 16 bytes at byte offset s (even, 0..14) of the 32 bytes lo, hi: two selects by 8 and 4 bytes, then
 // one byte permute per word for the last 2.
 __device__ __forceinline__ uint4 bytes_at(const uint4& lo, const uint4& hi, u32 s) {
@@ -117,16 +99,45 @@ __device__ __forceinline__ uint4 bytes_at(const uint4& lo, const uint4& hi, u32 
                       __byte_perm(b[3], b[4], sel));
 }
 
-// The lane's 16 bytes from a Straddle loaded at p (warp-uniform call: every lane shuffles). Lane q's second
-// window is lane q + 1's first; lane 3's is its own ``next``.
-__device__ __forceinline__ uint4 cut(const Straddle& w, const void* p, int q) {
-    uint4 hi;
-    hi.x = __shfl_down_sync(0xffffffffu, w.lo.x, 1, 4);
-    hi.y = __shfl_down_sync(0xffffffffu, w.lo.y, 1, 4);
-    hi.z = __shfl_down_sync(0xffffffffu, w.lo.z, 1, 4);
-    hi.w = __shfl_down_sync(0xffffffffu, w.lo.w, 1, 4);
-    if (q == 3) hi = w.next;
-    return bytes_at(w.lo, hi, static_cast<u32>(reinterpret_cast<unsigned long long>(p) & 15));
+// What a lane holds of one row's U chunks (of W, or of X) while the loads are in flight. ALIGNED: its 16
+// bytes of each chunk. Else the aligned 16-byte window each of them starts in (v[0 .. U-1]) and v[U]: in
+// lane 0, if the row is off 16 bytes, the window after lane 3's last one (the next iteration's first; zero
+// elsewhere). Every window loaded holds a byte the row's lanes need, so a read ends at most 15 bytes past
+// the tensor's last element, inside that element's aligned 16-byte window: inside its allocation (torch's
+// are whole 512-byte blocks; the GPU maps memory in pages of 64 KB or more).
+template <bool ALIGNED, int U>
+struct WRow {
+    uint4 v[ALIGNED ? U : U + 1];
+};
+
+// ALIGNED = false: the windows of the U chunks of a row whose lane's first 16 bytes are at p.
+template <bool STREAM, int U, typename T>
+__device__ __forceinline__ void ld_windows(WRow<false, U>& w, const T* p, int q) {
+    const unsigned long long a = reinterpret_cast<unsigned long long>(p);
+    const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);  // a chunk is 64 bytes: 4 windows
+#pragma unroll
+    for (int u = 0; u < U; ++u) w.v[u] = ld16<STREAM>(base + 4 * u);
+    w.v[U] = make_uint4(0, 0, 0, 0);
+    if (q == 0 && (a & 15)) w.v[U] = ld16<STREAM>(base + 4 * U);
+}
+
+// Chunk u's 16 bytes of the lane from a WRow loaded at an address ``shift`` bytes past a 16-byte boundary
+// (warp-uniform call: every lane shuffles). Lane q's
+// second window is lane q + 1's first; lane 3's is lane 0's first of chunk u + 1 (v[U] after the last),
+// so lane 0 offers that one and every lane reads lane (q + 1) mod 4's offer.
+template <bool ALIGNED, int U>
+__device__ __forceinline__ uint4 cut_row(const WRow<ALIGNED, U>& w, int u, u32 shift, int q) {
+    if constexpr (ALIGNED) {
+        return w.v[u];
+    } else {
+        const uint4 offer = q == 0 ? w.v[u + 1] : w.v[u];
+        uint4 hi;
+        hi.x = __shfl_sync(0xffffffffu, offer.x, q + 1, 4);
+        hi.y = __shfl_sync(0xffffffffu, offer.y, q + 1, 4);
+        hi.z = __shfl_sync(0xffffffffu, offer.z, q + 1, 4);
+        hi.w = __shfl_sync(0xffffffffu, offer.w, q + 1, 4);
+        return bytes_at(w.v[u], hi, shift);
+    }
 }
 
 // The K tail at any address: the lane's first n (0..8) elements at p, the rest zero. Each lane loads both
@@ -186,16 +197,6 @@ constexpr __host__ __device__ int min_blocks(int nt, int rpw, int depth) {
     return (nt == 1 && rpw == 1 && depth == 1) ? 3 : (nt * rpw >= 16 ? 1 : 2);
 }
 
-// What a lane holds of one weight row's 16 bytes while the load is in flight.
-template <bool ALIGNED>
-struct WReg {
-    using type = uint4;
-};
-template <>
-struct WReg<false> {
-    using type = Straddle;
-};
-
 }  // namespace decode
 
 // Variants (template parameters, chosen per NT by decode.default_variant; benchmarks/decode_variants.py
@@ -208,8 +209,8 @@ struct WReg<false> {
 //    iteration are issued before this iteration's mmas (two register buffers, the loop unrolled by two
 //    so no copies), so a warp always has a full iteration of weight loads in flight.
 //  * PF: L2 prefetch distance, in iterations past the last one loaded into registers (0 = none).
-//  * ALIGNED: the 16-byte contract (one 16-byte load a lane and row); false: rows at any address (a
-//    Straddle a lane and row: twice the registers in flight, so those variants halve U).
+//  * ALIGNED: the 16-byte contract (one 16-byte load a lane, row and chunk); false: rows at any address
+//    (U + 1 windows a lane and row: ``WRow``).
 // The epilogue by name: HAS_BIAS, HAS_C (beta * C) and ACT (epilogue.cuh's activation code); SPLIT: split-K.
 template <typename T, typename TO, typename TBIAS, int NT, int U, int RPW, int DEPTH, int PF, bool ALIGNED,
           bool HAS_BIAS, bool HAS_C, int ACT, bool SPLIT>
@@ -261,24 +262,34 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
 #pragma unroll
             for (int h = 0; h < 2; ++h)
                 w_lane[r][h] = W + (long long)min(row0 + 16 * r + 8 * h + g, N - 1) * ldw + 8 * q;
+        // Unaligned: the lane's rows are 8 ldw elements apart, so they all sit as far past a 16-byte boundary
+        // as row row0 + g (at every k: k moves in 64-byte steps). A row past N re-reads row N - 1, cut at
+        // this shift: garbage in a result row that is never stored.
+        const u32 w_shift = static_cast<u32>(reinterpret_cast<unsigned long long>(w_lane[0][0]) & 15);
         // Token rows as 32-bit offsets from one pointer (the host keeps M * ldx below 2^31): NT registers
         // instead of 2 NT for pointers.
         const T* x_lane = X + 8 * q;
         int x_row[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) x_row[j] = min(8 * j + g, M - 1) * (int)ldx;
+        // (Unaligned: token rows 8 j + g are 8 ldx elements apart, so one shift serves them as w_shift does.)
+        const u32 x_shift = static_cast<u32>(reinterpret_cast<unsigned long long>(x_lane + x_row[0]) & 15);
 
-        using WRegs = typename decode::WReg<ALIGNED>::type[RPW][2][U];
+        using WRegs = WRow<ALIGNED, U>[RPW][2];
         auto load_w = [&](WRegs& w, int k) {
+            if constexpr (ALIGNED) {
 #pragma unroll
-            for (int u = 0; u < U; ++u)
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int r = 0; r < RPW; ++r)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) w[r][h].v[u] = ld_stream(w_lane[r][h] + k + 32 * u);
+            } else {
 #pragma unroll
                 for (int r = 0; r < RPW; ++r)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        if constexpr (ALIGNED) w[r][h][u] = ld_stream(w_lane[r][h] + k + 32 * u);
-                        else w[r][h][u] = ld_straddle<true>(w_lane[r][h] + k + 32 * u, q);
-                    }
+                    for (int h = 0; h < 2; ++h) ld_windows<true>(w[r][h], w_lane[r][h] + k, q);
+            }
         };
         // The 4 lanes of a row split its CHUNK k (2 CHUNK bytes): lane q asks for the 64-byte pieces
         // q, q + 4, ... (fewer than 4 pieces at U < 4: those lanes ask nothing).
@@ -293,21 +304,23 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
             }
         };
         auto compute = [&](const WRegs& w, int k) {
+            // Unaligned, the activations' U chunks are loaded (from L1) as the weight's are, U + 1 windows.
+            WRow<false, U> xw[ALIGNED ? 1 : NT];
+            if constexpr (!ALIGNED) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) ld_windows<false>(xw[j], x_lane + x_row[j] + k, q);
+            }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
                 uint4 x[NT];
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
-                    const T* px = x_lane + x_row[j] + k + 32 * u;
-                    if constexpr (ALIGNED) x[j] = ld_shared_by_warps(px);
-                    else x[j] = cut(ld_straddle<false>(px, q), px, q);
+                    if constexpr (ALIGNED) x[j] = ld_shared_by_warps(x_lane + x_row[j] + k + 32 * u);
+                    else x[j] = cut_row(xw[j], u, x_shift, q);
                 }
 #pragma unroll
-                for (int r = 0; r < RPW; ++r) {
-                    // (The shift of a row's windows is the same at every k: k moves in 64-byte steps.)
-                    if constexpr (ALIGNED) mma_chunk<T, NT>(acc[r], w[r][0][u], w[r][1][u], x);
-                    else mma_chunk<T, NT>(acc[r], cut(w[r][0][u], w_lane[r][0], q), cut(w[r][1][u], w_lane[r][1], q), x);
-                }
+                for (int r = 0; r < RPW; ++r)
+                    mma_chunk<T, NT>(acc[r], cut_row(w[r][0], u, w_shift, q), cut_row(w[r][1], u, w_shift, q), x);
             }
         };
 
