@@ -82,19 +82,20 @@ class Variant:
 DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, depth=2),
                     4: Variant(u=4), 8: Variant(u=2)}
 # Rows at any address (``why_not`` allows them, ``aligned`` says which contract a call gets): a lane holds
-# U + 1 aligned 16-byte windows a row for the U it uses (decode.cu's ``WRow``), so the aligned defaults'
-# geometry fits the register caps without local memory at NT = 1 (two iterations of four chunks); at NT = 2
-# and 4, one iteration of four (two of two spill at NT = 4). Session 42's form held two windows for each one
-# used (``Straddle``) and had to halve U (u=2 depth 2 / u=2 pf 2 / u=2 pf 0 at NT = 1 / 2 / 4: 1.73-1.84
-# TB/s on the H100 and 2.0-2.1 on the H200 against the aligned variants' 2.4-2.7 and 3.1-3.3); those
-# geometries are kept among the trials. Up to MAX_M tokens only: at NT = 8 the unaligned variants spill.
-UNALIGNED_VARIANTS = {1: Variant(u=4, depth=2, aligned=False), 2: Variant(u=4, aligned=False),
+# U + 1 aligned 16-byte windows a row for the U chunks it uses (decode.cu's ``WRow``). Measured on the H200
+# (decode_variants.jsonl at edda661, against the trials below in one run): NT = 1 u=4 depth 1 (three CTAs an
+# SM) best on four of five shapes (1x4095x4095 14.3 us against 16.9 for u=4 depth 2 and 16.1 for session
+# 42's u=2 depth 2 of two windows a chunk, ``Straddle``); NT = 2 u=2 depth 2 17.2 us at 16x4095x4095
+# (u=4 17.7, session 42's 23.0); NT = 4 u=4 21.7 us at 32x4095x4095 (session 42's 29.7). Still 1.4-1.5x
+# the aligned kernel's time on the same bytes: the cut costs ~23 instructions a 16 bytes per lane. Up to
+# MAX_M tokens only: at NT = 8 the unaligned variants spill.
+UNALIGNED_VARIANTS = {1: Variant(u=4, aligned=False), 2: Variant(u=2, depth=2, aligned=False),
                       4: Variant(u=4, aligned=False)}
 # What benchmarks/decode_variants.py times against them on unaligned shapes (the SASS tests compile each).
 UNALIGNED_TRIALS = {
-    1: (Variant(u=4, depth=1, aligned=False), Variant(u=4, rpw=2, aligned=False),
+    1: (Variant(u=4, depth=2, aligned=False), Variant(u=4, rpw=2, aligned=False),
         Variant(u=2, depth=2, aligned=False)),
-    2: (Variant(u=4, rpw=2, aligned=False), Variant(u=2, depth=2, aligned=False), Variant(u=2, pf=2, aligned=False)),
+    2: (Variant(u=4, aligned=False), Variant(u=4, rpw=2, aligned=False), Variant(u=2, pf=2, aligned=False)),
     4: (Variant(u=4, pf=2, aligned=False), Variant(u=2, pf=0, aligned=False), Variant(u=1, rpw=2, aligned=False)),
 }
 
@@ -268,11 +269,18 @@ def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile, aligned: 
     loads) and the split-K fix-up. ``plan_time`` alone ran 1.2-7.5x below the measured times (sha ac16df0:
     3.3 us measured at 1 x 256 x 2048 against 1.1 priced, 11.4 against 2.9 at 32 x 1024 x 5120): it only
     has to rank splits against each other, this has to rank kernels. Unaligned (``aligned`` False), the weight
-    stream is ``decode_unaligned_factor`` slower."""
+    stream is slower by ``unaligned_factor``."""
     p = plan(M, N, K, sm_count, default_variant(token_tiles(M), aligned))
     weight_bytes, _, fixup, _, _ = _terms(M, N, K, sm_count, p.rw, p.splits, p.variant)
-    stream = weight_bytes / prof.decode_hbm_bytes_per_s * (1.0 if aligned else prof.decode_unaligned_factor)
+    stream = weight_bytes / prof.decode_hbm_bytes_per_s * (1.0 if aligned else unaligned_factor(p.nt, prof))
     return prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + stream + prof.decode_fixup_factor * fixup
+
+
+def unaligned_factor(nt: int, prof: DeviceProfile) -> float:
+    """How much slower the unaligned variants stream the weight than the aligned ones at ``nt`` token tiles:
+    every 16 bytes a lane uses is cut out of two windows, for each of its two weight rows and NT token rows
+    (``DeviceProfile.decode_unaligned_per_cut``)."""
+    return 1.0 + prof.decode_unaligned_per_cut * (2 + nt)
 
 
 @functools.lru_cache(maxsize=4096)

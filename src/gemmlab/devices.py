@@ -184,12 +184,14 @@ class DeviceProfile:
     decode_token_tile_s: float = 0.54e-6  # per 8-token MMA column (NT): its X loads and mma.sync issue
     decode_hbm_bytes_per_s: float = 3.72e12  # the weight stream (at the plan's fill of in-flight loads)
     decode_fixup_factor: float = 19.5  # the split-K fix-up against decode.plan_time's (one SM, fence, atomic)
-    # The unaligned variants' weight stream (rows at any address: two windows a lane, half the chunks in
-    # flight) against the aligned ones' at the same fill: 1.73-1.84 TB/s against 2.4-2.7 on 20-90 MB weights
-    # (H100, session 42: h100_engine_broad.jsonl / h100_decode_variants.jsonl at 25fe6b2 and b97248105db1;
-    # not measured on the H200). It keeps the router off the decode kernel at 32x2049x2049, where the
-    # engine kernel with its copies ran 1.32x faster.
-    decode_unaligned_factor: float = 1.5
+    # The unaligned variants' weight stream (rows at any address) against the aligned ones': 1 + this x
+    # (2 + NT) times slower, one share per 16 bytes cut out of two windows (``decode.cu``'s ``cut_row``) for
+    # each of the two weight rows and the NT token tiles of a lane's chunk. Read off the H200 records at
+    # edda661 (decode_variants.jsonl, engine_broad.jsonl): unaligned against aligned time 1.42-1.44x at NT = 1,
+    # 1.51x at NT = 2; at NT = 4 the decode kernel ran 1.19-1.35x over its price at 1.5x (17-32 tokens, three
+    # shapes), i.e. ~1.9x. It keeps the router off the decode kernel at 32x2049x2049, where the engine kernel
+    # with its copies ran 1.2x faster (10.6 against 12.7 us).
+    decode_unaligned_per_cut: float = 0.15
     # The decode kernel's split model (``decode.plan_time``: it ranks one shape's splits against each other;
     # X's reads and the fix-up's partials move at ``l2_smem_bytes_per_s``). The HBM rate is issue 5's copy
     # estimate, kept: the 4.3 TB/s of ``hbm_bytes_per_s`` moves 30 of 6,798 decode plans (M 1-64), untimed.
