@@ -82,20 +82,22 @@ class Variant:
 DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, depth=2),
                     4: Variant(u=4), 8: Variant(u=2)}
 # Rows at any address (``why_not`` allows them, ``aligned`` says which contract a call gets): a lane holds
-# U + 1 aligned 16-byte windows a row for the U chunks it uses (decode.cu's ``WRow``). Measured on the H200
-# (decode_variants.jsonl at edda661, against the trials below in one run): NT = 1 u=4 depth 1 (three CTAs an
-# SM) best on four of five shapes (1x4095x4095 14.3 us against 16.9 for u=4 depth 2 and 16.1 for session
-# 42's u=2 depth 2 of two windows a chunk, ``Straddle``); NT = 2 u=2 depth 2 17.2 us at 16x4095x4095
-# (u=4 17.7, session 42's 23.0); NT = 4 u=4 21.7 us at 32x4095x4095 (session 42's 29.7). Still 1.4-1.5x
-# the aligned kernel's time on the same bytes: the cut costs ~23 instructions a 16 bytes per lane. Up to
-# MAX_M tokens only: at NT = 8 the unaligned variants spill.
-UNALIGNED_VARIANTS = {1: Variant(u=4, aligned=False), 2: Variant(u=2, depth=2, aligned=False),
-                      4: Variant(u=4, aligned=False)}
+# U + 1 aligned 16-byte windows a row for the U chunks it uses (decode.cu's ``WRow``), one iteration of four
+# chunks at every NT (at NT = 1 three CTAs an SM). Measured against the trials below (decode_variants.jsonl
+# at edda661, H200; h100_decode_variants.jsonl at eec817f, H100, 10 more shapes): NT = 1 u=4 depth 1 best or
+# within 2% on four of five H200 shapes (1x4095x4095 14.3 us against 16.9 for u=4 depth 2 and 16.1 for
+# session 42's u=2 depth 2 of two windows a chunk, ``Straddle``), on the H100 1.3% behind u=4 depth 2 in
+# geomean over eight (up to 15% at 1x28673x4095, 14% ahead at 4x6145x2047); NT = 2 u=4 6-9% ahead of u=2
+# depth 2 on two H100 shapes, 3% behind on one H200 shape (session 42's u=2 pf=2 23.0 us at 16x4095x4095,
+# against 17.7); NT = 4 u=4 21.7 us at 32x4095x4095 (session 42's 29.7). Still 1.4-1.5x the aligned
+# kernel's time on the same bytes: each 16 bytes a lane uses costs ~23 instructions to cut. Up to MAX_M
+# tokens only: at NT = 8 the unaligned variants spill.
+UNALIGNED_VARIANTS = {1: Variant(u=4, aligned=False), 2: Variant(u=4, aligned=False), 4: Variant(u=4, aligned=False)}
 # What benchmarks/decode_variants.py times against them on unaligned shapes (the SASS tests compile each).
 UNALIGNED_TRIALS = {
     1: (Variant(u=4, depth=2, aligned=False), Variant(u=4, rpw=2, aligned=False),
         Variant(u=2, depth=2, aligned=False)),
-    2: (Variant(u=4, aligned=False), Variant(u=4, rpw=2, aligned=False), Variant(u=2, pf=2, aligned=False)),
+    2: (Variant(u=2, depth=2, aligned=False), Variant(u=4, rpw=2, aligned=False), Variant(u=2, pf=2, aligned=False)),
     4: (Variant(u=4, pf=2, aligned=False), Variant(u=2, pf=0, aligned=False), Variant(u=1, rpw=2, aligned=False)),
 }
 
