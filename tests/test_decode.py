@@ -117,6 +117,106 @@ def test_row_windows_give_each_lane_its_16_bytes_of_every_chunk(row_start, u_chu
             assert got == mem[at:at + 16], (q, u)
 
 
+def _read8(mem: np.ndarray, at: int, lo: int, n: int) -> np.ndarray:
+    """A lane's 8 elements at ``at`` with those outside [lo, n) zero and never read (decode::ld_range)."""
+    out = np.zeros(8)
+    for e in range(lo, n):
+        assert 0 <= at + e < len(mem)
+        out[e] = mem[at + e]
+    return out
+
+
+def _strided_row(v: int) -> int:
+    """decode.cu's strided_row: each 128-row block transposed as 16 x 8."""
+    return (v & ~127) | ((v & 15) << 3) | ((v >> 4) & 7)
+
+
+def test_strided_rows_are_a_permutation_of_each_block_with_one_class_a_tile():
+    for v0 in range(0, 512, 16):  # a warp's tile: virtual rows v0 .. v0 + 15
+        rows = [_strided_row(v0 + i) for i in range(16)]
+        assert len({r % 8 for r in rows}) == 1 and all(r // 128 == v0 // 128 for r in rows)
+    assert sorted(_strided_row(v) for v in range(256)) == list(range(256))
+
+
+@pytest.mark.parametrize("U", [1, 2, 4])
+@pytest.mark.parametrize("ldw,base_w,N,pieces", [(1029, 3, 21, [(0, 1029)]), (4095, 5, 130, [(0, 2048), (2048, 4095)]),
+                                                 (77, 0, 9, [(0, 77)]), (300, 7, 40, [(0, 128), (128, 256), (256, 300)])])
+def test_strided_tile_reads_each_k_once_from_aligned_windows(U, ldw, base_w, N, pieces):
+    """The STRIDED schedule of decode.cu, element by element (8 elements = one 16-byte window): for each warp
+    tile (virtual rows 16 c .. of block 0, physical rows 8 i + c), every lane's 8 weight elements of a chunk
+    start on a window boundary (valid rows), the piece's first chunk (half_s elements early) and the tail are
+    masked in W and X, every k of the piece is used exactly once, and the mma fragments sum to W @ X^T.
+    Memory around the operands is NaN: a foreign element that is not masked shows up. K = ldw - pad."""
+    rng = np.random.default_rng(ldw + base_w + U)
+    K = pieces[-1][1]
+    rows_total = max(N, 1)
+    mem = np.full(base_w + rows_total * ldw + 64, np.nan)
+    W = rng.integers(-4, 5, size=(rows_total, K)).astype(np.float64)
+    for p in range(rows_total):
+        mem[base_w + p * ldw:base_w + p * ldw + K] = W[p]
+    xoff, M = 3, 5  # X rows: 5 tokens at an odd offset, ldx = K
+    xmem = np.full(xoff + M * K + 64, np.nan)
+    X = rng.integers(-4, 5, size=(M, K)).astype(np.float64)
+    for t in range(M):
+        xmem[xoff + t * K:xoff + t * K + K] = X[t]
+    chunk = 32 * U
+    for c in range(8):
+        v0 = 16 * c
+        if _strided_row(v0) >= N:
+            continue
+        phys = [min(_strided_row(v0 + i), N - 1) for i in range(16)]
+        shift = (base_w + _strided_row(v0) * ldw) % 8  # elements; the kernel's w_shift / 2 = half_s
+        acc = [np.zeros(4) for _ in range(32)]
+        used = np.zeros((16, K), dtype=int)
+
+        def chunk32(k, masked):
+            regs = []
+            for lane in range(32):
+                g, q = divmod(lane, 4)
+                k0 = k - shift + 8 * q  # the lane's first element's k
+                lo, n = (max(0, pieces_k[0] - k0), min(8, pieces_k[1] - k0)) if masked else (0, 8)
+                vals = []
+                for row in (g, g + 8):
+                    at = base_w + phys[row] * ldw + k0
+                    if phys[row] == _strided_row(v0 + row):  # a valid row: its windows are aligned
+                        assert at % 8 == 0
+                        for e in range(lo, n):
+                            used[row, k0 + e] += 1
+                    vals.append(_read8(mem, at, lo, n))
+                tok = min(g, M - 1)
+                vals.append(_read8(xmem, xoff + tok * K + k0, lo, n))
+                regs.append([(vals[0][2 * i:2 * i + 2], vals[1][2 * i:2 * i + 2], vals[2][2 * i:2 * i + 2])
+                             for i in range(4)])
+            for first in (0, 2):
+                _mma(acc, [(r[first][0], r[first][1], r[first + 1][0], r[first + 1][1]) for r in regs],
+                     [(r[first][2], r[first + 1][2]) for r in regs])
+
+        for pieces_k in pieces:
+            k_begin, k_end = pieces_k
+            k = k_begin
+            if shift > 0:
+                chunk32(k, masked=True)
+                k += 32
+            while k + chunk <= k_end + shift:  # main loop: every element inside the piece, unmasked
+                assert k - shift >= k_begin and k - shift + chunk <= k_end
+                for u in range(U):
+                    chunk32(k + 32 * u, masked=False)
+                k += chunk
+            for _ in range(U):
+                if k < k_end + shift:
+                    chunk32(k, masked=True)
+                    k += 32
+            assert k >= k_end + shift  # the tail reached the piece's end
+        valid = [i for i in range(16) if phys[i] == _strided_row(v0 + i)]
+        assert (used[valid] == 1).all()  # every k of every valid row exactly once
+        got = np.zeros((16, 8))
+        for lane in range(32):
+            g, q = divmod(lane, 4)
+            got[g, 2 * q:2 * q + 2], got[g + 8, 2 * q:2 * q + 2] = acc[lane][0:2], acc[lane][2:4]
+        want = W[[phys[i] for i in valid]] @ X[[min(t, M - 1) for t in range(8)]].T
+        np.testing.assert_array_equal(got[valid], want)
+
+
 def test_rows_eight_apart_share_the_lanes_shift():
     """decode.cu cuts all of a lane's weight rows (g, g + 8, and g + 16, g + 24 at RPW = 2) at the shift of
     row g, and all its token rows (8 j + g) at token g's: rows 8 apart start 16 ld bytes apart, for any
@@ -459,8 +559,8 @@ UNALIGNED_SASS_CASES = ([(t, t, "f32", nt, 0, s, None) for t in ("bf16", "f16") 
 def test_sass_of_every_unaligned_instantiation(case):
     """The unaligned variants (rows at any address): no local memory under their register cap; in the main
     loop U + 1 no-allocate weight loads a row for U chunks (the windows and lane 0's one after them,
-    predicated), 2 NT HMMA per chunk and row pair, and the shuffles and byte permutes that cut each lane's
-    16 bytes out of two windows."""
+    predicated; strided: the U windows only), 2 NT HMMA per chunk and row pair, and the shuffles and byte
+    permutes that cut each lane's 16 bytes out of two windows (strided: X's only)."""
     tin, tout, tbias, nt, epi, split, variant = case
     v = variant or decode.default_variant(nt, aligned=False)
     expr = decode.kernel_expr(_CT[tin], _CT[tout], _CT[tbias], nt, epi, bool(split), v)
@@ -474,9 +574,11 @@ def test_sass_of_every_unaligned_instantiation(case):
     assert sass.check(expect, summary, ck.resources) == []
     body, main = _main_loop(summary)
     w_loads = [ins for ins in body if ins.opcode == "LDG.E.NA.128.CONSTANT"]
-    per_iteration = 2 * v.rpw * (v.u + 1)  # rows g and g + 8 of each row group: U windows and lane 0's next one
-    assert w_loads and len(w_loads) % (per_iteration * v.depth) == 0
-    assert main.mix.get("hmma", 0) * (v.u + 1) == nt * v.u * len(w_loads)
+    # Rows g and g + 8 of each row group: U windows and lane 0's next one (strided: the U windows are the
+    # fragments, none more).
+    windows = v.u if v.strided else v.u + 1
+    assert w_loads and len(w_loads) % (2 * v.rpw * windows * v.depth) == 0
+    assert main.mix.get("hmma", 0) * windows == nt * v.u * len(w_loads)
 
 
 @pytest.mark.parametrize("nt", [1, 2])  # NT = 4, 8 run the first kernel: measured faster, loads interleaved

@@ -302,7 +302,7 @@ _KIND_TYPES = {"ptr": {"u64", "b64"}, "i64": {"u64", "s64", "b64"}, "i32": {"u32
     (engine.SOURCE, "hopper_h11<__nv_bfloat16, __nv_bfloat16, float, 128, 6, 0, 1, 0, 0, 1>", engine._H11_PARAMS),
     (engine.PAD_COPY_SOURCE, "pad_copy<2, 1, 0>", ("ptr", "i64", "ptr", "i64", "i64", "i32")),
     (engine.PAD_COPY_SOURCE, "pad_copy_operands<2, 1, 0>", engine._COPY_PARAMS),
-    ("engine/decode.cu", "engine_decode<__nv_bfloat16, __nv_bfloat16, float, 2, 2, 1, 2, 1, true, false, false, 0, true>", decode._PARAMS),
+    ("engine/decode.cu", "engine_decode<__nv_bfloat16, __nv_bfloat16, float, 2, 2, 1, 2, 1, true, false, false, false, 0, true>", decode._PARAMS),
     (planner.SOURCE, planner.plan(3000, 3000, 3000, has_c=True, bias_dtype="fp32").name_expression, engine._E2_PARAMS),
 ])
 def test_launcher_parameter_kinds_match_the_kernel(source, expr, kinds):

@@ -36,16 +36,19 @@ class Variant:
     ``u`` 32-k chunks per iteration, ``rpw`` 16-row groups per warp, ``depth`` iterations of weight loads
     in flight (2: the next iteration's loads are issued before this one's mmas), ``pf`` the L2 prefetch
     distance in iterations (0: none), ``aligned`` the 16-byte contract (False: rows at any address, K any;
-    a lane holds U + 1 windows a row for U used, see ``UNALIGNED_VARIANTS``)."""
+    a lane holds U + 1 windows a row for U used, see ``UNALIGNED_VARIANTS``), ``strided`` (unaligned only) a
+    warp's 16 rows 8 apart, so that they share one shift and only X is cut (decode.cu's ``strided_row``)."""
 
     u: int = 4
     rpw: int = 1
     depth: int = 1
     pf: int = 1
     aligned: bool = True
+    strided: bool = False
 
     def __post_init__(self):
         assert self.u in (1, 2, 4) and self.rpw in (1, 2) and self.depth in (1, 2) and self.pf in (0, 1, 2)
+        assert not self.strided or (not self.aligned and self.rpw == 1), "strided: unaligned rows, rpw 1"
 
     @property
     def rows(self) -> int:
@@ -94,11 +97,16 @@ DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, dept
 # tokens only: at NT = 8 the unaligned variants spill.
 UNALIGNED_VARIANTS = {1: Variant(u=4, aligned=False), 2: Variant(u=4, aligned=False), 4: Variant(u=4, aligned=False)}
 # What benchmarks/decode_variants.py times against them on unaligned shapes (the SASS tests compile each).
+# The strided ones (a warp's rows 8 apart, one shift a tile: only X is cut) are built and checked on the CPU
+# (tests/test_decode.py emulates their schedule) but not yet run on a GPU: trials only, never routed.
 UNALIGNED_TRIALS = {
     1: (Variant(u=4, depth=2, aligned=False), Variant(u=4, rpw=2, aligned=False),
-        Variant(u=2, depth=2, aligned=False)),
-    2: (Variant(u=2, depth=2, aligned=False), Variant(u=4, rpw=2, aligned=False), Variant(u=2, pf=2, aligned=False)),
-    4: (Variant(u=4, pf=2, aligned=False), Variant(u=2, pf=0, aligned=False), Variant(u=1, rpw=2, aligned=False)),
+        Variant(u=2, depth=2, aligned=False), Variant(u=4, aligned=False, strided=True),
+        Variant(u=4, depth=2, aligned=False, strided=True)),
+    2: (Variant(u=2, depth=2, aligned=False), Variant(u=4, rpw=2, aligned=False), Variant(u=2, pf=2, aligned=False),
+        Variant(u=4, aligned=False, strided=True)),
+    4: (Variant(u=4, pf=2, aligned=False), Variant(u=2, pf=0, aligned=False), Variant(u=1, rpw=2, aligned=False),
+        Variant(u=4, pf=2, aligned=False, strided=True)),
 }
 
 
@@ -229,7 +237,8 @@ def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
                 min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K))
     if math.ceil(math.ceil(K / piece) / kw) != splits:
         return None
-    row_groups = math.ceil(N / v.rows)
+    # (strided: each 128-row block is transposed, so the row groups cover N rounded up to 128)
+    row_groups = math.ceil((math.ceil(N / 128) * 128 if v.strided else N) / v.rows)
     row_blocks = math.ceil(row_groups / rw)
     busy_warps = row_groups * math.ceil(K / piece)
     warps_needed = math.ceil(_PROF.decode_in_flight_per_sm / v.in_flight_bytes)
@@ -324,7 +333,7 @@ def kernel_expr(in_ctype: str, out_ctype: str, bias_ctype: str, nt: int, epi: in
     v = variant or default_variant(nt)
     has_bias, has_c, act = (cpp_bool(epi & 1), cpp_bool(epi & 2), (epi >> 2) & 7)
     return (f"engine_decode<{in_ctype}, {out_ctype}, {bias_ctype}, {nt}, {v.u}, {v.rpw}, {v.depth}, {v.pf}, "
-            f"{cpp_bool(v.aligned)}, {has_bias}, {has_c}, {act}, {cpp_bool(split)}>")
+            f"{cpp_bool(v.aligned)}, {cpp_bool(v.strided)}, {has_bias}, {has_c}, {act}, {cpp_bool(split)}>")
 
 
 

@@ -99,6 +99,10 @@ __device__ __forceinline__ uint4 bytes_at(const uint4& lo, const uint4& hi, u32 
                       __byte_perm(b[3], b[4], sel));
 }
 
+// STRIDED: the physical weight row of virtual row v. Each 128-row block is transposed as 16 x 8: virtual rows
+// 16 c .. 16 c + 15 (one warp's mma tile) are physical rows c, c + 8, ..., c + 120 (one residue class mod 8).
+__device__ __forceinline__ int strided_row(int v) { return (v & ~127) | ((v & 15) << 3) | ((v >> 4) & 7); }
+
 // What a lane holds of one row's U chunks (of W, or of X) while the loads are in flight. ALIGNED: its 16
 // bytes of each chunk. Else the aligned 16-byte window each of them starts in (v[0 .. U-1]) and v[U]: in
 // lane 0, if the row is off 16 bytes, the window after lane 3's last one (the next iteration's first; zero
@@ -140,18 +144,25 @@ __device__ __forceinline__ uint4 cut_row(const WRow<ALIGNED, U>& w, int u, u32 s
     }
 }
 
-// The K tail at any address: the lane's first n (0..8) elements at p, the rest zero. Each lane loads both
-// its windows itself (only those holding one of its n elements), no shuffles: lanes differ in n.
+// The lane's elements lo .. n - 1 (0 <= lo, n <= 8) of the 8 at p, at any address, the others zero (the K
+// tail: lo = 0; the first chunk of a STRIDED piece: lo > 0 drops the elements before k_begin). Each lane
+// loads both its windows itself (only those holding one of its elements), no shuffles: lanes differ in lo
+// and n.
 template <bool STREAM>
-__device__ __forceinline__ uint4 ld_tail(const void* p, int n) {
+__device__ __forceinline__ uint4 ld_range(const void* p, int lo, int n) {
     const unsigned long long a = reinterpret_cast<unsigned long long>(p);
     const u32 s = static_cast<u32>(a & 15);
     const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    const uint4 lo = n > 0 ? ld16<STREAM>(base) : zero;
-    const uint4 hi = (n > 0 && s + 2 * n > 16) ? ld16<STREAM>(base + 1) : zero;
-    uint4 v = bytes_at(lo, hi, s);
-    auto keep = [n](u32 w, int i) { return 2 * i + 1 < n ? w : (2 * i < n ? (w & 0xffffu) : 0u); };
+    const bool any = n > lo;
+    const uint4 w0 = (any && s + 2 * lo < 16) ? ld16<STREAM>(base) : zero;
+    const uint4 w1 = (any && s + 2 * n > 16) ? ld16<STREAM>(base + 1) : zero;
+    uint4 v = bytes_at(w0, w1, s);
+    auto keep = [lo, n](u32 w, int i) {
+        const u32 low = (2 * i >= lo && 2 * i < n) ? 0xffffu : 0u;
+        const u32 high = (2 * i + 1 >= lo && 2 * i + 1 < n) ? 0xffff0000u : 0u;
+        return w & (low | high);
+    };
     v.x = keep(v.x, 0);
     v.y = keep(v.y, 1);
     v.z = keep(v.z, 2);
@@ -211,9 +222,12 @@ constexpr __host__ __device__ int min_blocks(int nt, int rpw, int depth) {
 //  * PF: L2 prefetch distance, in iterations past the last one loaded into registers (0 = none).
 //  * ALIGNED: the 16-byte contract (one 16-byte load a lane, row and chunk); false: rows at any address
 //    (U + 1 windows a lane and row: ``WRow``).
+//  * STRIDED (unaligned, RPW = 1 only): a warp's 16 rows are 8 apart (``strided_row``), so they share one
+//    shift and its windows go to the mma as loaded; X is cut instead, one cut a token tile and chunk
+//    rather than three. Its stores run 8 rows apart.
 // The epilogue by name: HAS_BIAS, HAS_C (beta * C) and ACT (epilogue.cuh's activation code); SPLIT: split-K.
 template <typename T, typename TO, typename TBIAS, int NT, int U, int RPW, int DEPTH, int PF, bool ALIGNED,
-          bool HAS_BIAS, bool HAS_C, int ACT, bool SPLIT>
+          bool STRIDED, bool HAS_BIAS, bool HAS_C, int ACT, bool SPLIT>
 __global__ void __launch_bounds__(decode::WARPS * 32, decode::min_blocks(NT, RPW, DEPTH))
 engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, long long ldx, int M, int N, int K,
               int RW, int PIECE, float alpha, float beta, const TO* __restrict__ Cin, long long ldc_row,
@@ -223,6 +237,7 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     static_assert(NT >= 1 && NT <= 8 && U >= 1 && (128 % (32 * U)) == 0, "NT token tiles of 8, U chunks of 32 k");
     static_assert(RPW == 1 || RPW == 2, "16 or 32 weight rows per warp");
     static_assert(DEPTH == 1 || DEPTH == 2, "one or two iterations of weight loads in flight");
+    static_assert(!STRIDED || (!ALIGNED && RPW == 1), "strided rows: unaligned rows, one 16-row group a warp");
     constexpr int MP = NT * 8;        // tokens, padded
     constexpr int CHUNK = 32 * U;     // k per iteration of a warp
     constexpr int ROWS = 16 * RPW;    // weight rows per warp
@@ -253,29 +268,45 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.0f;
 
-    if (row0 < N) {  // warp-uniform: a row group past N only contributes zeros
+    // STRIDED: the warp's virtual rows row0 .. row0 + 15 are the physical rows strided_row(row0 + i) =
+    // 8 i + c of a 128-row block (one residue class c mod 8), which all start the same number of bytes past a
+    // 16-byte boundary; the warp works if the class's first row is inside N.
+    if ((STRIDED ? strided_row(row0) : row0) < N) {  // warp-uniform: a row group past N only contributes zeros
         // Rows past N (the last group of a ragged N) and tokens past M re-read the last valid row: the
         // loads stay in bounds and the results are never stored. w_lane[r][h]: rows row0 + 16 r + 8 h + g.
+        // Unaligned: the lane's rows are 8 ldw elements apart, so they all sit as far past a 16-byte boundary
+        // as row row0 + g (at every k: k moves in 64-byte steps); a row past N re-reads row N - 1, cut at
+        // this shift: garbage in a result row that is never stored. STRIDED: every row of the warp sits
+        // ``w_shift`` past a boundary, so the warp reads each row from half_s elements before k (its windows,
+        // as loaded, are the MMA's fragments) and X from the same k, cut at the difference.
         const T* w_lane[RPW][2];
+        u32 w_shift = 0;
+        int half_s = 0;  // STRIDED: elements the weight's windows start before k
+        if constexpr (STRIDED) {
+            w_shift = static_cast<u32>(reinterpret_cast<unsigned long long>(W + (long long)strided_row(row0) * ldw) & 15);
+            half_s = static_cast<int>(w_shift / 2);
+        }
 #pragma unroll
         for (int r = 0; r < RPW; ++r)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                w_lane[r][h] = W + (long long)min(row0 + 16 * r + 8 * h + g, N - 1) * ldw + 8 * q;
-        // Unaligned: the lane's rows are 8 ldw elements apart, so they all sit as far past a 16-byte boundary
-        // as row row0 + g (at every k: k moves in 64-byte steps). A row past N re-reads row N - 1, cut at
-        // this shift: garbage in a result row that is never stored.
-        const u32 w_shift = static_cast<u32>(reinterpret_cast<unsigned long long>(w_lane[0][0]) & 15);
+            for (int h = 0; h < 2; ++h) {
+                const int v = row0 + 16 * r + 8 * h + g;
+                w_lane[r][h] = W + (long long)min(STRIDED ? strided_row(v) : v, N - 1) * ldw + 8 * q - half_s;
+            }
+        if constexpr (!ALIGNED && !STRIDED)
+            w_shift = static_cast<u32>(reinterpret_cast<unsigned long long>(w_lane[0][0]) & 15);
         // Token rows as 32-bit offsets from one pointer (the host keeps M * ldx below 2^31): NT registers
         // instead of 2 NT for pointers.
         const T* x_lane = X + 8 * q;
         int x_row[NT];
 #pragma unroll
         for (int j = 0; j < NT; ++j) x_row[j] = min(8 * j + g, M - 1) * (int)ldx;
-        // (Unaligned: token rows 8 j + g are 8 ldx elements apart, so one shift serves them as w_shift does.)
-        const u32 x_shift = static_cast<u32>(reinterpret_cast<unsigned long long>(x_lane + x_row[0]) & 15);
+        // (Unaligned: token rows 8 j + g are 8 ldx elements apart, so one shift serves them as w_shift does;
+        // STRIDED: X is read from half_s elements before k, so its windows sit w_shift bytes earlier.)
+        const u32 x_shift =
+            static_cast<u32>(reinterpret_cast<unsigned long long>(x_lane + x_row[0]) - (STRIDED ? w_shift : 0)) & 15;
 
-        using WRegs = WRow<ALIGNED, U>[RPW][2];
+        using WRegs = WRow<ALIGNED || STRIDED, U>[RPW][2];
         auto load_w = [&](WRegs& w, int k) {
             if constexpr (ALIGNED) {
 #pragma unroll
@@ -284,6 +315,16 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
                     for (int r = 0; r < RPW; ++r)
 #pragma unroll
                         for (int h = 0; h < 2; ++h) w[r][h].v[u] = ld_stream(w_lane[r][h] + k + 32 * u);
+            } else if constexpr (STRIDED) {  // (a row past N is not on the class's boundary: align it down)
+#pragma unroll
+                for (int r = 0; r < RPW; ++r)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const unsigned long long a = reinterpret_cast<unsigned long long>(w_lane[r][h] + k);
+                        const uint4* base = reinterpret_cast<const uint4*>(a & ~15ull);
+#pragma unroll
+                        for (int u = 0; u < U; ++u) w[r][h].v[u] = ld_stream(base + 4 * u);
+                    }
             } else {
 #pragma unroll
                 for (int r = 0; r < RPW; ++r)
@@ -308,7 +349,7 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
             WRow<false, U> xw[ALIGNED ? 1 : NT];
             if constexpr (!ALIGNED) {
 #pragma unroll
-                for (int j = 0; j < NT; ++j) ld_windows<false>(xw[j], x_lane + x_row[j] + k, q);
+                for (int j = 0; j < NT; ++j) ld_windows<false>(xw[j], x_lane + x_row[j] + k - half_s, q);
             }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -319,31 +360,63 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
                     else x[j] = cut_row(xw[j], u, x_shift, q);
                 }
 #pragma unroll
-                for (int r = 0; r < RPW; ++r)
-                    mma_chunk<T, NT>(acc[r], cut_row(w[r][0], u, w_shift, q), cut_row(w[r][1], u, w_shift, q), x);
+                for (int r = 0; r < RPW; ++r) {
+                    if constexpr (STRIDED) mma_chunk<T, NT>(acc[r], w[r][0].v[u], w[r][1].v[u], x);
+                    else mma_chunk<T, NT>(acc[r], cut_row(w[r][0], u, w_shift, q), cut_row(w[r][1], u, w_shift, q), x);
+                }
+            }
+        };
+        // One 32-k chunk whose lane elements outside [lo, n) are zeroed in W and X (the K tail; STRIDED, also
+        // the piece's first chunk, whose windows start half_s elements before k_begin). Straight-line code.
+        auto masked_chunk = [&](int k, int lo, int n) {
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            uint4 x[NT];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                if constexpr (ALIGNED) x[j] = n > 0 ? ld_shared_by_warps(x_lane + x_row[j] + k) : zero;
+                else x[j] = ld_range<false>(x_lane + x_row[j] + k - half_s, lo, n);
+            }
+#pragma unroll
+            for (int r = 0; r < RPW; ++r) {
+                uint4 wt, wb;
+                if constexpr (ALIGNED) {
+                    wt = n > 0 ? ld_stream(w_lane[r][0] + k) : zero;
+                    wb = n > 0 ? ld_stream(w_lane[r][1] + k) : zero;
+                } else {
+                    wt = ld_range<true>(w_lane[r][0] + k, lo, n);
+                    wb = ld_range<true>(w_lane[r][1] + k, lo, n);
+                }
+                mma_chunk<T, NT>(acc[r], wt, wb, x);
             }
         };
 
         int k = k_begin;
+        // STRIDED: the lane's elements of the chunk at k are k - half_s + 8 q .. + 7. The first chunk holds
+        // half_s elements before k_begin (another row's, or bytes before the tensor): masked.
+        if (STRIDED && half_s > 0) {
+            masked_chunk(k, max(0, half_s - 8 * q), min(8, k_end - (k - half_s + 8 * q)));
+            k += 32;
+        }
+        const int k_stop = k_end + half_s;  // a chunk at k ends at k - half_s + CHUNK
         if constexpr (DEPTH == 1) {
-            for (; k + CHUNK <= k_end; k += CHUNK) {
+            for (; k + CHUNK <= k_stop; k += CHUNK) {
                 WRegs w;
                 load_w(w, k);  // all weight loads of the iteration before its first mma
                 prefetch_chunk(k + PF * CHUNK);
                 compute(w, k);
             }
-        } else if (k + CHUNK <= k_end) {
+        } else if (k + CHUNK <= k_stop) {
             // Two buffers, alternating; the loop body is unrolled by two so neither is ever copied.
             WRegs wa, wb;
             load_w(wa, k);
             while (true) {
-                const bool more = k + 2 * CHUNK <= k_end;  // warp-uniform
+                const bool more = k + 2 * CHUNK <= k_stop;  // warp-uniform
                 if (more) load_w(wb, k + CHUNK);
                 prefetch_chunk(k + (1 + PF) * CHUNK);
                 compute(wa, k);
                 k += CHUNK;
                 if (!more) break;
-                const bool more2 = k + 2 * CHUNK <= k_end;
+                const bool more2 = k + 2 * CHUNK <= k_stop;
                 if (more2) load_w(wa, k + CHUNK);
                 prefetch_chunk(k + (1 + PF) * CHUNK);
                 compute(wb, k);
@@ -353,31 +426,11 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
         }
         // Tail (K of the last piece not a multiple of CHUNK): at most CHUNK / 32 chunks of 32 k with the
         // lane's 8 k zeroed past k_end (ALIGNED: K % 8 == 0, so a lane's 8 k are all in or all out; else its
-        // first n, ``ld_tail``, in W and X both: past them a window holds the next row's bytes, any value).
+        // first n, ``ld_range``, in W and X both: past them a window holds the next row's bytes, any value).
         // Unrolled straight-line code, not a loop: the main loop stays the only one with HMMAs.
 #pragma unroll
-        for (int t = 0; t < CHUNK / 32 && k < k_end; ++t, k += 32) {
-            const int n = min(8, k_end - (k + 8 * q));
-            const uint4 zero = make_uint4(0, 0, 0, 0);
-            uint4 x[NT];
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                if constexpr (ALIGNED) x[j] = n > 0 ? ld_shared_by_warps(x_lane + x_row[j] + k) : zero;
-                else x[j] = ld_tail<false>(x_lane + x_row[j] + k, n);
-            }
-#pragma unroll
-            for (int r = 0; r < RPW; ++r) {
-                uint4 wt, wb;
-                if constexpr (ALIGNED) {
-                    wt = n > 0 ? ld_stream(w_lane[r][0] + k) : zero;
-                    wb = n > 0 ? ld_stream(w_lane[r][1] + k) : zero;
-                } else {
-                    wt = ld_tail<true>(w_lane[r][0] + k, n);
-                    wb = ld_tail<true>(w_lane[r][1] + k, n);
-                }
-                mma_chunk<T, NT>(acc[r], wt, wb, x);
-            }
-        }
+        for (int t = 0; t < CHUNK / 32 && k < k_stop; ++t, k += 32)
+            masked_chunk(k, 0, min(8, k_end - (k - half_s + 8 * q)));
     }
 
     // Fragments -> red[ks][token][row]. Lane (g, q) holds rows 16 r + g, 16 r + g + 8 and tokens 8j + 2q,
@@ -397,7 +450,8 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     __syncthreads();
 
     // Element i of the CTA's tile is token i / rows_cta, row i % rows_cta: consecutive threads walk N,
-    // so the reads here, the workspace traffic and the output stores are all contiguous.
+    // so the reads here, the workspace traffic and the output stores are all contiguous (STRIDED: the
+    // stores, M x rows_cta elements a CTA, run 8 rows apart).
     const int elems = M * rows_cta;
     const int n0 = blockIdx.x * rows_cta;
     auto cta_sum = [&](int i) {  // the KW pieces of this CTA, in piece order
@@ -428,7 +482,7 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     }
 
     for (int i = threadIdx.x; i < elems; i += blockDim.x) {
-        const int m = i / rows_cta, n = n0 + i % rows_cta;
+        const int m = i / rows_cta, n = STRIDED ? strided_row(n0 + i % rows_cta) : n0 + i % rows_cta;
         float v;
         if (SPLIT && slots != nullptr) {
             v = 0.0f;
