@@ -229,22 +229,28 @@ def test_rows_eight_apart_share_the_lanes_shift():
 
 
 @pytest.mark.parametrize("start", range(0, 16, 2))
-@pytest.mark.parametrize("n", range(0, 9))
-def test_tail_load_keeps_the_first_n_elements(start, n):
-    """decode::ld_tail: the lane's first n elements at any 2-byte address, zeros after them, loading only the
-    windows that hold one of the n (none for n = 0)."""
-    rng = np.random.default_rng(17 * start + n)
+@pytest.mark.parametrize("lo,n", [(lo, n) for n in range(0, 9) for lo in range(0, 8)])
+def test_range_load_keeps_elements_lo_to_n(start, lo, n):
+    """decode::ld_range: the lane's elements lo .. n - 1 at any 2-byte address, zeros elsewhere, loading only
+    the windows that hold one of them (none when the range is empty): the K tail (lo = 0) and a STRIDED
+    piece's first chunk (lo > 0: the elements before k_begin, maybe before the tensor, are not read)."""
+    rng = np.random.default_rng(100 * start + 10 * lo + n)
     mem = rng.integers(1, 256, size=64, dtype=np.uint8).tobytes()
     a = 16 + start
     base = a - a % 16
-    lo = _words(mem, base) if n > 0 else [0] * 4
-    second = n > 0 and start + 2 * n > 16
-    hi = _words(mem, base + 16) if second else [0] * 4
-    v = _bytes_at(lo, hi, start)
-    keep = [w if 2 * i + 1 < n else (w & 0xFFFF if 2 * i < n else 0) for i, w in enumerate(v)]
+    first = n > lo and start + 2 * lo < 16
+    second = n > lo and start + 2 * n > 16
+    w0 = _words(mem, base) if first else [0] * 4
+    w1 = _words(mem, base + 16) if second else [0] * 4
+    v = _bytes_at(w0, w1, start)
+    keep = [w & ((0xFFFF if lo <= 2 * i < n else 0) | (0xFFFF0000 if lo <= 2 * i + 1 < n else 0))
+            for i, w in enumerate(v)]
     got = b"".join(w.to_bytes(4, "little") for w in keep)
-    assert got == mem[a:a + 2 * n] + bytes(16 - 2 * n)
-    assert not second or base + 16 < a + 2 * n  # the second window holds one of the n
+    want = bytes(2 * lo) + mem[a + 2 * lo:a + 2 * n] if n > lo else b""
+    assert got == (want + bytes(16 - len(want)))
+    # each window loaded holds one of the kept elements: bytes [a + 2 lo, a + 2 n)
+    assert not first or (base < a + 2 * n and base + 16 > a + 2 * lo)
+    assert not second or (base + 16 < a + 2 * n and base + 32 > a + 2 * lo)
 
 
 def test_two_row_groups_per_warp_share_each_x_fragment():
