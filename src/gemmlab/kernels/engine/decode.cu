@@ -126,9 +126,9 @@ __device__ __forceinline__ void ld_windows(WRow<false, U>& w, const T* p, int q)
 }
 
 // Chunk u's 16 bytes of the lane from a WRow loaded at an address ``shift`` bytes past a 16-byte boundary
-// (warp-uniform call: every lane shuffles). Lane q's
-// second window is lane q + 1's first; lane 3's is lane 0's first of chunk u + 1 (v[U] after the last),
-// so lane 0 offers that one and every lane reads lane (q + 1) mod 4's offer.
+// (warp-uniform call: every lane shuffles). Lane q's second window is lane q + 1's first; lane 3's is lane
+// 0's first of chunk u + 1 (v[U] after the last), so lane 0 offers that one and every lane reads lane
+// (q + 1) mod 4's offer.
 template <bool ALIGNED, int U>
 __device__ __forceinline__ uint4 cut_row(const WRow<ALIGNED, U>& w, int u, u32 shift, int q) {
     if constexpr (ALIGNED) {
