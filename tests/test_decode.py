@@ -138,6 +138,32 @@ def test_strided_rows_are_a_permutation_of_each_block_with_one_class_a_tile():
     assert sorted(_strided_row(v) for v in range(256)) == list(range(256))
 
 
+@pytest.mark.parametrize("N", [1, 7, 9, 100, 127, 128, 129, 1000, 4097])
+def test_strided_plans_cover_every_row_once(N):
+    """The plan of a strided variant: its grid's virtual rows, mapped through strided_row, hit every physical
+    row below N exactly once in a warp that works (its class's first row is below N), for every CTA shape."""
+    checked = 0
+    for nt in (1, 2, 4):
+        v = decode.Variant(u=4, aligned=False, strided=True)
+        for rw in (1, 2, 4, 8):
+            for splits in (1, 2):
+                got = decode._terms(8 * nt, N, 4096, 132, rw, splits, v)
+                if got is None:
+                    continue
+                row_blocks = got[4]
+                hits = [0] * N
+                for v0 in range(0, row_blocks * rw * 16, 16):
+                    if _strided_row(v0) >= N:
+                        continue
+                    for i in range(16):
+                        p = _strided_row(v0 + i)
+                        if p < N:
+                            hits[p] += 1
+                assert hits == [1] * N, (nt, rw, splits)
+                checked += 1
+    assert checked >= 12
+
+
 @pytest.mark.parametrize("U", [1, 2, 4])
 @pytest.mark.parametrize("ldw,base_w,N,pieces", [(1029, 3, 21, [(0, 1029)]), (4095, 5, 130, [(0, 2048), (2048, 4095)]),
                                                  (77, 0, 9, [(0, 77)]), (300, 7, 40, [(0, 128), (128, 256), (256, 300)])])
