@@ -14,14 +14,15 @@ mid, prefill, square, unaligned):
 
   * ``as run``: the router's choice as recorded (the ``engine`` candidate);
   * ``oracle``: the best measured candidate of any kernel;
-  * ``route``: ``engine.route``'s rule with the profile given (``--set`` overrides constants): the decode
-    kernel where ``engine.decode_runs`` (``decode.cost_s`` at most the engine kernel's best plan's price, K
-    not split by the decode plan), else h11 where
-    ``h11_factor`` x ``h11_cost`` is below that plan's price, else that plan. The plan is the planner's
-    pick among all its candidates; only a plan that was measured can be scored, so the route is scored on
-    the shapes where its choice has a record, and the shapes where it has none are listed (they need a GPU);
-  * ``route*``: the same rule with the engine kernel limited to its measured plans (the one the model
-    ranks first): scorable on every shape, the view ``fit_plan_model.py`` fits to.
+  * ``route``: what ``engine.route`` itself chooses on meta tensors of the shape, planned with the profile
+    given (``--set`` overrides constants; ``route(profile=)``): the decode kernel, h11 or the engine
+    kernel's plan. Only a plan that was measured can be scored, so the route is scored on the shapes
+    where its choice has a record, and the shapes where it has none are listed (they need a GPU). Until
+    session 44 this script kept a copy of the router's rule, which had drifted from it (no weighing
+    profile, no swapped plans priced as plain ones): it sent decode shapes the router runs on the decode
+    kernel to the engine kernel;
+  * ``route*``: the router's choice of kernel, with the engine kernel's plan the one the model ranks first
+    among the shape's measured plans: scorable on every shape, the view ``fit_plan_model.py`` fits to.
 
 ``--worst`` lists, per class, the shapes where ``route*`` loses most against the oracle; ``--changed``
 lists every shape whose route differs from the recorded one.
@@ -36,6 +37,8 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+import torch
 
 from gemmlab import decode, engine, plan_cost, planner
 from gemmlab.devices import H200
@@ -135,37 +138,40 @@ class Choice:
     plan: object = None  # the engine kernel's plan (a planner.Plan or a record)
 
 
+def meta_call(M: int, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(a, b, out) of a contiguous bf16 call as the broad set makes it (``a @ w.t()``), on the meta device."""
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    return torch.empty(M, K, **meta), torch.empty(N, K, **meta).t(), torch.empty(M, N, **meta)
+
+
 def route(case: Case, prof, measured_only: bool = False) -> Choice:
-    """``engine.route``'s rule for a contiguous bf16 call of this shape with ``prof`` (no tuned plans). The
-    engine kernel's plan: the planner's pick, or with ``measured_only`` its best-priced measured plan."""
+    """``engine.route``'s choice for this shape's call planned with ``prof`` (no tuned plans): the router
+    itself on meta tensors, so this replays what ``gemmlab.matmul`` would run. The engine kernel's plan:
+    the router's, or with ``measured_only`` the one the planner ranks first among the shape's measured
+    plans (the kernel stays the router's choice either way)."""
     s = case.shape
-    if measured_only:  # among the schedules the planner offers (global split-K is timed, not offered)
-        offered = [r for r in case.plans.values() if r["schedule"] in planner.OFFERED_SCHEDULES]
-
-        def key(r):
-            swapped = "swap AB" in (r.get("plan") or "")
-            return planner.rank_key(price(s, r, prof), s[1] if swapped else s[0], r["schedule"], r["splits"],
-                                    r["bm"], r["bn"], r["stages"], ctas=streaming_ctas(s, r))
-
-        rec = min(offered, key=key)
-        new_s, new = price(s, rec, prof), rec
-        # planner.SWAP_PREFER_M: at few tokens the best swapped plan runs unless it is stream-K, priced
-        # for the router as the best plain plan
-        swapped = sorted((r for r in offered if "swap AB" in (r.get("plan") or "")), key=key)
-        plain = sorted((r for r in offered if "swap AB" not in (r.get("plan") or "")), key=key)
-        if s[0] <= planner.SWAP_PREFER_M and swapped and swapped[0]["schedule"] != "stream_k":
-            new = rec = swapped[0]
-            new_s = price(s, plain[0], prof) if plain else price(s, rec, prof)
-    else:
-        new = planner.candidates(*s, profile=prof)[0]
-        new_s = new.predicted_s
-        rec = {plan_key(r): r for r in case.plans.values()}.get(plan_key(new))
-    if engine.decode_shape(*s) and engine.decode_runs(*s, prof.sm_count, decode.cost_s(*s, prof.sm_count, prof), new_s):
+    r = engine.route(*meta_call(*s), bias=None, activation=None, has_c=False, sm_count=prof.sm_count,
+                     profile=prof)
+    if r.kernel == "decode":
         return Choice("decode", case.decode)
-    h11_s = prof.h11_factor * engine.h11_cost(*s, prof=prof, direct=(s[1] * 2) % 16 != 0)
-    if new_s < h11_s:
-        return Choice("engine", rec, new)
-    return Choice("h11", case.h11)
+    if r.kernel == "h11":
+        return Choice("h11", case.h11)
+    if not measured_only:
+        return Choice("engine", {plan_key(x): x for x in case.plans.values()}.get(plan_key(r.plan)), r.plan)
+    # among the schedules the planner offers (global split-K is timed, not offered)
+    offered = [x for x in case.plans.values() if x["schedule"] in planner.OFFERED_SCHEDULES]
+
+    def key(x):
+        swapped = "swap AB" in (x.get("plan") or "")
+        return planner.rank_key(price(s, x, prof), s[1] if swapped else s[0], x["schedule"], x["splits"],
+                                x["bm"], x["bn"], x["stages"], ctas=streaming_ctas(s, x))
+
+    rec = min(offered, key=key)
+    # planner.SWAP_PREFER_M: at few tokens the best swapped plan runs unless it is stream-K
+    swapped = sorted((x for x in offered if "swap AB" in (x.get("plan") or "")), key=key)
+    if s[0] <= planner.SWAP_PREFER_M and swapped and swapped[0]["schedule"] != "stream_k":
+        rec = swapped[0]
+    return Choice("engine", rec, rec)
 
 
 def oracle(case: Case) -> float:
@@ -205,6 +211,7 @@ def report(cases: dict, prof, worst: int = 6, changed: bool = False) -> dict:
     print("per class (all shapes): as run / route* / oracle geomean; route* behind the oracle (geomean, worst)")
     for cls in CLASSES:
         ss = [s for s in cases if cases[s].cls == cls]
+        ss = [s for s in ss if ev[s]["route*"] is not None]  # a kernel chosen that was not timed there
         loss = [ev[s]["route*"] / ev[s]["oracle"] for s in ss]
         print(f"  {cls:9s} {len(ss):3d} shapes: {gm([ev[s]['ran'] for s in ss]):.3f} / "
               f"{gm([ev[s]['route*'] for s in ss]):.3f} / {gm([ev[s]['oracle'] for s in ss]):.3f}; "

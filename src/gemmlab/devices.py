@@ -192,6 +192,22 @@ class DeviceProfile:
     # shapes), i.e. ~1.9x. It keeps the router off the decode kernel at 32x2049x2049, where the engine kernel
     # with its copies ran 1.2x faster (10.6 against 12.7 us).
     decode_unaligned_per_cut: float = 0.15
+    # The operand copies a call makes where TMA cannot read an operand (``engine.copies_s``, weighed by the
+    # router against the decode kernel, which reads such rows in place): a fixed cost, then each copied byte
+    # read and written at ``copy_resident_bytes_per_s`` up to ``copy_resident_share`` of the L2 (what the copy
+    # writes there is still in L2 when the GEMM reads it back) and at ``copy_bytes_per_s`` past it. Fitted
+    # (``benchmarks/fit_copies.py``) to the engine kernel with copies, measured less the router's price of
+    # the engine kernel alone (``Route.engine_s``), on the 24 unaligned decode shapes (H200,
+    # engine_broad.jsonl at 90e1bea and edda661): the copies ran at ~4.5 TB/s read + write up to a third of
+    # the L2 and ~3.0 TB/s past it (8 MB 3.6-4.3 us, 34 MB 17-19 us, 227 MB 144 us), and the launch's gap
+    # did not show (the fit puts the fixed cost at 0: the copy's PDL trigger hides it). Mean |log measured /
+    # priced| of the whole path 0.144 -> 0.024 on the held-out half of the shapes (0.26 -> 0.16 on the
+    # H100's records); the price before (1.5 us + 4.3 TB/s at every size) overpriced small copies by the
+    # fixed cost and underpriced large ones by 1.4x.
+    copy_fixed_s: float = 0.0
+    copy_resident_share: float = 0.35
+    copy_resident_bytes_per_s: float = 4.48e12
+    copy_bytes_per_s: float = 2.94e12
     # The decode kernel's split model (``decode.plan_time``: it ranks one shape's splits against each other;
     # X's reads and the fix-up's partials move at ``l2_smem_bytes_per_s``). The HBM rate is issue 5's copy
     # estimate, kept: the 4.3 TB/s of ``hbm_bytes_per_s`` moves 30 of 6,798 decode plans (M 1-64), untimed.
@@ -233,7 +249,7 @@ PROFILES: dict[str, DeviceProfile] = {"H200": H200}
 
 # The profile's rates that scale with the device memory's peak (``with_memory``).
 HBM_RATES = ("hbm_bytes_per_s", "hbm_read_bytes_per_s", "hbm_stream_bytes_per_s", "decode_hbm_bytes_per_s",
-             "decode_split_hbm_bytes_per_s")
+             "decode_split_hbm_bytes_per_s", "copy_resident_bytes_per_s", "copy_bytes_per_s")
 
 
 def with_memory(prof: DeviceProfile, peak_bytes_per_s: float | None) -> DeviceProfile:

@@ -397,17 +397,18 @@ def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
     return max(b.shape[1], a.shape[1]) <= DECODE_MAX_WEIGHT_DIM or not decode.aligned(a, b)
 
 
-# What a call's operand copies add before its GEMM on the engine kernel or h11 besides their bytes: the copy
-# launch's gap, which its PDL trigger hides only in part (docs/worklog.md session 23: ~1.5 us a launch gap).
-COPY_FIXED_S = 1.5e-6
-
-
 def copies_s(a: torch.Tensor, b: torch.Tensor, prof: DeviceProfile) -> float:
     """What the operand copies ``_operand_plan`` makes for these tensors (where TMA cannot read one as it is)
-    add to a call on the engine kernel or h11: each copied operand read and written once at the profile's
-    HBM rate, and ``COPY_FIXED_S`` once; 0 where nothing is copied. Metadata only."""
+    add to a call on the engine kernel or h11: ``copy_fixed_s`` (the copy launch's gap, which its PDL trigger
+    hides in part), then every copied byte read and written, at ``copy_resident_bytes_per_s`` up to
+    ``copy_resident_share`` of the L2 (the GEMM reads those back from L2) and at ``copy_bytes_per_s`` past it
+    (see ``DeviceProfile``); 0 where nothing is copied. Metadata only."""
     nbytes = sum(x.numel() * x.element_size() for x, k in ((a, 1), (b, 0)) if _operand_layout(x, k)[1] is None)
-    return COPY_FIXED_S + 2.0 * nbytes / prof.hbm_bytes_per_s if nbytes else 0.0
+    if not nbytes:
+        return 0.0
+    resident = prof.copy_resident_share * prof.l2_bytes
+    return prof.copy_fixed_s + 2.0 * (min(nbytes, resident) / prof.copy_resident_bytes_per_s
+                                      + max(0.0, nbytes - resident) / prof.copy_bytes_per_s)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Tensor | None = None,
@@ -553,7 +554,8 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
           activation: str | None, has_c: bool, plan=None, sm_count: int | Callable[[], int],
           capacity: dict[int, int] | Callable[[], dict[int, int]] | None = None,
           gpu: Callable[[], tuned.GpuKey | None] | None = None,
-          memory_peak: float | Callable[[], float | None] | None = None) -> Route:
+          memory_peak: float | Callable[[], float | None] | None = None,
+          profile: DeviceProfile | None = None) -> Route:
     """Which kernel and plan ``prepare`` builds for these tensors (metadata only: meta tensors will do).
     The one place the choice is made (``gemmlab.plan`` and ``gemmlab.warm`` ask it too):
 
@@ -571,7 +573,9 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     returning it), which h11's plan and, on a GPU of other than the H200's 132 SMs, the engine kernel's plan
     (``plan_profile``) are sized by; gpu: a function returning its ``tuned.GpuKey`` (asked only for step 3);
     memory_peak: its memory's peak in bytes/s (or a function returning it; None: unknown, as the H200),
-    which decides whether the engine kernel's plan may be stream-K (``devices.stream_k_offered``)."""
+    which decides whether the engine kernel's plan may be stream-K (``devices.stream_k_offered``); profile:
+    plan with this one instead (the benchmarks that replay the router on records under other constants,
+    ``benchmarks/pick_vs_oracle.py``; sm_count, capacity and memory_peak then size h11's plan only)."""
     M, K = a.shape
     N = b.shape[1]
     if isinstance(plan, planner.Plan):
@@ -590,7 +594,8 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     # The GPU's cluster table (asked once per GPU) where it has other than the H200's 132 SMs; a 132-SM GPU
     # plans with the H200's table, the one the model was fitted with.
     own = None if sm_count == H200.sm_count or capacity is None else _capacity_of(capacity)
-    prof = plan_profile(sm_count, own, stream_k_offered(memory_peak() if callable(memory_peak) else memory_peak))
+    prof = profile or plan_profile(sm_count, own,
+                                   stream_k_offered(memory_peak() if callable(memory_peak) else memory_peak))
     direct = not _tma_ok(out)
     new = None
     decode_s = None
