@@ -1,6 +1,7 @@
 """The Hopper engine's host-side choices and the copy kernel's SASS; no GPU needed (the GPU side is
 tests/test_engine_gpu.py)."""
 
+import dataclasses
 import json
 import math
 import threading
@@ -399,6 +400,16 @@ def test_route_weighs_the_engine_kernel_without_the_small_split_discount(M, N, K
     assert r.kernel == "decode"
     assert r.plan == planner.plan(M, N, K, profile=prof)  # the engine kernel's own pick is the discounted one
     assert r.decode_s > r.plan.predicted_s or r.plan != planner.plan(M, N, K, profile=weigh)
+
+
+def test_route_plans_with_the_profile_it_is_given():
+    """``route(profile=)`` (the benchmarks that replay the router on records under other constants) prices
+    both kernels with that profile: a decode kernel priced 20 us dearer runs nowhere it ran before."""
+    M, N, K = 2, 3072, 3072  # the decode kernel, 1.409x torch.mm against the engine kernel's 1.245 (7b947dc)
+    assert _route(M, N, K).kernel == "decode"
+    slow = dataclasses.replace(engine.plan_profile(132), decode_fixed_s=20e-6)
+    r = engine.route(*_meta(M, N, K), bias=None, activation=None, has_c=False, sm_count=132, profile=slow)
+    assert r.kernel == "engine" and r.decode_s == pytest.approx(decode.cost_s(M, N, K, 132, slow))
 
 
 def test_route_prices_no_decode_kernel_where_it_cannot_run():
