@@ -165,6 +165,37 @@ def test_strided_plans_cover_every_row_once(N):
     assert checked >= 12
 
 
+@pytest.mark.parametrize("M, N, K, U, depth, nt, rw, piece, splits, w_off, x_off, pad", [
+    (1, 100, 41, 4, 1, 1, 8, 128, 1, 5, 3, 2),  # K under one piece, ragged N
+    (1, 200, 7, 2, 2, 1, 8, 128, 1, 2, 1, 1),  # K under one 16-byte window
+    (5, 37, 300, 4, 2, 1, 4, 256, 1, 1, 0, 1),
+    (13, 70, 999, 4, 1, 2, 2, 256, 1, 7, 2, 0),
+    (30, 41, 129, 4, 1, 4, 8, 256, 1, 3, 5, 4),
+    (8, 129, 1279, 1, 1, 1, 1, 256, 1, 6, 6, 3),  # one row group a CTA: 16 CTAs, the 129th row alone
+    (3, 150, 2047, 4, 1, 1, 4, 512, 2, 7, 1, 5),  # split K: 2 CTAs x 2 pieces of 512 a row block
+    (24, 60, 1000, 2, 2, 4, 8, 512, 3, 4, 7, 2),  # split K with an empty last split (1000 < 2 x 512)
+])
+def test_strided_schedule_byte_by_byte(M, N, K, U, depth, nt, rw, piece, splits, w_off, x_off, pad):
+    """The STRIDED variants' whole schedule at the byte level (``tests/strided_emulation.py``: the kernel's
+    window loads, X's byte cut and lane shuffle, masked head and tail, k pieces, splits, reduction and the
+    store through ``strided_row``), on operands at odd element offsets with NaN around every row: the
+    output is exactly X @ W.T, each element written once, and no window is read that holds no byte of its
+    tensor. (A desk review before the variants' first GPU run, session 44, ran this emulation over 2,200
+    random cases and the GPU test's plans, and checked that it fails with the head mask off, X's cut
+    reversed, the tail's bound short by half_s, the store unpermuted or rows past N unclamped.)"""
+    import strided_emulation as emu
+
+    variant = decode.Variant(u=U, depth=depth, aligned=False, strided=True, pf=2 if nt == 4 else 1)
+    plan = decode.DecodePlan(nt=nt, rw=rw, splits=splits, piece=piece,
+                             row_blocks=math.ceil(math.ceil(N / 128) * 128 / (16 * rw)), variant=variant)
+    ldw = K + pad
+    mem, W, X, w, x = emu.make_case(M, N, K, ldw, K, w_off, x_off, seed=M + N + K)
+    out, writes = emu.run(mem, W, ldw, X, K, M, N, K, plan)
+    assert not mem.bad, mem.bad[:4]
+    assert (writes == 1).all()
+    assert np.array_equal(out, x @ w.T)
+
+
 @pytest.mark.parametrize("U", [1, 2, 4])
 @pytest.mark.parametrize("ldw,base_w,N,pieces", [(1029, 3, 21, [(0, 1029)]), (4095, 5, 130, [(0, 2048), (2048, 4095)]),
                                                  (77, 0, 9, [(0, 77)]), (300, 7, 40, [(0, 128), (128, 256), (256, 300)])])

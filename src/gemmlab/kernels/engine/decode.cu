@@ -273,7 +273,8 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     // 16-byte boundary; the warp works if the class's first row is inside N.
     if ((STRIDED ? strided_row(row0) : row0) < N) {  // warp-uniform: a row group past N only contributes zeros
         // Rows past N (the last group of a ragged N) and tokens past M re-read the last valid row: the
-        // loads stay in bounds and the results are never stored. w_lane[r][h]: rows row0 + 16 r + 8 h + g.
+        // loads stay in bounds and the results are never stored. w_lane[r][h]: rows row0 + 16 r + 8 h + g
+        // (STRIDED: the physical rows strided_row of those).
         // Unaligned: the lane's rows are 8 ldw elements apart, so they all sit as far past a 16-byte boundary
         // as row row0 + g (at every k: k moves in 64-byte steps); a row past N re-reads row N - 1, cut at
         // this shift: garbage in a result row that is never stored. STRIDED: every row of the warp sits
