@@ -142,8 +142,9 @@ def test_strided_rows_are_a_permutation_of_each_block_with_one_class_a_tile():
 @pytest.mark.parametrize("N", [1, 7, 9, 100, 127, 128, 129, 1000, 4097])
 def test_strided_plans_cover_every_row_once(N):
     """The plan of a strided variant: its grid's virtual rows, mapped through strided_row, hit every physical
-    row below N exactly once in a warp that works (its class's first row is below N), for every CTA shape."""
-    checked = 0
+    row below N exactly once in a warp that works (its class's first row is below N), for every CTA shape; and the
+    share of the in-flight loads it prices counts those warps only."""
+    checked, fills = 0, set()
     for nt in (1, 2, 4):
         v = decode.Variant(u=4, aligned=False, strided=True)
         for rw in (1, 2, 4, 8):
@@ -161,8 +162,14 @@ def test_strided_plans_cover_every_row_once(N):
                         if p < N:
                             hits[p] += 1
                 assert hits == [1] * N, (nt, rw, splits)
+                # the fill the plan prices counts the working tiles only (a class whose first row is below N)
+                working = sum(_strided_row(v0) < N for v0 in range(0, row_blocks * rw * 16, 16))
+                warps_needed = math.ceil(H200.decode_in_flight_per_sm / v.in_flight_bytes)
+                fill = min(1.0, working * math.ceil(4096 / got[3]) / (132 * warps_needed))
+                assert got[0] == pytest.approx(2.0 * N * 4096 / fill)
+                fills.add(fill < 1.0)
                 checked += 1
-    assert checked >= 12
+    assert checked >= 12 and (N > 1000 or True in fills)
 
 
 @pytest.mark.parametrize("M, N, K, U, depth, nt, rw, piece, splits, w_off, x_off, pad", [

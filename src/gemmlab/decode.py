@@ -237,10 +237,13 @@ def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
                 min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K))
     if math.ceil(math.ceil(K / piece) / kw) != splits:
         return None
-    # (strided: each 128-row block is transposed, so the row groups cover N rounded up to 128)
-    row_groups = math.ceil((math.ceil(N / 128) * 128 if v.strided else N) / v.rows)
+    if v.strided:  # each 128-row block transposed: 8 row groups a block, one residue class mod 8 each, and
+        full, rem = divmod(N, 128)  # in a ragged last block only the classes of its first rows have work
+        row_groups, working = 8 * math.ceil(N / 128), 8 * full + min(8, rem)
+    else:
+        row_groups = working = math.ceil(N / v.rows)
     row_blocks = math.ceil(row_groups / rw)
-    busy_warps = row_groups * math.ceil(K / piece)
+    busy_warps = working * math.ceil(K / piece)
     warps_needed = math.ceil(_PROF.decode_in_flight_per_sm / v.in_flight_bytes)
     fill = min(1.0, busy_warps / (sm_count * warps_needed))
     l2 = _PROF.l2_smem_bytes_per_s
