@@ -621,6 +621,11 @@ def test_route_weighs_the_engine_kernels_copies_against_the_unaligned_decode_ker
     # The unaligned variants' stream is priced slower than the aligned ones' (decode.unaligned_factor), more so
     # with more token tiles to cut.
     assert 1.0 < decode.unaligned_factor(1, H200) < decode.unaligned_factor(2, H200) < decode.unaligned_factor(4, H200)
+    # a strided variant cuts the token rows only: two cuts a chunk fewer
+    for nt in (1, 2, 4):
+        strided = decode.Variant(u=4, aligned=False, strided=True)
+        assert decode.unaligned_factor(nt, H200, strided) == pytest.approx(
+            decode.unaligned_factor(nt, H200) - 2 * H200.decode_unaligned_per_cut)
     assert decode.cost_s(1, 4097, 1025, 132, H200, aligned=False) > decode.cost_s(1, 4097, 1025, 132, H200)
     # Priced without its copies the engine kernel would win here: the copies decide.
     assert not engine.decode_runs(1, 4097, 1025, 132, r.decode_s, r.decode_s * 0.5)

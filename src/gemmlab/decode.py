@@ -286,15 +286,18 @@ def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile, aligned: 
     stream is slower by ``unaligned_factor``."""
     p = plan(M, N, K, sm_count, default_variant(token_tiles(M), aligned))
     weight_bytes, _, fixup, _, _ = _terms(M, N, K, sm_count, p.rw, p.splits, p.variant)
-    stream = weight_bytes / prof.decode_hbm_bytes_per_s * (1.0 if aligned else unaligned_factor(p.nt, prof))
+    stream = weight_bytes / prof.decode_hbm_bytes_per_s * (1.0 if aligned else unaligned_factor(p.nt, prof, p.variant))
     return prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + stream + prof.decode_fixup_factor * fixup
 
 
-def unaligned_factor(nt: int, prof: DeviceProfile) -> float:
-    """How much slower the unaligned variants stream the weight than the aligned ones at ``nt`` token tiles:
-    every 16 bytes a lane uses is cut out of two windows, for each of its two weight rows and NT token rows
-    (``DeviceProfile.decode_unaligned_per_cut``)."""
-    return 1.0 + prof.decode_unaligned_per_cut * (2 + nt)
+def unaligned_factor(nt: int, prof: DeviceProfile, variant: Variant | None = None) -> float:
+    """How much slower an unaligned variant (default: ``UNALIGNED_VARIANTS``' at ``nt``) streams the weight
+    than the aligned ones at ``nt`` token tiles: every 16 bytes a lane uses is cut out of two windows, for
+    each of its two weight rows and NT token rows (``DeviceProfile.decode_unaligned_per_cut`` a cut); a
+    strided variant cuts only the NT token rows (its weight windows go to the MMA as loaded). The share per
+    cut was read off the non-strided variants; the strided ones are priced by the same share, untimed."""
+    v = variant or default_variant(nt, aligned=False)
+    return 1.0 + prof.decode_unaligned_per_cut * (nt if v.strided else 2 + nt)
 
 
 @functools.lru_cache(maxsize=4096)
