@@ -199,9 +199,9 @@ class DeviceProfile:
     # (``benchmarks/fit_copies.py``) to the engine kernel with copies, measured less the router's price of
     # the engine kernel alone (``Route.engine_s``), on the 24 unaligned decode shapes (H200,
     # engine_broad.jsonl at 90e1bea and edda661): the copies ran at ~4.5 TB/s read + write up to a third of
-    # the L2 and ~3.0 TB/s past it (8 MB 3.6-4.3 us, 34 MB 17-19 us, 227 MB 144 us), and the launch's gap
+    # the L2 and ~3.0 TB/s past it (7-8.5 MB 3.2-4.1 us, 34 MB 17.7-18.5 us, 227 MB 144 us), and the launch's gap
     # did not show (the fit puts the fixed cost at 0: the copy's PDL trigger hides it). Mean |log measured /
-    # priced| of the whole path 0.144 -> 0.024 on the held-out half of the shapes (0.26 -> 0.16 on the
+    # priced| of the whole path 0.144 -> 0.022 on the held-out half of the shapes (0.26 -> 0.16 on the
     # H100's records); the price before (1.5 us + 4.3 TB/s at every size) overpriced small copies by the
     # fixed cost and underpriced large ones by 1.4x.
     copy_fixed_s: float = 0.0

@@ -399,8 +399,8 @@ def use_decode(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
 
 def copies_s(a: torch.Tensor, b: torch.Tensor, prof: DeviceProfile) -> float:
     """What the operand copies ``_operand_plan`` makes for these tensors (where TMA cannot read one as it is)
-    add to a call on the engine kernel or h11: ``copy_fixed_s`` (the copy launch's gap, which its PDL trigger
-    hides in part), then every copied byte read and written, at ``copy_resident_bytes_per_s`` up to
+    add to a call on the engine kernel or h11: ``copy_fixed_s`` (the copy launch's gap; fitted at 0, its PDL
+    trigger hides it), then every copied byte read and written, at ``copy_resident_bytes_per_s`` up to
     ``copy_resident_share`` of the L2 (the GEMM reads those back from L2) and at ``copy_bytes_per_s`` past it
     (see ``DeviceProfile``); 0 where nothing is copied. Metadata only."""
     nbytes = sum(x.numel() * x.element_size() for x, k in ((a, 1), (b, 0)) if _operand_layout(x, k)[1] is None)
