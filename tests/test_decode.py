@@ -548,6 +548,33 @@ def test_route_keeps_the_engine_kernel_where_its_copies_cost_less_than_the_slowe
         assert r.kernel == "engine" and r.decode_s > r.engine_s + engine.copies_s(a, b, H200), (n, k, r)
 
 
+def test_a_route_says_what_it_weighed():
+    """``Route.copies_s`` and the repr: where the decode kernel would read unaligned rows in place, the route
+    keeps what the engine kernel's copies were priced at and says it beside the engine kernel's plan, with
+    the price the router weighed that plan at; an engine route says the decode kernel's price it passed
+    over; aligned rows carry no copies. ``gemmlab.plan`` and the model report show the same."""
+    from gemmlab.reports import modelling
+
+    meta = dict(dtype=torch.bfloat16, device="meta")
+
+    def route(M, N, K):
+        a, b, out = torch.empty(M, K, **meta), torch.empty(N, K, **meta).t(), torch.empty(M, N, **meta)
+        return engine.route(a, b, out, bias=None, activation=None, has_c=False, sm_count=132), (a, b)
+
+    r, (a, b) = route(1, 4095, 4095)  # the decode kernel: the copies of 33 MB cost more than its slower stream
+    assert r.kernel == "decode" and r.copies_s == engine.copies_s(a, b, H200) > 0
+    assert f"+ its operand copies {r.copies_s * 1e6:.1f} us" in repr(r) and f"weighed at {r.engine_s * 1e6:.1f}" in repr(r)
+    r, (a, b) = route(32, 2049, 2049)  # the engine kernel with its copies
+    assert r.kernel == "engine" and r.copies_s == engine.copies_s(a, b, H200)
+    assert "its operand copies" in repr(r) and f"gemmlab.decode priced {r.decode_s * 1e6:.1f} us" in repr(r)
+    assert "decode kernel" not in repr(r)
+    r, _ = route(2, 3072, 3072)  # aligned
+    assert r.kernel == "decode" and r.copies_s is None and "copies" not in repr(r)
+    got = modelling.matmul_plan(32, 2049, 2049, "bf16", 132)
+    assert got.copies_priced_us == pytest.approx(route(32, 2049, 2049)[0].copies_s * 1e6)
+    assert modelling.matmul_plan(2, 3072, 3072, "bf16", 132).copies_priced_us is None
+
+
 def test_copies_are_priced_at_the_l2_rate_up_to_a_share_of_the_l2_and_at_the_hbm_copy_rate_past_it():
     """``engine.copies_s``: nothing where no operand is copied; else every copied byte read and written, at
     ``copy_resident_bytes_per_s`` up to ``copy_resident_share`` of the L2 and at the slower

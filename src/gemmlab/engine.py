@@ -474,8 +474,10 @@ class Route:
     forced and tuned h11 plans); ``h11_s``: h11's plan priced by the
     same model x ``h11_factor`` (None where not weighed); ``decode_s``: the decode kernel's price
     (``decode.cost_s``; None where ``use_decode`` rules it out); ``engine_s``: the engine kernel's price the
-    other two were weighed against (``_engine_plan``; None where none was weighed); ``how``: why this kernel
-    ("decode priced", "tuned", "forced", "model")."""
+    other two were weighed against (``_engine_plan``; None where none was weighed); ``copies_s``: what that
+    kernel's operand copies add (``copies_s``) where the decode kernel would read the rows in place and was
+    weighed against the engine kernel plus them (None otherwise); ``how``: why this kernel ("decode priced",
+    "tuned", "forced", "model")."""
 
     kernel: str
     M: int
@@ -487,6 +489,7 @@ class Route:
     h11_s: float | None = None
     decode_s: float | None = None
     engine_s: float | None = None
+    copies_s: float | None = None
     step: str | None = None
     config: tuple | None = None  # "sgemm": the step's config as (name, value) pairs
 
@@ -501,14 +504,25 @@ class Route:
             if self.decode_s is None:
                 return head + f"decode kernel (gemmlab.decode, {self.how}))"
             other = (f"; the engine kernel's best: {self.plan!r}" if self.plan is not None else "")
-            return head + f"decode kernel (gemmlab.decode) priced {self.decode_s * 1e6:.1f} us{other})"
+            return head + f"decode kernel (gemmlab.decode) priced {self.decode_s * 1e6:.1f} us{other}{self._weighed()})"
         h11 = (f"h11 BN={self.h11[0]} splits={self.h11[1]}" if self.h11 else "")
         priced = f" priced {self.h11_s * 1e6:.1f} us" if self.h11_s is not None else ""
+        passed = "" if self.decode_s is None else f"; gemmlab.decode priced {self.decode_s * 1e6:.1f} us"
         if self.kernel == "h11":
-            other = f"; the engine kernel's best: {self.plan!r}" if self.plan is not None else ""
-            return head + f"{h11} ({self.how}){priced}{other})"
+            other = f"; the engine kernel's best: {self.plan!r}{self._weighed()}" if self.plan is not None else ""
+            return head + f"{h11} ({self.how}){priced}{other}{passed})"
         other = f"; {h11}{priced}" if self.h11 else ""
-        return head + f"engine kernel ({self.how}): {self.plan!r}{other})"
+        return head + f"engine kernel ({self.how}): {self.plan!r}{self._weighed()}{other}{passed})"
+
+    def _weighed(self) -> str:
+        """The engine kernel's price as the router weighed it, where that is not its plan's own (a swapped
+        plan priced as the best plain one, the small split-K discount left out), and its operand copies."""
+        out = ""
+        if self.engine_s is not None and self.plan is not None and abs(self.engine_s - self.plan.predicted_s) > 5e-8:
+            out = f" weighed at {self.engine_s * 1e6:.1f} us"
+        if self.copies_s is not None:
+            out += f" + its operand copies {self.copies_s * 1e6:.1f} us"
+        return out
 
 
 _PROFILES: dict[tuple, DeviceProfile] = {}
@@ -598,13 +612,15 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
                                    stream_k_offered(memory_peak() if callable(memory_peak) else memory_peak))
     direct = not _tma_ok(out)
     new = None
-    decode_s = None
+    decode_s = copies = None
     if use_decode(a, b, out):
         new, new_s = _engine_plan(a, b, out, bias, has_c, activation, direct, prof)
         in_place = not decode.aligned(a, b)
         decode_s = decode.cost_s(M, N, K, sm_count, prof, aligned=not in_place)
-        if decode_runs(M, N, K, sm_count, decode_s, new_s, copies_s(a, b, prof) if in_place else None):
-            return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s, engine_s=new_s)
+        copies = copies_s(a, b, prof) if in_place else None
+        if decode_runs(M, N, K, sm_count, decode_s, new_s, copies):
+            return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s, engine_s=new_s,
+                         copies_s=copies)
     h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
     if h11 is not None:
         return Route("h11", M, N, K, "tuned", h11=h11, decode_s=decode_s)
@@ -614,7 +630,8 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
     h11_s = prof.h11_factor * h11_cost(M, N, K, prof=_weighing_profile(prof), plan=h11, out_bytes=out.element_size(),
                                        direct=direct)
     kernel = "engine" if new_s < h11_s else "h11"
-    return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s, decode_s=decode_s, engine_s=new_s)
+    return Route(kernel, M, N, K, "model", plan=new, h11=h11, h11_s=h11_s, decode_s=decode_s, engine_s=new_s,
+                 copies_s=copies)
 
 
 def decode_runs(M: int, N: int, K: int, sm_count: int, decode_s: float, engine_s: float,

@@ -132,6 +132,8 @@ class MatmulPlan:
     decode_priced_us: float | None = doc("the decode kernel's price (None where it cannot run the shape)")
     engine_priced_us: float | None = doc("the engine kernel's price the router weighed h11 and the decode "
                                          "kernel against (its plan's, before the small split-K discount)")
+    copies_priced_us: float | None = doc("what the engine kernel's operand copies add, where the decode kernel "
+                                         "would read the rows in place and was weighed against both (else None)")
     summary: str = doc("gemmlab.plan(M, N, K)'s repr")
 
 
@@ -452,13 +454,14 @@ def matmul_plan(M: int, N: int, K: int, dtype: str, sm_count: int) -> MatmulPlan
         cfg = dict(r.config)
         return MatmulPlan(kernel=r.kernel, how=r.how, tile=[cfg["BM"], cfg["BN"]], schedule=None,
                           splits=None, stages=None, predicted_us=None, h11_priced_us=None, decode_priced_us=None,
-                          engine_priced_us=None, summary=repr(r))
+                          engine_priced_us=None, copies_priced_us=None, summary=repr(r))
     p = r.plan
     us = (lambda s: None if s is None else s * 1e6)
     return MatmulPlan(kernel=r.kernel, how=r.how, tile=[p.bm, p.bn] if p else None, schedule=p.schedule if p else None,
                       splits=p.splits if p else None, stages=p.stages if p else None,
                       predicted_us=us(p.predicted_s) if p else None, h11_priced_us=us(r.h11_s),
-                      decode_priced_us=us(r.decode_s), engine_priced_us=us(r.engine_s), summary=repr(r))
+                      decode_priced_us=us(r.decode_s), engine_priced_us=us(r.engine_s),
+                      copies_priced_us=us(r.copies_s), summary=repr(r))
 
 
 def _limiters(km: KernelModel, sol_tflops: float, ridge: float) -> list[Limiter]:
