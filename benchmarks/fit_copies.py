@@ -37,7 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from pick_vs_oracle import meta_call
+from pick_vs_oracle import router
 
 from gemmlab import engine
 from gemmlab.devices import H200
@@ -47,7 +47,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def engine_s(M: int, N: int, K: int) -> float:
     """The router's price of the engine kernel for a contiguous bf16 (M, K) x (N, K)^T call."""
-    r = engine.route(*meta_call(M, N, K), bias=None, activation=None, has_c=False, sm_count=H200.sm_count)
+    r = router((M, N, K), engine.plan_profile(H200.sm_count))
     if r.engine_s is None:  # priced only where the decode kernel may run (up to 32 tokens)
         raise ValueError(f"{M}x{N}x{K}: the router prices no engine path against the decode kernel")
     return r.engine_s
@@ -103,8 +103,7 @@ DIMS = (512, 768, 896, 1024, 1152, 1280, 1408, 1536, 2048, 2304, 2560, 3072, 358
 
 def route_kernel(M: int, N: int, K: int, prof) -> str:
     """``engine.route``'s kernel for a contiguous bf16 (M, K) x (N, K)^T call planned with ``prof``."""
-    return engine.route(*meta_call(M, N, K), bias=None, activation=None, has_c=False, sm_count=prof.sm_count,
-                        profile=prof).kernel
+    return router((M, N, K), prof).kernel
 
 
 def changed_routes(count: int, seed: int) -> list[tuple[int, int, int]]:

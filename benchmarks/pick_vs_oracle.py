@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from gemmlab import decode, engine, plan_cost, planner
+from gemmlab import engine, plan_cost, planner
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -144,14 +144,19 @@ def meta_call(M: int, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor, torch
     return torch.empty(M, K, **meta), torch.empty(N, K, **meta).t(), torch.empty(M, N, **meta)
 
 
-def route(case: Case, prof, measured_only: bool = False) -> Choice:
+def router(shape, prof) -> engine.Route:
+    """``engine.route`` on meta tensors of a contiguous bf16 call of ``shape``, planned with ``prof``."""
+    return engine.route(*meta_call(*shape), bias=None, activation=None, has_c=False, sm_count=prof.sm_count,
+                        profile=prof)
+
+
+def route(case: Case, prof, measured_only: bool = False, routed: engine.Route | None = None) -> Choice:
     """``engine.route``'s choice for this shape's call planned with ``prof`` (no tuned plans): the router
     itself on meta tensors, so this replays what ``gemmlab.matmul`` would run. The engine kernel's plan:
     the router's, or with ``measured_only`` the one the planner ranks first among the shape's measured
-    plans (the kernel stays the router's choice either way)."""
+    plans (the kernel stays the router's choice either way). ``routed``: ``router``'s answer, if at hand."""
     s = case.shape
-    r = engine.route(*meta_call(*s), bias=None, activation=None, has_c=False, sm_count=prof.sm_count,
-                     profile=prof)
+    r = routed or router(s, prof)
     if r.kernel == "decode":
         return Choice("decode", case.decode)
     if r.kernel == "h11":
@@ -192,7 +197,8 @@ def evaluate(cases: dict, prof) -> dict:
     """Per shape: as run, oracle, route (None where unmeasured) and route* ratios."""
     out = {}
     for s, c in cases.items():
-        full, lim = route(c, prof), route(c, prof, measured_only=True)
+        r = router(s, prof)
+        full, lim = route(c, prof, routed=r), route(c, prof, measured_only=True, routed=r)
         out[s] = {"ran": c.ran["ratio"], "oracle": oracle(c), "route": full.record and full.record["ratio"],
                   "route*": lim.record["ratio"] if lim.record else None, "choice": full, "choice*": lim}
     return out
