@@ -6,6 +6,8 @@ choice (the decode default up to decode.MAX_M, h11 past it), interleaved.
 Default shapes: M = 1, 16, 32, 64 against the Llama-3 8B/70B projections. A shape whose K is not a multiple of
 8 times the unaligned variants (``decode.UNALIGNED_VARIANTS`` and ``UNALIGNED_TRIALS``) instead. Records carry
 ``suite = "decode-variants"``, the variant in ``config`` and GB/s over weight + X + out bytes.
+``--default-only`` times the default variant alone beside gemmlab.matmul's own route (the decode kernel or
+the engine kernel with its copies: both paths of a routing decision).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import json
 
 import torch
 
+import gemmlab
 from gemmlab import decode, engine
-from gemmlab.bench import rel_error
+from gemmlab.bench import git_sha, rel_error
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
 
@@ -30,6 +33,8 @@ def main() -> None:
     p.add_argument("--shapes", default=DEFAULT_SHAPES, help="M,N,K;M,N,K;...")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--out", default=None)
+    p.add_argument("--default-only", action="store_true",
+                   help="time the default variant only (against torch.mm and gemmlab.matmul's own route)")
     args = p.parse_args()
     info = gpu_info()
     for shape in args.shapes.split(";"):
@@ -41,9 +46,9 @@ def main() -> None:
         nt = decode.token_tiles(M)
         fits = decode.aligned(*sets[0][:2])  # K % 8 (contiguous operands): the unaligned variants and trials
         default = decode.default_variant(nt, fits)
-        trials = decode.VARIANTS[nt] if fits else decode.UNALIGNED_TRIALS[nt]
+        trials = () if args.default_only else decode.VARIANTS[nt] if fits else decode.UNALIGNED_TRIALS[nt]
         variants = {f"decode {v}" + (" (default)" if v == default else ""): v for v in dict.fromkeys((default,) + trials)}
-        own = "engine (" + ("decode" if engine.use_decode(*sets[0]) else "h11") + ")"
+        own = "engine (" + gemmlab.plan(M, N, K).kernel + ")"
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2]),
                  own: lambda i: engine.gemm(*sets[i])}
         ref = sets[0][0].double() @ sets[0][1].double()
@@ -72,7 +77,8 @@ def main() -> None:
                                             M, N, K, info.sm_count, v)) if v else None,
                                         "time_ms": t.median_ms, "baseline_ms": base, "ratio": base / t.median_ms,
                                         "gb_per_s": nbytes / t.median_ms / 1e6, "rel_error": errors.get(name),
-                                        "sm_clock_mhz": res.clocks.sm_mhz, "gpu": info.name}) + "\n")
+                                        "sm_clock_mhz": res.clocks.sm_mhz, "gpu": info.name,
+                                        "git_sha": git_sha()}) + "\n")
 
 
 if __name__ == "__main__":

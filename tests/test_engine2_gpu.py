@@ -21,7 +21,7 @@ def _pick(M, N, K, bm, bn, schedule, **kw) -> planner.Plan:
     """The candidate of that tile and schedule (the best-scored one if several), or skip. Ping-pong where
     the planner does not offer it (direct stores, rows of K not 32-byte aligned: slower, but the kernel
     runs them) is the data-parallel plan of the tile with ping-pong consumers."""
-    prof = engine2._profile(torch.device("cuda"))
+    prof = dataclasses.replace(engine2._profile(torch.device("cuda")), stream_k_offered=True)  # the kernel, not the planner's choice
     kw = dict(kw)
     mcast = 2 if kw.pop("mcast", False) else 1
     prefetch = kw.pop("prefetch", 0)  # Plan.prefetch: not offered by the planner, set on its plan
