@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 
 import numpy as np
+import dataclasses
+
 import pytest
 import torch
 
@@ -524,6 +526,31 @@ def test_rows_at_any_address_take_the_unaligned_variants(case):
     assert decode.aligned(a_ok, b_ok) and decode.variant_for(a_ok, b_ok) == decode.default_variant(2)
 
 
+@pytest.mark.parametrize("M, N, K, expect", [
+    (1, 4613, 771, decode.UNALIGNED_VARIANTS[1]),  # 7 MB: the per-row windows
+    (32, 2049, 2049, decode.UNALIGNED_VARIANTS[4]),
+    (1, 4095, 4095, decode.STRIDED_VARIANTS[1]),  # 33.5 MB: strided, one iteration deep
+    (1, 11008, 4095, decode.Variant(u=4, depth=2, aligned=False, strided=True)),  # 90 MB: two deep
+    (16, 4095, 4095, decode.STRIDED_VARIANTS[2]),
+    (32, 14340, 3077, decode.STRIDED_VARIANTS[4]),
+])
+def test_unaligned_weights_take_the_strided_variants_by_size(M, N, K, expect):
+    """Rows at any address: the strided variants from STRIDED_MIN_BYTES of weight, the launch and the router's
+    price alike (``variant_for``, ``cost_s``)."""
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    a, b = torch.empty(M, K, **meta), torch.empty(N, K, **meta).t()
+    assert not decode.aligned(a, b)
+    v = decode.variant_for(a, b)
+    assert v == expect and v.strided == (2 * N * K >= decode.STRIDED_MIN_BYTES)
+    assert decode.plan(M, N, K, 132, v).variant == v
+    t = decode.cost_s(M, N, K, 132, H200, aligned=False)
+    other = dataclasses.replace(H200, decode_strided_share=1.0)
+    assert (t < decode.cost_s(M, N, K, 132, other, aligned=False)) == v.strided
+    # fp16 weights weigh the same bytes
+    a16, b16 = a.half(), b.half()
+    assert decode.variant_for(a16, b16) == v
+
+
 def test_unaligned_weights_past_the_h11_limit_stay_on_the_decode_kernel():
     """h11 streams a big aligned weight faster, but an unaligned one it would copy whole first."""
     x = torch.empty(1, 8191, dtype=torch.bfloat16, device="meta")
@@ -648,11 +675,12 @@ def test_route_weighs_the_engine_kernels_copies_against_the_unaligned_decode_ker
     # The unaligned variants' stream is priced slower than the aligned ones' (decode.unaligned_factor), more so
     # with more token tiles to cut.
     assert 1.0 < decode.unaligned_factor(1, H200) < decode.unaligned_factor(2, H200) < decode.unaligned_factor(4, H200)
-    # a strided variant cuts the token rows only: two cuts a chunk fewer
+    # a strided variant streams at its measured share of the others' time
     for nt in (1, 2, 4):
         strided = decode.Variant(u=4, aligned=False, strided=True)
         assert decode.unaligned_factor(nt, H200, strided) == pytest.approx(
-            decode.unaligned_factor(nt, H200) - 2 * H200.decode_unaligned_per_cut)
+            decode.unaligned_factor(nt, H200) * H200.decode_strided_share)
+        assert 1.0 < decode.unaligned_factor(nt, H200, strided) < decode.unaligned_factor(nt, H200)
     assert decode.cost_s(1, 4097, 1025, 132, H200, aligned=False) > decode.cost_s(1, 4097, 1025, 132, H200)
     # Priced without its copies the engine kernel would win here: the copies decide.
     assert not engine.decode_runs(1, 4097, 1025, 132, r.decode_s, r.decode_s * 0.5)

@@ -8,6 +8,7 @@ takes that path (``why_not``), how the work is split (``plan``), and launches it
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -96,9 +97,19 @@ DEFAULT_VARIANTS = {1: Variant(u=4, rpw=1, depth=2), 2: Variant(u=2, rpw=1, dept
 # kernel's time on the same bytes: each 16 bytes a lane uses costs ~23 instructions to cut. Up to MAX_M
 # tokens only: at NT = 8 the unaligned variants spill.
 UNALIGNED_VARIANTS = {1: Variant(u=4, aligned=False), 2: Variant(u=4, aligned=False), 4: Variant(u=4, aligned=False)}
+# Weights of STRIDED_MIN_BYTES or more read at any address run the strided variants instead (a warp's rows 8
+# apart, one shift a tile: only X is cut; decode.cu's ``strided_row``), at NT = 1 two iterations deep from
+# STRIDED_DEEP_BYTES. First GPU run (H100, h100_decode_variants.jsonl at d93081b, 26 unaligned shapes, M 1-32):
+# from 33 MB up the best strided variant beat the variant above on all 15 shapes, by 0.78-0.99x its time
+# (1x28673x4095 92.3 us against 118.4, 1x8198x13828 89.8 against 111.0, 1x11008x4095 38.5 against 46.3;
+# at NT = 2-4 0.94-0.98x); below 30 MB it won 4 of 11 and lost up to 1.26x (32x2049x2049 17.0 against 13.5,
+# 1x4613x771 7.5 against 6.2). At NT = 1 depth 2 led from 47 MB (0.78-0.97x of depth 1's time but for two
+# 117 MB shapes within 2%), depth 1 at 33 MB (15.0 against 15.7 us). Not yet timed on the H200.
+STRIDED_MIN_BYTES = 30_000_000
+STRIDED_DEEP_BYTES = 45_000_000
+STRIDED_VARIANTS = {1: Variant(u=4, aligned=False, strided=True), 2: Variant(u=4, aligned=False, strided=True),
+                    4: Variant(u=4, pf=2, aligned=False, strided=True)}
 # What benchmarks/decode_variants.py times against them on unaligned shapes (the SASS tests compile each).
-# The strided ones (a warp's rows 8 apart, one shift a tile: only X is cut) are built and checked on the CPU
-# (tests/test_decode.py emulates their schedule) but not yet run on a GPU: trials only, never routed.
 UNALIGNED_TRIALS = {
     1: (Variant(u=4, depth=2, aligned=False), Variant(u=4, rpw=2, aligned=False),
         Variant(u=2, depth=2, aligned=False), Variant(u=4, aligned=False, strided=True),
@@ -122,11 +133,18 @@ VARIANTS = {
 }
 
 
-def default_variant(nt: int, aligned: bool = True) -> Variant:
-    """The variant a call of ``nt`` token tiles runs, of the 16-byte contract or (``aligned`` False) not."""
-    if not aligned and nt not in UNALIGNED_VARIANTS:
+def default_variant(nt: int, aligned: bool = True, weight_bytes: int = 0) -> Variant:
+    """The variant a call of ``nt`` token tiles runs, of the 16-byte contract or (``aligned`` False) not; a
+    weight of ``weight_bytes`` (N x K x the element size) read at any address takes the strided variants
+    from ``STRIDED_MIN_BYTES``."""
+    if aligned:
+        return DEFAULT_VARIANTS[nt]
+    if nt not in UNALIGNED_VARIANTS:
         raise ValueError(f"rows at any address are read up to {8 * max(UNALIGNED_VARIANTS)} tokens, not {8 * nt}")
-    return (DEFAULT_VARIANTS if aligned else UNALIGNED_VARIANTS)[nt]
+    if weight_bytes < STRIDED_MIN_BYTES:
+        return UNALIGNED_VARIANTS[nt]
+    v = STRIDED_VARIANTS[nt]
+    return dataclasses.replace(v, depth=2) if nt == 1 and weight_bytes >= STRIDED_DEEP_BYTES else v
 
 
 def unroll(nt: int) -> int:
@@ -185,8 +203,8 @@ def aligned(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def variant_for(a: torch.Tensor, b: torch.Tensor) -> Variant:
     """The variant a call ``why_not`` allows runs: the default for its token tiles, of the 16-byte contract
-    where ``aligned`` holds, else the unaligned one."""
-    return default_variant(token_tiles(a.shape[0]), aligned(a, b))
+    where ``aligned`` holds, else the unaligned one for its weight's size."""
+    return default_variant(token_tiles(a.shape[0]), aligned(a, b), b.shape[0] * b.shape[1] * b.element_size())
 
 
 @dataclass(frozen=True)
@@ -284,7 +302,7 @@ def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile, aligned: 
     3.3 us measured at 1 x 256 x 2048 against 1.1 priced, 11.4 against 2.9 at 32 x 1024 x 5120): it only
     has to rank splits against each other, this has to rank kernels. Unaligned (``aligned`` False), the weight
     stream is slower by ``unaligned_factor``."""
-    p = plan(M, N, K, sm_count, default_variant(token_tiles(M), aligned))
+    p = plan(M, N, K, sm_count, default_variant(token_tiles(M), aligned, 2 * N * K))  # bf16 or fp16
     weight_bytes, _, fixup, _, _ = _terms(M, N, K, sm_count, p.rw, p.splits, p.variant)
     stream = weight_bytes / prof.decode_hbm_bytes_per_s * (1.0 if aligned else unaligned_factor(p.nt, prof, p.variant))
     return prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + stream + prof.decode_fixup_factor * fixup
@@ -293,11 +311,11 @@ def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile, aligned: 
 def unaligned_factor(nt: int, prof: DeviceProfile, variant: Variant | None = None) -> float:
     """How much slower an unaligned variant (default: ``UNALIGNED_VARIANTS``' at ``nt``) streams the weight
     than the aligned ones at ``nt`` token tiles: every 16 bytes a lane uses is cut out of two windows, for
-    each of its two weight rows and NT token rows (``DeviceProfile.decode_unaligned_per_cut`` a cut); a
-    strided variant cuts only the NT token rows (its weight windows go to the MMA as loaded). The share per
-    cut was read off the non-strided variants; the strided ones are priced by the same share, untimed."""
+    each of its two weight rows and NT token rows (``DeviceProfile.decode_unaligned_per_cut`` a cut). A
+    strided variant cuts the token rows only, but its transposed blocks cost some of that back: it streams at
+    ``DeviceProfile.decode_strided_share`` of the other variants' time (measured, not counted in cuts)."""
     v = variant or default_variant(nt, aligned=False)
-    return 1.0 + prof.decode_unaligned_per_cut * (nt if v.strided else 2 + nt)
+    return (1.0 + prof.decode_unaligned_per_cut * (2 + nt)) * (prof.decode_strided_share if v.strided else 1.0)
 
 
 @functools.lru_cache(maxsize=4096)

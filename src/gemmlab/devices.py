@@ -192,6 +192,10 @@ class DeviceProfile:
     # shapes), i.e. ~1.9x. It keeps the router off the decode kernel at 32x2049x2049, where the engine kernel
     # with its copies ran 1.2x faster (10.6 against 12.7 us).
     decode_unaligned_per_cut: float = 0.15
+    # The strided unaligned variants (``decode.STRIDED_VARIANTS``, weights from 30 MB) against the variants
+    # above: the median of their time's share over the 15 shapes of 33-235 MB they run on (H100,
+    # h100_decode_variants.jsonl at d93081b: 0.78-1.00, 0.80-0.93 at NT = 1 from 90 MB, 0.94-0.98 at NT = 2-4).
+    decode_strided_share: float = 0.93
     # The operand copies a call makes where TMA cannot read an operand (``engine.copies_s``, weighed by the
     # router against the decode kernel, which reads such rows in place): a fixed cost, then each copied byte
     # read and written at ``copy_resident_bytes_per_s`` up to ``copy_resident_share`` of the L2 (what the copy
