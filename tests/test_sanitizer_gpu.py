@@ -10,7 +10,8 @@ streamed tiles), global split-K (its bulk exchange, all split and hybrid, and a 
 stores), copies + direct stores under each schedule, epilogues (bias + relu, silu, fp32 output
 with beta * C), B multicast (64- and 128-row tiles, a padding tile), and calls the router itself sends to
 the engine kernel (one with B multicast, two swapped over many token columns: SWAP_WIDE); the decode kernel
-(forced) unsplit and split-K, aligned and reading unaligned rows in place. (Its unaligned loads read whole
+(forced) unsplit and split-K, aligned and reading unaligned rows in place, strided (the router's, and
+split-K at each token-tile count). (Its unaligned loads read whole
 16-byte windows that hold a byte the call needs, so past a tensor's last element by up to 15 bytes, inside
 torch's allocations, which are whole 512-byte blocks; memcheck would report those bytes only for a tensor
 allocated to an exact odd size outside torch's allocator.)
@@ -138,6 +139,21 @@ run("decode unaligned", a, w.t(), plan="decode", bias=r(300))
 M, N, K = 16, 256, 8191
 assert decode.plan(M, N, K, sm, decode.default_variant(decode.token_tiles(M), False)).splits > 1
 run("decode unaligned split-K", r(M, K), r(N, K).t(), plan="decode", activation="silu")
+# The strided variants (weights from decode.STRIDED_MIN_BYTES): the router's own (34 MB, bases off by a few
+# elements, two iterations deep), and a forced split-K plan of each NT's
+a, w = r(3, 4100)[:, 1:4100], r(4101, 4102)[:, 2:4101]
+assert decode.variant_for(a, w.t()).strided and not decode.aligned(a, w.t())
+run("decode strided", a, w.t(), plan="decode", bias=r(4101))
+for M, v in ((8, decode.STRIDED_VARIANTS[1]), (16, decode.STRIDED_VARIANTS[2]), (32, decode.STRIDED_VARIANTS[4])):
+    assert decode.plan(M, 256, 8191, sm, v).splits > 1
+    x, w = r(M, 8192)[:, 1:], r(256, 8193)[:, 2:]
+    out = out_for(M, 256)
+    decode.run_variant(x, w.t(), out, v)
+    torch.cuda.synchronize()
+    err = rel_error(out, x.double() @ w.t().double())
+    print(f"decode strided split-K {v}: rel error {err:.2e}", flush=True)
+    if not err <= 1e-2:
+        sys.exit(3)
 print("all routes ran")
 """
 
