@@ -4,7 +4,8 @@ choice (the decode default up to decode.MAX_M, h11 past it), interleaved.
     PYTHONPATH=src python3 benchmarks/decode_variants.py --out decode_variants.jsonl
 
 Default shapes: M = 1, 16, 32, 64 against the Llama-3 8B/70B projections. A shape whose K is not a multiple of
-8 times the unaligned variants (``decode.UNALIGNED_VARIANTS`` and ``UNALIGNED_TRIALS``) instead. Records carry
+8 times the unaligned variants (``decode.UNALIGNED_VARIANTS``, ``STRIDED_VARIANTS`` and ``UNALIGNED_TRIALS``)
+instead. Records carry
 ``suite = "decode-variants"``, the variant in ``config`` and GB/s over weight + X + out bytes.
 ``--default-only`` times the default variant alone beside gemmlab.matmul's own route (the decode kernel or
 the engine kernel with its copies: both paths of a routing decision).
@@ -46,7 +47,8 @@ def main() -> None:
         nt = decode.token_tiles(M)
         fits = decode.aligned(*sets[0][:2])  # K % 8 (contiguous operands): the unaligned variants and trials
         default = decode.default_variant(nt, fits)
-        trials = () if args.default_only else decode.VARIANTS[nt] if fits else decode.UNALIGNED_TRIALS[nt]
+        trials = () if args.default_only else decode.VARIANTS[nt] if fits else (
+            decode.UNALIGNED_VARIANTS[nt], decode.STRIDED_VARIANTS[nt], *decode.UNALIGNED_TRIALS[nt])
         variants = {f"decode {v}" + (" (default)" if v == default else ""): v for v in dict.fromkeys((default,) + trials)}
         own = "engine (" + gemmlab.plan(M, N, K).kernel + ")"
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2]),
