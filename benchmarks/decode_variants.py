@@ -5,8 +5,8 @@ choice (the decode default up to decode.MAX_M, h11 past it), interleaved.
 
 Default shapes: M = 1, 16, 32, 64 against the Llama-3 8B/70B projections. A shape whose K is not a multiple of
 8 times the unaligned variants (``decode.UNALIGNED_VARIANTS``, ``STRIDED_VARIANTS`` and ``UNALIGNED_TRIALS``)
-instead. Records carry
-``suite = "decode-variants"``, the variant in ``config`` and GB/s over weight + X + out bytes.
+instead. Records carry ``suite = "decode-variants"``, the variant in ``config``, GB/s over weight + X + out
+bytes and the git sha.
 ``--default-only`` times the default variant alone beside gemmlab.matmul's own route (the decode kernel or
 the engine kernel with its copies: both paths of a routing decision).
 """
