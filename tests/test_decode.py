@@ -921,3 +921,17 @@ def test_split_buffers_note_counters_allocated_during_a_capture(monkeypatch):
     ws2, ctr2 = decode.split_buffers(cpu, 100, 4096, stream=1)  # grown during a capture
     assert ctr2 is not ctr and decode._CAPTURED == {ctr2.data_ptr()} and ctr in decode._RETIRED
     assert ws2 is ws  # the workspace was big enough: kept
+
+
+def test_a_forced_split_must_be_a_plan_of_the_calls_variant():
+    """``decode.prepare(..., split=)`` (benchmarks/decode_splits.py) takes another plan of the call's own variant
+    and token tiles only: one of another variant or NT is refused before anything compiles."""
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    a, b, out = torch.empty(1, 1024, **meta), torch.empty(896, 1024, **meta).t(), torch.empty(1, 896, **meta)
+    kw = dict(epi=0, ctypes=("__nv_bfloat16", "__nv_bfloat16", "float"), c=None, bias=None, sm_count=132)
+    v = decode.variant_for(a, b)
+    for wrong in (decode.plan(1, 896, 1024, 132, decode.Variant(u=4)),  # another variant
+                  decode.plan(16, 896, 1024, 132, v)):  # another NT
+        assert wrong.variant != v or wrong.nt != 1
+        with pytest.raises(ValueError, match="is not a plan of"):
+            decode.prepare(a, b, out, split=wrong, **kw)

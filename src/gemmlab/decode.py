@@ -406,7 +406,7 @@ class DecodeLaunch:
     shape and the parameter block; ``run`` sets the addresses and scalars of a call and launches."""
 
     def __init__(self, a, b, out, *, epi: int, ctypes: tuple[str, str, str], c, bias, sm_count: int,
-                 variant: Variant | None = None):
+                 variant: Variant | None = None, split: DecodePlan | None = None):
         from .jit.compiler import compile_kernel
         from .jit.launch import Launcher
 
@@ -415,7 +415,9 @@ class DecodeLaunch:
         variant = variant or variant_for(a, b)
         if variant.aligned and not aligned(a, b):
             raise ValueError(f"{variant} keeps the 16-byte contract, which this call does not (decode.aligned)")
-        p = self.plan = plan(M, N, K, sm_count, variant)
+        if split is not None and (split.nt, split.variant) != (token_tiles(M), variant):
+            raise ValueError(f"{split} is not a plan of {variant} for M={M}")
+        p = self.plan = split or plan(M, N, K, sm_count, variant)
         logger.debug("decode plan %s", p)
         expr = kernel_expr(*ctypes, p.nt, epi, p.splits > 1, p.variant)
         compiled = compile_kernel(SOURCE, expr, arch="sm_90a", name=f"engine.decode[{expr[14:-1]}]")
@@ -478,34 +480,37 @@ class DecodeLaunch:
 
 def prepare(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctypes: tuple[str, str, str],
             c: torch.Tensor | None, bias: torch.Tensor | None, sm_count: int,
-            variant: Variant | None = None) -> DecodeLaunch:
+            variant: Variant | None = None, split: DecodePlan | None = None) -> DecodeLaunch:
     """The decode launch for tensors with the metadata of these (``DecodeLaunch``), for the engine to keep.
 
     Called by ``gemmlab.engine.prepare`` after ``why_not(a, b, out)`` returned None. ``epi`` is the
     engine's epilogue bit field (bias | c << 1 | activation << 2), ``ctypes`` the C++ names of the input,
     output and bias types. ``run`` does no host synchronisation and no data-dependent allocation
-    (graph-capturable). ``variant`` (default: ``default_variant``) is for benchmarks; so is M up to
-    KERNEL_MAX_M, past MAX_M."""
-    return DecodeLaunch(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=sm_count, variant=variant)
+    (graph-capturable). ``variant`` (default: ``default_variant``) is for benchmarks; so are M up to
+    KERNEL_MAX_M, past MAX_M, and ``split``, a plan of that variant other than ``plan``'s (``plan_time``'s)."""
+    return DecodeLaunch(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=sm_count, variant=variant,
+                        split=split)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, epi: int, ctypes: tuple[str, str, str],
          alpha: float, beta: float, c: torch.Tensor | None, bias: torch.Tensor | None, sm_count: int,
-         variant: Variant | None = None) -> None:
+         variant: Variant | None = None, split: DecodePlan | None = None) -> None:
     """Launch the decode kernel on torch's current stream: out = act(alpha * a @ b + beta * c + bias)
     (``prepare`` and ``run`` once; see ``prepare``)."""
     from .jit.launch import raw_stream
 
-    call = prepare(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=sm_count, variant=variant)
+    call = prepare(a, b, out, epi=epi, ctypes=ctypes, c=c, bias=bias, sm_count=sm_count, variant=variant,
+                   split=split)
     call.run(raw_stream(a.get_device()), a, b, out, bias, c if epi & 2 else None, alpha, beta)
 
 
 def run_variant(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, variant: Variant | None = None, *,
                 bias: torch.Tensor | None = None, activation: str | None = None, alpha: float = 1.0,
-                beta: float = 0.0, c: torch.Tensor | None = None) -> None:
-    """``engine.gemm``'s decode branch with an explicit ``variant`` and M up to KERNEL_MAX_M (past MAX_M):
-    for tests and benchmarks (benchmarks/decode_variants.py). Same operands and contract as engine.gemm,
-    plus ``why_not``'s layout rules other than the M cutoff."""
+                beta: float = 0.0, c: torch.Tensor | None = None, split: DecodePlan | None = None) -> None:
+    """``engine.gemm``'s decode branch with an explicit ``variant`` (and ``split``, a plan of it other than
+    ``plan``'s) and M up to KERNEL_MAX_M (past MAX_M): for tests and benchmarks (benchmarks/decode_variants.py,
+    decode_splits.py). Same operands and contract as engine.gemm, plus ``why_not``'s layout rules other than
+    the M cutoff."""
     from .epilogue import ctypes as ctype_names
     from .epilogue import epi_bits
 
@@ -514,4 +519,5 @@ def run_variant(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, variant: Va
     epi = epi_bits(bias is not None, c is not None and beta != 0.0, activation)
     ctypes = ctype_names(a.dtype, out.dtype, None if bias is None else bias.dtype)
     sm = torch.cuda.get_device_properties(a.device).multi_processor_count
-    gemm(a, b, out, epi=epi, ctypes=ctypes, alpha=alpha, beta=beta, c=c, bias=bias, sm_count=sm, variant=variant)
+    gemm(a, b, out, epi=epi, ctypes=ctypes, alpha=alpha, beta=beta, c=c, bias=bias, sm_count=sm, variant=variant,
+         split=split)
