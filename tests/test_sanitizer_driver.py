@@ -38,6 +38,15 @@ def test_sanitizer_driver_covers_every_route_on_the_host(monkeypatch):
         out.copy_(act(ref))
 
     monkeypatch.setattr(engine, "gemm", gemm_then_reference)
+    run_variant = decode.run_variant
+
+    def run_variant_then_reference(a, b, out, variant=None, *, split=None):
+        """A forced decode variant's host path, then its result (the strided split-K launches)."""
+        run_variant(a, b, out, variant, split=split)
+        ran[f"DecodeLaunch strided={variant.strided} nt={decode.token_tiles(a.shape[0])}"] += 1
+        out.copy_(a.double() @ b.double())
+
+    monkeypatch.setattr(decode, "run_variant", run_variant_then_reference)
     printed = []
     script = DRIVER.replace('device="cuda"', 'device="cpu"')
     exec(compile(script, "DRIVER", "exec"), {"__name__": "driver", "print": lambda *a, **k: printed.append(a[0])})
@@ -51,3 +60,4 @@ def test_sanitizer_driver_covers_every_route_on_the_host(monkeypatch):
             if any(k.startswith(f"Engine2Launch {s}") and k.endswith("direct") for k in engine_kinds)} == \
         {"data_parallel", "split_k", "stream_k"}
     assert any("hybrid" in line for line in printed) and decode.plan(16, 256, 8192, 132).splits > 1
+    assert {f"DecodeLaunch strided=True nt={nt}" for nt in (1, 2, 4)} <= set(ran)
