@@ -17,13 +17,14 @@ import argparse
 import json
 
 import torch
+from decode_variants import operand_sets
 
 import gemmlab
 from gemmlab import decode, engine
 from gemmlab.bench import git_sha, rel_error
 from gemmlab.devices import H200
 from gemmlab.gpu import gpu_info
-from gemmlab.timer import sets_for, time_interleaved
+from gemmlab.timer import time_interleaved
 
 
 def splits_of(M: int, N: int, K: int, sm: int, v: decode.Variant, top: int) -> list[tuple[float, decode.DecodePlan]]:
@@ -46,10 +47,7 @@ def main() -> None:
     info = gpu_info()
     for shape in args.shapes.split(";"):
         M, N, K = (int(x) for x in shape.split(","))
-        nbytes = 2 * (M * K + N * K + M * N)
-        n_sets = max(1, min(sets_for(nbytes, info.l2_bytes), 64))
-        sets = [(torch.randn(M, K, device="cuda").bfloat16(), torch.randn(N, K, device="cuda").bfloat16().t(),
-                 torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
+        _, n_sets, sets = operand_sets(M, N, K, info.l2_bytes)
         v = decode.variant_for(*sets[0][:2])
         pick = decode.plan(M, N, K, info.sm_count, v)
         plans = {f"{dp}" + (" (pick)" if dp == pick else ""): (t, dp)

@@ -29,6 +29,16 @@ NK = ((4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (1
 DEFAULT_SHAPES = ";".join(f"{m},{n},{k}" for m in (1, 16, 32, 64) for n, k in NK)
 
 
+def operand_sets(M: int, N: int, K: int, l2_bytes: int) -> tuple[int, int, list[tuple]]:
+    """(bytes of one call, how many sets, the sets): bf16 (a, w.t(), out) of fresh randn, as many as rotate
+    through twice the L2 (``timer.sets_for``, at most 64)."""
+    nbytes = 2 * (M * K + N * K + M * N)
+    n_sets = max(1, min(sets_for(nbytes, l2_bytes), 64))
+    sets = [(torch.randn(M, K, device="cuda").bfloat16(), torch.randn(N, K, device="cuda").bfloat16().t(),
+             torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
+    return nbytes, n_sets, sets
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=DEFAULT_SHAPES, help="M,N,K;M,N,K;...")
@@ -40,10 +50,7 @@ def main() -> None:
     info = gpu_info()
     for shape in args.shapes.split(";"):
         M, N, K = (int(x) for x in shape.split(","))
-        nbytes = 2 * (M * K + N * K + M * N)
-        n_sets = max(1, min(sets_for(nbytes, info.l2_bytes), 64))
-        sets = [(torch.randn(M, K, device="cuda").bfloat16(), torch.randn(N, K, device="cuda").bfloat16().t(),
-                 torch.empty(M, N, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
+        nbytes, n_sets, sets = operand_sets(M, N, K, info.l2_bytes)
         nt = decode.token_tiles(M)
         fits = decode.aligned(*sets[0][:2])  # K % 8 (contiguous operands): the unaligned variants and trials
         default = decode.default_variant(nt, fits)
