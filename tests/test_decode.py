@@ -935,3 +935,14 @@ def test_a_forced_split_must_be_a_plan_of_the_calls_variant():
         assert wrong.variant != v or wrong.nt != 1
         with pytest.raises(ValueError, match="is not a plan of"):
             decode.prepare(a, b, out, split=wrong, **kw)
+
+
+def test_every_unaligned_default_is_among_the_checked_variants():
+    """Whatever ``default_variant`` may pick for rows at any address (per-row windows, strided one or two
+    iterations deep) is among the variants the SASS test compiles and the GPU test runs (UNALIGNED_VARIANTS
+    and UNALIGNED_TRIALS)."""
+    checked = {v for vs in decode.UNALIGNED_TRIALS.values() for v in vs} | set(decode.UNALIGNED_VARIANTS.values())
+    for nt in decode.UNALIGNED_VARIANTS:
+        for weight_bytes in (0, decode.STRIDED_MIN_BYTES - 1, decode.STRIDED_MIN_BYTES, decode.STRIDED_DEEP_BYTES,
+                             10**10):
+            assert decode.default_variant(nt, False, weight_bytes) in checked, (nt, weight_bytes)
