@@ -5,7 +5,8 @@
 Records: the broad runs in ``SHAS`` (240cc15, 180 shapes, and 6417c0c, the other 117, time all 297 shapes
 with the same bf16 code; dc8faff, d107e97 and dd13e41, 290, 249 and 241 shapes, with ping-pong and global
 split-K plans beside; 1b32f41 (swap AB, 64-row tiles 128..256 wide beside on the mid class) and 3e08f7d (B
-multicast on misaligned rows), all 297 each; plans pooled over the runs, the router's choice from the newest). Per shape they hold a few engine-kernel plans
+multicast on misaligned rows), all 297 each; 0a9a13b, 933513a, bb0d0cc and 7b947dc, the later full runs
+at the shipped defaults; plans pooled over the runs, the router's choice from the newest). Per shape they hold a few engine-kernel plans
 (``model``: the pick then, ``best split_k`` / ``best stream_k`` / ``best data_parallel`` / ``best bm=..``),
 ``engine`` (what the router ran), ``h11`` and ``decode`` where timed beside. Every number is a measured
 ratio to torch.mm (torch time / ours, > 1: we win), split into the fit half (even positions of the sorted
@@ -44,7 +45,8 @@ from gemmlab import engine, plan_cost, planner
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SHAS = ("240cc1560ab0", "6417c0cb0f7a", "dc8faff37bbc", "d107e9759599", "dd13e41", "1b32f41", "3e08f7d")
+SHAS = ("240cc1560ab0", "6417c0cb0f7a", "dc8faff37bbc", "d107e9759599", "dd13e41", "1b32f41", "3e08f7d",
+        "0a9a13bf94bf", "933513a0d3e8", "bb0d0cc3aaae", "7b947dca92f3")
 CLASSES = ("decode", "mid", "prefill", "square", "unaligned")
 
 
