@@ -62,7 +62,7 @@ def main() -> None:
             try:
                 decode.run_variant(*sets[0], v, split=dp)
                 torch.cuda.synchronize()
-            except ValueError as e:  # a plan the launch refuses: say so, time the others (a CUDA fault still stops the run)
+            except ValueError as e:  # a plan the launch refuses: say so, time the others (a CUDA fault stops)
                 print(f"{M}x{N}x{K} {name}: refused ({e})", flush=True)
                 errors[name] = float("inf")
                 continue
