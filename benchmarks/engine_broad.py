@@ -166,6 +166,8 @@ def main() -> None:
     p.add_argument("--min-m", type=int, default=0, help="only shapes with M >= this")
     p.add_argument("--lean", action="store_true",
                    help="only the model's pick, the router's choice and the --tiles / --swap-any candidates")
+    p.add_argument("--decode-beside", action="store_true",
+                   help="with --lean: still time the decode kernel where the router priced it and chose another")
     p.add_argument("--alt", nargs="*", default=[], metavar="NAME=VALUE",
                    help="also time the pick under the profile with these constants (candidate 'alt')")
     p.add_argument("--swap-any", action="store_true",
@@ -204,7 +206,8 @@ def main() -> None:
         route = engine.plan(M, N, K, sm_count=info.sm_count)
         if route.kernel == "engine" and not args.lean:  # what gemmlab.matmul ran before the router: h11's plan
             runs["h11"] = lambda i, h=route.h11: engine.gemm(*sets[i], plan=h)
-        if route.decode_s is not None and route.kernel != "decode" and not args.lean:  # priced out: decode beside
+        # Priced out by the router: the decode kernel beside it.
+        if route.decode_s is not None and route.kernel != "decode" and (args.decode_beside or not args.lean):
             runs["decode"] = lambda i: engine.gemm(*sets[i], plan="decode")
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2])}
         passing, errors = check_candidates(runs, sets[0][2], ref)
