@@ -933,6 +933,7 @@ def test_split_buffers_note_counters_allocated_during_a_capture(monkeypatch):
     monkeypatch.setattr(decode, "_BUFFERS", {})
     monkeypatch.setattr(decode, "_RETIRED", [])
     monkeypatch.setattr(decode, "_CAPTURED", set())
+    monkeypatch.setattr(decode, "_SPARE", {})
     cpu = torch.device("cpu", 0)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     ws, ctr = decode.split_buffers(cpu, 100, 10, stream=1)
@@ -942,6 +943,37 @@ def test_split_buffers_note_counters_allocated_during_a_capture(monkeypatch):
     ws2, ctr2 = decode.split_buffers(cpu, 100, 4096, stream=1)  # grown during a capture
     assert ctr2 is not ctr and decode._CAPTURED == {ctr2.data_ptr()} and ctr in decode._RETIRED
     assert ws2 is ws  # the workspace was big enough: kept
+
+
+def test_a_stream_first_seen_in_a_capture_takes_zeroed_spare_counters(monkeypatch):
+    """Eager calls stock SPARE_COUNTERS zeroed counter buffers of at least their size; a stream first seen
+    during a capture takes one (not noted in _CAPTURED: its graph needs no memset node) until none is left or
+    none is big enough, then allocates and is noted. A capture stocks nothing."""
+    monkeypatch.setattr(decode, "_BUFFERS", {})
+    monkeypatch.setattr(decode, "_RETIRED", [])
+    monkeypatch.setattr(decode, "_CAPTURED", set())
+    monkeypatch.setattr(decode, "_SPARE", {})
+    cpu = torch.device("cpu", 0)
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    decode.split_buffers(cpu, 100, 10, stream=1)
+    spares = list(decode._SPARE[0])
+    assert len(spares) == decode.SPARE_COUNTERS and all(t.numel() >= decode.COUNTERS_MIN for t in spares)
+    assert all(torch.all(t == 0) for t in spares)
+    capturing[0] = True
+    got = [decode.split_buffers(cpu, 100, 10, stream=s)[1] for s in (2, 3)]
+    assert {t.data_ptr() for t in got} == {t.data_ptr() for t in spares} and not decode._CAPTURED
+    assert decode._SPARE[0] == []
+    _, fresh = decode.split_buffers(cpu, 100, 10, stream=4)  # none left: allocated during the capture
+    assert decode._CAPTURED == {fresh.data_ptr()} and decode._SPARE[0] == []
+    capturing[0] = False
+    decode.split_buffers(cpu, 100, 3000, stream=5)  # a bigger eager call: spares of its size
+    assert [t.numel() for t in decode._SPARE[0]] == [3000] * decode.SPARE_COUNTERS
+    capturing[0] = True
+    _, big = decode.split_buffers(cpu, 100, 4000, stream=6)  # more than any spare holds
+    assert big.data_ptr() in decode._CAPTURED and len(decode._SPARE[0]) == decode.SPARE_COUNTERS
+    assert decode.split_buffers(cpu, 100, 2000, stream=7)[1].numel() == 3000  # a spare
+    assert len(decode._SPARE[0]) == decode.SPARE_COUNTERS - 1
 
 
 def test_a_forced_split_must_be_a_plan_of_the_calls_variant():

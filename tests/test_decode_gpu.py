@@ -116,10 +116,12 @@ def test_split_k_in_a_cuda_graph():
     M, N, K = _split_case()
     a, b = _linear(M, N, K, torch.bfloat16)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-    engine.gemm(a, b, out, plan="decode")  # warm-up outside capture (compile, buffers)
+    engine.gemm(a, b, out, plan="decode")  # warm-up outside capture (compile, buffers, spare counters)
+    noted = set(decode._CAPTURED)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         engine.gemm(a, b, out, plan="decode")
+    assert decode._CAPTURED == noted, "the capture stream's counters were allocated in the capture (a memset node)"
     for _ in range(3):
         poison_(out)
         a.copy_(torch.randn_like(a))

@@ -384,15 +384,25 @@ _RETIRED: list[torch.Tensor] = []
 _CAPTURED: set[int] = set()
 
 
+# Zeroed counters made outside any capture and handed to no stream yet, per device (SPARE_COUNTERS of them):
+# a stream first seen during a capture (torch.cuda.graph's own capture stream) takes one instead of
+# allocating, so that its graph carries no memset node (~2 us each replay).
+_SPARE: dict[int, list[torch.Tensor]] = {}
+SPARE_COUNTERS = 2
+COUNTERS_MIN = 1024
+
+
 def split_buffers(device: torch.device, ws_floats: int, counters: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 workspace and int32 counters (zeroed once; the kernel leaves them at zero) for ``stream`` (a raw
-    stream handle) on ``device``, grown as needed. Counters allocated during a capture are noted in
-    _CAPTURED (``DecodeLaunch`` zeroes them before use)."""
+    """fp32 workspace and int32 counters (zero when handed out; the kernel leaves them at zero) for
+    ``stream`` (a raw stream handle) on ``device``, grown as needed. During a capture a new stream's counters
+    are a spare (``_SPARE``, stocked by the eager calls here) where one is big enough; counters allocated
+    during a capture are noted in _CAPTURED (``DecodeLaunch`` zeroes them before use)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     key = (idx, stream)
     ws, ctr = _BUFFERS.get(key, (None, None))
     if ws is not None and ws.numel() >= ws_floats and ctr.numel() >= counters:
         return ws, ctr
+    capturing = torch.cuda.is_current_stream_capturing()
     if ws is None or ws.numel() < ws_floats:
         if ws is not None:
             _RETIRED.append(ws)
@@ -400,9 +410,19 @@ def split_buffers(device: torch.device, ws_floats: int, counters: int, stream: i
     if ctr is None or ctr.numel() < counters:
         if ctr is not None:
             _RETIRED.append(ctr)
-        ctr = torch.zeros(max(counters, 1024), dtype=torch.int32, device=device)
-        if torch.cuda.is_current_stream_capturing():
-            _CAPTURED.add(ctr.data_ptr())
+        spare = _SPARE.get(idx, [])
+        fit = next((t for t in spare if t.numel() >= counters), None) if capturing else None
+        if fit is not None:
+            spare.remove(fit)
+            ctr = fit
+        else:
+            ctr = torch.zeros(max(counters, COUNTERS_MIN), dtype=torch.int32, device=device)
+            if capturing:
+                _CAPTURED.add(ctr.data_ptr())
+    if not capturing:  # spares at least this call's size (smaller ones were never handed out: dropped)
+        size = max(counters, COUNTERS_MIN)
+        spare = _SPARE[idx] = [t for t in _SPARE.get(idx, []) if t.numel() >= size]
+        spare += [torch.zeros(size, dtype=torch.int32, device=device) for _ in range(SPARE_COUNTERS - len(spare))]
     _BUFFERS[key] = (ws, ctr)
     return ws, ctr
 
