@@ -427,14 +427,14 @@ def test_plan_on_decode_shapes(M, N, K):
 @pytest.mark.parametrize("sm_count", [132, 78])
 def test_plan_ties_go_to_one_to_one_and_a_half_ctas_an_sm(M, N, K, sm_count):
     """Among the CTA shapes that tie with the pick (same modelled time and splits), the pick has the most CTAs
-    up to FILL_CTAS_PER_SM an SM, or, where every tie has more, the fewest (H200: 160 CTAs for 1 x 5120 x 5120,
+    up to the profile's decode_fill_ctas_per_sm an SM, or, where every tie has more, the fewest (H200: 160 CTAs for 1 x 5120 x 5120,
     not the 80 the old tie rule took)."""
     p = decode.plan(M, N, K, sm_count)
     t = decode.plan_time(M, N, K, sm_count, p.rw, p.splits, p.variant)[0]
     ties = [got[1].row_blocks * p.splits for rw in (8, 4, 2, 1)
             if (got := decode.plan_time(M, N, K, sm_count, rw, p.splits, p.variant)) is not None and got[0] == t
             and not (rw > 1 and p.variant.rows * rw // 2 >= N)]
-    cap = decode.FILL_CTAS_PER_SM * sm_count
+    cap = decode._PROF.decode_fill_ctas_per_sm * sm_count
     ctas = p.row_blocks * p.splits
     under = [c for c in ties if c <= cap]
     assert ctas == (max(under) if under else min(ties)), (ctas, ties)

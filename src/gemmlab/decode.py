@@ -242,14 +242,6 @@ class DecodePlan:
 # ``decode_in_flight_per_sm``, ``l2_smem_bytes_per_s``): the H200's, with the caller's SM count.
 _PROF = H200
 MAX_SPLITS = 16
-# Tied plans' CTA count, per SM. On the H200 (session 47, decode_splits.py, h200_decode_splits.jsonl) the
-# plan with 1-1.5 CTAs an SM beat its ties with fewer and with more: 1 x 5120 x 5120 at 160 CTAs 15.84 us,
-# at 80 16.26, at 320 16.36; 8 x 5120 x 5120 16.95 against 18.38 at 80; 1 x 6144 x 6144 192 CTAs 20.81,
-# 96 21.18, 384 21.35; 1 x 4864 x 896 152 CTAs 4.61, 76 4.91, 304 6.27; 1 x 8960 x 1536 140 CTAs 9.53,
-# 70 9.85, 280 10.82. M 16-32 at K <= 1024 (56-72 CTAs against 28-36): 4-16% faster on both GPUs. The one
-# loss: 1 x 5120 x 13824, 40.07 at 160 against 38.95 at 80 (the H100 ran 4 x 5120 x 13824 11% faster at
-# 160). The H100 ran 80 and 160 CTAs within 1% elsewhere (h100_decode_splits.jsonl).
-FILL_CTAS_PER_SM = 1.5
 
 
 def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
@@ -331,7 +323,7 @@ def plan(M: int, N: int, K: int, sm_count: int, variant: Variant | None = None) 
     """The split for (M, N, K) on ``sm_count`` SMs with ``variant`` (default: ``default_variant``): the CTA
     shape and split count with the least ``plan_time``. Ties (the weight stream's term alone, equal for every
     CTA shape that keeps the loads in flight) go to fewer splits, then to the most CTAs up to
-    ``FILL_CTAS_PER_SM`` per SM, else the fewest.
+    ``DeviceProfile.decode_fill_ctas_per_sm`` an SM, else the fewest.
     Needs no GPU. Every M in 1..KERNEL_MAX_M and N, K >= 1 has a plan (``rw = 1, splits = 1`` always fits);
     ValueError for sizes outside those.
 
@@ -353,7 +345,7 @@ def plan(M: int, N: int, K: int, sm_count: int, variant: Variant | None = None) 
             if got is None:
                 continue
             ctas = got[1].row_blocks * splits
-            over = ctas > FILL_CTAS_PER_SM * sm_count
+            over = ctas > _PROF.decode_fill_ctas_per_sm * sm_count
             key = (got[0], splits, over, ctas if over else -ctas)
             if best is None or key < best[0]:
                 best = (key, got[1])

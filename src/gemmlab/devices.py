@@ -220,6 +220,13 @@ class DeviceProfile:
     # Weight bytes requested per SM for that rate: 8 warps x 4 KB was the first kernel's assumption (Little's
     # law: 4 TB/s x ~1 us over 132 SMs is ~30 KB).
     decode_in_flight_per_sm: int = 32 * 1024
+    # Plans ``decode.plan_time`` prices the same (the weight stream alone) go to the most CTAs up to this many
+    # an SM, else the fewest (``decode.plan``). H200 (session 47, h200_decode_splits.jsonl): the tie with
+    # 1-1.5 CTAs an SM ran 2-17% faster than those with fewer (1x5120x5120 at 160 CTAs 15.84 us, 80 16.26;
+    # 8x5120x5120 16.95 / 18.38; 32x1024x1024 at 64 4.65 / 32 5.63) and 3-36% faster than those with 2 or more
+    # (1x4864x896 at 152 4.61, 304 6.27); the one loss, 1x5120x13824, 40.07 at 160 against 38.95 at 80. The
+    # H100 ran 80 and 160 CTAs within 1% (4x5120x13824: 11% faster at 160; h100_decode_splits.jsonl).
+    decode_fill_ctas_per_sm: float = 1.5
     # h11's split-K model (``engine.choose_plan`` / ``split_seconds``; fitted to engine_policies.jsonl, sha
     # 4fc772e, the latencies at 227f35c: the plans chosen ran 3.4% behind the best measured): a k-step costs
     # its SM the largest of the MMAs, the TMA bytes and a load's round trip over the stages in flight (from
