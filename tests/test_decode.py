@@ -427,8 +427,8 @@ def test_plan_on_decode_shapes(M, N, K):
 @pytest.mark.parametrize("sm_count", [132, 78])
 def test_plan_ties_go_to_one_to_one_and_a_half_ctas_an_sm(M, N, K, sm_count):
     """Among the CTA shapes that tie with the pick (same modelled time and splits), the pick has the most CTAs
-    up to the profile's decode_fill_ctas_per_sm an SM, or, where every tie has more, the fewest (H200: 160 CTAs for 1 x 5120 x 5120,
-    not the 80 the old tie rule took)."""
+    up to the profile's decode_fill_ctas_per_sm an SM, or, where every tie has more, the fewest (H200: 160
+    CTAs for 1 x 5120 x 5120, not the 80 the old tie rule took)."""
     p = decode.plan(M, N, K, sm_count)
     t = decode.plan_time(M, N, K, sm_count, p.rw, p.splits, p.variant)[0]
     ties = [got[1].row_blocks * p.splits for rw in (8, 4, 2, 1)
