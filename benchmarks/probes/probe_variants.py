@@ -30,7 +30,7 @@ torch._grouped_mm.
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
         [--variants base,divergent]   (--pick small --variants base,warm,warm32,order)
         (--pick stream --variants base,hint1,hint2,hint3; --pick moe the same; --pick decode
-         --variants base,dhint)
+         --variants base,dhint; --pick decode --variants base,tail1 --shapes "1,1000,999;1,4096,4544")
 """
 import argparse
 import json
@@ -106,9 +106,14 @@ STORE_HINT = [("common/tma.cuh", "#define L2_STORE_HINT 0", "#define L2_STORE_HI
 # dhint: the decode kernel's weight loads fetch 256 bytes into the L2 (engine/decode.cu, DECODE_LOAD_HINT;
 # --pick decode).
 DHINT = [("engine/decode.cu", "#define DECODE_LOAD_HINT 0", "#define DECODE_LOAD_HINT 1")]
+# tail1: the decode kernel's K tail one 32-k chunk at a time, each chunk's loads then its mmas (the form before
+# session 48; engine/decode.cu DECODE_TAIL_AHEAD); base issues two or four chunks' loads together
+# (decode::tail_ahead). Only K % 128 != 0 has a tail: --pick decode --shapes "1,1000,999;...".
+TAIL1 = [("engine/decode.cu", "#define DECODE_TAIL_AHEAD 0", "#define DECODE_TAIL_AHEAD 1")]
 VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE,
             "warm": WARM, "warm2": WARM2, "warm32": WARM32, "pull": PULL, "fullA": FULL_A, "hint1": HINT1, "hint2": HINT2,
-            "hint3": HINT3, "store": STORE_HINT, "hint1store": HINT1 + STORE_HINT, "dhint": DHINT}
+            "hint3": HINT3, "store": STORE_HINT, "hint1store": HINT1 + STORE_HINT, "dhint": DHINT,
+            "tail1": TAIL1}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 # --pick moe: probe_row_skip's four MoE shapes and small-T ones where groups hold a few rows (DBRX, Mixtral
 # decode-sized batches, DeepSeek-V2-Lite's 64 experts).
@@ -250,6 +255,9 @@ def main():
                     choices=("mid64", "broad", "streamed", "moe", "small", "splitk", "stream", "decode"))
     ap.add_argument("--limit", type=int, default=24)
     ap.add_argument("--variants", default="base,divergent")
+    ap.add_argument("--shapes", default=None,
+                    help='--pick decode only: "M,N,K;..." instead of the broad set\'s (any K: rows at any address '
+                         'run the unaligned variants)')
     args = ap.parse_args()
     names = args.variants.split(",")
     roots = {}
@@ -262,7 +270,12 @@ def main():
         if args.pick == "moe":
             moe(roots, out, l2, gains)
         else:
-            todo = decode_shapes(args.limit) if args.pick == "decode" else shapes(args.pick, args.limit)
+            if args.shapes and args.pick == "decode":
+                todo = [(s.strip(), *map(int, s.split(","))) for s in args.shapes.split(";") if s.strip()]
+            elif args.shapes:
+                raise SystemExit("--shapes goes with --pick decode")
+            else:
+                todo = decode_shapes(args.limit) if args.pick == "decode" else shapes(args.pick, args.limit)
             if args.pick != "decode":
                 for v in names:
                     parts.precompile([gemmlab.plan(M, N, K).plan for _, M, N, K in todo], roots[v])

@@ -41,6 +41,12 @@
 // unit column stride; with ALIGNED also 16-byte aligned bases and rows and K % 8 == 0.
 #include "common/epilogue.cuh"
 
+// DECODE_TAIL_AHEAD (a probe's setting, 0 in the library): how many of the K tail's chunks issue their loads
+// together (decode::tail_ahead below); 1 is the kernel before session 48 (one chunk's loads, then its mmas).
+#ifndef DECODE_TAIL_AHEAD
+#define DECODE_TAIL_AHEAD 0
+#endif
+
 namespace decode {
 
 constexpr int WARPS = 8;  // warps per CTA (RW row groups x KW k pieces)
@@ -208,6 +214,16 @@ constexpr __host__ __device__ int min_blocks(int nt, int rpw, int depth) {
     return (nt == 1 && rpw == 1 && depth == 1) ? 3 : (nt * rpw >= 16 ? 1 : 2);
 }
 
+// The K tail's chunks whose loads are in flight together (see the tail in engine_decode): a chunk holds NT +
+// 2 RPW 16-byte loads (twice that unaligned, two windows each), on top of whatever the main loop left live.
+// All four where the registers allow it without spilling (the aligned two-deep variants, 128 registers), two
+// elsewhere, one where a warp holds 8 or more token x row-group tiles. Compiled for every variant without
+// local memory (tests/test_decode.py); a rule of those compiles, not a register count.
+constexpr __host__ __device__ int tail_ahead(int nt, int rpw, int depth, bool aligned) {
+    if (DECODE_TAIL_AHEAD > 0) return DECODE_TAIL_AHEAD;
+    return nt * rpw >= 8 ? 1 : (aligned && depth == 2 ? 4 : 2);
+}
+
 }  // namespace decode
 
 // Variants (template parameters, chosen per NT by decode.default_variant; benchmarks/decode_variants.py
@@ -241,6 +257,7 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
     constexpr int MP = NT * 8;        // tokens, padded
     constexpr int CHUNK = 32 * U;     // k per iteration of a warp
     constexpr int ROWS = 16 * RPW;    // weight rows per warp
+    constexpr int TAIL_AHEAD = tail_ahead(NT, RPW, DEPTH, ALIGNED);  // K tail chunks loaded together
     // Per k piece of the CTA: MP token rows of (ROWS RW + 4) floats, KW pieces (the host sizes it:
     // decode.smem_bytes). The +4 pad puts the 8 rows x 4 token pairs a warp stores at once in 32
     // different banks (see the store below).
@@ -368,34 +385,42 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
             }
         };
         // One 32-k chunk whose lane elements outside [lo, n) are zeroed in W and X (the K tail; STRIDED, also
-        // the piece's first chunk, whose windows start half_s elements before k_begin). Straight-line code.
-        auto masked_chunk = [&](int k, int lo, int n) {
+        // the piece's first chunk, whose windows start half_s elements before k_begin): its loads
+        // (``load_masked``), then its mmas (``mma_masked``), so that several chunks' loads can be in flight
+        // at once. n <= lo loads nothing and leaves zeros.
+        struct Masked {
+            uint4 x[NT], wt[RPW], wb[RPW];
+        };
+        auto load_masked = [&](Masked& c, int k, int lo, int n) {
             const uint4 zero = make_uint4(0, 0, 0, 0);
-            uint4 x[NT];
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                if constexpr (ALIGNED) x[j] = n > 0 ? ld_shared_by_warps(x_lane + x_row[j] + k) : zero;
-                else x[j] = ld_range<false>(x_lane + x_row[j] + k - half_s, lo, n);
+                if constexpr (ALIGNED) c.x[j] = n > 0 ? ld_shared_by_warps(x_lane + x_row[j] + k) : zero;
+                else c.x[j] = ld_range<false>(x_lane + x_row[j] + k - half_s, lo, n);
             }
 #pragma unroll
             for (int r = 0; r < RPW; ++r) {
-                uint4 wt, wb;
                 if constexpr (ALIGNED) {
-                    wt = n > 0 ? ld_stream(w_lane[r][0] + k) : zero;
-                    wb = n > 0 ? ld_stream(w_lane[r][1] + k) : zero;
+                    c.wt[r] = n > 0 ? ld_stream(w_lane[r][0] + k) : zero;
+                    c.wb[r] = n > 0 ? ld_stream(w_lane[r][1] + k) : zero;
                 } else {
-                    wt = ld_range<true>(w_lane[r][0] + k, lo, n);
-                    wb = ld_range<true>(w_lane[r][1] + k, lo, n);
+                    c.wt[r] = ld_range<true>(w_lane[r][0] + k, lo, n);
+                    c.wb[r] = ld_range<true>(w_lane[r][1] + k, lo, n);
                 }
-                mma_chunk<T, NT>(acc[r], wt, wb, x);
             }
+        };
+        auto mma_masked = [&](const Masked& c) {
+#pragma unroll
+            for (int r = 0; r < RPW; ++r) mma_chunk<T, NT>(acc[r], c.wt[r], c.wb[r], c.x);
         };
 
         int k = k_begin;
         // STRIDED: the lane's elements of the chunk at k are k - half_s + 8 q .. + 7. The first chunk holds
         // half_s elements before k_begin (another row's, or bytes before the tensor): masked.
         if (STRIDED && half_s > 0) {
-            masked_chunk(k, max(0, half_s - 8 * q), min(8, k_end - (k - half_s + 8 * q)));
+            Masked c;
+            load_masked(c, k, max(0, half_s - 8 * q), min(8, k_end - (k - half_s + 8 * q)));
+            mma_masked(c);
             k += 32;
         }
         const int k_stop = k_end + half_s;  // a chunk at k ends at k - half_s + CHUNK
@@ -425,13 +450,27 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
                 if (!more2) break;
             }
         }
-        // Tail (K of the last piece not a multiple of CHUNK): at most CHUNK / 32 chunks of 32 k with the
-        // lane's 8 k zeroed past k_end (ALIGNED: K % 8 == 0, so a lane's 8 k are all in or all out; else its
-        // first n, ``ld_range``, in W and X both: past them a window holds the next row's bytes, any value).
-        // Unrolled straight-line code, not a loop: the main loop stays the only one with HMMAs.
+        // Tail (K of the last piece not a multiple of CHUNK): up to CHUNK / 32 chunks of 32 k with the lane's
+        // 8 k zeroed past k_end (ALIGNED: K % 8 == 0, so a lane's 8 k are all in or all out; else its first
+        // n, ``ld_range``, in W and X both: past them a window holds the next row's bytes, any value). Every
+        // chunk's loads are issued before the first of their mmas (a chunk past k_stop loads nothing): one
+        // memory round trip for the tail, not one a chunk (a loop of load-then-mma chunks took up to four,
+        // the floor of a short ragged K: docs/worklog.md, session 48). Unrolled straight-line code, not a
+        // loop: the main loop stays the only one with HMMAs.
+        constexpr int TAIL = CHUNK / 32;
 #pragma unroll
-        for (int t = 0; t < CHUNK / 32 && k < k_stop; ++t, k += 32)
-            masked_chunk(k, 0, min(8, k_end - (k - half_s + 8 * q)));
+        for (int t0 = 0; t0 < TAIL; t0 += TAIL_AHEAD) {
+            if (k + 32 * t0 >= k_stop) break;  // warp-uniform
+            Masked tail[TAIL_AHEAD];
+#pragma unroll
+            for (int t = 0; t < TAIL_AHEAD; ++t) {
+                const int kt = k + 32 * (t0 + t);
+                load_masked(tail[t], kt, 0, kt < k_stop ? min(8, k_end - (kt - half_s + 8 * q)) : 0);
+            }
+#pragma unroll
+            for (int t = 0; t < TAIL_AHEAD; ++t)
+                if (k + 32 * (t0 + t) < k_stop) mma_masked(tail[t]);
+        }
     }
 
     // Fragments -> red[ks][token][row]. Lane (g, q) holds rows 16 r + g, 16 r + g + 8 and tokens 8j + 2q,
