@@ -30,7 +30,7 @@ torch._grouped_mm.
     python benchmarks/probes/probe_variants.py OUT.jsonl [--pick mid64|broad|streamed|moe] [--limit 24]
         [--variants base,divergent]   (--pick small --variants base,warm,warm32,order)
         (--pick stream --variants base,hint1,hint2,hint3; --pick moe the same; --pick decode
-         --variants base,dhint; --pick decode --variants base,tail1 --shapes "1,1000,999;1,4096,4544")
+         --variants base,dhint; --pick decode --variants base,tail1,nopf,old --shapes "1,1000,999;1,4096,4544")
 """
 import argparse
 import json
@@ -110,10 +110,13 @@ DHINT = [("engine/decode.cu", "#define DECODE_LOAD_HINT 0", "#define DECODE_LOAD
 # session 48; engine/decode.cu DECODE_TAIL_AHEAD); base issues two or four chunks' loads together
 # (decode::tail_ahead). Only K % 128 != 0 has a tail: --pick decode --shapes "1,1000,999;...".
 TAIL1 = [("engine/decode.cu", "#define DECODE_TAIL_AHEAD 0", "#define DECODE_TAIL_AHEAD 1")]
+# nopf: the L2 prefetch stops before the K tail's chunk (DECODE_PREFETCH_TAIL 0, the form before session 48);
+# old: nopf and tail1, the kernel before session 48.
+NOPF = [("engine/decode.cu", "#define DECODE_PREFETCH_TAIL 1", "#define DECODE_PREFETCH_TAIL 0")]
 VARIANTS = {"base": [], "divergent": DIVERGENT, "order": ORDER_FIRST, "early": EARLY, "converge": CONVERGE,
             "warm": WARM, "warm2": WARM2, "warm32": WARM32, "pull": PULL, "fullA": FULL_A, "hint1": HINT1, "hint2": HINT2,
             "hint3": HINT3, "store": STORE_HINT, "hint1store": HINT1 + STORE_HINT, "dhint": DHINT,
-            "tail1": TAIL1}
+            "tail1": TAIL1, "nopf": NOPF, "old": TAIL1 + NOPF}
 CONTROLS = [(1536, 1024, 4096), (2048, 1024, 5120), (3000, 1024, 3072)]
 # --pick moe: probe_row_skip's four MoE shapes and small-T ones where groups hold a few rows (DBRX, Mixtral
 # decode-sized batches, DeepSeek-V2-Lite's 64 experts).

@@ -46,6 +46,9 @@
 #ifndef DECODE_TAIL_AHEAD
 #define DECODE_TAIL_AHEAD 0
 #endif
+#ifndef DECODE_PREFETCH_TAIL
+#define DECODE_PREFETCH_TAIL 1
+#endif
 
 namespace decode {
 
@@ -352,8 +355,11 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
         };
         // The 4 lanes of a row split its CHUNK k (2 CHUNK bytes): lane q asks for the 64-byte pieces
         // q, q + 4, ... (fewer than 4 pieces at U < 4: those lanes ask nothing).
+        // With DECODE_PREFETCH_TAIL (1 in the library; 0 is the kernel before session 48) the K tail's chunk
+        // too: a lane's piece if it starts before k_end (U <= 4: one piece a lane at most), so that the tail's
+        // loads find the L2 warm as the main loop's do.
         auto prefetch_chunk = [&](int kp) {
-            if (PF > 0 && kp + CHUNK <= k_end) {
+            if (PF > 0 && (DECODE_PREFETCH_TAIL ? kp + 32 * q < k_end : kp + CHUNK <= k_end)) {
 #pragma unroll
                 for (int p = q; p < U; p += 4)
 #pragma unroll
