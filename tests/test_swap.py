@@ -68,6 +68,26 @@ def test_a_streamed_best_swapped_plan_is_not_preferred(M):
     assert planner.plan(M, 4096, 11008).swap_ab  # a split-K swapped plan is still preferred
 
 
+@pytest.mark.parametrize("M, N, K", [(1, 8960, 1536), (4, 8960, 1536), (16, 8960, 1536), (2, 10240, 1024)])
+def test_a_swapped_plan_priced_past_the_margin_is_not_preferred(M, N, K):
+    """Where the model prices the best swapped plan at SWAP_PREFER_MARGIN times the best plain plan or more
+    (140-160 swapped 64-row tiles: a second wave almost empty; 112-128 plain 64 x 80 tiles: one wave) the
+    model ranks both kinds, and the plain plan runs: H200 0.90-0.96x torch.mm swapped, 1.04-1.12x plain."""
+    ps = planner.candidates(M, N, K)
+    best_swapped = min((p for p in ps if p.swap_ab), key=planner.plan_key)
+    best_plain = min((p for p in ps if not p.swap_ab), key=planner.plan_key)
+    assert best_swapped.predicted_s >= planner.SWAP_PREFER_MARGIN * best_plain.predicted_s
+    assert best_swapped.tiles > 132 >= best_plain.tiles
+    keys = [planner.plan_key(p) for p in ps]
+    assert keys == sorted(keys)
+    assert planner.plan(M, N, K) == best_plain
+    # Under the margin the preference holds: 2 x 3072 x 3072's swapped plan priced ~1.3x the plain one.
+    near = planner.candidates(2, 3072, 3072)
+    assert near[0].swap_ab
+    assert near[0].predicted_s < planner.SWAP_PREFER_MARGIN * min(
+        (p for p in near if not p.swap_ab), key=planner.plan_key).predicted_s
+
+
 @pytest.mark.parametrize("M, N, K, bm", [
     (1, 14336, 4096, 128), (16, 14336, 4096, 128), (32, 14336, 4096, 128),  # 112 tiles: 0.85 of the SMs
     (32, 43008, 5376, 128),  # 336 tiles (the 256-row ones: 168, 1.27 waves)

@@ -78,6 +78,14 @@ SWAP_MAX_M = 64
 # win (4096x11008: split-K x2 swapped 1.13-1.15 against the plain 1.04): a rule from records until it is
 # refitted.
 SWAP_PREFER_M = 32
+# ... unless the model prices that swapped plan at SWAP_PREFER_MARGIN times the best plain plan's or more:
+# then the model ranks both kinds. The gap that wide is a wave the swapped tiles leave almost empty where the
+# plain ones fit one: N of 8960-10240 in 140-160 swapped 64-row tiles (1.06-1.21 waves on 132 SMs) against
+# 112-128 plain 64 x 80 tiles (H200, wave_probe.jsonl at d5ef4ae: 1x8960x1536 swapped 0.908x torch.mm,
+# plain 1.116; 4x8960x1536 0.911 / 1.115; 16x8960x1536 0.901 / 1.098; 2x10240x1024 0.959 / 1.042, priced
+# 1.40-1.54x the plain plan). Under the margin the rule holds (2x3072x3072 priced 1.32x: swapped 1.266,
+# plain 1.216; 1x2048x2048 1.29x: 1.066 / 1.042; none of the broad set's shapes is priced past 1.33x).
+SWAP_PREFER_MARGIN = 1.35
 # Past SWAP_MAX_M and up to SWAP_PAD_MAX_M tokens the swapped plans offered are the data-parallel ones over
 # at most SWAP_PAD_COLUMNS columns of token tiles: a plain tile pads the tokens to whole 64- or 128-row
 # tiles (M = 200 to 256: 22% of its MMAs on padding; 300: 28%), a swapped one to its width in steps of 16
@@ -647,7 +655,7 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
             dp_only = narrow_tall or (swapped and padded)
             plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")
                       and not (swapped and wide and p.schedule not in ("data_parallel", "pingpong"))]
-    prefer_swap = swap and M <= SWAP_PREFER_M and _best_swapped_not_streamed(plans)
+    prefer_swap = swap and M <= SWAP_PREFER_M and _swap_preferred(plans)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
     if swap and wide and plans and plans[0].swap_ab:
         plain = next((p for p in plans if not p.swap_ab), None)
@@ -692,12 +700,16 @@ def _padding_prefers_swap(M: int, plans) -> bool:
     return swapped.predicted_s < plain.predicted_s * padded ** SWAP_PAD_EXPONENT
 
 
-def _best_swapped_not_streamed(plans) -> bool:
-    """Whether the model's best swapped plan among ``plans`` is not stream-K (``SWAP_PREFER_M``)."""
+def _swap_preferred(plans) -> bool:
+    """``SWAP_PREFER_M``'s rule: whether the model's best swapped plan among ``plans`` goes before every plain
+    one: it is not stream-K and is priced under ``SWAP_PREFER_MARGIN`` times the best plain plan."""
     swapped = [p for p in plans if p.swap_ab]
     if not swapped:
         return False
     best = min(swapped, key=plan_key)
+    plain = [p for p in plans if not p.swap_ab]
+    if plain and best.predicted_s >= SWAP_PREFER_MARGIN * min(plain, key=plan_key).predicted_s:
+        return False
     return best.schedule != "stream_k"
 
 
