@@ -6,7 +6,9 @@ the kernel's latency or the split's?
 
 Per shape: the default variant for its operands (``decode.variant_for``: aligned or not, strided by size),
 every (rw, splits) ``plan_time`` allows, the ``--top`` best by its model plus every unsplit CTA shape and the
-pick. Each plan is checked against a float64 reference before it is timed. Records carry
+pick; with ``--short-pieces`` also each unsplit one with the shortest k piece that still covers K
+(``decode.MIN_WARP_K`` not applied: does a tiny K's call want fewer serial iterations a warp?). Each plan is
+checked against a float64 reference before it is timed. Records carry
 ``suite = "decode-splits"``, the plan, its ``plan_time`` and ``cost_s`` (the router's price of the pick),
 the SM clock and the git sha.
 """
@@ -14,7 +16,9 @@ the SM clock and the git sha.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 
 import torch
 from decode_variants import operand_sets
@@ -43,6 +47,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=8, help="the best this many plans by the model, besides the pick")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None)
+    p.add_argument("--short-pieces", action="store_true",
+                   help="also time every unsplit plan with its k piece cut to the shortest that covers K")
     args = p.parse_args()
     info = gpu_info()
     for shape in args.shapes.split(";"):
@@ -52,6 +58,12 @@ def main() -> None:
         pick = decode.plan(M, N, K, info.sm_count, v)
         plans = {f"{dp}" + (" (pick)" if dp == pick else ""): (t, dp)
                  for t, dp in splits_of(M, N, K, info.sm_count, v, args.top)}
+        if args.short_pieces:
+            for _, dp in list(plans.values()):
+                short = math.ceil(math.ceil(K / dp.kw) / decode.CHUNK_K) * decode.CHUNK_K
+                if dp.splits == 1 and short < dp.piece:
+                    cut = dataclasses.replace(dp, piece=short)
+                    plans[f"{cut} (short)"] = (None, cut)
         own = "engine (" + gemmlab.plan(M, N, K).kernel + ")"
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2]),
                  own: lambda i: engine.gemm(*sets[i])}
