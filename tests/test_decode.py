@@ -410,7 +410,7 @@ def test_plan_covers_every_weight_element_once(shape, variant, sm_count):
 @pytest.mark.parametrize("N,K", list(itertools.product((1024, 4096, 8192, 14336, 28672), (4096, 8192, 14336, 28672))))
 @pytest.mark.parametrize("M", [1, 16, 64])
 def test_plan_on_decode_shapes(M, N, K):
-    """Llama-3 shapes on 132 SMs: >= 8 KB of weight per warp, at most MAX_SPLITS partials per row block, and
+    """Llama-3 shapes on 132 SMs: >= 4 KB of weight per warp, at most MAX_SPLITS partials per row block, and
     a modelled time within 1.35x of streaming the weight at HBM bandwidth (the worst case is N = 1024,
     M = 64: 16 MB of weight, X re-read per CTA, and a 4-way fixup)."""
     p = decode.plan(M, N, K, 132)
