@@ -458,11 +458,11 @@ engine_decode(const T* __restrict__ W, long long ldw, const T* __restrict__ X, l
         }
         // Tail (K of the last piece not a multiple of CHUNK): up to CHUNK / 32 chunks of 32 k with the lane's
         // 8 k zeroed past k_end (ALIGNED: K % 8 == 0, so a lane's 8 k are all in or all out; else its first
-        // n, ``ld_range``, in W and X both: past them a window holds the next row's bytes, any value). Every
-        // chunk's loads are issued before the first of their mmas (a chunk past k_stop loads nothing): one
-        // memory round trip for the tail, not one a chunk (a loop of load-then-mma chunks took up to four,
-        // the floor of a short ragged K: docs/worklog.md, session 48). Unrolled straight-line code, not a
-        // loop: the main loop stays the only one with HMMAs.
+        // n, ``ld_range``, in W and X both: past them a window holds the next row's bytes, any value). The
+        // chunks go in groups of TAIL_AHEAD, each group's loads issued before the first of its mmas (a chunk
+        // past k_stop loads nothing): one or two memory round trips for the tail, not one a chunk (a loop of
+        // load-then-mma chunks took up to four, the floor of a short ragged K: docs/worklog.md, session 48).
+        // Unrolled straight-line code, not a loop: the main loop stays the only one with HMMAs.
         constexpr int TAIL = CHUNK / 32;
 #pragma unroll
         for (int t0 = 0; t0 < TAIL; t0 += TAIL_AHEAD) {
