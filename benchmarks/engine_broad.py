@@ -40,7 +40,7 @@ import torch
 
 from gemmlab import engine, engine2
 from gemmlab import planner
-from gemmlab.bench import check_candidates, git_sha
+from gemmlab.bench import check_candidates, git_sha, load_records
 from gemmlab.gpu import gpu_info
 from gemmlab.timer import sets_for, time_interleaved
 from gemmlab.jit import launch
@@ -62,7 +62,7 @@ def load_cases(args) -> list[dict]:
         cases = [cases[int(i * step)] for i in range(args.limit)]
     if args.skip_measured:  # PATH@SHA: complete a run the budget cut short
         path, sha = args.skip_measured.rsplit("@", 1)
-        done = {(r["M"], r["N"], r["K"]) for r in map(json.loads, Path(path).read_text().splitlines())
+        done = {(r["M"], r["N"], r["K"]) for r in load_records(path)
                 if r.get("candidate") == "engine" and r.get("git_sha", "").startswith(sha)}
         cases = [c for c in cases if (c["M"], c["N"], c["K"]) not in done]
     if not args.shapes:  # a fixed shuffle: a run the time budget cuts short still samples every class

@@ -19,11 +19,17 @@ others do not is the run's noise, not the class's.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+from gemmlab.bench import load_records  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_broad.jsonl"
 
@@ -39,7 +45,7 @@ def line(name: str, xs: list[float]) -> str:
 
 def load(path: Path, sha: str) -> dict:
     by = defaultdict(dict)
-    for r in map(json.loads, open(path)):
+    for r in load_records(path):
         if str(r.get("git_sha", "")).startswith(sha) and r.get("ratio"):
             by[(r["M"], r["N"], r["K"])][r["candidate"]] = r
     return by

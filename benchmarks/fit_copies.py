@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import random
 from collections import defaultdict
@@ -40,6 +39,7 @@ import numpy as np
 from pick_vs_oracle import router
 
 from gemmlab import engine
+from gemmlab.bench import load_records
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -57,7 +57,7 @@ def points(path: Path, shas) -> list[tuple]:
     """(copied bytes, measured s, the router's engine_s, shape) per record of the ``model`` candidate: the
     engine kernel with copies of both operands (the unaligned decode shapes copy A and the weight)."""
     runs = defaultdict(dict)
-    for r in map(json.loads, open(path)):
+    for r in load_records(path):
         if any(r.get("git_sha", "").startswith(s) for s in shas) and r.get("candidate") == "model" \
                 and r.get("predicted_ms") and r.get("time_ms"):
             runs[(r["git_sha"], r["M"], r["N"], r["K"])] = r

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import pick_vs_oracle
 from gemmlab import plan_cost, planner
+from gemmlab.bench import load_records
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -108,7 +109,7 @@ def broad_records(sha: str | tuple = BROAD_SHAS) -> tuple[list[dict], set]:
     """The broad set's records with a time of one run (a sha) or several (a tuple of shas), and the fit
     half's shapes (even positions of the sorted distinct shapes)."""
     shas = (sha,) if isinstance(sha, str) else tuple(sha)
-    recs = [r for r in map(json.loads, open(RESULTS / "engine_broad.jsonl"))
+    recs = [r for r in load_records(RESULTS / "engine_broad.jsonl")
             if r.get("git_sha") in shas and r.get("time_ms")]
     shapes = sorted({(r["M"], r["N"], r["K"]) for r in recs})
     return recs, {s for i, s in enumerate(shapes) if i % 2 == 0}
@@ -214,7 +215,7 @@ def route_cases(shas=ROUTE_SHAS) -> dict:
     from gemmlab import engine
 
     by = defaultdict(lambda: defaultdict(dict))
-    for r in map(json.loads, open(RESULTS / "engine_broad.jsonl")):
+    for r in load_records(RESULTS / "engine_broad.jsonl"):
         if r.get("git_sha") in shas and r.get("time_ms"):
             by[r["git_sha"]][(r["M"], r["N"], r["K"])][r["candidate"]] = r
     out = {}

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -42,6 +41,7 @@ from pathlib import Path
 import torch
 
 from gemmlab import engine, plan_cost, planner
+from gemmlab.bench import load_records
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -70,7 +70,7 @@ def load(shas=SHAS) -> dict[tuple, Case]:
     newest record; ratios are to torch.mm in the same run, so they pool across the runs' clocks)."""
     by = defaultdict(dict)
     order = {sha: i for i, sha in enumerate(shas)}
-    for r in map(json.loads, open(RESULTS / "engine_broad.jsonl")):
+    for r in load_records(RESULTS / "engine_broad.jsonl"):
         if r.get("git_sha") in order and r.get("time_ms"):
             by[(r["M"], r["N"], r["K"])].setdefault(r["git_sha"], {})[r["candidate"]] = r
     cases = {}

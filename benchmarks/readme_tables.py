@@ -34,10 +34,14 @@ CLI_COLUMNS = 140  # the width of the command outputs shown in docs/
 
 
 def load(name: str) -> list[dict]:
-    path = RESULTS / name
-    if not path.exists():
+    """The records of ``results/NAME`` (``X.jsonl`` reads ``X.jsonl.gz`` where only that exists); none if
+    neither is there."""
+    from gemmlab.bench import load_records
+
+    try:
+        return load_records(RESULTS / name)
+    except FileNotFoundError:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def geomean(xs):

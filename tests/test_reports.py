@@ -144,6 +144,26 @@ def test_read_records_counts_what_it_leaves_out(tmp_path):
     assert row.kernel == "k01_naive" and row.shape == "8x8x8" and row.tflops == 1.0
 
 
+
+def test_records_read_from_gzip_members_and_by_the_plain_name(tmp_path):
+    """A record file kept as X.jsonl.gz, each run appended as one more gzip member, reads as the plain file
+    did, also when asked for by its old name X.jsonl; a damaged one is refused with its name."""
+    import gzip
+
+    from gemmlab.bench import load_records
+
+    runs = [[{"M": 8, "N": 8, "K": 8, "kernel": "sgemm.k01_naive", "tflops": float(i + j)} for j in range(3)]
+            for i in range(2)]
+    plain = tmp_path / "r.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for run in runs for r in run))
+    gz = tmp_path / "kept.jsonl.gz"
+    gz.write_bytes(b"".join(gzip.compress("".join(json.dumps(r) + "\n" for r in run).encode()) for run in runs))
+    assert load_records(gz) == load_records(tmp_path / "kept.jsonl") == load_records(plain) == runs[0] + runs[1]
+    assert records.read_records([tmp_path / "kept.jsonl"]) == records.read_records([plain])
+    (tmp_path / "bad.jsonl.gz").write_bytes(gz.read_bytes()[:-9])
+    with pytest.raises(BadRequest, match="bad.jsonl.gz: cannot read it"):
+        records.read_records([tmp_path / "bad.jsonl.gz"])
+
 def test_bench_caps():
     records.check_bench_size(4096, 4096, 4096, 2)
     with pytest.raises(BadRequest, match="benchmark cap 2\\^36"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,17 +116,19 @@ def normalize(raw: dict) -> tuple[dict | None, str | None]:
 
 
 def read_records(paths, *, what: str = "gemmlab plot") -> tuple[list[dict], list[str]]:
-    """The records of JSON-line files, normalized, and notes on the lines left out (one note per file).
-    Raises ``BadRequest`` for a file that cannot be read, a line that is not JSON, or files with no
-    usable record at all; the message names the file and line."""
+    """The records of JSON-line files (plain or gzip: ``bench.read_record_text``), normalized, and notes on
+    the lines left out (one note per file). Raises ``BadRequest`` for a file that cannot be read, a line that
+    is not JSON, or files with no usable record at all; the message names the file and line."""
+    from ..bench import read_record_text
+
     records, notes = [], []
     for path in map(Path, paths):
         try:
-            text = path.read_text()
+            text = read_record_text(path)
         except UnicodeDecodeError:
             raise BadRequest(f"{path}: not a text file; {what} reads JSON-line benchmark records") from None
-        except OSError as e:
-            raise BadRequest(f"{path}: cannot read it ({e.strerror or e})") from None
+        except (OSError, EOFError, zlib.error) as e:  # EOFError, zlib.error: a damaged .gz
+            raise BadRequest(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
         skipped: dict[str, int] = {}
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
