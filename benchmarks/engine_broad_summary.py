@@ -31,7 +31,7 @@ if str(SRC) not in sys.path:
 
 from gemmlab.bench import load_records  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results" / "engine_broad.jsonl"
+RESULTS = Path(__file__).resolve().parent / "results" / "engine_broad.jsonl.gz"
 
 
 def gm(xs) -> float:

@@ -1,6 +1,6 @@
 """Fit the operand copies' price (``engine.copies_s``) to the broad records (CPU only).
 
-    PYTHONPATH=src python3 benchmarks/fit_copies.py [--sha 90e1bea edda661] [--file engine_broad.jsonl]
+    PYTHONPATH=src python3 benchmarks/fit_copies.py [--sha 90e1bea edda661] [--file engine_broad.jsonl.gz]
 
 A call whose operand TMA cannot read (K odd, say) copies it into aligned rows before the engine kernel runs.
 The router weighs that path against the decode kernel, which reads such rows in place
@@ -123,7 +123,7 @@ def changed_routes(count: int, seed: int) -> list[tuple[int, int, int]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--file", default="engine_broad.jsonl")
+    p.add_argument("--file", default="engine_broad.jsonl.gz")
     p.add_argument("--sha", nargs="+", default=["90e1bea", "edda661"])
     p.add_argument("--h100", nargs="*", default=["90e1bea", "eec817f", "b3fbf21"],
                    help="shas of h100_engine_broad.jsonl to check the fit on (none: skip)")

@@ -11,7 +11,7 @@ decode kernel, h11, the engine kernel's measured plan the model ranks first), fo
 ("always": wherever use_decode allows it) and now ("priced"). ``--decode`` first fits the decode kernel's
 price (``decode.cost_s``'s four ``DeviceProfile.decode_*`` constants) on the fit half and prints it.
 
-``--broad``: the engine kernel's own records (``engine_broad.jsonl``, by default the two newest runs,
+``--broad``: the engine kernel's own records (``engine_broad.jsonl.gz``, by default the two newest runs,
 ``BROAD_SHAS``: per shape the model's plan and a few others, h11 and the decode kernel), split by shape into a fit half (even positions of the
 sorted distinct shapes) and a held-out half (odd). Prints, per half, mean |log measured / predicted| over
 every new-kernel record, and how far the model's pick among each shape's measured plans runs behind the
@@ -109,7 +109,7 @@ def broad_records(sha: str | tuple = BROAD_SHAS) -> tuple[list[dict], set]:
     """The broad set's records with a time of one run (a sha) or several (a tuple of shas), and the fit
     half's shapes (even positions of the sorted distinct shapes)."""
     shas = (sha,) if isinstance(sha, str) else tuple(sha)
-    recs = [r for r in load_records(RESULTS / "engine_broad.jsonl")
+    recs = [r for r in load_records(RESULTS / "engine_broad.jsonl.gz")
             if r.get("git_sha") in shas and r.get("time_ms")]
     shapes = sorted({(r["M"], r["N"], r["K"]) for r in recs})
     return recs, {s for i, s in enumerate(shapes) if i % 2 == 0}
@@ -215,7 +215,7 @@ def route_cases(shas=ROUTE_SHAS) -> dict:
     from gemmlab import engine
 
     by = defaultdict(lambda: defaultdict(dict))
-    for r in load_records(RESULTS / "engine_broad.jsonl"):
+    for r in load_records(RESULTS / "engine_broad.jsonl.gz"):
         if r.get("git_sha") in shas and r.get("time_ms"):
             by[r["git_sha"]][(r["M"], r["N"], r["K"])][r["candidate"]] = r
     out = {}
@@ -350,7 +350,7 @@ def decode_cost(s, prof) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", nargs="*", default=[], help="NAME=VALUE overrides of DeviceProfile constants")
-    p.add_argument("--broad", action="store_true", help="the broad set's records (engine_broad.jsonl)")
+    p.add_argument("--broad", action="store_true", help="the broad set's records (engine_broad.jsonl.gz)")
     p.add_argument("--fit", action="store_true", help="with --broad: fit the constants on the fit half")
     p.add_argument("--sha", nargs="+", default=list(BROAD_SHAS), help="with --broad: the runs' git_shas")
     p.add_argument("--only", nargs="+", choices=FIT_NAMES, help="with --fit: fit only these constants")

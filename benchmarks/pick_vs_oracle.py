@@ -70,7 +70,7 @@ def load(shas=SHAS) -> dict[tuple, Case]:
     newest record; ratios are to torch.mm in the same run, so they pool across the runs' clocks)."""
     by = defaultdict(dict)
     order = {sha: i for i, sha in enumerate(shas)}
-    for r in load_records(RESULTS / "engine_broad.jsonl"):
+    for r in load_records(RESULTS / "engine_broad.jsonl.gz"):
         if r.get("git_sha") in order and r.get("time_ms"):
             by[(r["M"], r["N"], r["K"])].setdefault(r["git_sha"], {})[r["candidate"]] = r
     cases = {}

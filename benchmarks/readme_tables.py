@@ -4,10 +4,10 @@
     python benchmarks/readme_tables.py --check   # exit 1 when a block or a plot is not what the records give
     python benchmarks/readme_tables.py --cli     # also rerun the commands of the <!-- cli: ARGS --> blocks
 
-Tables and plots are built from benchmarks/results/*.jsonl only; numbers are never typed by hand. A plot
-is current when its fingerprint (``gemmlab.figures.fingerprint``: what it draws, not its pixels) matches
-benchmarks/plots/figures.json. The cli blocks hold a command's output on this machine (without a GPU: the
-static view); ``--check`` leaves them alone, since registers and timings move with the toolchain.
+Tables and plots are built from benchmarks/results/*.jsonl (and *.jsonl.gz) only; numbers are never typed by
+hand. A plot is current when its fingerprint (``gemmlab.figures.fingerprint``: what it draws, not its pixels)
+matches benchmarks/plots/figures.json. The cli blocks hold a command's output on this machine (without a GPU:
+the static view); ``--check`` leaves them alone, since registers and timings move with the toolchain.
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def broad_table(records: list[dict], min_shapes: int = 150) -> str:
 def _blocks() -> dict:
     hopper, sweep = load("hopper_ladder.jsonl"), load("hopper_sweep.jsonl")
     sgemm, matmul, eager = load("sgemm_ladder.jsonl"), load("matmul.jsonl"), load("eager.jsonl")
-    broad = load("engine_broad.jsonl")
+    broad = load("engine_broad.jsonl.gz")
     return {
         "broad": lambda: broad_table(broad),
         "summary": lambda: summary_table(hopper, sweep, sgemm, matmul, eager),
@@ -315,7 +315,7 @@ def plots() -> dict:
     from gemmlab import plots as gp
 
     hopper, sweep, sgemm = load("hopper_ladder.jsonl"), load("hopper_sweep.jsonl"), load("sgemm_ladder.jsonl")
-    broad = broad_run(load("engine_broad.jsonl"))
+    broad = broad_run(load("engine_broad.jsonl.gz"))
 
     def at(sel, n):
         return [r for (_, size), r in sorted(sel.items(), key=lambda kv: _spec(kv[0][0]).step) if size == n]

@@ -92,7 +92,8 @@ def test_short_step_names(capsys):
 
 # Files ------------------------------------------------------------------------------------------------------------
 
-RECORD_FILES = sorted((ROOT / "benchmarks" / "results").glob("*.jsonl"))
+RECORD_FILES = sorted(p for pattern in ("*.jsonl", "*.jsonl.gz")  # the large append-only files are kept gzipped
+                      for p in (ROOT / "benchmarks" / "results").glob(pattern))
 
 
 @pytest.mark.parametrize("path", RECORD_FILES, ids=lambda p: p.name)

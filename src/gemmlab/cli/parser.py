@@ -349,7 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
         "size, and the roofline with the measured points. Lines without a shape or a name are left out, and "
         "counted.", epilog="examples:\n  gemmlab plot benchmarks/results/hopper_ladder.jsonl --out plots\n"
         "  gemmlab plot benchmarks/results/matmul.jsonl --no-plots", parents=(common, as_json))
-    plo.add_argument("records", nargs="+", metavar="RECORDS.jsonl", help="benchmark records (JSON lines)")
+    plo.add_argument("records", nargs="+", metavar="RECORDS.jsonl",
+                     help="benchmark records (JSON lines; gzipped .jsonl.gz too)")
     plo.add_argument("--out", metavar="DIR", help="output folder (default: $GEMMLAB_OUT_DIR/plots)")
     plo.add_argument("--format", nargs="+", default=["png", "svg"], choices=("png", "svg", "pdf"),
                      help="file formats (default: png svg)")
