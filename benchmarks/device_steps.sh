@@ -54,9 +54,11 @@ for s in ${STEPS:-}; do
     # shellcheck disable=SC2086
     gsuite) timeout "${GS_T:-400}" python3 benchmarks/grouped_bench.py ${GS_ARGS:-} --budget-s "${GS_BUDGET:-300}" \
               --rounds "${GS_ROUNDS:-9}" --out "$OUT/grouped.jsonl" 2>&1 | tee -a "$OUT/grouped_suite.txt" | grep -v "^ " | tail -40 ;;
+    # Plain JSON lines; the committed records are gzipped, a run added as one more member:
+    #   gzip -c <OUT>/engine_broad.jsonl >> benchmarks/results/engine_broad.jsonl.gz
     # shellcheck disable=SC2086
     broad) timeout "${BR_T:-520}" python3 benchmarks/engine_broad.py --out "$OUT/engine_broad.jsonl" --budget-s "${BR_BUDGET:-330}" ${BR_ARGS:-} 2>&1 \
-             | tail -6 ;;
+             | tail -7 ;;
     fuzz) GEMMLAB_FUZZ_SECONDS=${FUZZ_S:-120} GEMMLAB_FUZZ_RECORD="$OUT/fuzz.jsonl" timeout "${FUZZ_T:-300}" \
             python3 -m pytest -q -s -m slow tests/test_fuzz_gpu.py -k soak 2>&1 | tee "$OUT/fuzz.txt" | tail -8 ;;
     clprobe) (export PYTHONPATH=$PWD/src:$PWD/benchmarks \

@@ -20,6 +20,12 @@ timed (``gemmlab.timer``: graph replays, interleaved rounds, per-candidate SM cl
 time, torch's, the ratio and whether PDL was on. Every instantiation is compiled up front in a process pool
 (the disk cache then serves the timing process). Shapes run in a fixed shuffled order, and
 ``--budget-s`` stops between shapes, so a cut-short run still covers every class.
+
+``--out`` (default ``$OUT/engine_broad.jsonl``; required where ``$OUT`` is unset) gets plain JSON lines. The
+committed records are ``benchmarks/results/engine_broad.jsonl.gz``, kept gzipped (~1.6 MB a run uncompressed);
+a run is added to them as one more gzip member, as the script prints at the end:
+
+    gzip -c $OUT/engine_broad.jsonl >> benchmarks/results/engine_broad.jsonl.gz
 """
 
 from __future__ import annotations
@@ -152,7 +158,9 @@ def precompile(plans: list[planner.Plan], workers: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "benchmarks/results"), "engine_broad.jsonl"))
+    out = os.environ.get("OUT")  # no default under benchmarks/results: a plain file there would sit beside the .gz
+    p.add_argument("--out", default=out and os.path.join(out, "engine_broad.jsonl"), required=not out,
+                   help="JSON lines appended here (default: $OUT/engine_broad.jsonl)")
     p.add_argument("--shapes", default=None, help="M,N,K;M,N,K (instead of the broad set)")
     p.add_argument("--classes", default=None, help="only these classes (decode,mid,prefill,square,unaligned)")
     p.add_argument("--limit", type=int, default=0, help="at most this many shapes, spread over the set")
@@ -174,6 +182,8 @@ def main() -> None:
                    help="also time the best swapped plan of each schedule at any M (swapped_plans)")
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     args = p.parse_args()
+    if args.out.endswith(".gz"):
+        p.error("--out takes a plain JSON-line file; add it to a .jsonl.gz with gzip -c OUT >> FILE.jsonl.gz")
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
     info = gpu_info()
@@ -247,6 +257,7 @@ def main() -> None:
     if best_loss:
         gm = math.exp(statistics.fmean(map(math.log, best_loss)))
         print(f"model plan / best measured new-kernel plan: geomean {gm:.3f}, worst {max(best_loss):.3f}")
+    print(f"records in {args.out}; to keep them: gzip -c {args.out} >> benchmarks/results/engine_broad.jsonl.gz")
 
 
 if __name__ == "__main__":
