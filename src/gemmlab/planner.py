@@ -84,7 +84,9 @@ SWAP_PREFER_M = 32
 # 112-128 plain 64 x 80 tiles (H200, wave_probe.jsonl at d5ef4ae: 1x8960x1536 swapped 0.908x torch.mm,
 # plain 1.116; 4x8960x1536 0.911 / 1.115; 16x8960x1536 0.901 / 1.098; 2x10240x1024 0.959 / 1.042, priced
 # 1.40-1.54x the plain plan). Under the margin the rule holds (2x3072x3072 priced 1.32x: swapped 1.266,
-# plain 1.216; 1x2048x2048 1.29x: 1.066 / 1.042; none of the broad set's shapes is priced past 1.33x).
+# plain 1.216; 1x2048x2048 1.29x: 1.066 / 1.042; none of the broad set's shapes is priced past 1.33x). Held
+# out (H100, h100_wave_heldout.jsonl at 71f9635): on 12 drawn shapes past the margin the plain pick ran
+# 1.028-1.100x torch.mm, ahead of the swapped plans it passed over on all 12.
 SWAP_PREFER_MARGIN = 1.35
 # Past SWAP_MAX_M and up to SWAP_PAD_MAX_M tokens the swapped plans offered are the data-parallel ones over
 # at most SWAP_PAD_COLUMNS columns of token tiles: a plain tile pads the tokens to whole 64- or 128-row
