@@ -284,7 +284,7 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     """Modelled seconds for one CTA shape (``rw`` row groups per CTA) and ``splits`` CTAs per row block;
     None if that leaves a CTA without k. A warp's piece is the even share of K, but at least MIN_WARP_K
     (SPLIT_MIN_WARP_K in split plans; or all of K rounded up to CHUNK_K when K is shorter): when that leaves
-    warps of a CTA without k (small K: K = 256 with 8 k pieces per CTA of 2 row groups), they idle, and the
+    warps of a CTA without k (small K: K = 256 with 8 k pieces per CTA), they idle, and the
     one split that covers K is the only valid one.
 
     Three terms: the weight stream at HBM bandwidth, slowed when the warps with work cannot keep
