@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from gemmlab import engine, engine2
+from gemmlab import decode, engine, engine2
 from gemmlab import planner
 from gemmlab.bench import check_candidates, git_sha, load_records
 from gemmlab.gpu import gpu_info
@@ -219,6 +219,10 @@ def main() -> None:
         # Priced out by the router: the decode kernel beside it.
         if route.decode_s is not None and route.kernel != "decode" and (args.decode_beside or not args.lean):
             runs["decode"] = lambda i: engine.gemm(*sets[i], plan="decode")
+        # The decode kernel's split where it ran (its records say which plan their time is of: the price's
+        # refit, fit_plan_model.py --route --decode, keeps only those of today's plans).
+        dplan = (repr(decode.plan(M, N, K, info.sm_count, decode.variant_for(sets[0][0], sets[0][1])))
+                 if route.decode_s is not None else None)
         cands = {"torch": lambda i: torch.mm(sets[i][0], sets[i][1], out=sets[i][2])}
         passing, errors = check_candidates(runs, sets[0][2], ref)
         cands.update(passing)
@@ -239,6 +243,8 @@ def main() -> None:
                        "pdl": launch.PDL}  # the candidates' prepared launches: PDL unless GEMMLAB_PDL=0
                 if name == "engine":
                     rec.update(route=repr(route), kernel=route.kernel)
+                if name == "decode" or (name == "engine" and route.kernel == "decode"):
+                    rec["decode_plan"] = dplan
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, schedule=pl.schedule, splits=pl.splits,
                                sk_tiles=pl.sk_tiles, sk_ctas=pl.sk_ctas, stages=pl.stages, grid=pl.grid,

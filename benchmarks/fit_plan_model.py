@@ -248,11 +248,20 @@ _price = pick_vs_oracle.price  # a record priced at the planning clock
 
 
 def decode_rows(cases: dict, sm_count: int = 132):
-    """(shape, sha, decode record, the engine kernel's measured plan the model ranks first) where both ran."""
+    """(shape, sha, decode record, the engine kernel's measured plan the model ranks first) where both ran,
+    and the decode record's plan is today's ``decode.plan`` where the record names it (``decode_plan``, from
+    session 48; older records do not, and are taken as they are): ``decode_features`` prices today's plan,
+    so a time of another plan would be fitted to the wrong features."""
+    from gemmlab import decode
+
     for sha, shapes in cases.items():
         for s, d in shapes.items():
-            if "decode" in d and d["new"]:
-                yield s, sha, d["decode"], min(d["new"], key=lambda r: _price(s, r, H200))
+            if "decode" not in d or not d["new"]:
+                continue
+            ran = d["decode"].get("decode_plan")
+            if ran is not None and ran != repr(decode.plan(*s, sm_count)):
+                continue
+            yield s, sha, d["decode"], min(d["new"], key=lambda r: _price(s, r, H200))
 
 
 def decode_features(s, sm_count: int = 132) -> tuple[float, float, float, float]:

@@ -236,6 +236,24 @@ def _fit_script():
     return fit
 
 
+def test_the_decode_price_fit_keeps_only_records_of_todays_decode_plans():
+    """fit_plan_model.decode_rows: a decode record that names the plan it ran (``decode_plan``, written by
+    engine_broad.py since session 48) is fitted only if that is today's ``decode.plan`` (its features are
+    today's plan's); one of another plan is left out; one that names none (older runs) is kept."""
+    from gemmlab import decode
+
+    fit = _fit_script()
+    s = (32, 1024, 1024)
+    today = decode.plan(*s, 132)
+    other = dataclasses.replace(today, piece=2 * today.piece)
+    new = [{"bm": 64, "bn": 64, "schedule": "data_parallel", "splits": 1, "stages": 9, "sk_tiles": 0,
+            "sk_ctas": 0, "grid": 128, "mcast": 1, "M": s[0], "N": s[1], "K": s[2], "time_ms": 0.005}]
+    rows = lambda rec: list(fit.decode_rows({"sha": {s: {"decode": rec, "new": new}}}))  # noqa: E731
+    assert len(rows({"time_ms": 0.004, "decode_plan": repr(today)})) == 1
+    assert rows({"time_ms": 0.004, "decode_plan": repr(other)}) == []
+    assert len(rows({"time_ms": 0.004})) == 1
+
+
 def test_model_picks_well_on_the_broad_set_it_was_fitted_to_and_on_the_held_out_half():
     """The fit script's checks on the engine kernel's own H200 records, asserted. The two newest full runs
     (5ef0de8 and 4b5933e: all 297 shapes each, the kernel as it is priced now), split into the even half of
