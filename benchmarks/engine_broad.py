@@ -46,8 +46,9 @@ import torch
 
 from gemmlab import decode, engine, engine2
 from gemmlab import planner
-from gemmlab.bench import check_candidates, git_sha, load_records
+from gemmlab.bench import check_candidates, git_sha
 from gemmlab.gpu import gpu_info
+from gemmlab.record_files import load_records
 from gemmlab.timer import sets_for, time_interleaved
 from gemmlab.jit import launch
 

@@ -29,7 +29,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-from gemmlab.bench import load_records  # noqa: E402
+from gemmlab.record_files import load_records  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_broad.jsonl.gz"
 

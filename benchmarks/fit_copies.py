@@ -39,7 +39,7 @@ import numpy as np
 from pick_vs_oracle import router
 
 from gemmlab import engine
-from gemmlab.bench import load_records
+from gemmlab.record_files import load_records
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pick_vs_oracle
 from gemmlab import plan_cost, planner
-from gemmlab.bench import load_records
+from gemmlab.record_files import load_records
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"

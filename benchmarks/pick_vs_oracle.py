@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from gemmlab import engine, plan_cost, planner
-from gemmlab.bench import load_records
+from gemmlab.record_files import load_records
 from gemmlab.devices import H200
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -36,7 +36,7 @@ CLI_COLUMNS = 140  # the width of the command outputs shown in docs/
 def load(name: str) -> list[dict]:
     """The records of ``results/NAME`` (``X.jsonl`` reads ``X.jsonl.gz`` where only that exists); none if
     neither is there."""
-    from gemmlab.bench import load_records
+    from gemmlab.record_files import load_records
 
     try:
         return load_records(RESULTS / name)

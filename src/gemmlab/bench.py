@@ -2,14 +2,13 @@
 
 A record holds the git sha, GPU, driver, SM clock / power / temperature during the run, the kernel
 and its config, the shape, both times, TFLOP/s, the ratio to cuBLAS (> 1 is faster) and the
-correctness error measured before timing. ``append_records`` writes them as JSON lines, ``load_records``
-reads them back (plain or gzip).
+correctness error measured before timing. ``append_records`` writes them as JSON lines; ``load_records``
+(``gemmlab.record_files``, which needs no torch) reads them back, plain or gzip.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import gzip
 import json
 import os
 import statistics
@@ -22,6 +21,7 @@ import torch
 from .gpu import gpu_info
 from .kernelspec import KernelSpec
 from .registry import LADDERS
+from .record_files import load_records  # noqa: F401 (the reader beside the writer)
 from .timer import eager_host_us, eager_wall_us, sets_for, time_interleaved
 
 SCHEMA = 1
@@ -169,25 +169,6 @@ def append_records(path: str | Path, records: list[dict]) -> None:
     with path.open("a") as f:
         for r in records:
             f.write(json.dumps(r, sort_keys=True) + "\n")
-
-
-def read_record_text(path: str | Path) -> str:
-    """The text of a JSON-line record file, plain or gzip. The large append-only files are kept as
-    ``X.jsonl.gz``, each run appended as one more gzip member (``gzip -c run.jsonl >> X.jsonl.gz``; the
-    members decompress as one stream). Asked for ``X.jsonl`` where only ``X.jsonl.gz`` exists, this reads
-    that, so a reader keeps the name it always used. Gzip is told by its magic bytes, not by the name."""
-    path = Path(path)
-    gz = path.with_name(path.name + ".gz")
-    if not path.exists() and gz.exists():
-        path = gz
-    data = path.read_bytes()
-    return (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).decode()
-
-
-def load_records(path: str | Path) -> list[dict]:
-    """The JSON objects of a record file (``X.jsonl`` or ``X.jsonl.gz``: ``read_record_text``), one per
-    non-blank line, in file order."""
-    return [json.loads(line) for line in read_record_text(path).splitlines() if line.strip()]
 
 
 # gemmlab.matmul against torch ----------------------------------------------------------------------

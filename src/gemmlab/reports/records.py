@@ -15,6 +15,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..record_files import read_record_text
 from . import BadRequest, doc, step_names
 
 MAX_BENCH_VOLUME = 2**36  # M * N * K one measurement may time (4096^3 is 2^36)
@@ -116,11 +117,9 @@ def normalize(raw: dict) -> tuple[dict | None, str | None]:
 
 
 def read_records(paths, *, what: str = "gemmlab plot") -> tuple[list[dict], list[str]]:
-    """The records of JSON-line files (plain or gzip: ``bench.read_record_text``), normalized, and notes on
+    """The records of JSON-line files (plain or gzip: ``record_files.read_record_text``), normalized, and notes on
     the lines left out (one note per file). Raises ``BadRequest`` for a file that cannot be read, a line that
     is not JSON, or files with no usable record at all; the message names the file and line."""
-    from ..bench import read_record_text
-
     records, notes = [], []
     for path in map(Path, paths):
         try:
