@@ -285,9 +285,14 @@ def fit_decode(rows) -> dict:
 
     A = X / y[:, None]
     scale = np.abs(A).max(axis=0)  # columns of 1 .. 1e13: scaled, or lstsq's cutoff drops the small ones
-    c = np.linalg.lstsq(A / scale, np.ones_like(y), rcond=None)[0] / scale
-    return {"decode_fixed_s": c[0], "decode_token_tile_s": c[1], "decode_hbm_bytes_per_s": 1.0 / c[2],
-            "decode_fixup_factor": c[3]}
+    used = scale > 0  # no split plan among the records: the fix-up's factor stays as it is
+    c = np.zeros(X.shape[1])
+    c[used] = np.linalg.lstsq(A[:, used] / scale[used], np.ones_like(y), rcond=None)[0] / scale[used]
+    out = {"decode_fixed_s": c[0], "decode_token_tile_s": c[1], "decode_hbm_bytes_per_s": 1.0 / c[2],
+           "decode_fixup_factor": c[3]}
+    if not used[3]:
+        del out["decode_fixup_factor"]
+    return out
 
 
 def routed(s, d: dict, prof, decode_rule: str = "priced") -> dict | None:

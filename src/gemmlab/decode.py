@@ -27,15 +27,14 @@ MAX_M = 32
 KERNEL_MAX_M = 64
 WARPS = 8  # warps per CTA; must match decode::WARPS in decode.cu
 CHUNK_K = 128  # K pieces are multiples of this (every U's 32 U k divides it)
-# A warp's k piece at least (its even share of K otherwise), unsplit. Until session 48 it was 256 ("8 KB of
-# weight a warp, or the fixed costs dominate"): at K < 2048 that left each warp two serial iterations where
-# one suffices. Measured (H100, h100_decode_splits.jsonl at 71f9635, unsplit plans, graph replay): pieces of
-# 128 against 256 ran 1x897x515 3.26 against 4.53 us, 1x1024x1024 2.80 / 3.26, 32x896x896 3.83 / 4.50,
-# 32x1024x1024 3.93 / 4.59, 16x1152x1024 3.69 / 4.23, 1x2048x768 3.15 / 3.56. Split plans keep 256
-# (SPLIT_MIN_WARP_K): ``plan_time`` prices a split's fix-up far under what it costs (1.5-4.5 us measured
-# against ~0.2), and shorter pieces would make more shapes split.
+# A warp's k piece at least (its even share of K otherwise). Until session 48 it was 256 ("8 KB of weight a
+# warp, or the fixed costs dominate"): at K < 2048 that left each warp two serial iterations where one
+# suffices. Measured (H100, h100_decode_splits.jsonl at 71f9635, unsplit plans, graph replay): pieces of 128
+# against 256 ran 1x897x515 3.26 against 4.53 us, 1x1024x1024 2.80 / 3.26, 32x896x896 3.83 / 4.50,
+# 32x1024x1024 3.93 / 4.59, 16x1152x1024 3.69 / 4.23, 1x2048x768 3.15 / 3.56. (Split plans kept 256 for a
+# session, while ``plan_time`` priced a split's fix-up at ~0.2 us; priced as measured since session 49,
+# ``DeviceProfile.decode_split_latency_s``, the one minimum serves both.)
 MIN_WARP_K = CHUNK_K
-SPLIT_MIN_WARP_K = 256
 _IDX_LIMIT = 2**31  # the kernel indexes X rows with 32-bit offsets
 
 
@@ -259,9 +258,8 @@ def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     kw = WARPS // rw
     # (Returning None for a piece below the minimum instead, as before, left K < kw x MIN_WARP_K without
     # any plan at small N: linear(x(7, 256), w(14, 256)) asserted in ``plan``.)
-    least = MIN_WARP_K if splits == 1 else SPLIT_MIN_WARP_K
     piece = max(math.ceil(math.ceil(K / (splits * kw)) / CHUNK_K) * CHUNK_K,
-                min(least, math.ceil(K / CHUNK_K) * CHUNK_K))
+                min(MIN_WARP_K, math.ceil(K / CHUNK_K) * CHUNK_K))
     if math.ceil(math.ceil(K / piece) / kw) != splits:
         return None
     if v.strided:  # each 128-row block transposed: 8 row groups a block, one residue class mod 8 each, and
@@ -275,7 +273,8 @@ def _terms(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
     fill = min(1.0, busy_warps / (sm_count * warps_needed))
     l2 = _PROF.l2_smem_bytes_per_s
     x_l2 = row_blocks * 2.0 * M * K / l2
-    fixup = 0.0 if splits == 1 else splits * (M * v.rows * rw * 4 / (l2 / sm_count) + _PROF.decode_split_overhead_s)
+    fixup = 0.0 if splits == 1 else _PROF.decode_split_latency_s + splits * (M * v.rows * rw * 4 / (l2 / sm_count)
+                                                                             + _PROF.decode_split_overhead_s)
     return 2.0 * N * K / fill, x_l2, fixup, piece, row_blocks
 
 
@@ -283,7 +282,7 @@ def plan_time(M: int, N: int, K: int, sm_count: int, rw: int, splits: int,
               variant: Variant | None = None) -> tuple[float, DecodePlan] | None:
     """Modelled seconds for one CTA shape (``rw`` row groups per CTA) and ``splits`` CTAs per row block;
     None if that leaves a CTA without k. A warp's piece is the even share of K, but at least MIN_WARP_K
-    (SPLIT_MIN_WARP_K in split plans; or all of K rounded up to CHUNK_K when K is shorter): when that leaves
+    (or all of K rounded up to CHUNK_K when K is shorter): when that leaves
     warps of a CTA without k (small K: K = 256 with 8 k pieces per CTA), they idle, and the
     one split that covers K is the only valid one.
 

@@ -183,14 +183,18 @@ class DeviceProfile:
     decode_fixed_s: float = 2.15e-6  # launch, X's first loads, the epilogue: once per call
     decode_token_tile_s: float = 0.54e-6  # per 8-token MMA column (NT): its X loads and mma.sync issue
     decode_hbm_bytes_per_s: float = 3.72e12  # the weight stream (at the plan's fill of in-flight loads)
-    decode_fixup_factor: float = 19.5  # the split-K fix-up against decode.plan_time's (one SM, fence, atomic)
+    # The split-K fix-up against decode.plan_time's. 19.5 until session 49, when plan_time priced it at 0.05 us
+    # a split (a guess); it prices the fix-up as measured now (decode_split_latency_s), so this is 1 until a
+    # refit says otherwise.
+    decode_fixup_factor: float = 1.0
     # The unaligned variants' weight stream (rows at any address) against the aligned ones': 1 + this x
     # (2 + NT) times slower, one share per 16 bytes cut out of two windows (``decode.cu``'s ``cut_row``) for
     # each of the two weight rows and the NT token tiles of a lane's chunk. Read off the H200 records at
     # edda661 (decode_variants.jsonl, engine_broad.jsonl): unaligned against aligned time 1.42-1.44x at NT = 1,
     # 1.51x at NT = 2; at NT = 4 the decode kernel ran 1.19-1.35x over its price at 1.5x (17-32 tokens, three
-    # shapes), i.e. ~1.9x. It keeps the router off the decode kernel at 32x2049x2049, where the engine kernel
-    # with its copies ran 1.2x faster (10.6 against 12.7 us).
+    # shapes), i.e. ~1.9x. It kept the router off the decode kernel at 32x2049x2049, where the engine kernel
+    # with its copies ran 1.2x faster (10.6 against 12.7 us) than a two-way split; the decode kernel runs it
+    # unsplit since session 49 (the split's fix-up priced as measured), 9.7 us on an H100, and takes it.
     decode_unaligned_per_cut: float = 0.15
     # The strided unaligned variants (``decode.STRIDED_VARIANTS``, weights from 30 MB) against the variants
     # above: the median of their time's share over the 15 shapes of 33-235 MB they run on (H100,
@@ -216,7 +220,17 @@ class DeviceProfile:
     # X's reads and the fix-up's partials move at ``l2_smem_bytes_per_s``). The HBM rate is issue 5's copy
     # estimate, kept: the 4.3 TB/s of ``hbm_bytes_per_s`` moves 30 of 6,798 decode plans (M 1-64), untimed.
     decode_split_hbm_bytes_per_s: float = 4.0e12
-    decode_split_overhead_s: float = 0.05e-6  # one more split besides its bytes: a partial write, a fence, an atomic
+    # A split plan's fix-up: once, the serial chain after the last k piece (partials stored, a fence, the
+    # counter's atomic, the last CTA's fence and its reads of every slot); and per split, its slot's share.
+    # Least squares over 23 shapes' split and unsplit plans, each shape's own level left free (H100 at
+    # 15ab9dc, h100_decode_splits.jsonl; the split counters' memset gone from the replay since 5dd35c0):
+    # 2.5 us + 0.5 us a split, rms 1.7 us. Until session 49 it was 0.05 us a split, a guess; a split then
+    # looked nearly free, and the plan split 696 of 4,056 decode shapes (M 1-32, model widths) where 180
+    # are worth it now. The picks against the best measured plan of each shape: 1.128x slower in geomean,
+    # 1.35x at worst, with the guess; 1.017x / 1.133x with the fit (deep K at N <= 896, where more splits
+    # than priced ran faster: 32x768x28672 five splits 28.3 us, the pick's three 32.1).
+    decode_split_latency_s: float = 2.5e-6
+    decode_split_overhead_s: float = 0.5e-6
     # Weight bytes requested per SM for that rate: 8 warps x 4 KB was the first kernel's assumption (Little's
     # law: 4 TB/s x ~1 us over 132 SMs is ~30 KB).
     decode_in_flight_per_sm: int = 32 * 1024
