@@ -264,15 +264,16 @@ def decode_rows(cases: dict, sm_count: int = 132):
             yield s, sha, d["decode"], min(d["new"], key=lambda r: _price(s, r, H200))
 
 
-def decode_features(s, sm_count: int = 132) -> tuple[float, float, float, float]:
-    """(1, NT, weight bytes over the plan's fill, the split-K fix-up as decode.plan_time prices it):
-    ``decode.cost_s`` is their dot product with (decode_fixed_s, decode_token_tile_s, 1 /
-    decode_hbm_bytes_per_s, decode_fixup_factor)."""
+def decode_features(s, sm_count: int = 132) -> tuple[float, float, float, float, float]:
+    """(1, NT, weight bytes over the plan's fill, those bytes x (NT - 1), the split-K fix-up as
+    decode.plan_time prices it): ``decode.cost_s`` is their dot product with (decode_fixed_s,
+    decode_token_tile_s, 1 / decode_hbm_bytes_per_s, decode_token_stream_share / decode_hbm_bytes_per_s,
+    decode_fixup_factor)."""
     from gemmlab import decode
 
     p = decode.plan(*s, sm_count)
     weight_bytes, _, fixup, _, _ = decode._terms(*s, sm_count, p.rw, p.splits, p.variant)
-    return 1.0, float(p.nt), weight_bytes, fixup
+    return 1.0, float(p.nt), weight_bytes, weight_bytes * (p.nt - 1), fixup
 
 
 def fit_decode(rows) -> dict:
@@ -289,8 +290,8 @@ def fit_decode(rows) -> dict:
     c = np.zeros(X.shape[1])
     c[used] = np.linalg.lstsq(A[:, used] / scale[used], np.ones_like(y), rcond=None)[0] / scale[used]
     out = {"decode_fixed_s": c[0], "decode_token_tile_s": c[1], "decode_hbm_bytes_per_s": 1.0 / c[2],
-           "decode_fixup_factor": c[3]}
-    if not used[3]:
+           "decode_token_stream_share": c[3] / c[2], "decode_fixup_factor": c[4]}
+    if not used[4]:
         del out["decode_fixup_factor"]
     return out
 

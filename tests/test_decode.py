@@ -472,8 +472,8 @@ def _t(shape, dtype=torch.bfloat16, stride=None, offset=0):
 
 
 def test_cost_s_prices_the_plan_with_the_profiles_decode_constants():
-    """``cost_s`` = fixed + per-NT + weight bytes over the plan's fill at the fitted bandwidth + the fitted
-    multiple of the split-K fix-up, for ``plan``'s split; ``plan_time`` (which picks that split) unchanged."""
+    """``cost_s`` = fixed + per-NT + weight bytes over the plan's fill at the fitted bandwidth (slower by the
+    fitted share for each 8-token column past the first) + the fitted multiple of the split-K fix-up, for ``plan``'s split; ``plan_time`` (which picks that split) unchanged."""
     from gemmlab.devices import H200
 
     for M, N, K in [(1, 4096, 4096), (16, 2048, 5632), (32, 896, 896), (1, 576, 5120), (7, 14, 256)]:
@@ -481,8 +481,8 @@ def test_cost_s_prices_the_plan_with_the_profiles_decode_constants():
         weight_bytes, x_l2, fixup, piece, blocks = decode._terms(M, N, K, 132, p.rw, p.splits, p.variant)
         assert (piece, blocks) == (p.piece, p.row_blocks)
         assert (fixup > 0) == (p.splits > 1)
-        want = (H200.decode_fixed_s + H200.decode_token_tile_s * p.nt + weight_bytes / H200.decode_hbm_bytes_per_s
-                + H200.decode_fixup_factor * fixup)
+        stream = weight_bytes / H200.decode_hbm_bytes_per_s * (1 + H200.decode_token_stream_share * (p.nt - 1))
+        want = H200.decode_fixed_s + H200.decode_token_tile_s * p.nt + stream + H200.decode_fixup_factor * fixup
         assert decode.cost_s(M, N, K, 132, H200) == pytest.approx(want)
         t, same = decode.plan_time(M, N, K, 132, p.rw, p.splits, p.variant)
         assert same == p and t == pytest.approx(max(weight_bytes / H200.decode_split_hbm_bytes_per_s, x_l2) + fixup)

@@ -370,6 +370,13 @@ def test_route_splits_the_broad_set_by_what_was_measured():
     # Split three ways it ran 0.92x against 1.29x (H200, c2b08e8); unsplit since its fix-up is priced as
     # measured (session 49): 6.33 us against the engine kernel's 6.59 (H100, facb4df).
     (2, 576, 7168, "decode"),
+    # The decode price with its stream slowing by an NT column's share (session 49; H200 at 5aa5d67, the
+    # decode kernel at today's plans): decode 1.015x against the engine kernel's 0.921x, 0.979 / 0.944,
+    # 1.270 / 1.177, 1.129 / 1.092.
+    (32, 1024, 1024, "decode"),
+    (32, 896, 896, "decode"),
+    (2, 2048, 11008, "decode"),
+    (16, 3072, 768, "decode"),
 ])
 def test_route_prices_the_decode_kernel_against_the_engine_kernel(M, N, K, kernel):
     """Where ``use_decode`` allows the decode kernel, it runs only if ``decode.cost_s`` is at most the engine

@@ -307,13 +307,15 @@ def cost_s(M: int, N: int, K: int, sm_count: int, prof: DeviceProfile, aligned: 
     plan: ``plan``'s split (for the ``aligned`` or the unaligned variants), priced with the profile's fitted
     decode constants (``DeviceProfile.decode_*``):
     a fixed cost per call, one per 8-token column (NT), the weight stream (at the plan's fill of in-flight
-    loads) and the split-K fix-up. ``plan_time`` alone ran 1.2-7.5x below the measured times (sha ac16df0:
-    3.3 us measured at 1 x 256 x 2048 against 1.1 priced, 11.4 against 2.9 at 32 x 1024 x 5120): it only
-    has to rank splits against each other, this has to rank kernels. Unaligned (``aligned`` False), the weight
+    loads; each column past the first slows it by ``decode_token_stream_share``) and the split-K fix-up.
+    ``plan_time`` alone ran 1.2-7.5x below the measured times (sha ac16df0: 3.3 us measured at 1 x 256 x 2048
+    against 1.1 priced, 11.4 against 2.9 at 32 x 1024 x 5120): it only has to rank splits against each
+    other, this has to rank kernels. Unaligned (``aligned`` False), the weight
     stream is slower by ``unaligned_factor``."""
     p = plan(M, N, K, sm_count, default_variant(token_tiles(M), aligned, 2 * N * K))  # bf16 or fp16
     weight_bytes, _, fixup, _, _ = _terms(M, N, K, sm_count, p.rw, p.splits, p.variant)
-    stream = weight_bytes / prof.decode_hbm_bytes_per_s * (1.0 if aligned else unaligned_factor(p.nt, prof, p.variant))
+    stream = (weight_bytes / prof.decode_hbm_bytes_per_s * (1.0 + prof.decode_token_stream_share * (p.nt - 1))
+              * (1.0 if aligned else unaligned_factor(p.nt, prof, p.variant)))
     return prof.decode_fixed_s + prof.decode_token_tile_s * p.nt + stream + prof.decode_fixup_factor * fixup
 
 
