@@ -299,13 +299,14 @@ def fit_decode(rows) -> dict:
 def routed(s, d: dict, prof, decode_rule: str = "priced") -> dict | None:
     """The record of what the router's rule runs for shape ``s`` (the engine kernel: its measured plan the
     model ranks first), or None where that kernel has no record. ``decode_rule`` "always": the rule before
-    this change (the decode kernel wherever use_decode allows it); "priced": ``engine.route``'s."""
-    from gemmlab import decode, engine
+    this change (the decode kernel wherever use_decode allows it); "priced": ``engine.route``'s own choice
+    between the decode and the engine kernel, on meta tensors with ``prof`` (it weighs the engine kernel as
+    the router does: up to 32 tokens at its best plain plan's price, not at the measured plan's)."""
+    from gemmlab import engine
 
     new = min(d["new"], key=lambda r: _price(s, r, prof)) if d["new"] else None
     if engine.decode_shape(*s):
-        priced_in = new is not None and engine.decode_runs(*s, prof.sm_count, decode.cost_s(*s, prof.sm_count, prof),
-                                                           _price(s, new, prof))
+        priced_in = new is not None and pick_vs_oracle.router(s, prof).kernel == "decode"
         if decode_rule == "always" or priced_in:
             return d.get("decode")
     if new is None:

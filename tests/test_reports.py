@@ -55,14 +55,14 @@ def test_model_report_says_what_matmul_runs():
 
     from gemmlab import engine
 
-    for (M, N, K), kernel in (((4096, 4096, 4096), None), ((16, 4096, 4096), "decode"), ((2040, 3584, 3584), None)):
+    for (M, N, K), kernel in (((4096, 4096, 4096), None), ((8, 4096, 4096), "decode"), ((2040, 3584, 3584), None)):
         m = modelling.model_report(M, N, K, profile="H200").matmul
         r = engine.plan(M, N, K, dtype=torch.bfloat16, sm_count=132)
         assert m.kernel == r.kernel and m.how == r.how and m.summary == repr(r)
         assert m.tile == [r.plan.bm, r.plan.bn] and m.schedule == r.plan.schedule and m.stages == r.plan.stages
         assert m.predicted_us == pytest.approx(r.plan.predicted_s * 1e6)
         assert kernel is None or m.kernel == kernel
-    dec = modelling.model_report(16, 4096, 4096, profile="H200").matmul
+    dec = modelling.model_report(8, 4096, 4096, profile="H200").matmul
     assert dec.decode_priced_us is not None and dec.decode_priced_us <= dec.engine_priced_us
     fp16 = modelling.model_report(4096, 4096, 4096, dtype="fp16", profile="H200").matmul
     assert fp16 is not None and "bf16" not in fp16.summary

@@ -185,12 +185,22 @@ class DeviceProfile:
     # with the constants before (2.15 us, 0.54 us an NT, 3.72 TB/s, no stream share), 0.046 / 0.081 now. The
     # per-column share of the stream is new: an NT column's cost grew with the weight's bytes (32-token
     # streams of 16-60 MB ran 1.1-1.2x over their price, small ones 0.6-0.7x under it). Replayed on
-    # 5aa5d67's records, the routed kernel against the best it weighs 0.9934 -> 0.9971 (held-out minimum
-    # 0.855 -> 0.894).
+    # 5aa5d67's records (the router itself on meta tensors), the routed kernel against the best it weighs
+    # 0.9966 -> 0.9973 (held-out minimum 0.855 -> 0.894); with decode_weighed_engine_share, 0.9977.
     decode_fixed_s: float = 1.85e-6  # launch, X's first loads, the epilogue: once per call
     decode_token_tile_s: float = 0.145e-6  # per 8-token MMA column (NT): its X loads and mma.sync issue
     decode_hbm_bytes_per_s: float = 3.82e12  # the weight stream (at the plan's fill of in-flight loads)
     decode_token_stream_share: float = 0.121  # each 8-token column past the first slows the weight stream by this
+    # Where the router weighs the decode kernel against the engine kernel (``engine.decode_runs``), the
+    # engine kernel's price (up to 32 tokens, its best plain plan's; ``engine._engine_plan``) is taken at this
+    # share of itself: the decode price is fitted to measured times, and the engine kernel's plans ran at
+    # 0.64-1.02 of that price (median 0.91) on the 70 shapes of M <= 32 at 5aa5d67 (H200). Replayed on four
+    # H200 runs (5aa5d67, and d5ef4ae, 7b947dc, bb0d0cc on the shapes whose decode plan has not changed; the
+    # 34-45 shapes of each where both kernels were timed), the routed kernel against the better of the two:
+    # 0.9947 / 0.9957 / 0.9936 / 0.9941 at 1.0, 0.9969 / 0.9986 / 0.9990 / 0.9990 at 0.95, 0.9967 / 0.9961 /
+    # 0.9966 / 0.9964 at 0.91. It moves 8x6400x1600 and 1x5120x5120 back to the engine kernel (1.071x against
+    # 0.996, 0.973 / 0.967).
+    decode_weighed_engine_share: float = 0.95
     # The split-K fix-up against decode.plan_time's. 19.5 until session 49, when plan_time priced it at 0.05 us
     # a split (a guess); it prices the fix-up as measured now (decode_split_latency_s), so this is 1 until a
     # refit says otherwise.

@@ -618,7 +618,7 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
         in_place = not decode.aligned(a, b)
         decode_s = decode.cost_s(M, N, K, sm_count, prof, aligned=not in_place)
         copies = copies_s(a, b, prof) if in_place else None
-        if decode_runs(M, N, K, sm_count, decode_s, new_s, copies):
+        if decode_runs(M, N, K, sm_count, decode_s, new_s, copies, prof=prof):
             return Route("decode", M, N, K, "decode priced", plan=new, decode_s=decode_s, engine_s=new_s,
                          copies_s=copies)
     h11 = tuned_plan(M, N, K, sm_count, capacity, gpu=gpu() if gpu else None)
@@ -635,13 +635,15 @@ def route(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, bias: torch.Te
 
 
 def decode_runs(M: int, N: int, K: int, sm_count: int, decode_s: float, engine_s: float,
-                copies: float | None = None) -> bool:
+                copies: float | None = None, *, prof: DeviceProfile) -> bool:
     """``route``'s rule 2 for a shape ``use_decode`` allows: the decode kernel's price ``decode_s``
-    (``decode.cost_s``) at most the engine kernel's ``engine_s``, and a decode plan that keeps K whole (see
-    ``DECODE_MAX_WEIGHT_DIM``). ``copies``: where the decode kernel reads rows TMA cannot (``decode.aligned``
-    false), what the engine kernel's operand copies add (``copies_s``); then its price with them is the bar,
-    split or not (the split-K plans' 1.4-1.8x against the engine kernel's is less than a copy that moves the
-    weight twice). The benchmarks that replay the router on records ask it too."""
+    (``decode.cost_s``, fitted to measured times) at most the engine kernel's ``engine_s`` taken at
+    ``prof.decode_weighed_engine_share`` of itself (its weighed price runs over what its plans run), and a
+    decode plan that keeps K whole (see ``DECODE_MAX_WEIGHT_DIM``). ``copies``: where the decode kernel reads
+    rows TMA cannot (``decode.aligned`` false), what the engine kernel's operand copies add (``copies_s``);
+    then its price with them is the bar, split or not (the split-K plans' 1.4-1.8x against the engine
+    kernel's is less than a copy that moves the weight twice)."""
+    engine_s *= prof.decode_weighed_engine_share
     if copies is not None:
         return decode_s <= engine_s + copies
     return decode_s <= engine_s and decode.plan(M, N, K, sm_count).splits == 1
