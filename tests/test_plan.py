@@ -178,6 +178,22 @@ def test_optional_template_args_and_the_short_boxes():
     assert mc is not None and mc.b_rows == mc.b_box_rows == mc.bn // 2  # multicast shares stay whole
 
 
+def test_a_price_tie_goes_to_the_tile_that_pads_fewer_rows():
+    # 64 tokens, a weight streamed once: 128 x 64 and 64 x 64 split-K x2 load the same bytes and tie at the
+    # price and the ring; the 128-row tile multiplies a 64-row block of padding (measured 1-7% slower in each
+    # of 21 broad runs), so the 64-row plan goes first (rank_key's padded rows, before the larger tile).
+    cands = planner.candidates(64, 4096, 3584)
+    first = cands[0]
+    assert (first.bm, first.bn, first.schedule, first.splits, first.swap_ab) == (64, 64, "split_k", 2, False)
+    twin = next(c for c in cands if (c.bm, c.bn, c.schedule, c.splits, c.swap_ab) == (128, 64, "split_k", 2, False))
+    assert twin.predicted_s == first.predicted_s and planner.plan_key(first) < planner.plan_key(twin)
+    for M in (1, 40, 64):  # one row of tiles in either height: the shorter pads less
+        key = lambda bm: planner.rank_key(1e-5, M, "split_k", 2, bm, 64, 9, ctas=128.0)  # noqa: E731
+        assert key(64) < key(128) < key(256)
+    # where the heights pad alike (128 rows: one 128-row tile or two 64-row ones), the ring's bytes decide
+    assert planner.rank_key(1e-5, 128, "split_k", 2, 128, 64, 9) < planner.rank_key(1e-5, 128, "split_k", 2, 64, 64, 9)
+
+
 def test_stages_fill_shared_memory():
     for bm, bn in planner.TILES:
         for sched in planner.SCHEDULES:

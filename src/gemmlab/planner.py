@@ -778,18 +778,26 @@ def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn
     ``streaming_ctas``: the CTAs loading on average over the waves, x stages x (A rows loaded + bn): a weight
     streamed from HBM runs faster with more bytes in flight; 64 x 256 with 5 stages ran 3-7% faster than
     128 x 256 with 4 at M <= 32, broad set; counted over the grid rather than per CTA, the 18 changed ties
-    of tie_break_probe.jsonl ran x1.029, none slower), then the larger tile.
+    of tie_break_probe.jsonl ran x1.029, none slower), then the tile that pads the rows less (ceil(M / bm) x bm
+    rows multiplied), then the larger tile.
 
     The swapped plans' ``tie_s``: at the decode weight streams every swapped tile height is priced at the
     floor, but taller tiles re-read the tokens less and run fewer tiles a SM. Measured (H200,
     swap_tall_probe.jsonl, 16 shapes): 128 weight rows a tile against 64 at 32x14336x4096 1.014x torch.mm
     against 0.926, 8x28672x4096 0.994 / 0.934, 32x43008x5376 0.965 / 0.906 (its 256-row tiles, 1.27
     waves: 0.883); 64 rows where taller tiles leave SMs idle (32x8192x8192 0.991 / 0.973). The unfloored
-    time ranks those the same way on 14 of the 16 shapes (the two others within 1%)."""
+    time ranks those the same way on 14 of the 16 shapes (the two others within 1%).
+
+    The padded rows: where the price and the ring tie two plans that differ in tile height only, a 128-row
+    tile over at most 64 rows multiplies a whole 64-row block of padding with a second consumer warpgroup.
+    Measured (H200, the broad runs' records, every same-run pair of plain split-K plans at M <= 64 that
+    differ only in the height): the 64-row plan ran faster in 418 of 456 pairs (x1.055 geomean) and in all
+    32 pairs of 64 columns (x1.040; 64x4096x3584 in each of 21 runs, +0.1-7%). Ranked before the larger
+    tile, it moves 14 of 1,703 drawn picks, all 128 x 64 split-K to 64 x 64 at M 40-64."""
     rows = min(bm, math.ceil((M - (math.ceil(M / bm) - 1) * bm) / 8) * 8)
     tie = predicted_s if tie_s is None else tie_s
     return (round(predicted_s, 9), SCHEDULES.index(schedule), splits, round(tie, 9), -ctas * stages * (rows + bn),
-            -bm * bn)
+            math.ceil(M / bm) * bm, -bm * bn)
 
 
 def plan_key(p: Plan) -> tuple:
