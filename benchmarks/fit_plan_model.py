@@ -119,11 +119,13 @@ def _clock(r: dict) -> float:
     return r.get("kernel_sm_clock_mhz") or r["sm_clock_mhz"]
 
 
-def broad_eval(recs: list[dict], half: set, prof) -> dict:
+def broad_eval(recs: list[dict], half: set, prof, per_run: bool = False) -> dict:
     """Mean |log measured / predicted| (each record priced at its kernel's clock) and the pick's loss
     (geomean, worst) over the shapes in ``half``: the plan the planner would rank first among a shape's
     measured plans of the schedules it offers (priced at the planning clock, ties broken as
-    ``planner.rank_key``) against the best of them."""
+    ``planner.rank_key``) against the best of them. ``per_run``: each (shape, run) on its own, its pick
+    against the best of that run's plans (several runs' records of a shape are not compared across runs,
+    whose clocks differ)."""
     logs, by = [], defaultdict(list)
     for r in recs:
         s = (r["M"], r["N"], r["K"])
@@ -136,20 +138,20 @@ def broad_eval(recs: list[dict], half: set, prof) -> dict:
             continue
         key = planner.rank_key(pick_vs_oracle.price(s, r, prof), ks[0], r["schedule"], r["splits"], r["bm"], r["bn"],
                                r["stages"], ctas=pick_vs_oracle.streaming_ctas(s, r))
-        by[s].append((key, r["time_ms"]))
-    loss = [min(v)[1] / min(m for _, m in v) for v in by.values()]
+        by[(s, r["git_sha"]) if per_run else s].append((key, r["time_ms"]))
+    loss = [min(v)[1] / min(m for _, m in v) for v in by.values() if len(v) > 1 or not per_run]
     return {"abs_log": statistics.fmean(logs), "pick_gm": math.exp(statistics.fmean(map(math.log, loss))),
             "pick_worst": max(loss), "records": len(logs), "shapes": len(loss)}
 
 
-def _objective(recs, half, prof) -> float:
-    e = broad_eval(recs, half, prof)
+def _objective(recs, half, prof, per_run: bool = False) -> float:
+    e = broad_eval(recs, half, prof, per_run)
     return e["abs_log"] + 2 * math.log(e["pick_gm"]) + 0.5 * math.log(e["pick_worst"])
 
 
-def fit(recs, half, prof, rounds: int = 6, names=FIT_NAMES):
+def fit(recs, half, prof, rounds: int = 6, names=FIT_NAMES, per_run: bool = False):
     """Coordinate descent: each constant of ``names`` in turn scaled by the factor that lowers the loss most."""
-    best = _objective(recs, half, prof)
+    best = _objective(recs, half, prof, per_run)
     for _ in range(rounds):
         for name in names:
             for f in (0.5, 0.7, 0.85, 0.93, 1.07, 1.18, 1.4, 2.0):
@@ -159,7 +161,7 @@ def fit(recs, half, prof, rounds: int = 6, names=FIT_NAMES):
                 q = dataclasses.replace(prof, **{name: v})
                 if q.hbm_latency_s < q.l2_latency_s:  # a load from HBM is never quicker than an L2 hit
                     continue
-                o = _objective(recs, half, q)
+                o = _objective(recs, half, q, per_run)
                 if o < best - 1e-4:
                     best, prof = o, q
     return prof
@@ -184,14 +186,14 @@ def broad_main(args) -> None:
     held = {(r["M"], r["N"], r["K"]) for r in recs} - train
     prof = dataclasses.replace(H200, **{k: float(v) for k, v in (s.split("=") for s in args.set)})
     for name, half in (("fit", train), ("held-out", held)):
-        print(f"{name:9s} (profile as given) {broad_eval(recs, half, prof)}")
+        print(f"{name:9s} (profile as given) {broad_eval(recs, half, prof, args.per_run)}")
     if args.fit:
         names = args.only or FIT_NAMES
-        prof = fit(recs, train, prof, names=names)
+        prof = fit(recs, train, prof, names=names, per_run=args.per_run)
         for name in names:
             print(f"  {name} = {getattr(prof, name):.4g}")
         for name, half in (("fit", train), ("held-out", held)):
-            print(f"{name:9s} (fitted) {broad_eval(recs, half, prof)}")
+            print(f"{name:9s} (fitted) {broad_eval(recs, half, prof, args.per_run)}")
     rows = list(h11_rows(recs, prof))
     for name, half in (("fit", train), ("held-out", held)):
         xs = [m / p for s, m, p in rows if s in half]
@@ -370,6 +372,8 @@ def main() -> None:
     p.add_argument("--fit", action="store_true", help="with --broad: fit the constants on the fit half")
     p.add_argument("--sha", nargs="+", default=list(BROAD_SHAS), help="with --broad: the runs' git_shas")
     p.add_argument("--only", nargs="+", choices=FIT_NAMES, help="with --fit: fit only these constants")
+    p.add_argument("--per-run", action="store_true",
+                   help="with --broad: score each (shape, run)'s pick within its run (several --sha runs)")
     p.add_argument("--route", action="store_true", help="the router's choice on both broad runs' records, by half")
     p.add_argument("--decode", action="store_true", help="with --route: fit the decode kernel's price first")
     p.add_argument("--route-sha", nargs="+", default=list(ROUTE_SHAS), help="with --route: the broad runs' git_shas")

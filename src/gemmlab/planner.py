@@ -793,7 +793,12 @@ def rank_key(predicted_s: float, M: int, schedule: str, splits: int, bm: int, bn
     Measured (H200, the broad runs' records, every same-run pair of plain split-K plans at M <= 64 that
     differ only in the height): the 64-row plan ran faster in 418 of 456 pairs (x1.055 geomean) and in all
     32 pairs of 64 columns (x1.040; 64x4096x3584 in each of 21 runs, +0.1-7%). Ranked before the larger
-    tile, it moves 14 of 1,703 drawn picks, all 128 x 64 split-K to 64 x 64 at M 40-64."""
+    tile, it moves 14 of 1,703 drawn picks, all 128 x 64 split-K to 64 x 64 at M 40-64; timed against the old
+    picks (H100, h100_tie_pad_probe.jsonl, two rounds) all 14 ran faster, x1.055 geomean (x1.038-1.077). The
+    rows are the kernel's M (a swapped plan's are the weight's), so at such a tie a plain plan of few tokens
+    also goes before a swapped one: padded MMA area instead (rows x columns multiplied over those wanted)
+    would move 5 more picks at M = 48 to swapped 64 x 48 plans, which ran 0.5-3% slower on all 10 shapes
+    timed (h100_tie_area_probe.jsonl)."""
     rows = min(bm, math.ceil((M - (math.ceil(M / bm) - 1) * bm) / 8) * 8)
     tie = predicted_s if tie_s is None else tie_s
     return (round(predicted_s, 9), SCHEDULES.index(schedule), splits, round(tie, 9), -ctas * stages * (rows + bn),
