@@ -294,6 +294,21 @@ def test_model_picks_well_on_the_broad_set_it_was_fitted_to_and_on_the_held_out_
             assert e["abs_log"] <= 0.12 and e["pick_gm"] <= 1.02 and e["pick_worst"] <= 1.35, e
 
 
+def test_the_fit_can_score_each_runs_pick_within_its_run():
+    """fit_plan_model.broad_eval(per_run=True): each (shape, run)'s pick is scored against the best plan of
+    that run only. Pooled, a plan timed in a fast run (another clock) passes for the best of a slow run's."""
+    fit = _fit_script()
+    s = (64, 4096, 3584)
+    base = dict(M=s[0], N=s[1], K=s[2], bn=64, schedule="split_k", splits=2, stages=9, sk_tiles=0, sk_ctas=0,
+                grid=128, mcast=1, plan="", kernel_sm_clock_mhz=1980.0)
+    recs = [dict(base, bm=64, time_ms=0.012, git_sha="slow"), dict(base, bm=128, time_ms=0.013, git_sha="slow"),
+            dict(base, bm=128, time_ms=0.010, git_sha="fast")]
+    pooled = fit.broad_eval(recs, {s}, devices.H200)
+    per_run = fit.broad_eval(recs, {s}, devices.H200, per_run=True)
+    assert pooled["pick_gm"] == pytest.approx(1.2)  # the 64-row pick (12 us) against the other run's 10 us
+    assert per_run["pick_gm"] == pytest.approx(1.0) and per_run["shapes"] == 1  # the fast run has one plan
+
+
 def test_a_64_row_data_parallel_tile_draws_the_l2_faster():
     """64-row data-parallel and ping-pong tiles ran at a median 0.85-0.89 of their price on the broad set
     (their TMA drew 105-140 GB/s an SM from L2 against the 88 the model allowed); ``tile64_l2_factor`` lets their
