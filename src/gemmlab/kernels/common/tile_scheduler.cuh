@@ -26,6 +26,13 @@
 //    and its reduction may use the drained ring (GSK_BULK) while no load is in flight.
 #pragma once
 
+// GSK_PAIRED (a probe's switch, 0 = off): SPLIT_K_GLOBAL CTAs 2i and 2i + 1 run the same k-range of two
+// neighbouring streamed tiles (sharing a panel of A or B) instead of two k-ranges of one tile. A plain
+// launch puts CTAs 2i and 2i + 1 on the two SMs of one TPC.
+#ifndef GSK_PAIRED
+#define GSK_PAIRED 0
+#endif
+
 // PINGPONG: data-parallel tiles, whole tiles handed to the two consumer warpgroups in turn (gemm.cu).
 enum Schedule { DATA_PARALLEL = 0, SPLIT_K = 1, STREAM_K = 2, PINGPONG = 3, SPLIT_K_GLOBAL = 4 };
 enum UnitKind { UNIT_WHOLE = 0, UNIT_CONTRIBUTOR = 1, UNIT_OWNER = 2, UNIT_SPLIT = 3 };
@@ -57,10 +64,21 @@ struct TileScheduler {
         : num_tiles(tiles), k_iters(k_iters_), args(a), next_dp(blockIdx.x), sk_it(0), sk_end(0) {
         if constexpr (STREAMED) {
             if ((int)blockIdx.x < a.sk_ctas) {
-                sk_it = sk_begin(blockIdx.x);
-                sk_end = sk_begin(blockIdx.x + 1);
+                sk_it = sk_begin(unit_cta());
+                sk_end = sk_begin(unit_cta() + 1);
             }
         }
+    }
+
+    // The CTA index the streamed ranges are cut by: blockIdx.x, or with GSK_PAIRED its pair-interleaved
+    // image (a bijection on each group of 2 x splits CTAs; a last odd tile keeps its CTAs).
+    __device__ __forceinline__ int unit_cta() const {
+        const int b = (int)blockIdx.x;
+        if constexpr (SCHED == SPLIT_K_GLOBAL && GSK_PAIRED) {
+            const int S = args.splits, g = b / (2 * S), w = b % (2 * S);
+            if (b < args.sk_ctas && 2 * g + 1 < args.sk_tiles) return (2 * g + (w & 1)) * S + (w >> 1);
+        }
+        return b;
     }
 
     // First streamed k-step of CTA j's range (j = sk_ctas: the end of all of them).
@@ -101,7 +119,7 @@ struct TileScheduler {
                     u.kind = u.k_begin > 0 ? UNIT_CONTRIBUTOR : (u.k_end < k_iters ? UNIT_OWNER : UNIT_WHOLE);
                     if constexpr (SCHED == SPLIT_K_GLOBAL) {  // aligned ranges: one unit, rank b % splits
                         u.kind = UNIT_SPLIT;
-                        u.split = (int)blockIdx.x % args.splits;
+                        u.split = unit_cta() % args.splits;
                     }
                     sk_it += u.k_end - u.k_begin;
                     return true;

@@ -164,7 +164,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
                     const int valid = min(BM, ep.M - m0);
                     if (threadIdx.x == 128)
                         gsk_bulk_exchange<Tr>(part, recv, &slices, workspace, flags, u.split, sargs.splits,
-                                              blockIdx.x - u.split, valid);
+                                              sched.unit_cta() - u.split, valid);
                     mbar_wait_parity(&slices, 0);
                     split_reduce_store<Tr, true>(part, u.split, sargs.splits, m0, n0, ep, threadIdx.x - 128, recv);
                     continue;
@@ -172,7 +172,7 @@ engine_gemm(const __grid_constant__ CUtensorMap tmA, const __grid_constant__ CUt
             }
             if constexpr (Tr::SCHEDULE == SPLIT_K_GLOBAL && !Tr::GSK_BULK) {
                 if (u.kind == UNIT_SPLIT) {  // the tile's ranks reduce and store it together
-                    gsk_reduce_store<Tr>(acc, workspace, flags, u.split, sargs.splits, blockIdx.x - u.split, consumer,
+                    gsk_reduce_store<Tr>(acc, workspace, flags, u.split, sargs.splits, sched.unit_cta() - u.split, consumer,
                                          t, m0, n0, ep);
                     continue;
                 }
