@@ -7,7 +7,8 @@ in the engine's Hilbert order those are neighbouring tiles that share a panel of
 changed, timed interleaved with torch.mm (graph replay, the project's timer):
 
   dp    one-wave data-parallel plans, the tile order table only: `hilbert` (as shipped), `apart` (CTAs 2i
-        and 2i + 1 take Hilbert tiles i and i + T/2: the same tiles in flight, partners that share nothing)
+        and 2i + 1 take Hilbert tiles i and i + T/2: the same tiles in flight, partners that share nothing);
+        PROBE_ORDERS adds schedule.ORDERS' others (column_major: a column's tiles, which share B, side by side)
   gsk   global split-K plans, whose CTAs 2i and 2i + 1 are two k-ranges of one tile (nothing shared):
         `gsk` as shipped, `paired` (GSK_PAIRED=1: CTAs 2i and 2i + 1 run the same k-range of two
         neighbouring tiles); beside them the cluster split-K plan of the same tile (`cluster`). The two
@@ -30,6 +31,10 @@ from probe_row_skip import Defines, checked_runs  # noqa: E402
 # (M, N, K, bm, bn): one wave of data-parallel tiles (grid = tiles <= 132).
 DP = [(512, 1024, 8192, 64, 64), (512, 1024, 4096, 64, 64), (1024, 768, 3072, 64, 96), (200, 4608, 36864, 64, 144),
       (2048, 1024, 4096, 128, 128), (640, 1024, 5120, 64, 80)]
+# PROBE_DEEP=1: weight streams from HBM (deep K, a few rows of tiles), in place of DP.
+DEEP = [(200, 4608, 36864, 64, 144), (256, 5120, 16384, 64, 160), (300, 5120, 27648, 64, 208),
+        (128, 8192, 28672, 64, 128), (640, 1024, 5120, 64, 80), (250, 4096, 16384, 64, 128)]
+ORDERS = os.environ.get("PROBE_ORDERS", "hilbert,apart").split(",")
 # (M, N, K, bm, bn, splits): global split-K tiles with a cluster split-K twin.
 GSK = [(64, 4096, 3584, 64, 64, 2), (77, 5120, 5120, 128, 80, 2), (64, 5120, 5120, 64, 80, 2),
        (200, 1024, 2048, 64, 64, 2), (128, 4096, 4096, 64, 128, 2), (256, 1536, 7168, 128, 112, 4),
@@ -77,16 +82,17 @@ def timed(out, mode, M, N, K, plans, launches, n, xs, ws, outs, extra):
 
 
 def dp(out):
-    for M, N, K, bm, bn in DP:
+    for M, N, K, bm, bn in DEEP if os.environ.get("PROBE_DEEP") == "1" else DP:
         p = plan_of(M, N, K, bm, bn, "data_parallel")
         assert p.grid == p.tiles_m * p.tiles_n <= 132, p
-        names = ("hilbert", "apart")
+        names = tuple(ORDERS)
         n, xs, ws, outs = operands(M, N, K, names)
         launches = {}
         for v in names:
             L = engine.Engine2Launch(xs[0], ws[0].t(), outs[v][0], bias=None, c=None, plan=p)
-            if v == "apart":
-                order = apart(schedule.tile_order("hilbert", p.tiles_m, p.tiles_n))
+            if v != "hilbert":
+                order = (apart(schedule.tile_order("hilbert", p.tiles_m, p.tiles_n)) if v == "apart"
+                         else schedule.tile_order(v, p.tiles_m, p.tiles_n))
                 L.order = torch.from_numpy(schedule.order_table(order)).to(xs[0].device)
                 L.launcher.set_ptr(5, L.order.data_ptr())
             launches[v] = L
