@@ -132,6 +132,21 @@ SWAP_PAD_EXPONENT = 0.75
 # offered swapped past SWAP_PAD_MAX_M either.
 SWAP_WIDE = True
 SWAP_WIDE_MARGIN = 0.99
+# The swapped twin (``swap_twin``): a plain 64-row data-parallel pick and the same tile over the transposed
+# problem (the weight's rows as the 64, the tokens as the width) multiply the same blocks and move the same
+# bytes through the L2, and the model prices them alike; but each bn-wide panel of the weight is read by
+# ceil(M / 64) CTAs in the plain plan and each 64-row panel by ceil(M / bn) in the twin. Where the weight
+# streams from HBM, how far apart a panel's readers run decides how often it is fetched (session 51's
+# tile-order probe: the same tiles dealt so that readers sat far apart ran 0.43-0.69x against 1.06x). From
+# SWAP_TWIN_MIN_M tokens, where the twin has fewer readers a panel (bn > 64) and the model prices it within
+# SWAP_TWIN_MARGIN of the plain pick, the twin goes first. Measured (the twin against the plain pick, each
+# interleaved with torch.mm): H200 (swap_any_probe.jsonl, 06656d3) 8 broad shapes at such a tie, M 256-1024:
+# 0.992-1.015 and 300x2050x4095 1.089; H100 (h100_deepk_swap_probe.jsonl, h100_deepk_swap_heldout.jsonl)
+# 12 drawn deep-K shapes at such a tie, M 186-1003: 11 of 12 faster (x0.995-1.259, 813x2048x11008 0.95 ->
+# 1.20x torch.mm). Past SWAP_PAD_MAX_M tokens the twin is the one 64-row swapped plan offered.
+SWAP_TWIN = True
+SWAP_TWIN_MARGIN = 1.01
+SWAP_TWIN_MIN_M = 129
 # B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
 # load B's tile once between them (TMA multicast). Offered when MCAST_OFFERED is set or
 # ``candidates(mcast=True)`` asks; ``mcast_problem`` says where it cannot run.
@@ -668,7 +683,35 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
         first = next(p for p in plans if p.swap_ab)
         plans.remove(first)
         plans.insert(0, first)
+    twin = swap_twin(plans, M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, heavy, out_bytes, prof,
+                     offered, mis) if swap and SWAP_TWIN and M >= SWAP_TWIN_MIN_M and plans else None
+    if twin is not None:
+        if twin in plans:
+            plans.remove(twin)
+        plans.insert(0, twin)
     return tuple(plans)
+
+
+def swap_twin(plans, M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, heavy, out_bytes, prof, offered,
+              mis) -> Plan | None:
+    """SWAP_TWIN's rule: the swapped twin of ``plans``' first plan (ranked) where it goes first, else None.
+    The first must be a plain 64-row data-parallel plan whose width exceeds 64 (so the twin's ceil(M / bn)
+    readers of each weight panel are fewer than its ceil(M / 64)); the twin, the same tile over the transposed
+    problem, is taken from ``plans`` or priced here (past SWAP_PAD_MAX_M and over more than SWAP_PAD_COLUMNS
+    token columns no 64-row swapped plan is listed), and goes first where priced within SWAP_TWIN_MARGIN."""
+    first = plans[0]
+    if (first.swap_ab or first.bm != 64 or first.schedule != "data_parallel" or first.mcast > 1
+            or first.bn <= 64 or first.bn > math.ceil(M / 16) * 16 or "data_parallel" not in offered):
+        return None
+    twin = next((p for p in plans if p.swap_ab and p.schedule == "data_parallel" and p.mcast == 1
+                 and (p.bm, p.bn) == (64, first.bn)), None)
+    if twin is None:
+        tile = _tile_plans(True, N, M, K, 64, first.bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, a_mn, direct,
+                           heavy, out_bytes, prof, ("data_parallel",), False, mis[::-1])
+        twin = next((p for p in tile if p.schedule == "data_parallel"), None)
+    if twin is None or twin.predicted_s > SWAP_TWIN_MARGIN * first.predicted_s:
+        return None
+    return twin
 
 
 def _wave_fill(tiles: int, sms: int) -> float:
