@@ -404,3 +404,34 @@ def test_the_router_weighs_kernels_by_plain_prices_and_runs_the_swapped_plan(mon
         best = planner.candidates(M, N, K, a_mn=on.plan.a_mn, b_mn=on.plan.b_mn, swap_ab=True)[0]
         assert on.plan == best and not off.plan.swap_ab
         assert on.plan.swap_ab == (_swapped(M, N, K)[0].schedule != "stream_k")
+
+
+def test_the_swapped_twin_goes_first_only_at_a_price_tie_where_the_weight_is_the_larger_operand(monkeypatch):
+    """planner.swap_twin (SWAP_TWIN, off until timed on a fresh draw): where the plain pick is a 64-row
+    data-parallel plan wider than 64 and the model prices the same tile over the transposed problem within
+    SWAP_TWIN_MARGIN, the twin goes first, past SWAP_PAD_MAX_M tokens too (where no 64-row swapped plan is
+    listed otherwise); not where the tokens outnumber the weight's rows, not at a price gap, not at 64 columns
+    or fewer (the twin would not have fewer readers a weight panel), not below SWAP_TWIN_MIN_M tokens."""
+    assert planner.SWAP_TWIN is False  # off by default: the picks below are the plain ones
+
+    def first(M, N, K, **kw):
+        return planner.candidates(M, N, K, **kw)[0]
+
+    for M, N, K in ((640, 1024, 5120), (813, 2048, 11008)):
+        plain, twin = first(M, N, K), first(M, N, K, swap_twin=True)
+        assert not plain.swap_ab and plain.bm == 64 and plain.schedule == "data_parallel" and plain.bn > 64
+        assert twin.swap_ab and (twin.bm, twin.bn, twin.schedule, twin.mcast) == (64, plain.bn, "data_parallel", 1)
+        assert twin.predicted_s <= planner.SWAP_TWIN_MARGIN * plain.predicted_s
+        assert math.ceil(M / twin.bn) < math.ceil(M / plain.bm)  # fewer readers of each weight panel
+        assert twin.kernel_m == N and twin.tiles_n == math.ceil(M / twin.bn)  # weight rows by token columns
+    assert not any(p.swap_ab and p.bm == 64 for p in planner.candidates(813, 2048, 11008))  # listed only as a twin
+    monkeypatch.setattr(planner, "SWAP_TWIN", True)  # the module's switch, as the keyword does
+    assert first(640, 1024, 5120).swap_ab
+    monkeypatch.setattr(planner, "SWAP_TWIN", False)
+    assert not first(640, 1024, 5120).swap_ab
+    # Not taken: the tokens outnumber the weight's rows; the twin priced past the margin (344x2560x18432:
+    # +3.5%); a pick 64 columns wide (200x1024x2048: 64 x 32); fewer tokens than SWAP_TWIN_MIN_M.
+    for M, N, K in ((1573, 1024, 4608), (344, 2560, 18432), (200, 1024, 2048), (100, 4096, 4096)):
+        assert first(M, N, K, swap_twin=True) == first(M, N, K), (M, N, K)
+    tokens_first = first(1573, 1024, 4608)
+    assert not tokens_first.swap_ab and tokens_first.bm == 64 and tokens_first.bn > 64  # the rule's only bar: N > M

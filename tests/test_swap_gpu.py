@@ -181,3 +181,23 @@ def test_matmul_runs_a_routed_swapped_plan_prepared_in_a_graph_and_as_the_custom
         assert torch.equal(op.view(torch.int16), first.view(torch.int16))
     finally:
         ops.clear_prepared_calls()
+
+
+# planner.SWAP_TWIN (off until timed on a fresh draw): past SWAP_PAD_MAX_M tokens the swapped twin is the one
+# 64-row swapped plan the planner lists, over many token columns, the last one short; with every epilogue.
+TWINS = [((813, 2048, 11008), {}), ((533, 2560, 4096), {"direct": True}),
+         ((567, 2560, 4096), {"dtype": "fp16", "out_dtype": "fp16", "has_c": True}),
+         ((931, 1536, 2000), {"bias_dtype": "bf16", "activation": "silu"}), ((807, 2048, 2000), {"bias_dtype": "fp32"})]
+
+
+@pytest.mark.parametrize("shape, kw", TWINS, ids=[f"{'x'.join(map(str, s))}-{'-'.join(kw)}" for s, kw in TWINS])
+def test_the_swapped_twin_past_512_tokens_matches_float64_reference(shape, kw):
+    p = planner.candidates(*shape, swap_twin=True, **kw)[0]
+    assert p.swap_ab and p.bm == 64 and p.schedule == "data_parallel" and p.M > planner.SWAP_PAD_MAX_M
+    beta = 0.5 if p.has_c else 0.0
+    out, frame, ref = _run(p, alpha=0.75, beta=beta)
+    assert not torch.isnan(out).any(), f"{p}: NaN left in the output"
+    assert rel_error(out, ref) <= 1e-2, p
+    outside = frame.clone()
+    outside[: p.M, : p.N] = float("nan")
+    assert torch.isnan(outside).all(), f"{p}: wrote outside the output"

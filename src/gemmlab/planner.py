@@ -140,11 +140,18 @@ SWAP_WIDE_MARGIN = 0.99
 # tile-order probe: the same tiles dealt so that readers sat far apart ran 0.43-0.69x against 1.06x). From
 # SWAP_TWIN_MIN_M tokens, where the twin has fewer readers a panel (bn > 64) and the model prices it within
 # SWAP_TWIN_MARGIN of the plain pick, the twin goes first. Measured (the twin against the plain pick, each
-# interleaved with torch.mm): H200 (swap_any_probe.jsonl, 06656d3) 8 broad shapes at such a tie, M 256-1024:
-# 0.992-1.015 and 300x2050x4095 1.089; H100 (h100_deepk_swap_probe.jsonl, h100_deepk_swap_heldout.jsonl)
-# 12 drawn deep-K shapes at such a tie, M 186-1003: 11 of 12 faster (x0.995-1.259, 813x2048x11008 0.95 ->
-# 1.20x torch.mm). Past SWAP_PAD_MAX_M tokens the twin is the one 64-row swapped plan offered.
-SWAP_TWIN = True
+# interleaved with torch.mm): H200 (swap_any_probe.jsonl, 06656d3) the 5 broad shapes at such a tie with
+# N > M, M 256-640: x0.999-1.015 and 300x2050x4095 x1.089; H100 (h100_deepk_swap_probe.jsonl,
+# h100_deepk_swap_heldout.jsonl) 12 drawn deep-K shapes at such a tie, all N > M, M 186-1003: x1.040
+# geomean, 11 of 12 faster (813x2048x11008 0.95 -> 1.20x torch.mm), the other x0.995. Past SWAP_PAD_MAX_M
+# tokens the twin is the one 64-row swapped plan offered.
+# Held out (H100, h100_swap_twin_probe.jsonl, 3263e3c: the rule without the N > M condition, 40 shapes it
+# moved, M 256-2026): x0.996, five slower by more than 2%, all but one where the tokens outnumber the
+# weight's rows (1573x1024x4608 0.928: the twin's token panels then have the more readers); where N > M,
+# x1.004 over 20 (1000x1152x6912 0.946, 380x4096x9216 0.973; 300x2050x4095 1.044). So the rule now asks
+# N > M, and it is off until a fresh draw under it is timed on the H200 and an H100 (benchmarks/results
+# and docs/worklog.md, session 51; ``candidates(swap_twin=True)`` plans with it).
+SWAP_TWIN = False
 SWAP_TWIN_MARGIN = 1.01
 SWAP_TWIN_MIN_M = 129
 # B multicast (``Plan.mcast``): data-parallel plans whose clusters of two CTAs on vertically adjacent tiles
@@ -573,11 +580,13 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
                device=None, bias_dtype=None, has_c: bool = False, activation: str | None = None,
                a_mn: bool = False, b_mn: bool = False, direct: bool | None = None,
                schedules=None, swap_ab: bool | None = None, mcast: bool | None = None,
-               a_pitch: int | None = None, b_pitch: int | None = None) -> list[Plan]:
+               a_pitch: int | None = None, b_pitch: int | None = None, swap_twin: bool | None = None) -> list[Plan]:
     """Every plan the engine kernel can run for the problem, fastest first by the model. Arguments as
     for ``plan``; schedules: those to consider (default ``OFFERED_SCHEDULES``; ``SCHEDULES`` for all);
     swap_ab: also offer swapped plans where they apply (``swap_problem``; None: the module's SWAP_AB);
-    mcast: also offer data-parallel plans with B multicast (``mcast_problem``; None: MCAST_OFFERED's rule)."""
+    mcast: also offer data-parallel plans with B multicast (``mcast_problem``; None: MCAST_OFFERED's rule);
+    swap_twin: put the swapped twin of a plain 64-row pick first where ``swap_twin`` finds one (None:
+    SWAP_TWIN)."""
     prof = _profile(profile, device)
     dt = dtype_name(dtype)
     if dt == "fp32":
@@ -598,13 +607,14 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
     mc = MCAST_OFFERED if mcast is None else mcast
     if mc is None:  # where B's rows load slowly (the bytes multicast halves): measured on K % 16 == 8
         mc = mis[1]
-    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc, mis)
+    twin = (SWAP_TWIN if swap_twin is None else swap_twin) and swap and M >= SWAP_TWIN_MIN_M
+    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc, mis, twin)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
             _CACHE.clear()
         hit = _CACHE[key] = (prof, _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof,
-                                                      offered, swap, mc, mis))
+                                                      offered, swap, mc, mis, twin))
     return list(hit[1])
 
 
@@ -648,7 +658,7 @@ def col_split_problem(bm: int, bn: int, schedule: str, b_mn: bool, swapped: bool
 
 
 def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, prof, offered,
-                swap=False, mcast=False, mis=(False, False)) -> tuple[Plan, ...]:
+                swap=False, mcast=False, mis=(False, False), twin=False) -> tuple[Plan, ...]:
     heavy = heavy_epilogue(odt, bdt, has_c, activation, direct)
     out_bytes = plan_cost.in_bytes(odt)
     plans = []
@@ -683,12 +693,12 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
         first = next(p for p in plans if p.swap_ab)
         plans.remove(first)
         plans.insert(0, first)
-    twin = swap_twin(plans, M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, heavy, out_bytes, prof,
-                     offered, mis) if swap and SWAP_TWIN and M >= SWAP_TWIN_MIN_M and plans else None
-    if twin is not None:
-        if twin in plans:
-            plans.remove(twin)
-        plans.insert(0, twin)
+    first = swap_twin(plans, M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, heavy, out_bytes, prof,
+                      offered, mis) if twin and plans else None
+    if first is not None:
+        if first in plans:
+            plans.remove(first)
+        plans.insert(0, first)
     return tuple(plans)
 
 
