@@ -3,7 +3,7 @@ kernel, the current engine (h11, ``gemmlab.engine``) and torch.mm, interleaved i
 
     PYTHONPATH=src python3 benchmarks/engine_broad.py --out $OUT/engine_broad.jsonl [--limit 40]
         [--shapes "2040,3584,3584;512,1024,4096"] [--classes mid,unaligned] [--budget-s 300]
-        [--tiles 64x160,64x208 --max-m 1536] [--swap-any --min-m 65]
+        [--tiles 64x160,64x208 --max-m 1536] [--swap-any --min-m 65] [--swap-twin]
 
 Shapes come from ``benchmarks/shapes/broad.json`` (``gemmlab.broad_shapes``), spread over the set in a
 fixed order when ``--limit`` takes a subset. Per shape the candidates are: ``model`` (``plan()``'s pick),
@@ -179,6 +179,9 @@ def main() -> None:
                    help="with --lean: still time the decode kernel where the router priced it and chose another")
     p.add_argument("--alt", nargs="*", default=[], metavar="NAME=VALUE",
                    help="also time the pick under the profile with these constants (candidate 'alt')")
+    p.add_argument("--swap-twin", action="store_true",
+                   help="plan with planner.SWAP_TWIN on: the swapped twin is the model's pick and the router's, "
+                        "the plain pick it replaces is timed beside it ('plain')")
     p.add_argument("--swap-any", action="store_true",
                    help="also time the best swapped plan of each schedule at any M (swapped_plans)")
     p.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
@@ -187,6 +190,8 @@ def main() -> None:
         p.error("--out takes a plain JSON-line file; add it to a .jsonl.gz with gzip -c OUT >> FILE.jsonl.gz")
     t_start = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
+    if args.swap_twin:
+        planner.SWAP_TWIN = True
     info = gpu_info()
     prof = engine2._profile(torch.device("cuda"))
     cases = [c for c in load_cases(args) if (not args.max_m or c["M"] <= args.max_m) and c["M"] >= args.min_m]

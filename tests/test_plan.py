@@ -345,6 +345,12 @@ def test_changed_picks_draws_the_shapes_a_profile_change_moves():
         old, new = (changed_picks.pick_key(planner.candidates(*s, profile=q)[0]) for q in (flat, devices.H200))
         assert old != new, s
     assert changed_picks.changed(devices.H200, (65, 3000), 4, seed=1, tries=40) == (40, [])
+    # --swap-twin: the shapes whose pick planner.SWAP_TWIN's rule moves, each to its swapped twin
+    drawn, shapes = changed_picks.changed(devices.H200, (129, 4096), 3, seed=5252, swap_twin=True)
+    assert len(shapes) == 3
+    for M, N, K in shapes:
+        old, new = planner.candidates(M, N, K)[0], planner.candidates(M, N, K, swap_twin=True)[0]
+        assert N > M and not old.swap_ab and new.swap_ab and (new.bm, new.bn) == (old.bm, old.bn), (M, N, K)
 
 
 @pytest.mark.parametrize("M, N, K", [(8, 28672, 4096), (8, 152064, 3584), (4, 27648, 5120), (8, 32000, 4096)])
