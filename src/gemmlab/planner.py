@@ -146,7 +146,7 @@ SWAP_WIDE_MARGIN = 0.99
 # geomean, 11 of 12 faster (813x2048x11008 0.95 -> 1.20x torch.mm), the other x0.995. Past SWAP_PAD_MAX_M
 # tokens the twin is the one 64-row swapped plan offered.
 # Held out (H100, h100_swap_twin_probe.jsonl, 3263e3c: the rule without the N > M condition, 40 shapes it
-# moved, M 256-2026): x0.996, five slower by more than 2%, all but one where the tokens outnumber the
+# moved, M 256-2026): x0.996, seven slower by more than 2%, five of them where the tokens outnumber the
 # weight's rows (1573x1024x4608 0.928: the twin's token panels then have the more readers); where N > M,
 # x1.004 over 20 (1000x1152x6912 0.946, 380x4096x9216 0.973; 300x2050x4095 1.044). So the rule now asks
 # N > M, and it is off until a fresh draw under it is timed on the H200 and an H100 (benchmarks/results
