@@ -15,6 +15,8 @@
 #           (probe_sk_order.py, SK_VARIANTS, SK_SHAPES): the H100's deep-K stream-K loss (session 38)
 #   cpplans what the operand copies cost each plan (probe_copy_plans.py, CP_SHAPES): session 39
 #   hostprof where an eager call's host time goes, copied operands against aligned (probe_host_profile.py)
+#   twin    planner.SWAP_TWIN's held-out draw (changed_picks.py --swap-twin, TW_SEED / TW_COUNT): the twin against
+#           the plain pick it replaces, TW_PASSES passes (engine_broad.py --lean --swap-twin), then its GPU test
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -81,7 +83,14 @@ for s in ${STEPS:-}; do
                python3 benchmarks/probes/probe_copy_plans.py "$OUT/copy_plans_probe.jsonl" 2>&1 | tee "$OUT/cpplans.txt" | tail -40 ;;
     hostprof) timeout "${HP_T:-150}" python3 benchmarks/probes/probe_host_profile.py "$OUT/host_profile.txt" \
                 "$OUT/host_profile.jsonl" 2>&1 | tail -12 ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof)" ;;
+    twin) shapes=$(python3 benchmarks/changed_picks.py --swap-twin --m 129,4096 --count "${TW_COUNT:-32}" \
+                     --seed "${TW_SEED:-5252}" | tail -1)
+          for _ in $(seq "${TW_PASSES:-2}"); do
+            timeout "${TW_T:-150}" python3 benchmarks/engine_broad.py --lean --swap-twin --shapes "$shapes" \
+              --out "$OUT/swap_twin_heldout.jsonl" --budget-s "${TW_BUDGET:-115}" 2>&1 | tail -9
+          done
+          timeout 120 python3 -m pytest -q tests/test_swap_gpu.py -k twin 2>&1 | tee "$OUT/pytest_twin.txt" | tail -4 ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
