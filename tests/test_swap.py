@@ -407,8 +407,8 @@ def test_the_router_weighs_kernels_by_plain_prices_and_runs_the_swapped_plan(mon
 
 
 def test_the_swapped_twin_goes_first_only_at_a_price_tie_where_the_weight_is_the_larger_operand(monkeypatch):
-    """planner.swap_twin (SWAP_TWIN, off until timed on a fresh draw): where the plain pick is a 64-row
-    data-parallel plan wider than 64 and the model prices the same tile over the transposed problem within
+    """planner.swap_twin (SWAP_TWIN, off: a coin flip on two held-out H100 draws): where the plain pick is a
+    64-row data-parallel plan wider than 64 and the model prices the same tile over the transposed problem within
     SWAP_TWIN_MARGIN, the twin goes first, past SWAP_PAD_MAX_M tokens too (where no 64-row swapped plan is
     listed otherwise); not where the tokens outnumber the weight's rows, not at a price gap, not at 64 columns
     or fewer (the twin would not have fewer readers a weight panel), not below SWAP_TWIN_MIN_M tokens."""

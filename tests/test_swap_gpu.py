@@ -183,8 +183,8 @@ def test_matmul_runs_a_routed_swapped_plan_prepared_in_a_graph_and_as_the_custom
         ops.clear_prepared_calls()
 
 
-# planner.SWAP_TWIN (off until timed on a fresh draw): past SWAP_PAD_MAX_M tokens the swapped twin is the one
-# 64-row swapped plan the planner lists, over many token columns, the last one short; with every epilogue.
+# planner.SWAP_TWIN (off: a coin flip on two held-out H100 draws): past SWAP_PAD_MAX_M tokens the swapped twin is
+# the one 64-row swapped plan the planner lists, over many token columns, the last one short; with every epilogue.
 TWINS = [((813, 2048, 11008), {}), ((533, 2560, 4096), {"direct": True}),
          ((567, 2560, 4096), {"dtype": "fp16", "out_dtype": "fp16", "has_c": True}),
          ((931, 1536, 2000), {"bias_dtype": "bf16", "activation": "silu"}), ((807, 2048, 2000), {"bias_dtype": "fp32"})]

@@ -149,8 +149,11 @@ SWAP_WIDE_MARGIN = 0.99
 # moved, M 256-2026): x0.996, seven slower by more than 2%, five of them where the tokens outnumber the
 # weight's rows (1573x1024x4608 0.928: the twin's token panels then have the more readers); where N > M,
 # x1.004 over 20 (1000x1152x6912 0.946, 380x4096x9216 0.973; 300x2050x4095 1.044). So the rule now asks
-# N > M, and it is off until a fresh draw under it is timed on the H200 and an H100 (benchmarks/results
-# and docs/worklog.md, session 51; ``candidates(swap_twin=True)`` plans with it).
+# N > M. Held out under it (H100 at 8762239, h100_swap_twin_heldout2/3.jsonl: two fresh draws of 32 shapes
+# it moved, 5 and 3 passes): x0.990 (8 slower by more than 2%, 1 faster; 877x1600x9728 0.893, 746x1408x9728
+# 0.913, 187x8192x14336 0.961, each in every pass) and x1.010 (9 faster, 4 slower; 509x2048x27648 1.105):
+# x1.000 over the 64, a coin flip. The readers of a weight panel are not what decides these shapes on the
+# H100 either, so it stays off (docs/worklog.md, session 52); ``candidates(swap_twin=True)`` plans with it.
 SWAP_TWIN = False
 SWAP_TWIN_MARGIN = 1.01
 SWAP_TWIN_MIN_M = 129
