@@ -710,9 +710,10 @@ def swap_twin(plans, M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direc
     """SWAP_TWIN's rule: the swapped twin of ``plans``' first plan (ranked) where it goes first, else None.
     The first must be a plain 64-row data-parallel plan whose width exceeds 64 (so the twin's ceil(M / bn)
     readers of each weight panel are fewer than its ceil(M / 64)), of a weight larger than the tokens (N > M:
-    the twin's token panels have more readers, ceil(N / 64) against ceil(N / bn)); the twin, the same tile over the transposed
-    problem, is taken from ``plans`` or priced here (past SWAP_PAD_MAX_M and over more than SWAP_PAD_COLUMNS
-    token columns no 64-row swapped plan is listed), and goes first where priced within SWAP_TWIN_MARGIN."""
+    the twin's token panels have more readers, ceil(N / 64) against ceil(N / bn)); the twin, the same tile
+    over the transposed problem, is taken from ``plans`` or priced here (past SWAP_PAD_MAX_M and over more
+    than SWAP_PAD_COLUMNS token columns no 64-row swapped plan is listed), and goes first where priced within
+    SWAP_TWIN_MARGIN."""
     first = plans[0]
     if (first.swap_ab or first.bm != 64 or first.schedule != "data_parallel" or first.mcast > 1 or N <= M
             or first.bn <= 64 or first.bn > math.ceil(M / 16) * 16 or "data_parallel" not in offered):
