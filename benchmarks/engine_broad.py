@@ -80,7 +80,8 @@ def load_cases(args) -> list[dict]:
 def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = False,
                     alt_profile=None) -> dict[str, planner.Plan]:
     """name -> plan: the model's pick (and the best plain plan, "plain", where the pick is swapped; "no evict":
-    the pick without ``Plan.evict_weight`` where it has it), the best
+    the pick without ``Plan.evict_weight`` where it has it, "evict": with it where only the weight's size
+    (``planner.EVICT_WEIGHT_MIN_ELEMENTS``) left it off), the best
     of each other schedule (without B multicast), the best with
     B multicast where it is offered, the best of another tile height,
     and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN");
@@ -96,6 +97,11 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = 
             out["plain"] = alt
     if best.evict_weight:  # the pick without its evict-first weight loads (Plan.evict_weight's A/B)
         out["no evict"] = dataclasses.replace(best, evict_weight=False)
+    elif best.mcast == 1 and planner.weight_read_once(best.M if not best.swap_ab else best.N,
+                                                      best.N if not best.swap_ab else best.M,
+                                                      best.bm, best.bn, best.swap_ab):
+        # the hint left off for a small weight (planner.EVICT_WEIGHT_MIN_ELEMENTS): the pick with it
+        out["evict"] = dataclasses.replace(best, evict_weight=True)
     for bm, bn in tiles:
         alt = next((c for c in offered if (c.bm, c.bn) == (bm, bn) and not c.swap_ab), None)
         if alt is not None and alt != best:

@@ -183,6 +183,12 @@ COL_SPLIT_OFFERED = False
 # (weight first, tokens last) x1.011; the output's stores evict-first x0.999. Not on multicast plans (their
 # weight loads are the pair's shared boxes) and never priced: the model's time is the plan's without it.
 EVICT_WEIGHT_OFFERED = True
+# ... but only for a weight of EVICT_WEIGHT_MIN_ELEMENTS (N x K) or more. Under it the hint costs time: over
+# six H200 broad runs (7b947dc .. 88c970d, the pick against the same plan without the hint, interleaved) the
+# weights under 2M elements (4 MB of bf16) ran x0.970 with it (7 shapes: 1x1024x1152 x0.939, 1x256x2048
+# x0.945, 16x1152x1024 x0.951, 2x256x1152 x0.962 in every run), those of 2-4M x1.009 (7 shapes, each >= 1.0),
+# 4M and more x1.013-1.020 (99 shapes).
+EVICT_WEIGHT_MIN_ELEMENTS = 1 << 21
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 
@@ -810,7 +816,8 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
                                     sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
                                     direct=direct, misaligned=misaligned, floor=False)
         M, N = (pn, pm) if swapped else (pm, pn)
-        evict = EVICT_WEIGHT_OFFERED and weight_read_once(pm, pn, bm, bn, swapped)
+        evict = (EVICT_WEIGHT_OFFERED and weight_read_once(pm, pn, bm, bn, swapped)
+                 and N * K >= EVICT_WEIGHT_MIN_ELEMENTS)
         rank = 0.0
         if sched == "split_k_global":
             rank = t * (prof.gsk_few_tiles_factor if few else prof.gsk_rank_factor)
