@@ -187,7 +187,10 @@ EVICT_WEIGHT_OFFERED = True
 # six H200 broad runs (7b947dc .. 88c970d, the pick against the same plan without the hint, interleaved) the
 # weights under 2M elements (4 MB of bf16) ran x0.970 with it (7 shapes: 1x1024x1152 x0.939, 1x256x2048
 # x0.945, 16x1152x1024 x0.951, 2x256x1152 x0.962 in every run), those of 2-4M x1.009 (7 shapes, each >= 1.0),
-# 4M and more x1.013-1.020 (99 shapes).
+# 4M and more x1.013-1.020 (99 shapes). Held out (H100, 24 random shapes of M 11-64 whose pick this rule takes
+# the hint from, h100_evict_small_heldout.jsonl): x1.020, 10 faster by more than 2%, 2 slower (64x1024x1792
+# x0.973, 32x768x2304 x0.978); 8 of weights 2.2-4.1M kept it and ran x1.027 with it. Between 1.2M and 2M the
+# hint was ahead there by 1-3% on 7 of 8 shapes (M 18-64), behind by 5-8% at M 1-16 (1.18M, both GPUs).
 EVICT_WEIGHT_MIN_ELEMENTS = 1 << 21
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
