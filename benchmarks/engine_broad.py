@@ -81,7 +81,7 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = 
                     alt_profile=None) -> dict[str, planner.Plan]:
     """name -> plan: the model's pick (and the best plain plan, "plain", where the pick is swapped; "no evict":
     the pick without ``Plan.evict_weight`` where it has it, "evict": with it where only the weight's size
-    (``planner.EVICT_WEIGHT_MIN_ELEMENTS``) left it off), the best
+    (``planner.EVICT_WEIGHT_ABOVE_ELEMENTS``) left it off), the best
     of each other schedule (without B multicast), the best with
     B multicast where it is offered, the best of another tile height,
     and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN");
@@ -100,7 +100,7 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = 
     elif best.mcast == 1 and planner.weight_read_once(best.M if not best.swap_ab else best.N,
                                                       best.N if not best.swap_ab else best.M,
                                                       best.bm, best.bn, best.swap_ab):
-        # the hint left off for a small weight (planner.EVICT_WEIGHT_MIN_ELEMENTS): the pick with it
+        # the hint left off for a small weight (planner.EVICT_WEIGHT_ABOVE_ELEMENTS): the pick with it
         out["evict"] = dataclasses.replace(best, evict_weight=True)
     for bm, bn in tiles:
         alt = next((c for c in offered if (c.bm, c.bn) == (bm, bn) and not c.swap_ab), None)

@@ -180,17 +180,18 @@ def test_split_push_mirrors_the_trait():
         assert ("UBLKCP.S.S" in text) == p.split_push and ("MEMBAR.ALL.GPU" in text) != p.split_push, p
 
 
-def test_evict_first_weight_loads_only_for_a_weight_of_4_mb_or_more():
-    # The same tokens over weights around EVICT_WEIGHT_MIN_ELEMENTS: the hint from that size up, never under
-    # it (measured: the hint cost 3-6% on 1-2.4 MB weights, gained 1-2% from 4 MB).
-    lo, hi = planner.EVICT_WEIGHT_MIN_ELEMENTS // 2048, planner.EVICT_WEIGHT_MIN_ELEMENTS // 1024
+def test_evict_first_weight_loads_only_for_a_weight_of_more_than_2_mib():
+    # The same tokens over weights around EVICT_WEIGHT_ABOVE_ELEMENTS: the hint above that size, never at or
+    # under it (measured: the hint cost 1-10% up to 1M elements, gained 1-6% from 1.2M at M > 16).
+    cut = planner.EVICT_WEIGHT_ABOVE_ELEMENTS
     for M, N in [(1, 1024), (16, 1152), (48, 1536), (64, 1024)]:
-        under, at = planner.plan(M, N, lo - 64), planner.plan(M, N, 4 * hi)
+        under, above = planner.plan(M, N, cut // N // 64 * 64), planner.plan(M, N, 4 * cut // N // 64 * 64)
+        assert under.N * under.K <= cut < above.N * above.K
         assert not under.evict_weight, under
-        assert at.evict_weight == (at.M <= (at.bn if at.swap_ab else at.bm) and at.mcast == 1), at
-        assert at.evict_weight or at.M > 16, at
-    assert not any(c.evict_weight for c in planner.candidates(33, 640, 640))
-    assert any(c.evict_weight for c in planner.candidates(33, 2048, 1024))
+        assert above.evict_weight == (above.M <= (above.bn if above.swap_ab else above.bm) and above.mcast == 1)
+        assert above.evict_weight or above.M > 16, above
+    assert not any(c.evict_weight for c in planner.candidates(33, 1024, 1024))  # 2^20 elements: at the cut
+    assert any(c.evict_weight for c in planner.candidates(33, 1024, 1088))
 
 
 def test_prefetch_is_a_template_argument_after_mcast():
@@ -205,11 +206,11 @@ def test_prefetch_is_a_template_argument_after_mcast():
                                    (200, 4096, 4096), (1024, 4096, 4096), (60, 384, 512), (1, 256, 2048)])
 def test_evict_first_weight_loads_where_the_tokens_are_one_tile(M, N, K):
     # Plan.evict_weight where every weight box is read by one CTA (the tokens one tile: M <= bm, or a
-    # swapped plan's M <= bn) and the weight has EVICT_WEIGHT_MIN_ELEMENTS or more; its build's weight loads
+    # swapped plan's M <= bn) and the weight has more than EVICT_WEIGHT_ABOVE_ELEMENTS; its build's weight loads
     # carry an L2 policy and the tokens' none, others none.
     p = planner.plan(M, N, K)
     one_tile = p.M <= (p.bn if p.swap_ab else p.bm) and p.mcast == 1
-    assert p.evict_weight == (one_tile and N * K >= planner.EVICT_WEIGHT_MIN_ELEMENTS), p
+    assert p.evict_weight == (one_tile and N * K > planner.EVICT_WEIGHT_ABOVE_ELEMENTS), p
     assert ("evict-first" in repr(p)) == p.evict_weight
     assert (p.template_args()[17:] == ("true",)) == p.evict_weight  # EVICT_WEIGHT, the 18th argument
     k = engine2.compile_plan(p)

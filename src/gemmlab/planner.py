@@ -183,15 +183,17 @@ COL_SPLIT_OFFERED = False
 # (weight first, tokens last) x1.011; the output's stores evict-first x0.999. Not on multicast plans (their
 # weight loads are the pair's shared boxes) and never priced: the model's time is the plan's without it.
 EVICT_WEIGHT_OFFERED = True
-# ... but only for a weight of EVICT_WEIGHT_MIN_ELEMENTS (N x K) or more. Under it the hint costs time: over
-# six H200 broad runs (7b947dc .. 88c970d, the pick against the same plan without the hint, interleaved) the
-# weights under 2M elements (4 MB of bf16) ran x0.970 with it (7 shapes: 1x1024x1152 x0.939, 1x256x2048
-# x0.945, 16x1152x1024 x0.951, 2x256x1152 x0.962 in every run), those of 2-4M x1.009 (7 shapes, each >= 1.0),
-# 4M and more x1.013-1.020 (99 shapes). Held out (H100, 24 random shapes of M 11-64 whose pick this rule takes
-# the hint from, h100_evict_small_heldout.jsonl): x1.020, 10 faster by more than 2%, 2 slower (64x1024x1792
-# x0.973, 32x768x2304 x0.978); 8 of weights 2.2-4.1M kept it and ran x1.027 with it. Between 1.2M and 2M the
-# hint was ahead there by 1-3% on 7 of 8 shapes (M 18-64), behind by 5-8% at M 1-16 (1.18M, both GPUs).
-EVICT_WEIGHT_MIN_ELEMENTS = 1 << 21
+# ... but only for a weight of more than EVICT_WEIGHT_ABOVE_ELEMENTS (N x K). Under it the hint costs time: over
+# six H200 broad runs (7b947dc .. 88c970d, the pick against the same plan without the hint, interleaved) weights
+# of up to 1.2M elements ran x0.970 with it (1x1024x1152 x0.939, 1x256x2048 x0.945, 16x1152x1024 x0.951, 2x256x1152
+# x0.962 in every run), 2-4M x1.009 (7 shapes, each >= 1.0), 4M and more x1.013-1.020 (99). Two draws timed on
+# an H100 (engine-kernel picks, the hinted plan against the same without, two passes each): 16 of 0.13-1.05M
+# elements ran x1.037 without the hint, every one faster (h100_evict_small_heldout.jsonl; 11x4096x256 x1.101,
+# 38x896x640 x1.072); 28 of 1.18-2.06M ran x1.017 with it, 25 of them ahead (h100_evict_band_heldout.jsonl:
+# 102x5120x256 x1.062, 60x4096x384 x1.042; behind: 11x384x3072 x0.969, two within 0.5%). At 1.18M the swapped
+# split-K plans of M 1-16 also ran 5-8% slower with it on both GPUs (broad records). So 2^20 elements, 2 MiB of
+# bf16; the band above it is the H100's measurement (the H200's records hold no plan of M > 16 there).
+EVICT_WEIGHT_ABOVE_ELEMENTS = 1 << 20
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
 
@@ -820,7 +822,7 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
                                     direct=direct, misaligned=misaligned, floor=False)
         M, N = (pn, pm) if swapped else (pm, pn)
         evict = (EVICT_WEIGHT_OFFERED and weight_read_once(pm, pn, bm, bn, swapped)
-                 and N * K >= EVICT_WEIGHT_MIN_ELEMENTS)
+                 and N * K > EVICT_WEIGHT_ABOVE_ELEMENTS)
         rank = 0.0
         if sched == "split_k_global":
             rank = t * (prof.gsk_few_tiles_factor if few else prof.gsk_rank_factor)
