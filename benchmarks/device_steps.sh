@@ -17,6 +17,9 @@
 #   hostprof where an eager call's host time goes, copied operands against aligned (probe_host_profile.py)
 #   twin    planner.SWAP_TWIN's held-out draw (changed_picks.py --swap-twin, TW_SEED / TW_COUNT): the twin against
 #           the plain pick it replaces, TW_PASSES passes (engine_broad.py --lean --swap-twin), then its GPU test
+#   evict   the evict-first cut's two draws (session 53: 16 weights of 0.13-1.05M elements, 20 of 1.18-2.06M; or
+#           EV_SHAPES), EV_PASSES passes of engine_broad.py --lean: each pick beside the same plan with the hint
+#           ("evict") or without it ("no evict"); records in evict_draws.jsonl
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -90,7 +93,16 @@ for s in ${STEPS:-}; do
               --out "$OUT/swap_twin_heldout.jsonl" --budget-s "${TW_BUDGET:-115}" 2>&1 | tail -9
           done
           timeout 120 python3 -m pytest -q tests/test_swap_gpu.py -k twin 2>&1 | tee "$OUT/pytest_twin.txt" | tail -4 ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin)" ;;
+    evict) small="60,384,512;33,640,640;42,576,1152;39,256,576;11,4096,256;35,512,256;38,384,1024;61,768,1024"
+           small="$small;43,1536,640;45,2048,512;59,256,768;62,1024,640;45,1600,256;35,576,768;64,256,2304;38,896,640"
+           band="58,384,5120;29,1408,1152;34,576,3584;40,384,3072;42,1408,1280;102,5120,256;54,1280,1536;61,3072,512"
+           band="$band;38,1408,1152;11,384,3072;24,896,2304;36,768,1536;78,576,3584;64,3584,384;39,768,2304"
+           band="$band;73,576,3072;45,1152,1152;44,1152,1600;37,384,4096;60,4096,384"
+           for _ in $(seq "${EV_PASSES:-2}"); do
+             timeout "${EV_T:-170}" python3 benchmarks/engine_broad.py --lean --shapes "${EV_SHAPES:-$small;$band}" \
+               --out "$OUT/evict_draws.jsonl" --budget-s "${EV_BUDGET:-150}" 2>&1 | tail -4
+           done ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
