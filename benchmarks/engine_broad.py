@@ -97,11 +97,10 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = 
             out["plain"] = alt
     if best.evict_weight:  # the pick without its evict-first weight loads (Plan.evict_weight's A/B)
         out["no evict"] = dataclasses.replace(best, evict_weight=False)
-    elif best.mcast == 1 and planner.weight_read_once(best.M if not best.swap_ab else best.N,
-                                                      best.N if not best.swap_ab else best.M,
-                                                      best.bm, best.bn, best.swap_ab):
-        # the hint left off for a small weight (planner.EVICT_WEIGHT_ABOVE_ELEMENTS): the pick with it
-        out["evict"] = dataclasses.replace(best, evict_weight=True)
+    else:  # the hint left off for a small weight (planner.EVICT_WEIGHT_ABOVE_ELEMENTS): the pick with it
+        pm, pn = (best.N, best.M) if best.swap_ab else (best.M, best.N)  # the kernel's problem
+        if best.mcast == 1 and planner.weight_read_once(pm, pn, best.bm, best.bn, best.swap_ab):
+            out["evict"] = dataclasses.replace(best, evict_weight=True)
     for bm, bn in tiles:
         alt = next((c for c in offered if (c.bm, c.bn) == (bm, bn) and not c.swap_ab), None)
         if alt is not None and alt != best:

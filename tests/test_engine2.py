@@ -182,7 +182,7 @@ def test_split_push_mirrors_the_trait():
 
 def test_evict_first_weight_loads_only_for_a_weight_of_more_than_2_mib():
     # The same tokens over weights around EVICT_WEIGHT_ABOVE_ELEMENTS: the hint above that size, never at or
-    # under it (measured: the hint cost 1-10% up to 1M elements, gained 1-6% from 1.2M at M > 16).
+    # under it (measured: the hint cost up to 10% under 1M elements, gained 1-6% from 1.2M at M > 16).
     cut = planner.EVICT_WEIGHT_ABOVE_ELEMENTS
     for M, N in [(1, 1024), (16, 1152), (48, 1536), (64, 1024)]:
         under, above = planner.plan(M, N, cut // N // 64 * 64), planner.plan(M, N, 4 * cut // N // 64 * 64)
