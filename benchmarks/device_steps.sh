@@ -20,6 +20,8 @@
 #   evict   the evict-first cut's two draws (session 53: 16 weights of 0.13-1.05M elements, 20 of 1.18-2.06M; or
 #           EV_SHAPES), EV_PASSES passes of engine_broad.py --lean: each pick beside the same plan with the hint
 #           ("evict") or without it ("no evict"); records in evict_draws.jsonl
+#   fresh   shapes never tuned on (fresh_draw.py --seed FR_SEED --count FR_COUNT: held-out model families, M
+#           log-uniform 1..16384), engine_broad.py --lean --decode-beside; records in fresh.jsonl
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -102,7 +104,10 @@ for s in ${STEPS:-}; do
              timeout "${EV_T:-170}" python3 benchmarks/engine_broad.py --lean --shapes "${EV_SHAPES:-$small;$band}" \
                --out "$OUT/evict_draws.jsonl" --budget-s "${EV_BUDGET:-150}" 2>&1 | tail -4
            done ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict)" ;;
+    fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
+           timeout "${FR_T:-200}" python3 benchmarks/engine_broad.py --lean --decode-beside --shapes "$shapes" \
+             --out "$OUT/fresh.jsonl" --budget-s "${FR_BUDGET:-170}" 2>&1 | tail -4 ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict fresh)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"

@@ -1,0 +1,42 @@
+"""benchmarks/fresh_draw.py (CPU): the shapes it draws are new to the project and honour what it promises."""
+
+import runpy
+import sys
+from pathlib import Path
+
+from gemmlab.broad_shapes import MAX_FLOP, MODELS, broad_cases, projections
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "fresh_draw.py"
+mod = runpy.run_path(str(SCRIPT))
+
+
+def test_a_draw_is_distinct_new_and_under_the_flop_cap():
+    shapes = mod["draw"](5401, 60)
+    assert len(shapes) == 60 and len(set(shapes)) == 60
+    broad = {c.shape for c in broad_cases()}
+    assert not broad & set(shapes)
+    assert all(2.0 * M * N * K <= MAX_FLOP and 1 <= M <= 16384 for M, N, K in shapes)
+    # every (N, K) is a held-out model's projection or vocabulary head
+    pairs = {nk for dims in mod["HELD_OUT"].values() for nk in projections(*dims).values()} | set(mod["HEADS"].values())
+    assert {(N, K) for _, N, K in shapes} <= pairs
+    # M spans decode to prefill, and most token counts are not multiples of 8
+    ms = [M for M, _, _ in shapes]
+    assert min(ms) <= 32 and max(ms) >= 4000
+    assert sum(M % 8 != 0 for M in ms) > len(ms) // 2
+
+
+def test_the_held_out_families_are_not_the_broad_sets():
+    assert not set(mod["HELD_OUT"]) & {m for fam in MODELS.values() for m in fam}
+
+
+def test_a_seed_is_one_draw_and_another_seed_another():
+    assert mod["draw"](7, 20) == mod["draw"](7, 20)
+    assert mod["draw"](7, 20) != mod["draw"](8, 20)
+
+
+def test_the_command_prints_a_shapes_argument(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--seed", "3", "--count", "5"])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    shapes = [tuple(map(int, s.split(","))) for s in last.split(";")]
+    assert shapes == mod["draw"](3, 5)
