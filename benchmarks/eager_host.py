@@ -87,9 +87,10 @@ def _rand(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
-def per_call_records(dtype, reps: int, shapes=None) -> list[dict]:
+def per_call_records(dtype, reps: int, shapes=None, out: str | None = None) -> list[dict]:
     """``gemmlab bench --suite matmul-eager``'s per-call part (``gemmlab.bench.bench_eager``), or these
-    (M, N, K) shapes; each record names the kernel ``gemmlab.plan`` says the call runs."""
+    (M, N, K) shapes; each record names the kernel ``gemmlab.plan`` says the call runs, and is appended to
+    ``out`` (where given) as soon as it is measured: a run cut short keeps what it measured."""
     from gemmlab import bench
     from gemmlab.matmul_suites import EAGER
 
@@ -104,20 +105,25 @@ def per_call_records(dtype, reps: int, shapes=None) -> list[dict]:
         if shapes:  # not the eager suite: kept out of the README's eager rows (readme_tables.eager_runs)
             r["kind"] = "per_call_shapes"
         recs.append(r)
+        if out:
+            append_records(out, [r])
         print(f"{dtype} {r['M']:>5} x {r['N']:>5} x {r['K']:>5}  host {r['host_us']:7.1f} us (torch "
               f"{r['baseline_host_us']:6.1f})  wall {r['wall_us']:7.1f} us (torch {r['baseline_wall_us']:6.1f})  "
               f"x{r['ratio']:.3f}  err {r['rel_error']:.1e}", flush=True)
     return recs
 
 
-def stack_records(dtype, reps: int) -> list[dict]:
-    """The 7B layer stack at batch 1 and 16 (``gemmlab.bench.bench_eager_stack``)."""
+def stack_records(dtype, reps: int, out: str | None = None) -> list[dict]:
+    """The 7B layer stack at batch 1 and 16 (``gemmlab.bench.bench_eager_stack``), each record appended to
+    ``out`` (where given) as soon as it is measured."""
     from gemmlab import bench
 
     recs = []
     for M in (1, 16):
         r = bench.bench_eager_stack(M, dtype=dtype, reps=max(reps, 9))
         recs.append(r)
+        if out:
+            append_records(out, [r])
         print(f"stack {dtype} M={M}: {r['wall_us']:.1f} us/call (torch {r['baseline_wall_us']:.1f}) "
               f"x{r['ratio']:.3f}; host {r['host_us']:.1f} (torch {r['baseline_host_us']:.1f})", flush=True)
     return recs
@@ -695,16 +701,16 @@ def main(argv=None) -> int:
         print("== breakdown (M=2048, N=4096, K=4096)", flush=True)
         recs += breakdown_records(2048, 4096, 4096)
     append_records(args.out, recs)
-    if not args.no_calls:  # appended section by section: a run cut short keeps what it measured
+    if not args.no_calls:  # appended record by record: a run cut short keeps what it measured
         for name in args.dtypes.split(","):
             dtype = getattr(torch, name)
             shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")] if args.shapes else None
             if not args.stack_only:
                 print(f"== per call, {name}", flush=True)
-                append_records(args.out, per_call_records(dtype, args.reps, shapes))
+                per_call_records(dtype, args.reps, shapes, args.out)
             if not shapes:
                 print(f"== stack, {name}", flush=True)
-                append_records(args.out, stack_records(dtype, args.reps))
+                stack_records(dtype, args.reps, args.out)
     return 0
 
 
