@@ -113,6 +113,17 @@ SWAP_PREFER_MARGIN = 1.35
 SWAP_PAD_MAX_M = 512
 SWAP_PAD_COLUMNS = 3
 SWAP_PAD_EXPONENT = 0.75
+# SWAP_PAD_ANY (session 54): the same rule where the best plain plan is ping-pong, not only data-parallel,
+# and past SWAP_PAD_MAX_M where the plain tiles pad the tokens more than the swapped ones (the swapped
+# data-parallel and ping-pong plans SWAP_WIDE lists). Found on a fresh draw (benchmarks/fresh_draw.py, seeds
+# 5401-5403, H100): token counts just past a multiple of 128 (515, 787, 1048) ran 0.84-0.95x torch.mm on
+# plain 128-row tiles whose last row of tiles was mostly padding; the swapped ping-pong plan of the same
+# width, its tokens padded to 16, ran x1.07-1.12 faster on them (h100_fresh_losers.jsonl), priced within
+# 1% of the plain one, so neither SWAP_WIDE_MARGIN nor the data-parallel-only rule took it. Past
+# SWAP_PAD_MAX_M the plain plan must pad at least SWAP_PAD_WIDE_MIN times the swapped one's tokens (a
+# prefill's last row of tiles is a small share of its rows: 6000, 8224 and 9232 tokens pad under 1% more).
+SWAP_PAD_ANY = True
+SWAP_PAD_WIDE_MIN = 1.02
 # Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped data-parallel and ping-pong plans of 128 and 256
 # weight rows (the heights measured there) are priced too, over any number of token columns, and the best
 # of them goes first where the model prices it below SWAP_WIDE_MARGIN x the best plain plan's time.
@@ -703,7 +714,8 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
         if plain is not None and plans[0].predicted_s >= SWAP_WIDE_MARGIN * plain.predicted_s:
             plans.remove(plain)
             plans.insert(0, plain)
-    if swap and padded and plans and not plans[0].swap_ab and _padding_prefers_swap(M, plans):
+    if swap and (padded or (wide and SWAP_PAD_ANY)) and plans and not plans[0].swap_ab and \
+            _padding_prefers_swap(M, plans, wide):
         first = next(p for p in plans if p.swap_ab)
         plans.remove(first)
         plans.insert(0, first)
@@ -758,16 +770,21 @@ def _tall_fills(pm: int, pn: int, bm: int, bn: int, sms: int) -> bool:
     return fill >= TALL_MIN_FILL and fill >= _wave_fill(math.ceil(pm / 64) * math.ceil(pn / bn), sms) - 1e-9
 
 
-def _padding_prefers_swap(M: int, plans) -> bool:
-    """SWAP_PAD_MAX_M's rule: whether the model's best swapped plan among ``plans`` (ranked, a plain one
-    first) goes before the best plain plan, by the rows each pads the tokens to."""
+def _padding_prefers_swap(M: int, plans, wide: bool = False) -> bool:
+    """SWAP_PAD_MAX_M's rule (and SWAP_PAD_ANY's): whether the model's best swapped plan among ``plans``
+    (ranked, a plain one first) goes before the best plain plan, by the rows each pads the tokens to.
+    ``wide``: past SWAP_PAD_MAX_M, where it applies only if the plain plan pads SWAP_PAD_WIDE_MIN times the
+    swapped one's tokens or more."""
     plain = plans[0]
     swapped = next((p for p in plans if p.swap_ab), None)
-    if swapped is None or plain.schedule != "data_parallel":
+    schedules = ("data_parallel", "pingpong") if SWAP_PAD_ANY else ("data_parallel",)
+    if swapped is None or plain.schedule not in schedules:
         return False
     if swapped.bm == 64 and swapped.tiles > swapped.grid:  # one consumer over several waves (see the rule)
         return False
     padded = math.ceil(M / plain.bm) * plain.bm / (math.ceil(M / swapped.bn) * swapped.bn)
+    if wide and padded < SWAP_PAD_WIDE_MIN:
+        return False
     return swapped.predicted_s < plain.predicted_s * padded ** SWAP_PAD_EXPONENT
 
 
