@@ -435,3 +435,38 @@ def test_the_swapped_twin_goes_first_only_at_a_price_tie_where_the_weight_is_the
         assert first(M, N, K, swap_twin=True) == first(M, N, K), (M, N, K)
     tokens_first = first(1573, 1024, 4608)
     assert not tokens_first.swap_ab and tokens_first.bm == 64 and tokens_first.bn > 64  # the rule's only bar: N > M
+
+
+@pytest.mark.parametrize("M, N, K, plain_schedule, swapped_schedule", [
+    # pad_any_heldout.jsonl (H100, a draw held out for the rule): swapped pick / the plain one it replaced
+    (410, 27392, 4096, "pingpong", "data_parallel"),  # 128 x 144 over 3 columns: 1.170 / 0.982 (plain 512 rows)
+    (313, 27392, 5120, "pingpong", "data_parallel"),  # 128 x 112 over 3 columns: 1.147 / 0.983
+    (563, 4096, 12800, "data_parallel", "data_parallel"),  # past 512 tokens: 128 x 144 (576): 1.014 / 0.908
+    (684, 12800, 4096, "pingpong", "pingpong"),  # 128 x 144 (720 tokens, plain 768 rows): 1.028 / 0.921
+    # h100_fresh_losers.jsonl: the fresh draw's 515 tokens, the last plain row of tiles 3 rows of 128
+    (515, 8192, 8192, "pingpong", "pingpong")])  # 128 x 144: 0.944 / 0.840
+def test_swap_pad_any_ranks_swapped_tiles_where_the_plain_pick_pads_the_tokens(monkeypatch, M, N, K, plain_schedule,
+                                                                                swapped_schedule):
+    """SWAP_PAD_ANY: the padding rule where the best plain plan is ping-pong too, and past SWAP_PAD_MAX_M where
+    the plain tiles pad SWAP_PAD_WIDE_MIN times the swapped tiles' tokens or more. Off, the plain plan the
+    rule replaced goes first."""
+    ps = planner.candidates(M, N, K)
+    first = ps[0]
+    plain = next(p for p in ps if not p.swap_ab)
+    assert first.swap_ab and first.schedule == swapped_schedule and plain.schedule == plain_schedule, (first, plain)
+    padded = math.ceil(M / plain.bm) * plain.bm / (first.tiles_n * first.bn)
+    assert padded >= planner.SWAP_PAD_WIDE_MIN
+    assert first.predicted_s < plain.predicted_s * padded ** planner.SWAP_PAD_EXPONENT
+    r = _route(M, N, K)
+    assert r.kernel == "engine" and r.plan == first
+    monkeypatch.setattr(planner, "SWAP_PAD_ANY", False)
+    assert planner.candidates(M, N, K)[0] == plain
+
+
+@pytest.mark.parametrize("M, N, K", [(6000, 6000, 6000), (8224, 1024, 1024), (9232, 1408, 6144)])
+def test_swap_pad_any_leaves_prefill_whose_tokens_pad_little(monkeypatch, M, N, K):
+    """Past SWAP_PAD_MAX_M the rule needs the plain tiles to pad SWAP_PAD_WIDE_MIN times the swapped ones'
+    tokens: these prefill shapes pad under 1% more, and keep the pick they had without the rule."""
+    first = planner.candidates(M, N, K)[0]
+    monkeypatch.setattr(planner, "SWAP_PAD_ANY", False)
+    assert planner.candidates(M, N, K)[0] == first

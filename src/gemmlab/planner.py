@@ -633,7 +633,8 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
     if mc is None:  # where B's rows load slowly (the bytes multicast halves): measured on K % 16 == 8
         mc = mis[1]
     twin = (SWAP_TWIN if swap_twin is None else swap_twin) and swap and M >= SWAP_TWIN_MIN_M
-    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc, mis, twin)
+    key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc, mis, twin,
+           SWAP_PAD_ANY)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
