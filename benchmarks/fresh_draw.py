@@ -10,7 +10,9 @@ Each shape is a projection (``gemmlab.broad_shapes.projections``: fused QKV or q
 gate+up or up, down) of a model from ``HELD_OUT`` (families and sizes the broad set does not name) or a
 vocabulary head of one, at a token count drawn log-uniformly from 1 to 16384 as a plain integer (so most
 are not multiples of 8, 64 or 128). A shape already in the broad set, or above the broad set's FLOP cap,
-is drawn again. A new seed is a new draw; each session's seed is named in its records' notes.
+is drawn again. A new seed is a new draw; each session's seed is named in its records' notes. (The draws of
+session 54 timed before this fix (seeds 5401-5404, and 5410-5411 for the held-out draws) were made with EXAONE-3's key-value heads read as 32 instead of 8: its fused
+QKV then came out 12288 x 4096, Llama-2-7B's, where it is 6144 x 4096.)
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ HELD_OUT = {
     "minicpm-2b": (2304, 5760, 36, 36, 64, True, False),
     "smollm2-1.7b": (2048, 8192, 32, 32, 64, True, False),
     "olmo2-13b": (5120, 13824, 40, 40, 128, True, False),
-    "exaone3-7.8b": (4096, 14336, 32, 32, 128, True, True),
+    "exaone3-7.8b": (4096, 14336, 32, 8, 128, True, True),
     "starcoder2-15b": (6144, 24576, 48, 4, 128, False, True),
     "dbrx-dense-equiv": (6144, 10752, 48, 8, 128, True, True),
 }
