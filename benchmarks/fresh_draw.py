@@ -10,9 +10,9 @@ Each shape is a projection (``gemmlab.broad_shapes.projections``: fused QKV or q
 gate+up or up, down) of a model from ``HELD_OUT`` (families and sizes the broad set does not name) or a
 vocabulary head of one, at a token count drawn log-uniformly from 1 to 16384 as a plain integer (so most
 are not multiples of 8, 64 or 128). A shape already in the broad set, or above the broad set's FLOP cap,
-is drawn again. A new seed is a new draw; each session's seed is named in its records' notes. (The draws of
-session 54 timed before this fix (seeds 5401-5404, and 5410-5411 for the held-out draws) were made with EXAONE-3's key-value heads read as 32 instead of 8: its fused
-QKV then came out 12288 x 4096, Llama-2-7B's, where it is 6144 x 4096.)
+is drawn again. A new seed is a new draw; each session's seed is named in its records' notes. (Session 54's
+draws of seeds 5401-5404 and 5410-5411 were made with EXAONE-3's key-value heads read as 32, not 8: its
+fused QKV came out 12288 x 4096, Llama-2-7B's, where it is 6144 x 4096.)
 """
 
 from __future__ import annotations
