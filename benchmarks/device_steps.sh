@@ -20,6 +20,9 @@
 #   evict   the evict-first cut's two draws (session 53: 16 weights of 0.13-1.05M elements, 20 of 1.18-2.06M; or
 #           EV_SHAPES), EV_PASSES passes of engine_broad.py --lean: each pick beside the same plan with the hint
 #           ("evict") or without it ("no evict"); records in evict_draws.jsonl
+#   padany  planner.SWAP_PAD_ANY's held-out draws (session 54: seed 5410's 32 shapes, timed on an H100, and seed
+#           5411's 40, not timed yet; or PA_SHAPES), PA_PASSES passes of engine_broad.py --lean: the pick beside
+#           the plain plan it replaced ("plain"); records in pad_any_heldout.jsonl
 #   fresh   shapes never tuned on (fresh_draw.py --seed FR_SEED --count FR_COUNT: held-out model families, M
 #           log-uniform 1..16384), engine_broad.py --lean --decode-beside; records in fresh.jsonl
 #
@@ -104,10 +107,23 @@ for s in ${STEPS:-}; do
              timeout "${EV_T:-170}" python3 benchmarks/engine_broad.py --lean --shapes "${EV_SHAPES:-$small;$band}" \
                --out "$OUT/evict_draws.jsonl" --budget-s "${EV_BUDGET:-150}" 2>&1 | tail -4
            done ;;
+    padany) d1="1665,32768,6144;3883,2304,2304;321,15360,5120;679,15360,5120;313,27392,5120;774,7168,6144;836,5120,13824;265,12800,4096"
+           d1="$d1;2860,12288,4096;320,27392,4096;1439,5120,5120;667,5120,13824;2641,2304,5760;278,13824,5120;780,5120,13696;793,27392,4096"
+           d1="$d1;410,27392,4096;901,100352,5120;612,5120,5120;536,5120,13696;529,4096,13696;551,4096,14336;684,12800,4096;2871,1024,4096"
+           d1="$d1;462,151552,4096;2705,100352,5120;1340,5120,5120;3119,1024,7168;305,15360,5120;563,4096,12800;1070,4608,4096;2110,5120,13824"
+           d2="683,13824,5120;323,13824,5120;910,6144,6144;554,4096,14336;556,7168,7168;668,12800,4096;703,5120,13824;850,5120,5120"
+           d2="$d2;681,7168,20480;1174,1024,6144;389,92544,6144;313,27392,5120;537,151552,4096;260,27392,4096;1932,12800,4096;536,4096,12800"
+           d2="$d2;2071,2304,2304;521,13824,5120;657,7168,6144;1163,6144,24576;2216,27392,5120;264,27392,5120;385,92544,6144;309,15360,5120"
+           d2="$d2;566,24576,6144;772,12800,4096;2103,5120,5120;802,5120,5120;470,151552,4096;1415,92544,6144;794,6144,6144;717,6144,16384"
+           d2="$d2;2441,5632,2048;2085,5120,13824;650,7168,20480;554,8192,6144;404,21504,6144;3625,8192,8192;1208,15360,5120;935,6144,10752"
+           for _ in $(seq "${PA_PASSES:-2}"); do
+             timeout "${PA_T:-200}" python3 benchmarks/engine_broad.py --lean --shapes "${PA_SHAPES:-$d1;$d2}" \
+               --out "$OUT/pad_any_heldout.jsonl" --budget-s "${PA_BUDGET:-180}" 2>&1 | tail -4
+           done ;;
     fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
            timeout "${FR_T:-200}" python3 benchmarks/engine_broad.py --lean --decode-beside --shapes "$shapes" \
              --out "$OUT/fresh.jsonl" --budget-s "${FR_BUDGET:-170}" 2>&1 | tail -4 ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict fresh)" ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany fresh)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"
