@@ -47,6 +47,7 @@ import torch
 from gemmlab import decode, engine, engine2
 from gemmlab import planner
 from gemmlab.bench import check_candidates, git_sha
+from gemmlab.broad_shapes import classify
 from gemmlab.gpu import gpu_info
 from gemmlab.record_files import load_records
 from gemmlab.timer import sets_for, time_interleaved
@@ -60,7 +61,8 @@ def load_cases(args) -> list[dict]:
     if args.shapes:
         want = [tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
         known = {(c["M"], c["N"], c["K"]): c for c in cases}
-        cases = [known.get(w) or {"name": "x".join(map(str, w)), "M": w[0], "N": w[1], "K": w[2], "cls": "adhoc",
+        # a shape outside the set gets the set's class for its size (decode, mid, prefill, unaligned)
+        cases = [known.get(w) or {"name": "x".join(map(str, w)), "M": w[0], "N": w[1], "K": w[2], "cls": classify(*w),
                                   "family": "adhoc", "source": "adhoc"} for w in want]
     if args.classes:
         cases = [c for c in cases if c["cls"] in args.classes.split(",")]

@@ -40,3 +40,19 @@ def test_the_command_prints_a_shapes_argument(monkeypatch, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     shapes = [tuple(map(int, s.split(","))) for s in last.split(";")]
     assert shapes == mod["draw"](3, 5)
+
+
+def test_engine_broad_gives_shapes_outside_the_set_the_sets_classes():
+    """engine_broad.py --shapes: a shape outside the broad set gets the class its size gives it (so a fresh
+    draw's records summarize per class); a shape of the set keeps its own case."""
+    import argparse
+
+    broad = runpy.run_path(str(SCRIPT.parent / "engine_broad.py"))
+    first = broad_cases()[0]
+    args = argparse.Namespace(shapes=f"515,8192,8192;8,12800,4096;5803,15360,5120;300,4095,4096;"
+                                     f"{first.M},{first.N},{first.K}", classes=None, limit=None, skip_measured=None)
+    cases = broad["load_cases"](args)
+    assert [c["cls"] for c in cases] == ["mid", "decode", "prefill", "unaligned", first.cls]
+    assert cases[-1]["source"] == first.source and cases[0]["source"] == "adhoc"
+    args.classes = "mid,prefill"
+    assert [(c["M"], c["cls"]) for c in broad["load_cases"](args)] == [(515, "mid"), (5803, "prefill")]
