@@ -31,6 +31,16 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 GEMMLAB_CACHE_DIR=${GEMMLAB_CACHE_DIR:-/tmp/gemmlab-cache}
 export GEMMLAB_GIT_SHA=${GEMMLAB_GIT_SHA:-$(cat .wt/sha 2>/dev/null)}
+# lean_passes PASSES TIMEOUT BUDGET RECORDS SHAPES [engine_broad.py options]: PASSES runs of engine_broad.py --lean
+# over SHAPES, records appended to $OUT/RECORDS.
+lean_passes() {
+  local passes=$1 limit=$2 budget=$3 records=$4 shapes=$5
+  shift 5
+  for _ in $(seq "$passes"); do
+    timeout "$limit" python3 benchmarks/engine_broad.py --lean "$@" --shapes "$shapes" --out "$OUT/$records" \
+      --budget-s "$budget" 2>&1 | tail -6
+  done
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv | tee "$OUT/env.txt"
 for s in ${STEPS:-}; do
   echo "== $s $(date +%T)"
@@ -93,20 +103,14 @@ for s in ${STEPS:-}; do
                 "$OUT/host_profile.jsonl" 2>&1 | tail -12 ;;
     twin) shapes=$(python3 benchmarks/changed_picks.py --swap-twin --m 129,4096 --count "${TW_COUNT:-32}" \
                      --seed "${TW_SEED:-5252}" | tail -1)
-          for _ in $(seq "${TW_PASSES:-2}"); do
-            timeout "${TW_T:-150}" python3 benchmarks/engine_broad.py --lean --swap-twin --shapes "$shapes" \
-              --out "$OUT/swap_twin_heldout.jsonl" --budget-s "${TW_BUDGET:-115}" 2>&1 | tail -9
-          done
+          lean_passes "${TW_PASSES:-2}" "${TW_T:-150}" "${TW_BUDGET:-115}" swap_twin_heldout.jsonl "$shapes" --swap-twin
           timeout 120 python3 -m pytest -q tests/test_swap_gpu.py -k twin 2>&1 | tee "$OUT/pytest_twin.txt" | tail -4 ;;
     evict) small="60,384,512;33,640,640;42,576,1152;39,256,576;11,4096,256;35,512,256;38,384,1024;61,768,1024"
            small="$small;43,1536,640;45,2048,512;59,256,768;62,1024,640;45,1600,256;35,576,768;64,256,2304;38,896,640"
            band="58,384,5120;29,1408,1152;34,576,3584;40,384,3072;42,1408,1280;102,5120,256;54,1280,1536;61,3072,512"
            band="$band;38,1408,1152;11,384,3072;24,896,2304;36,768,1536;78,576,3584;64,3584,384;39,768,2304"
            band="$band;73,576,3072;45,1152,1152;44,1152,1600;37,384,4096;60,4096,384"
-           for _ in $(seq "${EV_PASSES:-2}"); do
-             timeout "${EV_T:-170}" python3 benchmarks/engine_broad.py --lean --shapes "${EV_SHAPES:-$small;$band}" \
-               --out "$OUT/evict_draws.jsonl" --budget-s "${EV_BUDGET:-150}" 2>&1 | tail -4
-           done ;;
+           lean_passes "${EV_PASSES:-2}" "${EV_T:-170}" "${EV_BUDGET:-150}" evict_draws.jsonl "${EV_SHAPES:-$small;$band}" ;;
     padany) d1="1665,32768,6144;3883,2304,2304;321,15360,5120;679,15360,5120;313,27392,5120;774,7168,6144;836,5120,13824;265,12800,4096"
            d1="$d1;2860,12288,4096;320,27392,4096;1439,5120,5120;667,5120,13824;2641,2304,5760;278,13824,5120;780,5120,13696;793,27392,4096"
            d1="$d1;410,27392,4096;901,100352,5120;612,5120,5120;536,5120,13696;529,4096,13696;551,4096,14336;684,12800,4096;2871,1024,4096"
@@ -116,13 +120,9 @@ for s in ${STEPS:-}; do
            d2="$d2;2071,2304,2304;521,13824,5120;657,7168,6144;1163,6144,24576;2216,27392,5120;264,27392,5120;385,92544,6144;309,15360,5120"
            d2="$d2;566,24576,6144;772,12800,4096;2103,5120,5120;802,5120,5120;470,151552,4096;1415,92544,6144;794,6144,6144;717,6144,16384"
            d2="$d2;2441,5632,2048;2085,5120,13824;650,7168,20480;554,8192,6144;404,21504,6144;3625,8192,8192;1208,15360,5120;935,6144,10752"
-           for _ in $(seq "${PA_PASSES:-2}"); do
-             timeout "${PA_T:-200}" python3 benchmarks/engine_broad.py --lean --shapes "${PA_SHAPES:-$d1;$d2}" \
-               --out "$OUT/pad_any_heldout.jsonl" --budget-s "${PA_BUDGET:-180}" 2>&1 | tail -4
-           done ;;
+           lean_passes "${PA_PASSES:-2}" "${PA_T:-200}" "${PA_BUDGET:-180}" pad_any_heldout.jsonl "${PA_SHAPES:-$d1;$d2}" ;;
     fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
-           timeout "${FR_T:-200}" python3 benchmarks/engine_broad.py --lean --decode-beside --shapes "$shapes" \
-             --out "$OUT/fresh.jsonl" --budget-s "${FR_BUDGET:-170}" 2>&1 | tail -4 ;;
+           lean_passes 1 "${FR_T:-200}" "${FR_BUDGET:-170}" fresh.jsonl "$shapes" --decode-beside ;;
     *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany fresh)" ;;
   esac
 done
