@@ -29,6 +29,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
+from gemmlab.broad_shapes import classify  # noqa: E402
 from gemmlab.record_files import load_records  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_broad.jsonl.gz"
@@ -47,6 +48,8 @@ def load(path: Path, sha: str) -> dict:
     by = defaultdict(dict)
     for r in load_records(path):
         if str(r.get("git_sha", "")).startswith(sha) and r.get("ratio"):
+            if r.get("cls") == "adhoc":  # engine_broad.py --shapes before session 54: the class its size gives
+                r = {**r, "cls": classify(r["M"], r["N"], r["K"])}
             by[(r["M"], r["N"], r["K"])][r["candidate"]] = r
     return by
 

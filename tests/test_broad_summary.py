@@ -55,3 +55,20 @@ def test_runs_reads_each_shape_over_several_runs(tmp_path, monkeypatch, capsys):
     assert "  mid        1.050  >=1.0: 66.7%  under 0.95: 1  (3 shapes)" in out, out  # every shape is "mid" here
     listed = out.split("under 1.0")[1]
     assert "0.920 [0.900 - 0.940] (64, 1024, 4096)" in listed and "(128, 1024, 4096)" not in listed, out
+
+
+def test_records_of_shapes_outside_the_set_are_summarized_by_the_class_their_size_gives(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Records engine_broad.py --shapes wrote before session 54 say "adhoc": the summary classes them by size."""
+    recs = [{**_rec((8, 4096, 4096), "engine", 0.5, kernel="decode"), "cls": "adhoc"},
+            {**_rec((515, 8192, 8192), "engine", 2.0, kernel="engine"), "cls": "adhoc"},
+            {**_rec((515, 8192, 8192), "model", 2.0), "cls": "adhoc"}]
+    path = tmp_path / "fresh.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--sha", "abc", "--file", str(path)])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "class adhoc" not in out, out
+    decode = out.split("class decode:")[1].split("class mid:")[0]
+    assert "2.000" in decode and "(1 shapes)" in decode, out
+    assert "0.500" in out.split("class mid:")[1], out
