@@ -21,7 +21,7 @@
 #           EV_SHAPES), EV_PASSES passes of engine_broad.py --lean: each pick beside the same plan with the hint
 #           ("evict") or without it ("no evict"); records in evict_draws.jsonl
 #   padany  planner.SWAP_PAD_ANY's held-out draws (session 54: seed 5410's 32 shapes, timed on an H100, and seed
-#           5411's 40, not timed yet; or PA_SHAPES), PA_PASSES passes of engine_broad.py --lean: the pick beside
+#           5411's 40, not timed yet; PA_DRAW=1, 2 or both, or PA_SHAPES), PA_PASSES passes of engine_broad.py --lean: the pick beside
 #           the plain plan it replaced ("plain"); records in pad_any_heldout.jsonl
 #   fresh   shapes never tuned on (fresh_draw.py --seed FR_SEED --count FR_COUNT: held-out model families, M
 #           log-uniform 1..16384), engine_broad.py --lean --decode-beside; records in fresh.jsonl
@@ -120,7 +120,8 @@ for s in ${STEPS:-}; do
            d2="$d2;2071,2304,2304;521,13824,5120;657,7168,6144;1163,6144,24576;2216,27392,5120;264,27392,5120;385,92544,6144;309,15360,5120"
            d2="$d2;566,24576,6144;772,12800,4096;2103,5120,5120;802,5120,5120;470,151552,4096;1415,92544,6144;794,6144,6144;717,6144,16384"
            d2="$d2;2441,5632,2048;2085,5120,13824;650,7168,20480;554,8192,6144;404,21504,6144;3625,8192,8192;1208,15360,5120;935,6144,10752"
-           lean_passes "${PA_PASSES:-2}" "${PA_T:-200}" "${PA_BUDGET:-180}" pad_any_heldout.jsonl "${PA_SHAPES:-$d1;$d2}" ;;
+           case ${PA_DRAW:-both} in 1) draws=$d1 ;; 2) draws=$d2 ;; *) draws="$d1;$d2" ;; esac
+           lean_passes "${PA_PASSES:-2}" "${PA_T:-200}" "${PA_BUDGET:-180}" pad_any_heldout.jsonl "${PA_SHAPES:-$draws}" ;;
     fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
            lean_passes 1 "${FR_T:-200}" "${FR_BUDGET:-170}" fresh.jsonl "$shapes" --decode-beside ;;
     *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany fresh)" ;;
