@@ -23,6 +23,8 @@
 #   padany  planner.SWAP_PAD_ANY's held-out draws (session 54: seed 5410's 32 shapes, timed on an H100, and seed
 #           5411's 40, not timed yet; PA_DRAW=1, 2 or both, or PA_SHAPES), PA_PASSES passes of engine_broad.py --lean: the pick beside
 #           the plain plan it replaced ("plain"); records in pad_any_heldout.jsonl
+#   span    planner.SWAP_PAD_SPAN's held-out draw (changed_picks.py --set SWAP_PAD_SPAN=none --fresh --m 129,4096,
+#           SP_SEED / SP_COUNT): the pick beside the one without the rule ("alt"), SP_PASSES passes; span_heldout.jsonl
 #   fresh   shapes never tuned on (fresh_draw.py --seed FR_SEED --count FR_COUNT: held-out model families, M
 #           log-uniform 1..16384), engine_broad.py --lean --decode-beside; records in fresh.jsonl
 #
@@ -122,9 +124,12 @@ for s in ${STEPS:-}; do
            d2="$d2;2441,5632,2048;2085,5120,13824;650,7168,20480;554,8192,6144;404,21504,6144;3625,8192,8192;1208,15360,5120;935,6144,10752"
            case ${PA_DRAW:-both} in 1) draws=$d1 ;; 2) draws=$d2 ;; *) draws="$d1;$d2" ;; esac
            lean_passes "${PA_PASSES:-2}" "${PA_T:-200}" "${PA_BUDGET:-180}" pad_any_heldout.jsonl "${PA_SHAPES:-$draws}" ;;
+    span) shapes=$(python3 benchmarks/changed_picks.py --set SWAP_PAD_SPAN=none --fresh --m 129,4096 \
+                     --count "${SP_COUNT:-40}" --seed "${SP_SEED:-5501}" | tail -1)
+          lean_passes "${SP_PASSES:-2}" "${SP_T:-200}" "${SP_BUDGET:-170}" span_heldout.jsonl "$shapes" --alt SWAP_PAD_SPAN=none ;;
     fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
            lean_passes 1 "${FR_T:-200}" "${FR_BUDGET:-170}" fresh.jsonl "$shapes" --decode-beside ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany fresh)" ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany span fresh)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"

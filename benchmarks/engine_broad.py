@@ -80,15 +80,16 @@ def load_cases(args) -> list[dict]:
 
 
 def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = False,
-                    alt_profile=None) -> dict[str, planner.Plan]:
+                    alt_profile=None, alt_consts: dict | None = None) -> dict[str, planner.Plan]:
     """name -> plan: the model's pick (and the best plain plan, "plain", where the pick is swapped; "no evict":
     the pick without ``Plan.evict_weight`` where it has it, "evict": with it where only the weight's size
     (``planner.EVICT_WEIGHT_ABOVE_ELEMENTS``) left it off), the best
     of each other schedule (without B multicast), the best with
     B multicast where it is offered, the best of another tile height,
     and the model's best offered plan of each tile in ``tiles`` ((bm, bn) pairs; candidate "tile BMxBN");
-    ``swap_any``: the best swapped plans of any token count (``swapped_plans``); ``alt_profile``: the pick
-    under that profile ("alt": e.g. the constants before a change, ``--alt NAME=VALUE``)."""
+    ``swap_any``: the best swapped plans of any token count (``swapped_plans``); ``alt_profile`` and
+    ``alt_consts`` ({gemmlab.planner constant: value}): the pick under that profile and those constants ("alt":
+    e.g. the constants before a change, ``--alt NAME=VALUE``)."""
     cands = planner.candidates(M, N, K, profile=profile, schedules=planner.SCHEDULES)
     offered = planner.candidates(M, N, K, profile=profile)
     best = offered[0]  # what the planner offers
@@ -121,13 +122,23 @@ def candidate_plans(M: int, N: int, K: int, profile, tiles=(), swap_any: bool = 
         out[f"best bm={alt.bm}"] = alt
     if swap_any:
         out.update(swapped_plans(M, N, K, profile, best))
-    if alt_profile is not None:  # the pick under other profile constants ("alt"), where it differs
-        planner._CACHE.clear()
-        alt = planner.candidates(M, N, K, profile=alt_profile)[0]
-        planner._CACHE.clear()
+    if alt_profile is not None or alt_consts:  # the pick under other constants ("alt"), where it differs
+        with _benchmarks_module("changed_picks").planner_constants(alt_consts or {}):
+            alt = planner.candidates(M, N, K, profile=alt_profile or profile)[0]
         if alt != best:
             out["alt"] = alt
     return out
+
+
+def _benchmarks_module(name: str):
+    """A sibling script of this folder imported as a module (also when this file runs through runpy)."""
+    import importlib
+    import sys
+
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
 
 
 def swapped_plans(M: int, N: int, K: int, profile, best: planner.Plan) -> dict[str, planner.Plan]:
@@ -185,7 +196,8 @@ def main() -> None:
     p.add_argument("--decode-beside", action="store_true",
                    help="with --lean: still time the decode kernel where the router priced it and chose another")
     p.add_argument("--alt", nargs="*", default=[], metavar="NAME=VALUE",
-                   help="also time the pick under the profile with these constants (candidate 'alt')")
+                   help="also time the pick under the profile with these constants (candidate 'alt'; a NAME in "
+                        "capitals is a gemmlab.planner constant, none for None)")
     p.add_argument("--swap-twin", action="store_true",
                    help="plan with planner.SWAP_TWIN on: the swapped twin is the model's pick and the router's, "
                         "the plain pick it replaces is timed beside it ('plain')")
@@ -203,9 +215,9 @@ def main() -> None:
     prof = engine2._profile(torch.device("cuda"))
     cases = [c for c in load_cases(args) if (not args.max_m or c["M"] <= args.max_m) and c["M"] >= args.min_m]
     tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
-    alt = dataclasses.replace(prof, **{k: type(getattr(prof, k))(float(v)) for k, v in (a.split("=") for a in args.alt)}) \
-        if args.alt else None
-    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof, tiles, args.swap_any, alt)) for c in cases]
+    alt, alt_consts = _benchmarks_module("changed_picks").constants(args.alt, prof) if args.alt else (None, {})
+    per_case = [(c, candidate_plans(c["M"], c["N"], c["K"], prof, tiles, args.swap_any, alt, alt_consts))
+                for c in cases]
     if args.lean:
         per_case = [(c, {k: v for k, v in ps.items() if not k.startswith("best ")}) for c, ps in per_case]
     precompile([pl for _, ps in per_case for pl in ps.values()], args.workers)

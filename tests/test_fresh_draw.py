@@ -56,3 +56,18 @@ def test_engine_broad_gives_shapes_outside_the_set_the_sets_classes():
     assert cases[-1]["source"] == first.source and cases[0]["source"] == "adhoc"
     args.classes = "mid,prefill"
     assert [(c["M"], c["cls"]) for c in broad["load_cases"](args)] == [(515, "mid"), (5803, "prefill")]
+
+
+def test_engine_broad_times_the_pick_under_planner_constants_as_alt():
+    """engine_broad.py --alt SWAP_PAD_SPAN=none: the pick with that planner constant is timed beside the
+    model's ("alt"), and the constant is back to its value afterwards."""
+    from gemmlab import planner
+    from gemmlab.devices import H200
+
+    broad = runpy.run_path(str(SCRIPT.parent / "engine_broad.py"))
+    prof, consts = broad["_benchmarks_module"]("changed_picks").constants(["SWAP_PAD_SPAN=none"], H200)
+    plans = broad["candidate_plans"](802, 5120, 5120, prof, (), False, None, consts)
+    assert not plans["model"].swap_ab and plans["alt"].swap_ab
+    assert (plans["alt"].bm, plans["alt"].bn) == (plans["model"].bm, plans["model"].bn)
+    assert planner.SWAP_PAD_SPAN == 1.0 and not planner.candidates(802, 5120, 5120)[0].swap_ab
+    assert "alt" not in broad["candidate_plans"](802, 5120, 5120, prof)

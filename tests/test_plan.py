@@ -353,6 +353,31 @@ def test_changed_picks_draws_the_shapes_a_profile_change_moves():
         assert N > M and not old.swap_ab and new.swap_ab and (new.bm, new.bn) == (old.bm, old.bn), (M, N, K)
 
 
+def test_changed_picks_takes_planner_constants_and_fresh_pairs():
+    """``--set NAME=VALUE`` with NAME in capitals sets a ``gemmlab.planner`` constant for the other pick (and
+    restores it); ``--fresh`` draws (N, K) from fresh_draw.py's held-out families."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import changed_picks
+        prof, consts = changed_picks.constants(["SWAP_PAD_SPAN=none", "tile64_l2_factor=1.5"])
+        assert consts == {"SWAP_PAD_SPAN": None} and prof.tile64_l2_factor == 1.5
+        with pytest.raises(ValueError, match="NO_SUCH"):
+            changed_picks.constants(["NO_SUCH=1"])
+        pairs = changed_picks.fresh_pairs()
+        drawn, shapes = changed_picks.changed(devices.H200, (129, 4096), 3, seed=5501,
+                                              consts={"SWAP_PAD_SPAN": None}, pairs=pairs)
+    finally:
+        sys.path.pop(0)
+    assert planner.SWAP_PAD_SPAN == 1.0 and len(shapes) == 3
+    for M, N, K in shapes:
+        assert 129 <= M <= 4096 and (N, K) in pairs
+        new = planner.candidates(M, N, K)[0]
+        with changed_picks.planner_constants({"SWAP_PAD_SPAN": None}):
+            old = planner.candidates(M, N, K)[0]
+        assert old.swap_ab and not new.swap_ab, (M, N, K)
+    assert not planner.candidates(*shapes[-1])[0].swap_ab  # the cache serves the restored constants
+
+
 @pytest.mark.parametrize("M, N, K", [(8, 28672, 4096), (8, 152064, 3584), (4, 27648, 5120), (8, 32000, 4096)])
 def test_a_weight_streamed_from_hbm_prefers_the_deeper_ring(M, N, K):
     """Where every plan streams the weight once from HBM (M <= 32, wide N), the bytes a ring keeps in flight

@@ -126,6 +126,22 @@ SWAP_PAD_EXPONENT = 0.75
 # against the plain picks replaced, 20 faster by more than 2%, 3 slower by 3-5%. No broad-set pick moves.
 SWAP_PAD_ANY = True
 SWAP_PAD_WIDE_MIN = 1.02
+# SWAP_PAD_SPAN (session 55): the padding rule moves a pick only where the swapped plan's critical path is no
+# longer than the plain one's: its busiest CTA's tiles x tile area (``_tile_span``: ceil(tiles / grid) x
+# bm x bn) at most SWAP_PAD_SPAN times the plain plan's, and at most SWAP_PAD_SPAN_ANY times it where
+# SWAP_PAD_ANY extended the rule (past SWAP_PAD_MAX_M, or a ping-pong plain plan): fewer padded tokens
+# only leave SMs idle in the last wave unless they shorten it. Found on the fresh draws and held-out
+# draws (H100, 022b227): the rule's swapped picks at an equal span ran x0.98 of the plain plan past 512
+# tokens (802x5120x5120 128 x 144 ping-pong, 240 tiles against 252: 0.950 / 1.004; 933x5120x5120 0.997 /
+# 1.094; 2641x2304x5760 1.017 / 1.067), and at a longer span lost up to 20% (322x6144x6144 128 x 176 over 96
+# tiles against 128 x 144 over 129: 0.801 / 1.002). Simulated over every H100 record timing both
+# plans: 49 picks move, x1.027 geomean, 19 faster by more than 2%, 1 slower (H200 records: 7, x1.021).
+# Under SWAP_PAD_SPAN_MIN_K (fewer than 32 k-steps) a tile's fixed costs outweigh its MMAs, the span
+# says little, and the rule stands as it was (200x6144x1024: the swapped 64 x 208 over 96 tiles ran 3%
+# faster than the plain 64 x 192 over 128 on both GPUs).
+SWAP_PAD_SPAN = 1.0
+SWAP_PAD_SPAN_ANY = 0.99
+SWAP_PAD_SPAN_MIN_K = 2048
 # Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped data-parallel and ping-pong plans of 128 and 256
 # weight rows (the heights measured there) are priced too, over any number of token columns, and the best
 # of them goes first where the model prices it below SWAP_WIDE_MARGIN x the best plain plan's time.
@@ -636,7 +652,7 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
         mc = mis[1]
     twin = (SWAP_TWIN if swap_twin is None else swap_twin) and swap and M >= SWAP_TWIN_MIN_M
     key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc, mis, twin,
-           SWAP_PAD_ANY)
+           SWAP_PAD_ANY, SWAP_PAD_SPAN, SWAP_PAD_SPAN_ANY, SWAP_PAD_SPAN_MIN_K)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
@@ -777,7 +793,8 @@ def _padding_prefers_swap(M: int, plans, wide: bool = False) -> bool:
     """SWAP_PAD_MAX_M's rule (and SWAP_PAD_ANY's): whether the model's best swapped plan among ``plans``
     (ranked, a plain one first) goes before the best plain plan, by the rows each pads the tokens to.
     ``wide``: past SWAP_PAD_MAX_M, where it applies only if the plain plan pads SWAP_PAD_WIDE_MIN times the
-    swapped one's tokens or more."""
+    swapped one's tokens or more. Neither applies where the swapped plan's critical path is longer
+    (SWAP_PAD_SPAN)."""
     plain = plans[0]
     swapped = next((p for p in plans if p.swap_ab), None)
     schedules = ("data_parallel", "pingpong") if SWAP_PAD_ANY else ("data_parallel",)
@@ -788,7 +805,17 @@ def _padding_prefers_swap(M: int, plans, wide: bool = False) -> bool:
     padded = math.ceil(M / plain.bm) * plain.bm / (math.ceil(M / swapped.bn) * swapped.bn)
     if wide and padded < SWAP_PAD_WIDE_MIN:
         return False
+    limit = SWAP_PAD_SPAN_ANY if wide or plain.schedule != "data_parallel" else SWAP_PAD_SPAN
+    if SWAP_PAD_SPAN is not None and plain.K >= SWAP_PAD_SPAN_MIN_K and \
+            _tile_span(swapped) > limit * _tile_span(plain):
+        return False
     return swapped.predicted_s < plain.predicted_s * padded ** SWAP_PAD_EXPONENT
+
+
+def _tile_span(p: Plan) -> int:
+    """A data-parallel or ping-pong plan's critical path in tile areas: the tiles its busiest CTA runs
+    (ceil(tiles / grid)) times the tile's bm x bn."""
+    return math.ceil(p.tiles / p.grid) * p.bm * p.bn
 
 
 def _swap_preferred(plans) -> bool:
