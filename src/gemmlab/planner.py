@@ -128,19 +128,18 @@ SWAP_PAD_ANY = True
 SWAP_PAD_WIDE_MIN = 1.02
 # SWAP_PAD_SPAN (session 55): the padding rule moves a pick only where the swapped plan's critical path is no
 # longer than the plain one's: its busiest CTA's tiles x tile area (``_tile_span``: ceil(tiles / grid) x
-# bm x bn) at most SWAP_PAD_SPAN times the plain plan's, and at most SWAP_PAD_SPAN_ANY times it where
-# SWAP_PAD_ANY extended the rule (past SWAP_PAD_MAX_M, or a ping-pong plain plan): fewer padded tokens
-# only leave SMs idle in the last wave unless they shorten it. Found on the fresh draws and held-out
-# draws (H100, 022b227): the rule's swapped picks at an equal span ran x0.98 of the plain plan past 512
-# tokens (802x5120x5120 128 x 144 ping-pong, 240 tiles against 252: 0.950 / 1.004; 933x5120x5120 0.997 /
-# 1.094; 2641x2304x5760 1.017 / 1.067), and at a longer span lost up to 20% (322x6144x6144 128 x 176 over 96
-# tiles against 128 x 144 over 129: 0.801 / 1.002). Simulated over every H100 record timing both
-# plans: 49 picks move, x1.027 geomean, 19 faster by more than 2%, 1 slower (H200 records: 7, x1.021).
-# Under SWAP_PAD_SPAN_MIN_K (fewer than 32 k-steps) a tile's fixed costs outweigh its MMAs, the span
-# says little, and the rule stands as it was (200x6144x1024: the swapped 64 x 208 over 96 tiles ran 3%
-# faster than the plain 64 x 192 over 128 on both GPUs).
+# bm x bn) at most SWAP_PAD_SPAN times the plain plan's. Fewer padded tokens buy nothing where the CTAs that
+# run longest run more tile area. Found on the fresh draws (H100, 022b227: 322x6144x6144, its swapped
+# 128 x 176 over 96 tiles against the plain 128 x 144 over 129, ran 0.801 against 1.002x torch.mm). Held out
+# (h100_span_heldout.jsonl, 290525a: two draws of changed_picks.py --fresh, M 129-4096, both picks
+# interleaved with torch.mm): the 40 picks it moves from a longer swapped span ran x1.036 (21 faster by more
+# than 2%, 1 slower: 228x13824x5120 x0.974; 422x6144x24576 0.762 -> 0.885, 351x6144x16384 0.767 -> 0.922).
+# A stricter bound (the swapped span shorter, not only no longer, past 512 tokens) lost on the same draws:
+# its 36 equal-span moves ran x0.978, 9 slower by more than 2% (2822x1024x6144 x0.835), none faster.
+# Under SWAP_PAD_SPAN_MIN_K (fewer than 32 k-steps) a tile's fixed costs outweigh its MMAs, the span says
+# little, and the rule stands as it was (200x6144x1024: the swapped 64 x 208 over 96 tiles ran 3% faster
+# than the plain 64 x 192 over 128 on both GPUs).
 SWAP_PAD_SPAN = 1.0
-SWAP_PAD_SPAN_ANY = 0.99
 SWAP_PAD_SPAN_MIN_K = 2048
 # Past SWAP_PAD_MAX_M tokens (SWAP_WIDE) the swapped data-parallel and ping-pong plans of 128 and 256
 # weight rows (the heights measured there) are priced too, over any number of token columns, and the best
@@ -652,7 +651,7 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
         mc = mis[1]
     twin = (SWAP_TWIN if swap_twin is None else swap_twin) and swap and M >= SWAP_TWIN_MIN_M
     key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc, mis, twin,
-           SWAP_PAD_ANY, SWAP_PAD_SPAN, SWAP_PAD_SPAN_ANY, SWAP_PAD_SPAN_MIN_K)
+           SWAP_PAD_ANY, SWAP_PAD_SPAN, SWAP_PAD_SPAN_MIN_K)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
@@ -805,9 +804,8 @@ def _padding_prefers_swap(M: int, plans, wide: bool = False) -> bool:
     padded = math.ceil(M / plain.bm) * plain.bm / (math.ceil(M / swapped.bn) * swapped.bn)
     if wide and padded < SWAP_PAD_WIDE_MIN:
         return False
-    limit = SWAP_PAD_SPAN_ANY if wide or plain.schedule != "data_parallel" else SWAP_PAD_SPAN
     if SWAP_PAD_SPAN is not None and plain.K >= SWAP_PAD_SPAN_MIN_K and \
-            _tile_span(swapped) > limit * _tile_span(plain):
+            _tile_span(swapped) > SWAP_PAD_SPAN * _tile_span(plain):
         return False
     return swapped.predicted_s < plain.predicted_s * padded ** SWAP_PAD_EXPONENT
 
