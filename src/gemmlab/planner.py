@@ -134,6 +134,7 @@ SWAP_PAD_WIDE_MIN = 1.02
 # (h100_span_heldout.jsonl, 290525a: two draws of changed_picks.py --fresh, M 129-4096, both picks
 # interleaved with torch.mm): the 40 picks it moves from a longer swapped span ran x1.036 (21 faster by more
 # than 2%, 1 slower: 228x13824x5120 x0.974; 422x6144x24576 0.762 -> 0.885, 351x6144x16384 0.767 -> 0.922).
+# A third draw at this rule (seed 5503, 492ccca): its 40 moves x1.028, 16 faster, 4 slower by 2-5%.
 # A stricter bound (the swapped span shorter, not only no longer, past 512 tokens) lost on the same draws:
 # its 36 equal-span moves ran x0.978, 9 slower by more than 2% (2822x1024x6144 x0.835), none faster.
 # Under SWAP_PAD_SPAN_MIN_K (fewer than 32 k-steps) a tile's fixed costs outweigh its MMAs, the span says
