@@ -201,3 +201,28 @@ def test_the_swapped_twin_past_512_tokens_matches_float64_reference(shape, kw):
     outside = frame.clone()
     outside[: p.M, : p.N] = float("nan")
     assert torch.isnan(outside).all(), f"{p}: wrote outside the output"
+
+
+@pytest.mark.parametrize("M, N, K", [(322, 6144, 6144), (683, 13824, 5120)])
+def test_matmul_on_the_shapes_swap_pad_span_moves_matches_float64_either_way(monkeypatch, M, N, K):
+    """planner.SWAP_PAD_SPAN moves these picks from a swapped plan to the plain one: gemmlab.matmul runs the
+    plain plan and matches float64 on fresh inputs into a poisoned output; with the rule off it runs the
+    swapped plan, and it matches too."""
+    import gemmlab
+    from gemmlab import ops
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    w = torch.randn(N, K, device="cuda", generator=g).bfloat16()
+    ref = reference(a, w.t())
+    for span, swapped in ((planner.SWAP_PAD_SPAN, False), (None, True)):
+        monkeypatch.setattr(planner, "SWAP_PAD_SPAN", span)
+        ops.clear_prepared_calls()
+        try:
+            assert gemmlab.plan(M, N, K).plan.swap_ab == swapped
+            out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemmlab.matmul(a, w.t(), out=out)
+            torch.cuda.synchronize()
+            assert not torch.isnan(out).any() and rel_error(out, ref) <= 1e-2, (span, M, N, K)
+        finally:
+            ops.clear_prepared_calls()
