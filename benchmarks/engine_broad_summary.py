@@ -9,11 +9,18 @@ now), and the router's kernel choice against the alternatives timed beside it in
 ``decode``, or the engine kernel's ``model`` plan where the decode kernel ran).
 
     python3 benchmarks/engine_broad_summary.py --runs 0a9a13b 933513a bb0d0cc
+    python3 benchmarks/engine_broad_summary.py --file benchmarks/results/h100_span_heldout.jsonl --sha 492ccca \
+        --pair model alt
 
 ``--runs``: what ``gemmlab.matmul`` ran (``engine``) over several runs of the set, shape by shape: each
 run's bars (geomean, share >= 1.0, shapes under 0.95) and those of the per-shape median over the runs,
 with the shapes whose median is under 1.0 and their range: a shape one run puts under a bar and the
 others do not is the run's noise, not the class's.
+
+``--pair A B``: a held-out check's verdict, candidate A against B (``model`` against ``alt``, ``plain``, ``no
+evict``) over the shapes the run timed both, every pass counted: per shape the geomean of B's time over
+torch.mm's in each pass against A's, so > 1 means A ran faster; the geomean over the shapes, how many moved
+by more than 2% either way, and the extremes.
 """
 
 from __future__ import annotations
@@ -54,6 +61,23 @@ def load(path: Path, sha: str) -> dict:
     return by
 
 
+def pair(path: Path, sha: str, a: str, b: str) -> None:
+    """``--pair``: candidate ``a`` against ``b`` shape by shape, every pass of the run (the docstring)."""
+    times = defaultdict(lambda: defaultdict(list))
+    for r in load_records(path):
+        if str(r.get("git_sha", "")).startswith(sha) and r.get("candidate") in (a, b) and r.get("baseline_ms"):
+            times[(r["M"], r["N"], r["K"])][r["candidate"]].append(r["time_ms"] / r["baseline_ms"])
+    gains = sorted((gm(d[b]) / gm(d[a]), s) for s, d in times.items() if a in d and b in d)
+    if not gains:
+        print(f"no shape of {sha} has both {a!r} and {b!r}")
+        return
+    xs = [g for g, _ in gains]
+    print(f"{a} against {b} over {len(xs)} shapes (run {sha}): x{gm(xs):.4f}, {a} faster by more than 2% on "
+          f"{sum(x > 1.02 for x in xs)}, slower by more than 2% on {sum(x < 0.98 for x in xs)}")
+    for g, s in gains[:3] + gains[-3:]:
+        print(f"  {'x'.join(map(str, s)):18s} x{g:.3f}")
+
+
 def bars(xs: list[float]) -> str:
     return f"{gm(xs):.3f}  >=1.0: {sum(x >= 1 for x in xs) / len(xs):5.1%}  under 0.95: {sum(x < 0.95 for x in xs)}"
 
@@ -86,7 +110,13 @@ def main() -> None:
     p.add_argument("--runs", nargs="+", default=None, metavar="SHA",
                    help="several runs' shas: the routed call over them")
     p.add_argument("--file", type=Path, default=RESULTS)
+    p.add_argument("--pair", nargs=2, metavar=("A", "B"), help="with --sha: candidate A against B, shape by shape")
     args = p.parse_args()
+    if args.pair:
+        if not args.sha:
+            p.error("--pair needs --sha")
+        pair(args.file, args.sha, *args.pair)
+        return
     if args.runs:
         across(args.file, args.runs)
         return
