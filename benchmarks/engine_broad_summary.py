@@ -74,7 +74,7 @@ def pair(path: Path, sha: str, a: str, b: str) -> None:
     xs = [g for g, _ in gains]
     print(f"{a} against {b} over {len(xs)} shapes (run {sha}): x{gm(xs):.4f}, {a} faster by more than 2% on "
           f"{sum(x > 1.02 for x in xs)}, slower by more than 2% on {sum(x < 0.98 for x in xs)}")
-    for g, s in gains[:3] + gains[-3:]:
+    for g, s in gains if len(gains) <= 6 else gains[:3] + gains[-3:]:
         print(f"  {'x'.join(map(str, s)):18s} x{g:.3f}")
 
 

@@ -72,3 +72,26 @@ def test_records_of_shapes_outside_the_set_are_summarized_by_the_class_their_siz
     decode = out.split("class decode:")[1].split("class mid:")[0]
     assert "2.000" in decode and "(1 shapes)" in decode, out
     assert "0.500" in out.split("class mid:")[1], out
+
+
+def test_pair_reads_a_held_out_check_over_every_pass(tmp_path, monkeypatch, capsys):
+    """--pair model alt: per shape the geomean over passes of each candidate's time over torch.mm's; shapes
+    without both are left out, and another sha's records are not read."""
+    recs = []
+    for passes, shape in (([(1.0, 1.10, 1.0), (1.1, 1.21, 1.1)], (300, 6144, 6144)),  # alt 1.1x slower each pass
+                          ([(1.0, 0.95, 1.0)], (400, 6144, 4096)),  # alt 5% faster
+                          ([(1.0, 1.0, 1.0)], (500, 6144, 4096))):  # even
+        for model_ms, alt_ms, torch_ms in passes:
+            recs += [_rec(shape, "model", model_ms, baseline_ms=torch_ms), _rec(shape, "alt", alt_ms, baseline_ms=torch_ms)]
+    recs.append(_rec((600, 1024, 1024), "model", 1.0, baseline_ms=1.0))  # no alt: left out
+    recs.append({**_rec((700, 1024, 1024), "alt", 9.0, baseline_ms=1.0), "git_sha": "fff000"})
+    recs.append({**_rec((700, 1024, 1024), "model", 1.0, baseline_ms=1.0), "git_sha": "fff000"})
+    path = tmp_path / "held_out.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--sha", "abc", "--file", str(path), "--pair", "model", "alt"])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    out = capsys.readouterr().out
+    gain = (1.1 * 0.95 * 1.0) ** (1 / 3)
+    assert f"over 3 shapes (run abc): x{gain:.4f}" in out, out
+    assert "faster by more than 2% on 1, slower by more than 2% on 1" in out, out
+    assert "300x6144x6144      x1.100" in out and "400x6144x4096      x0.950" in out, out
