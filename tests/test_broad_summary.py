@@ -82,7 +82,8 @@ def test_pair_reads_a_held_out_check_over_every_pass(tmp_path, monkeypatch, caps
                           ([(1.0, 0.95, 1.0)], (400, 6144, 4096)),  # alt 5% faster
                           ([(1.0, 1.0, 1.0)], (500, 6144, 4096))):  # even
         for model_ms, alt_ms, torch_ms in passes:
-            recs += [_rec(shape, "model", model_ms, baseline_ms=torch_ms), _rec(shape, "alt", alt_ms, baseline_ms=torch_ms)]
+            recs += [_rec(shape, "model", model_ms, baseline_ms=torch_ms),
+                     _rec(shape, "alt", alt_ms, baseline_ms=torch_ms)]
     recs.append(_rec((600, 1024, 1024), "model", 1.0, baseline_ms=1.0))  # no alt: left out
     recs.append({**_rec((700, 1024, 1024), "alt", 9.0, baseline_ms=1.0), "git_sha": "fff000"})
     recs.append({**_rec((700, 1024, 1024), "model", 1.0, baseline_ms=1.0), "git_sha": "fff000"})
