@@ -132,7 +132,7 @@ SWAP_PAD_WIDE_MIN = 1.02
 # run longest run more tile area. Found on the fresh draws (H100, 022b227: 322x6144x6144, its swapped
 # 128 x 176 over 96 tiles against the plain 128 x 144 over 129, ran 0.801 against 1.002x torch.mm). Held out
 # (h100_span_heldout.jsonl, 290525a: two draws of changed_picks.py --fresh, M 129-4096, both picks
-# interleaved with torch.mm): the 40 picks it moves from a longer swapped span ran x1.036 (21 faster by more
+# interleaved with torch.mm): the 40 picks it moves from a longer swapped span ran x1.038 (22 faster by more
 # than 2%, 1 slower: 228x13824x5120 x0.974; 422x6144x24576 0.762 -> 0.885, 351x6144x16384 0.767 -> 0.922).
 # A third draw at this rule (seed 5503, 492ccca): its 40 moves x1.028, 16 faster, 4 slower by 2-5%.
 # A stricter bound (the swapped span shorter, not only no longer, past 512 tokens) lost on the same draws:
