@@ -27,6 +27,9 @@
 #           SP_SEED / SP_COUNT): the pick beside the one without the rule ("alt"), SP_PASSES passes; span_heldout.jsonl
 #   fresh   shapes never tuned on (fresh_draw.py --seed FR_SEED --count FR_COUNT: held-out model families, M
 #           log-uniform 1..16384), engine_broad.py --lean --decode-beside; records in fresh.jsonl
+#   place   what runs before a timed replay: one plan three times and its evict twin twice beside torch.mm, timed
+#           following the previous candidate, after a lead-in of its own and after a flush (probe_place.py,
+#           PLACE_SHAPES); records in place_probe.jsonl
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -83,6 +86,9 @@ for s in ${STEPS:-}; do
              | tail -7 ;;
     fuzz) GEMMLAB_FUZZ_SECONDS=${FUZZ_S:-120} GEMMLAB_FUZZ_RECORD="$OUT/fuzz.jsonl" timeout "${FUZZ_T:-300}" \
             python3 -m pytest -q -s -m slow tests/test_fuzz_gpu.py -k soak 2>&1 | tee "$OUT/fuzz.txt" | tail -8 ;;
+    place) (export PYTHONPATH=$PWD/src:$PWD/benchmarks PROBE_SHAPES=${PLACE_SHAPES:-}
+            timeout "${PLACE_T:-300}" python3 benchmarks/probes/probe_place.py "$OUT/place_probe.jsonl") 2>&1 \
+          | tee "$OUT/place.txt" | tail -40 ;;
     clprobe) (export PYTHONPATH=$PWD/src:$PWD/benchmarks \
                 PROBE_SHAPES=${CL_SHAPES:-"512,1024,8192;512,1024,4096;1024,768,3072"} PROBE_TILES=${CL_TILES:-"64,64;64,128"}
               for v in ${CL_VARIANTS:-asis cl1 cl1static}; do

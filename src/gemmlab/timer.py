@@ -79,8 +79,14 @@ def _per_launch_ms(fn: Callable[[int], None], n_sets: int) -> float:
 
 
 def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, *, replay_ms: float = 20.0,
-                     rounds: int = 15, warmup_rounds: int = 2, max_launches: int = 4096) -> TimingResult:
-    """Median per-launch time of each candidate. ``fn(i)`` launches one op on input set ``i``."""
+                     rounds: int = 15, warmup_rounds: int = 2, max_launches: int = 4096,
+                     lead_in: bool = False, flush_bytes: int = 0) -> TimingResult:
+    """Median per-launch time of each candidate. ``fn(i)`` launches one op on input set ``i``.
+
+    What runs just before a timed replay (untimed, on the same stream): by default the previous
+    candidate's replay. ``lead_in``: the candidate's own replay once more, so each is timed after itself;
+    ``flush_bytes``: a write of that many bytes (one buffer zeroed), so each is timed after the same work.
+    """
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     expected_ms: dict[str, float] = {}
     side = torch.cuda.Stream()
@@ -102,6 +108,7 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
             g.replay()
     torch.cuda.synchronize()
 
+    flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda") if flush_bytes > 0 else None
     names = list(graphs)
     samples: dict[str, list[float]] = {n: [] for n in names}
     clocks: dict[str, list[ClockSample]] = {n: [] for n in names}
@@ -110,6 +117,10 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
         events = []
         for name in order:
             g, n = graphs[name]
+            if lead_in:
+                g.replay()
+            if flush is not None:
+                flush.zero_()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             g.replay()
