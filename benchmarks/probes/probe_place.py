@@ -31,7 +31,7 @@ from plans_vs_torch import plan_tag, shapes_from_env  # noqa: E402
 SHAPES = [(64, 4096, 3584), (32, 24576, 1536), (77, 5120, 5120), (32, 4096, 4096), (77, 32000, 4096),
           (64, 3072, 3072), (256, 1536, 7168), (200, 1024, 2048), (1024, 768, 3072), (2048, 16384, 4096)]
 SHAPES = shapes_from_env(SHAPES)
-PROTOCOLS = {"follows previous": {}, "lead-in": {"lead_in": True}, "flush": {"flush_bytes": None}}
+PROTOCOLS = {"follows previous": {"flush_bytes": 0}, "lead-in": {"lead_in": True, "flush_bytes": 0}, "flush": {}}
 ROUNDS = int(os.environ.get("PLACE_ROUNDS", "7"))
 
 
@@ -49,7 +49,6 @@ def main():
             for name, pl in (("P1", p), ("P2", p), ("T1", twin), ("P3", p), ("T2", twin)):
                 cands[name] = lambda i, pl=pl: engine.gemm(*sets[i], plan=pl)
             for proto, kw in PROTOCOLS.items():
-                kw = {k: (2 * info.l2_bytes if v is None else v) for k, v in kw.items()}
                 res = time_interleaved(cands, n, rounds=ROUNDS, replay_ms=4.0, **kw)
                 base = res.timings["torch"].median_ms
                 ratios = {k: round(base / t.median_ms, 4) for k, t in res.timings.items() if k != "torch"}

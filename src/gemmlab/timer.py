@@ -80,12 +80,13 @@ def _per_launch_ms(fn: Callable[[int], None], n_sets: int) -> float:
 
 def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, *, replay_ms: float = 20.0,
                      rounds: int = 15, warmup_rounds: int = 2, max_launches: int = 4096,
-                     lead_in: bool = False, flush_bytes: int = 0) -> TimingResult:
+                     lead_in: bool = False, flush_bytes: int | None = None) -> TimingResult:
     """Median per-launch time of each candidate. ``fn(i)`` launches one op on input set ``i``.
 
     What runs just before a timed replay (untimed, on the same stream): by default the previous
     candidate's replay. ``lead_in``: the candidate's own replay once more, so each is timed after itself;
-    ``flush_bytes``: a write of that many bytes (one buffer zeroed), so each is timed after the same work.
+    ``flush_bytes``: a write of that many bytes (one buffer zeroed; None: twice the L2, 0: none), so each
+    is timed after the same work.
     """
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     expected_ms: dict[str, float] = {}
@@ -108,6 +109,8 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
             g.replay()
     torch.cuda.synchronize()
 
+    if flush_bytes is None:
+        flush_bytes = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda") if flush_bytes > 0 else None
     names = list(graphs)
     samples: dict[str, list[float]] = {n: [] for n in names}
