@@ -5,8 +5,11 @@ caller (``eager_host_us``, ``eager_wall_us``: no graphs, since a graph replay hi
 
 Protocol (the brief's): inputs rotate over several sets totalling at least 2x the L2, so no launch
 reads a cache-warm operand; back-to-back launches are captured in one CUDA graph of about
-``replay_ms``; each replay is timed with CUDA events; candidates are interleaved round by round (the
-order rotates each round), so clock drift and thermal state hit all of them alike; the result is the
+``replay_ms``; each replay is timed with CUDA events, right after a write of twice the L2 (so what ran
+before it, another candidate or nothing, leaves every candidate the same cache: a kernel that loads its
+weight evict-first ran 2-3% slower after its twin without the hint than after torch.mm, and a write of
+twice the L2 erases that, ``benchmarks/probes/probe_place.py``); candidates are interleaved round by round
+(the order rotates each round), so clock drift and thermal state hit all of them alike; the result is the
 median per-launch time over the rounds. The SM clock, power and temperature are sampled during each
 candidate's replay, every round (per candidate, and their run-wide median).
 """
