@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from .gpu import ClockSample, median_sample, sample_clocks
+from .gpu import ClockSample, gpu_info, median_sample, sample_clocks
 
 
 @dataclass
@@ -113,7 +113,7 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
     torch.cuda.synchronize()
 
     if flush_bytes is None:
-        flush_bytes = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        flush_bytes = 2 * gpu_info().l2_bytes
     flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device="cuda") if flush_bytes > 0 else None
     names = list(graphs)
     samples: dict[str, list[float]] = {n: [] for n in names}
