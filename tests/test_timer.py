@@ -69,3 +69,110 @@ def test_eager_turns_ratio_is_the_median_of_paired_turns(monkeypatch):
     assert out["wall_us"] == 12.0 and out["baseline_wall_us"] == 12.0  # median turns
     assert out["host_us"] == 20.0 and out["baseline_host_us"] == 22.0 and out["host_excess_us"] == -2.0
     assert out["reps"] == 5
+
+
+class _FakeCuda:
+    """Stands in for torch.cuda in ``time_interleaved``: graphs record the launches made while capturing and
+    every replay, event record and flush lands in one log, in stream order."""
+
+    def __init__(self):
+        self.log = []
+        self.capturing = None
+        cuda = self
+
+        class Graph:
+            def __init__(self):
+                self.launches = []
+
+            def replay(self):
+                cuda.log.append(("replay", self.launches[0]))
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                cuda.log.append(("record", None))
+
+            def elapsed_time(self, other):
+                return 1.0
+
+            def query(self):
+                return True
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        self.CUDAGraph, self.Event, self.Stream = Graph, Event, Stream
+
+    def graph(self, g):
+        cuda = self
+
+        class Capture:
+            def __enter__(self):
+                cuda.capturing = g
+
+            def __exit__(self, *exc):
+                cuda.capturing = None
+
+        return Capture()
+
+    def stream(self, s):
+        return self.graph(None)
+
+    def current_stream(self):
+        return self.Stream()
+
+    def synchronize(self):
+        pass
+
+    def launch(self, name):
+        if self.capturing is not None:
+            self.capturing.launches.append(name)
+
+
+def _time_with_fakes(monkeypatch, **kw):
+    import types
+
+    import gemmlab.timer as timer
+
+    cuda = _FakeCuda()
+
+    class Buffer:
+        def __init__(self, n):
+            self.n = n
+
+        def zero_(self):
+            cuda.log.append(("flush", self.n * 4))
+
+    fake = types.SimpleNamespace(cuda=cuda, int32="int32", empty=lambda n, dtype=None, device=None: Buffer(n))
+    monkeypatch.setattr(timer, "torch", fake)
+    monkeypatch.setattr(timer, "sample_during", lambda ev, delay_s: ClockSample(1500.0, 3200.0, 600.0, 60.0))
+    monkeypatch.setattr(timer, "gpu_info", lambda: types.SimpleNamespace(l2_bytes=50 * 2**20))
+    monkeypatch.setattr(timer, "_per_launch_ms", lambda fn, n_sets: 0.1)
+    cands = {name: (lambda i, name=name: cuda.launch(name)) for name in ("torch", "a", "b")}
+    res = timer.time_interleaved(cands, 2, rounds=3, warmup_rounds=0, replay_ms=1.0, **kw)
+    timed = [i for i, (kind, _) in enumerate(cuda.log) if kind == "record"][::2]  # each timed replay's start
+    return res, cuda.log, timed
+
+
+def test_every_timed_replay_follows_a_flush_of_twice_the_l2(monkeypatch):
+    res, log, timed = _time_with_fakes(monkeypatch)
+    assert len(timed) == 9 and set(res.timings) == {"torch", "a", "b"}
+    for i in timed:
+        assert log[i - 1] == ("flush", 100 * 2**20) and log[i + 1][0] == "replay"
+    # the order still rotates: each round starts with another candidate
+    assert [log[timed[k] + 1][1] for k in (0, 3, 6)] == ["torch", "a", "b"]
+
+
+def test_without_flush_a_replay_follows_the_previous_candidate(monkeypatch):
+    _, log, timed = _time_with_fakes(monkeypatch, flush_bytes=0)
+    assert not any(kind == "flush" for kind, _ in log)
+    assert all(log[i - 1][0] != "flush" for i in timed)
+
+
+def test_lead_in_replays_the_candidate_itself_first(monkeypatch):
+    _, log, timed = _time_with_fakes(monkeypatch, lead_in=True, flush_bytes=0)
+    for i in timed:
+        assert log[i - 1] == log[i + 1] and log[i + 1][0] == "replay"
