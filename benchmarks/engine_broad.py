@@ -265,7 +265,8 @@ def main() -> None:
                        "correct": t is not None, "sm_clock_mhz": res.clocks.sm_mhz,
                        "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
                        "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__,
-                       "pdl": launch.PDL}  # the candidates' prepared launches: PDL unless GEMMLAB_PDL=0
+                       "pdl": launch.PDL,  # the candidates' prepared launches: PDL unless GEMMLAB_PDL=0
+                       "flush_bytes": res.flush_bytes}  # the timer's write before each replay (0: none)
                 if name == "engine":
                     rec.update(route=repr(route), kernel=route.kernel)
                 if name == "decode" or (name == "engine" and route.kernel == "decode"):

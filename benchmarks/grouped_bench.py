@@ -277,7 +277,8 @@ def main() -> None:
                        "correct": t is not None, "roofline_ms": roof_ms,
                        "best_ratio": base / roof_ms if base else None, "sm_clock_mhz": res.clocks.sm_mhz,
                        "kernel_sm_clock_mhz": res.clocks_by_name[name].sm_mhz if name in res.clocks_by_name else None,
-                       "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__}
+                       "gpu": info.name, "sm_count": info.sm_count, "git_sha": sha, "torch": torch.__version__,
+                       "flush_bytes": res.flush_bytes}
                 pl = plans.get(name)
                 if pl is not None:
                     rec.update(plan=repr(pl), bm=pl.bm, bn=pl.bn, stages=pl.stages, grid=pl.grid, table=pl.table,

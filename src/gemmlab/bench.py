@@ -133,7 +133,7 @@ def bench_shape(ladder: str, M: int, N: int, K: int, steps: list[tuple[KernelSpe
     common = {
         "schema": SCHEMA, "time": now, "git_sha": git_sha(), "gpu": info.name, "sm_count": info.sm_count,
         "driver": info.driver, "torch": info.torch, "suite": suite, "ladder": ladder, "dtype": lad.dtype,
-        "layout": lad.layout, "M": M, "N": N, "K": K, "n_sets": n_sets,
+        "layout": lad.layout, "M": M, "N": N, "K": K, "n_sets": n_sets, "flush_bytes": res.flush_bytes,
         "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz,
         "power_w": res.clocks.power_w, "temp_c": res.clocks.temp_c,
         "baseline": "cublas(torch.mm)", "baseline_ms": base.median_ms,
@@ -250,7 +250,7 @@ def bench_matmul(M: int, N: int, K: int, *, layout: str = "TN", dtype=torch.bflo
         "driver": info.driver, "torch": info.torch, "suite": suite, "kernel": "gemmlab.matmul",
         "dtype": str(dtype).replace("torch.", ""), "layout": layout, "M": M, "N": N, "K": K,
         "bias": bias, "activation": activation, "n_sets": n_sets, "path": _matmul_path(a0, b0, out, biases[0], activation),
-        "pdl": _pdl(),
+        "pdl": _pdl(), "flush_bytes": res.flush_bytes,
         "sm_clock_mhz": res.clocks.sm_mhz, "mem_clock_mhz": res.clocks.mem_mhz, "power_w": res.clocks.power_w,
         "temp_c": res.clocks.temp_c, "baseline": "torch.mm" + ("/addmm+act" if bias or activation else ""),
         "kernel_sm_clock_mhz": _clock(res, "gemmlab"), "baseline_sm_clock_mhz": _clock(res, "torch"),

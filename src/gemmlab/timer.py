@@ -47,6 +47,7 @@ class TimingResult:
     timings: dict[str, Timing]
     clocks: ClockSample  # median over every sample of the run
     clocks_by_name: dict[str, ClockSample] = field(default_factory=dict)  # each candidate's own samples
+    flush_bytes: int = 0  # the write before each timed replay (0: none; records say which protocol timed them)
 
 
 def sets_for(bytes_per_set: int, l2_bytes: int, *, max_sets: int = 64) -> int:
@@ -146,7 +147,7 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
     del graphs
     every = [c for cs in clocks.values() for c in cs]
     return TimingResult(timings=out, clocks=median_sample(every),
-                        clocks_by_name={n: median_sample(cs) for n, cs in clocks.items()})
+                        clocks_by_name={n: median_sample(cs) for n, cs in clocks.items()}, flush_bytes=flush_bytes)
 
 
 def sample_during(started, *, delay_s: float, poll_s: float = 5e-5, timeout_s: float = 10.0,
