@@ -222,6 +222,10 @@ EVICT_WEIGHT_OFFERED = True
 # 102x5120x256 x1.062, 60x4096x384 x1.042; behind: 11x384x3072 x0.969, two within 0.5%). At 1.18M the swapped
 # split-K plans of M 1-16 also ran 5-8% slower with it on both GPUs (broad records). So 2^20 elements, 2 MiB of
 # bf16; the band above it is the H100's measurement (the H200's records hold no plan of M > 16 there).
+# Those draws timed the hinted candidate of the small weights right after the unhinted pick, which costs a
+# hinted kernel ~3% (the timer's place effect, probe_place.py); timed again after the timer's flush (session
+# 56, h100_evict_draws_flush.jsonl, one pass): the small weights x1.087 without the hint (15 of 16 faster by
+# more than 2%), the band x1.033 with it (12 of 20 faster, 1 slower: 11x384x3072 x0.970). The cut stands.
 EVICT_WEIGHT_ABOVE_ELEMENTS = 1 << 20
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
