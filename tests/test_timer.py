@@ -125,7 +125,10 @@ class _FakeCuda:
         return self.Stream()
 
     def synchronize(self):
-        pass
+        self.log.append(("synchronize", None))
+
+    def _sleep(self, cycles):
+        self.log.append(("sleep", cycles))
 
     def launch(self, name):
         if self.capturing is not None:
@@ -176,3 +179,13 @@ def test_lead_in_replays_the_candidate_itself_first(monkeypatch):
     _, log, timed = _time_with_fakes(monkeypatch, lead_in=True, flush_bytes=0)
     for i in timed:
         assert log[i - 1] == log[i + 1] and log[i + 1][0] == "replay"
+
+
+def test_each_round_starts_with_the_gpu_kept_busy(monkeypatch):
+    """After a round's synchronize the GPU idles; a sleep kernel comes first in the next round, so the first
+    timed replay is queued while the GPU is still busy."""
+    _, log, timed = _time_with_fakes(monkeypatch)
+    firsts = [timed[k] for k in (0, 3, 6)]
+    for i in firsts:
+        j = max(k for k in range(i) if log[k][0] == "synchronize")
+        assert [kind for kind, _ in log[j + 1:i]] == ["sleep", "flush"]

@@ -9,7 +9,8 @@ reads a cache-warm operand; back-to-back launches are captured in one CUDA graph
 before it, another candidate or nothing, leaves every candidate the same cache: a kernel that loads its
 weight evict-first ran 2-3% slower after its twin without the hint than after torch.mm, and a write of
 twice the L2 erases that, ``benchmarks/probes/probe_place.py``); candidates are interleaved round by round
-(the order rotates each round), so clock drift and thermal state hit all of them alike; the result is the
+(the order rotates each round; a sleep kernel opens each round, so no replay waits for the host), so clock
+drift and thermal state hit all of them alike; the result is the
 median per-launch time over the rounds. The SM clock, power and temperature are sampled during each
 candidate's replay, every round (per candidate, and their run-wide median).
 """
@@ -82,6 +83,9 @@ def _per_launch_ms(fn: Callable[[int], None], n_sets: int) -> float:
     return ms
 
 
+ROUND_PAD_CYCLES = 2_000_000  # ~1-1.5 ms of GPU sleep before each round's first replay (time_interleaved)
+
+
 def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, *, replay_ms: float = 20.0,
                      rounds: int = 15, warmup_rounds: int = 2, max_launches: int = 4096,
                      lead_in: bool = False, flush_bytes: int | None = None) -> TimingResult:
@@ -122,6 +126,9 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         events = []
+        # The GPU is idle after the last round's synchronize: a sleep kernel keeps it busy while the host queues
+        # the round's first replay, so that replay does not start its timing waiting for the host.
+        torch.cuda._sleep(ROUND_PAD_CYCLES)
         for name in order:
             g, n = graphs[name]
             if lead_in:
