@@ -91,10 +91,10 @@ def time_interleaved(candidates: dict[str, Callable[[int], None]], n_sets: int, 
                      lead_in: bool = False, flush_bytes: int | None = None) -> TimingResult:
     """Median per-launch time of each candidate. ``fn(i)`` launches one op on input set ``i``.
 
-    What runs just before a timed replay (untimed, on the same stream): by default the previous
-    candidate's replay. ``lead_in``: the candidate's own replay once more, so each is timed after itself;
-    ``flush_bytes``: a write of that many bytes (one buffer zeroed; None: twice the L2, 0: none), so each
-    is timed after the same work.
+    What runs just before a timed replay (untimed, on the same stream): ``flush_bytes``, a write of that
+    many bytes (one buffer zeroed; None, the default: twice the L2), so each candidate is timed after the
+    same work; with 0 the previous candidate's replay. ``lead_in``: the candidate's own replay once more
+    before the flush, if any (a probe's protocol, ``probe_place.py``).
     """
     graphs: dict[str, tuple[torch.cuda.CUDAGraph, int]] = {}
     expected_ms: dict[str, float] = {}
