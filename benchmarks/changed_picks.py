@@ -3,6 +3,8 @@
     PYTHONPATH=src python3 benchmarks/changed_picks.py --set tile64_l2_factor=1.0 --m 65,3000 --count 36 --seed 2512
     PYTHONPATH=src python3 benchmarks/changed_picks.py --swap-twin --m 129,4096 --count 32 --seed 5252
     PYTHONPATH=src python3 benchmarks/changed_picks.py --set SWAP_PAD_SPAN=none --fresh --m 129,4096 --seed 5501
+    PYTHONPATH=src python3 benchmarks/changed_picks.py --base stream_k_offered=0 \
+        --set SWAP_PREFER_WAVES_MARGIN=1.35 --m 1,32 --seed 5701
 
 Draws M uniformly from the --m range (inclusive) and N, K from common model dimensions (``--fresh``: the
 projections of fresh_draw.py's held-out model families and vocabulary heads, M log-uniform), and keeps the
@@ -10,7 +12,8 @@ shapes where ``planner.candidates``' first plan with the --set constants differs
 tile, schedule, splits, swap AB or multicast (stages alone do not count). A --set NAME in capitals is a
 ``gemmlab.planner`` constant (``none`` for None), any other a device-profile field. Prints how many it drew
 and the kept shapes as one ``--shapes`` argument for ``engine_broad.py --lean --alt NAME=VALUE``, which then
-times both picks beside torch.mm (session 25: ``tile64_l2_probe.jsonl``).
+times both picks beside torch.mm (session 25: ``tile64_l2_probe.jsonl``). ``--base``: device-profile fields
+of the GPU the shapes are for, on both sides (``stream_k_offered=0``: an H100's plans, ``engine.plan_profile``).
 """
 
 from __future__ import annotations
@@ -99,6 +102,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
                    help="the other profile's constants (NAME in capitals: a gemmlab.planner constant)")
+    p.add_argument("--base", nargs="+", default=[], metavar="NAME=VALUE",
+                   help="device-profile fields of the GPU planned for, both sides (stream_k_offered=0: an H100)")
     p.add_argument("--fresh", action="store_true", help="N, K of fresh_draw.py's held-out families")
     p.add_argument("--swap-twin", action="store_true", help="the shapes whose pick planner.SWAP_TWIN moves "
                    "(then time them with engine_broad.py --lean --swap-twin)")
@@ -108,8 +113,11 @@ def main() -> None:
     args = p.parse_args()
     if not args.set and not args.swap_twin:
         p.error("name a change: --set NAME=VALUE ... and / or --swap-twin")
-    other, consts = constants(args.set)
-    drawn, shapes = changed(other, tuple(map(int, args.m.split(","))), args.count, args.seed,
+    base, base_consts = constants(args.base)
+    if base_consts:
+        p.error("--base takes device-profile fields only")
+    other, consts = constants(args.set, base)
+    drawn, shapes = changed(other, tuple(map(int, args.m.split(","))), args.count, args.seed, prof=base,
                             swap_twin=args.swap_twin, consts=consts, pairs=fresh_pairs() if args.fresh else None)
     print(f"{len(shapes)} of {drawn} drawn shapes change pick")
     print(";".join(f"{m},{n},{k}" for m, n, k in shapes))

@@ -30,6 +30,9 @@
 #   place   what runs before a timed replay: one plan three times and its evict twin twice beside torch.mm, timed
 #           following the previous candidate, after a lead-in of its own and after a flush (probe_place.py,
 #           PLACE_SHAPES); records in place_probe.jsonl
+#   waves   planner.SWAP_PREFER_WAVES_MARGIN's held-out draw (changed_picks.py --set SWAP_PREFER_WAVES_MARGIN=1.35
+#           --m 1,32: seed 5703 on an H200, 5701 with --base stream_k_offered=0 on an H100, or WV_SEED / WV_COUNT):
+#           the pick beside the swapped one the wide margin ran ("alt"), WV_PASSES passes; waves_heldout.jsonl
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -133,9 +136,18 @@ for s in ${STEPS:-}; do
     span) shapes=$(python3 benchmarks/changed_picks.py --set SWAP_PAD_SPAN=none --fresh --m 129,4096 \
                      --count "${SP_COUNT:-40}" --seed "${SP_SEED:-5501}" | tail -1)
           lean_passes "${SP_PASSES:-2}" "${SP_T:-200}" "${SP_BUDGET:-170}" span_heldout.jsonl "$shapes" --alt SWAP_PAD_SPAN=none ;;
+    waves) case $(nvidia-smi --query-gpu=name --format=csv,noheader) in
+             *H100*) base="--base stream_k_offered=0" seed=${WV_SEED:-5701} ;;
+             *) base="" seed=${WV_SEED:-5703} ;;
+           esac
+           # shellcheck disable=SC2086
+           shapes=$(python3 benchmarks/changed_picks.py $base --set SWAP_PREFER_WAVES_MARGIN=1.35 --m 1,32 \
+                      --count "${WV_COUNT:-40}" --seed "$seed" | tail -1)
+           lean_passes "${WV_PASSES:-2}" "${WV_T:-200}" "${WV_BUDGET:-170}" waves_heldout.jsonl "$shapes" \
+             --alt SWAP_PREFER_WAVES_MARGIN=1.35 ;;
     fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
            lean_passes 1 "${FR_T:-200}" "${FR_BUDGET:-170}" fresh.jsonl "$shapes" --decode-beside ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany span fresh)" ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany span waves fresh)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"

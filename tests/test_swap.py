@@ -3,13 +3,14 @@ operand, the tokens as its n), without a GPU: what the planner offers and when, 
 launch arguments against the kernel's PTX parameters, the prepared launch's parameter block, and that every
 swapped instantiation the planner can offer compiles clean with a transposed stmatrix."""
 
+import dataclasses
 import math
 import re
 
 import pytest
 import torch
 
-from gemmlab import engine, engine2, planner, sass
+from gemmlab import devices, engine, engine2, planner, sass
 
 from fakes import launch_arg_types, ptx_param_types, unsigned
 
@@ -86,6 +87,51 @@ def test_a_swapped_plan_priced_past_the_margin_is_not_preferred(M, N, K):
     assert near[0].swap_ab
     assert near[0].predicted_s < planner.SWAP_PREFER_MARGIN * min(
         (p for p in near if not p.swap_ab), key=planner.plan_key).predicted_s
+
+
+@pytest.mark.parametrize("M, N, K", [(4, 10240, 8192), (8, 17408, 5120), (1, 11007, 4096), (8, 5120, 32768),
+                                     (16, 12288, 1024)])
+def test_a_swapped_plan_past_one_wave_is_preferred_only_within_the_narrow_margin(monkeypatch, M, N, K):
+    """Where the best swapped plan runs past one wave (more tiles than CTAs, or more split-K clusters than
+    the GPU holds) SWAP_PREFER_WAVES_MARGIN replaces SWAP_PREFER_MARGIN. Planned as for an H100 (no stream-K,
+    ``engine.plan_profile``), where the swapped plans of these shapes ran 4-12% behind the plain one-wave
+    plan (h100_engine_broad.jsonl); the plain plan goes first, and with the wide margin the swapped one would."""
+    no_sk = dataclasses.replace(devices.H200, stream_k_offered=False)
+    ps = planner.candidates(M, N, K, profile=no_sk)
+    best_swapped = min((p for p in ps if p.swap_ab), key=planner.plan_key)
+    best_plain = min((p for p in ps if not p.swap_ab), key=planner.plan_key)
+    assert best_swapped.schedule != "stream_k" and planner.runs_past_one_wave(best_swapped, no_sk)
+    assert not planner.runs_past_one_wave(best_plain, no_sk)
+    assert (planner.SWAP_PREFER_WAVES_MARGIN * best_plain.predicted_s <= best_swapped.predicted_s
+            < planner.SWAP_PREFER_MARGIN * best_plain.predicted_s)
+    assert ps[0] == best_plain
+    monkeypatch.setattr(planner, "SWAP_PREFER_WAVES_MARGIN", planner.SWAP_PREFER_MARGIN)
+    planner._CACHE.clear()
+    assert planner.candidates(M, N, K, profile=no_sk)[0] == best_swapped
+    planner._CACHE.clear()
+
+
+def test_swapped_plans_past_one_wave_priced_even_stay_preferred():
+    """1 x 24576 x 1536: 384 swapped 64 x 16 tiles (2.9 waves, 0.97 of their slots filled) priced even with
+    the plain 64 x 208 plan; swapped, they ran 1.048-1.068x as fast (both GPUs), so the preference holds."""
+    for prof in (devices.H200, dataclasses.replace(devices.H200, stream_k_offered=False)):
+        first = planner.candidates(1, 24576, 1536, profile=prof)[0]
+        assert first.swap_ab and (first.bm, first.bn, first.tiles) == (64, 16, 384)
+        assert planner.runs_past_one_wave(first, prof)
+
+
+def test_what_runs_past_one_wave():
+    split = next(p for p in planner.candidates(8, 5120, 32768) if p.schedule == "split_k")
+    prof = devices.H200
+    assert planner.runs_past_one_wave(split, prof) == (split.tiles > prof.clusters(split.splits))
+    small = dataclasses.replace(prof, cluster_capacity=((split.splits, split.tiles - 1),))
+    assert planner.runs_past_one_wave(split, small)
+    dp = planner.plan(4096, 4096, 4096)
+    assert dp.schedule in ("data_parallel", "pingpong") and dp.tiles > dp.grid
+    assert planner.runs_past_one_wave(dp, prof)
+    streamed = _swapped(1, 11008, 4096)[0]  # 172 tiles, but stream-K spreads them: no wave left over
+    assert streamed.schedule == "stream_k" and streamed.tiles > streamed.grid
+    assert not planner.runs_past_one_wave(streamed, prof)
 
 
 @pytest.mark.parametrize("M, N, K, bm", [

@@ -88,6 +88,16 @@ SWAP_PREFER_M = 32
 # out (H100, h100_wave_heldout.jsonl at 71f9635): on 12 drawn shapes past the margin the plain pick ran
 # 1.028-1.100x torch.mm, ahead of the swapped plans it passed over on all 12.
 SWAP_PREFER_MARGIN = 1.35
+# ... and where that swapped plan runs past one wave (more tiles than its CTAs, or more split-K clusters than
+# the GPU holds) the margin is SWAP_PREFER_WAVES_MARGIN: the model prices the partial wave itself, and the
+# over-pricing the wide margin makes up for (a lone consumer's k-steps and epilogues in one wave) is the
+# smaller share. Seen where stream-K is not offered (an H100: on the H200 these shapes' best swapped plan is
+# stream-K, so both kinds were ranked already): the swapped 64 x 16 plans of 1.2-2.4 waves, priced 1.09-1.31x
+# the plain one-wave plan, ran 4-12% behind it (h100_engine_broad.jsonl, ef953e0 and 6dfd0a9: 4x10240x8192
+# ping-pong over 160 tiles x0.878-0.891, 8x17408x5120 x0.896-0.919, 1x11007x4096 x0.919-0.935, 8x5120x32768
+# split-K x4 in 80 clusters x0.919-0.922), while the multi-wave swapped plans priced even with the plain
+# ones ran ahead of them (1x24576x1536, 384 tiles: x1.048-1.068 on both GPUs).
+SWAP_PREFER_WAVES_MARGIN = 1.05
 # Past SWAP_MAX_M and up to SWAP_PAD_MAX_M tokens the swapped plans offered are the data-parallel ones over
 # at most SWAP_PAD_COLUMNS columns of token tiles: a plain tile pads the tokens to whole 64- or 128-row
 # tiles (M = 200 to 256: 22% of its MMAs on padding; 300: 28%), a swapped one to its width in steps of 16
@@ -730,7 +740,7 @@ def _candidates(M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, pr
             dp_only = narrow_tall or (swapped and padded)
             plans += [p for p in tile if not (dp_only and p.schedule != "data_parallel")
                       and not (swapped and wide and p.schedule not in ("data_parallel", "pingpong"))]
-    prefer_swap = swap and M <= SWAP_PREFER_M and _swap_preferred(plans)
+    prefer_swap = swap and M <= SWAP_PREFER_M and _swap_preferred(plans, prof)
     plans.sort(key=lambda p: (prefer_swap and not p.swap_ab, plan_key(p)))
     if swap and wide and plans and plans[0].swap_ab:
         plain = next((p for p in plans if not p.swap_ab), None)
@@ -821,17 +831,29 @@ def _tile_span(p: Plan) -> int:
     return math.ceil(p.tiles / p.grid) * p.bm * p.bn
 
 
-def _swap_preferred(plans) -> bool:
+def _swap_preferred(plans, prof: DeviceProfile) -> bool:
     """``SWAP_PREFER_M``'s rule: whether the model's best swapped plan among ``plans`` goes before every plain
-    one: it is not stream-K and is priced under ``SWAP_PREFER_MARGIN`` times the best plain plan."""
+    one: it is not stream-K and is priced under ``SWAP_PREFER_MARGIN`` times the best plain plan
+    (``SWAP_PREFER_WAVES_MARGIN`` where it runs past one wave on ``prof``'s SMs, ``runs_past_one_wave``)."""
     swapped = [p for p in plans if p.swap_ab]
     if not swapped:
         return False
     best = min(swapped, key=plan_key)
     plain = [p for p in plans if not p.swap_ab]
-    if plain and best.predicted_s >= SWAP_PREFER_MARGIN * min(plain, key=plan_key).predicted_s:
+    margin = SWAP_PREFER_WAVES_MARGIN if runs_past_one_wave(best, prof) else SWAP_PREFER_MARGIN
+    if plain and best.predicted_s >= margin * min(plain, key=plan_key).predicted_s:
         return False
     return best.schedule != "stream_k"
+
+
+def runs_past_one_wave(p: Plan, prof: DeviceProfile) -> bool:
+    """Whether a data-parallel, ping-pong or split-K plan has more tiles than run at once: more than its
+    CTAs (one tile each), or for split-K more than the clusters of ``p.splits`` CTAs ``prof``'s GPU holds."""
+    if p.schedule == "split_k":
+        return p.tiles > max(1, prof.clusters(p.splits))
+    if p.schedule in ("data_parallel", "pingpong"):
+        return p.tiles > p.grid
+    return False
 
 
 def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_mn, b_mn, kb_mn, direct, heavy,
