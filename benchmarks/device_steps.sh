@@ -31,7 +31,7 @@
 #           following the previous candidate, after a lead-in of its own and after a flush (probe_place.py,
 #           PLACE_SHAPES); records in place_probe.jsonl
 #   waves   planner.SWAP_PREFER_WAVES_MARGIN's held-out draw (changed_picks.py --set SWAP_PREFER_WAVES_MARGIN=1.35
-#           --m 1,32: seed 5703 on an H200, 5701 with --base stream_k_offered=0 on an H100, or WV_SEED / WV_COUNT):
+#           --m 1,32: seed 5713 on an H200, 5711 with --base stream_k_offered=0 on an H100 (5701, 5704: before the K cut), or WV_SEED / WV_COUNT):
 #           the pick beside the swapped one the wide margin ran ("alt"), WV_PASSES passes; waves_heldout.jsonl
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
@@ -137,8 +137,8 @@ for s in ${STEPS:-}; do
                      --count "${SP_COUNT:-40}" --seed "${SP_SEED:-5501}" | tail -1)
           lean_passes "${SP_PASSES:-2}" "${SP_T:-200}" "${SP_BUDGET:-170}" span_heldout.jsonl "$shapes" --alt SWAP_PAD_SPAN=none ;;
     waves) case $(nvidia-smi --query-gpu=name --format=csv,noheader) in
-             *H100*) base="--base stream_k_offered=0" seed=${WV_SEED:-5701} ;;
-             *) base="" seed=${WV_SEED:-5703} ;;
+             *H100*) base="--base stream_k_offered=0" seed=${WV_SEED:-5711} ;;
+             *) base="" seed=${WV_SEED:-5713} ;;
            esac
            # shellcheck disable=SC2086
            shapes=$(python3 benchmarks/changed_picks.py $base --set SWAP_PREFER_WAVES_MARGIN=1.35 --m 1,32 \

@@ -96,8 +96,13 @@ SWAP_PREFER_MARGIN = 1.35
 # the plain one-wave plan, ran 4-12% behind it (h100_engine_broad.jsonl, ef953e0 and 6dfd0a9: 4x10240x8192
 # ping-pong over 160 tiles x0.878-0.891, 8x17408x5120 x0.896-0.919, 1x11007x4096 x0.919-0.935, 8x5120x32768
 # split-K x4 in 80 clusters x0.919-0.922), while the multi-wave swapped plans priced even with the plain
-# ones ran ahead of them (1x24576x1536, 384 tiles: x1.048-1.068 on both GPUs).
+# ones ran ahead of them (1x24576x1536, 384 tiles: x1.048-1.068 on both GPUs). From SWAP_PREFER_WAVES_MIN_K
+# up: held out (H100, waves_heldout.jsonl at a982f5b, 80 shapes at M 1-32 whose pick the narrow margin moved),
+# the plain pick ran x1.04 ahead overall and on every shape from K = 4096 but one (x0.973 of 36), while at K
+# 512-1536 the swapped ping-pong plans it replaced ran 2-5% ahead on 14 of 16 (a k-loop of 8-24 k-steps, where
+# the second consumer hides the epilogue: the model prices it too high there). The cut lies between.
 SWAP_PREFER_WAVES_MARGIN = 1.05
+SWAP_PREFER_WAVES_MIN_K = 1600
 # Past SWAP_MAX_M and up to SWAP_PAD_MAX_M tokens the swapped plans offered are the data-parallel ones over
 # at most SWAP_PAD_COLUMNS columns of token tiles: a plain tile pads the tokens to whole 64- or 128-row
 # tiles (M = 200 to 256: 22% of its MMAs on padding; 300: 28%), a swapped one to its width in steps of 16
@@ -834,13 +839,15 @@ def _tile_span(p: Plan) -> int:
 def _swap_preferred(plans, prof: DeviceProfile) -> bool:
     """``SWAP_PREFER_M``'s rule: whether the model's best swapped plan among ``plans`` goes before every plain
     one: it is not stream-K and is priced under ``SWAP_PREFER_MARGIN`` times the best plain plan
-    (``SWAP_PREFER_WAVES_MARGIN`` where it runs past one wave on ``prof``'s SMs, ``runs_past_one_wave``)."""
+    (``SWAP_PREFER_WAVES_MARGIN`` where it runs past one wave on ``prof``'s SMs, ``runs_past_one_wave``, over
+    a K of ``SWAP_PREFER_WAVES_MIN_K`` or more)."""
     swapped = [p for p in plans if p.swap_ab]
     if not swapped:
         return False
     best = min(swapped, key=plan_key)
     plain = [p for p in plans if not p.swap_ab]
-    margin = SWAP_PREFER_WAVES_MARGIN if runs_past_one_wave(best, prof) else SWAP_PREFER_MARGIN
+    past = best.K >= SWAP_PREFER_WAVES_MIN_K and runs_past_one_wave(best, prof)
+    margin = SWAP_PREFER_WAVES_MARGIN if past else SWAP_PREFER_MARGIN
     if plain and best.predicted_s >= margin * min(plain, key=plan_key).predicted_s:
         return False
     return best.schedule != "stream_k"
