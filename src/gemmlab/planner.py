@@ -97,10 +97,10 @@ SWAP_PREFER_MARGIN = 1.35
 # ping-pong over 160 tiles x0.878-0.891, 8x17408x5120 x0.896-0.919, 1x11007x4096 x0.919-0.935, 8x5120x32768
 # split-K x4 in 80 clusters x0.919-0.922), while the multi-wave swapped plans priced even with the plain
 # ones ran ahead of them (1x24576x1536, 384 tiles: x1.048-1.068 on both GPUs). From SWAP_PREFER_WAVES_MIN_K
-# up: held out (H100, h100_waves_heldout.jsonl at a982f5b, 80 shapes at M 1-32 whose pick the narrow margin moved),
-# the plain pick ran x1.04 ahead overall and on every shape from K = 4096 but one (x0.973 of 36), while at K
-# 512-1536 the swapped ping-pong plans it replaced ran 2-5% ahead on 14 of 16 (a k-loop of 8-24 k-steps, where
-# the second consumer hides the epilogue: the model prices it too high there). The cut lies between.
+# up: held out (H100, h100_waves_heldout.jsonl at a982f5b, 80 shapes at M 1-32 whose pick the narrow margin
+# moved), the plain pick ran x1.04 ahead overall and on every shape from K = 4096 but one (x0.973 of 36), while
+# at K 512-1536 the swapped ping-pong plans it replaced ran 2-5% ahead on 14 of 16 (a k-loop of 8-24 k-steps,
+# where the second consumer hides the epilogue: the model prices it too high there). The cut lies between.
 SWAP_PREFER_WAVES_MARGIN = 1.05
 SWAP_PREFER_WAVES_MIN_K = 1600
 # Past SWAP_MAX_M and up to SWAP_PAD_MAX_M tokens the swapped plans offered are the data-parallel ones over
