@@ -31,7 +31,7 @@
 #           following the previous candidate, after a lead-in of its own and after a flush (probe_place.py,
 #           PLACE_SHAPES); records in place_probe.jsonl
 #   waves   planner.SWAP_PREFER_WAVES_MARGIN's held-out draw (changed_picks.py --set SWAP_PREFER_WAVES_MARGIN=1.35
-#           --m 1,32: seed 5713 on an H200, 5711 with --base stream_k_offered=0 on an H100 (5701, 5704: before the K cut), or WV_SEED / WV_COUNT):
+#           --m 1,32: seed 5713 on an H200, 5711 with --base stream_k_offered=0 on an H100 (5701, 5704: before the K cut; 5711 held the cut), or WV_SEED / WV_COUNT):
 #           the pick beside the swapped one the wide margin ran ("alt"), WV_PASSES passes; waves_heldout.jsonl
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
