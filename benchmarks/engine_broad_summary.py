@@ -3,7 +3,8 @@
     python3 benchmarks/engine_broad_summary.py --sha f55b3b567247 [--before ac16df0070a2]
 
 Per candidate: geomean ratio to torch.mm, share of shapes >= 1.0, min, per shape class; the model's
-pick against the best measured plan of the new kernel; the oracle (best of everything measured); and,
+pick against the best measured plan of the new kernel, and the routed call (what gemmlab.matmul runs: the
+decode kernel where the router chose it) against the same; the oracle (best of everything measured); and,
 with ``--before``, ``engine`` of both runs over the shapes both timed (what gemmlab.matmul ran then and
 now), and the router's kernel choice against the alternatives timed beside it in the same run (``h11``,
 ``decode``, or the engine kernel's ``model`` plan where the decode kernel ran).
@@ -130,6 +131,13 @@ def main() -> None:
     new = lambda d: [r["ratio"] for k, r in d.items() if k not in ("engine", "h11", "decode")]  # noqa: E731
     loss = [max(new(d)) / d["model"]["ratio"] for d in now.values() if "model" in d]
     print(f"  model pick / best measured new-kernel plan: geomean {gm(loss):.3f}, worst {max(loss):.3f}")
+    # What users run: the routed call ("engine": the model's plan, or the decode kernel or h11 where the router
+    # priced those ahead) against the best engine-kernel plan timed beside it. The decode-routed shapes' own
+    # engine-kernel picks above are plans gemmlab.matmul never runs.
+    routed = [max(new(d)) / d["engine"]["ratio"] for d in now.values() if "engine" in d and new(d)]
+    if routed:
+        print(f"  routed call / best measured new-kernel plan ({len(routed)} shapes): geomean {gm(routed):.3f}, "
+              f"worst {max(routed):.3f}")
     # The run's own noise: where the router ran the engine kernel, "engine" and "model" are the same plan
     # timed twice in one interleaved run (through gemmlab.matmul and with the plan given).
     twice = sorted((abs(math.log(d["engine"]["time_ms"] / d["model"]["time_ms"])), s) for s, d in now.items()

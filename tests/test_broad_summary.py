@@ -33,6 +33,9 @@ def test_the_same_plan_timed_twice_gives_the_runs_noise(tmp_path, monkeypatch, c
     # Three shapes ran the engine kernel; the largest spread is 1.20 / 1.00 at the second one.
     assert "the same plan timed twice (engine / model, 3 shapes)" in out, out
     assert "max 0.182 at (128, 1024, 4096)" in out, out
+    # The routed call against the best engine-kernel plan beside it: 1.00 / 0.95, 1.00 / 1.00, 2.0 / 2.0 and, where
+    # the decode kernel ran, 0.5 / 1.0: the decode-routed shape's engine pick (1.0 ms) is not what users run.
+    assert "routed call / best measured new-kernel plan (4 shapes): geomean 0.852, worst 1.053" in out, out
 
 
 def test_runs_reads_each_shape_over_several_runs(tmp_path, monkeypatch, capsys):
