@@ -5,11 +5,12 @@
     PYTHONPATH=src python3 benchmarks/changed_picks.py --set SWAP_PAD_SPAN=none --fresh --m 129,4096 --seed 5501
     PYTHONPATH=src python3 benchmarks/changed_picks.py --base stream_k_offered=0 \
         --set SWAP_PREFER_WAVES_MARGIN=1.35 --m 1,32 --seed 5701
+    PYTHONPATH=src python3 benchmarks/changed_picks.py --set DEEP_RING_STAGES=9 --stages --m 33,192 --seed 5901
 
 Draws M uniformly from the --m range (inclusive) and N, K from common model dimensions (``--fresh``: the
 projections of fresh_draw.py's held-out model families and vocabulary heads, M log-uniform), and keeps the
 shapes where ``planner.candidates``' first plan with the --set constants differs from the current one in
-tile, schedule, splits, swap AB or multicast (stages alone do not count). A --set NAME in capitals is a
+tile, schedule, splits, swap AB or multicast (stages alone count with ``--stages`` only). A --set NAME in capitals is a
 ``gemmlab.planner`` constant (``none`` for None), any other a device-profile field. Prints how many it drew
 and the kept shapes as one ``--shapes`` argument for ``engine_broad.py --lean --alt NAME=VALUE``, which then
 times both picks beside torch.mm (session 25: ``tile64_l2_probe.jsonl``). ``--base``: device-profile fields
@@ -32,8 +33,8 @@ DIMS = (512, 768, 896, 1024, 1152, 1280, 1408, 1536, 1600, 2048, 2304, 2560, 281
         4608, 5120, 5376, 6144, 6912, 7168, 8192, 9216, 9728, 10240, 11008, 12288, 13824, 14336, 18432, 27648)
 
 
-def pick_key(p: planner.Plan) -> tuple:
-    return p.bm, p.bn, p.schedule, p.splits, p.swap_ab, p.mcast
+def pick_key(p: planner.Plan, stages: bool = False) -> tuple:
+    return (p.bm, p.bn, p.schedule, p.splits, p.swap_ab, p.mcast) + ((p.stages,) if stages else ())
 
 
 def constants(pairs, prof=H200):
@@ -75,10 +76,11 @@ def fresh_pairs() -> list[tuple[int, int]]:
 
 
 def changed(other, m_range: tuple[int, int], count: int, seed: int, tries: int = 5000, prof=H200,
-            swap_twin: bool = False, consts: dict | None = None, pairs=None):
+            swap_twin: bool = False, consts: dict | None = None, pairs=None, stages: bool = False):
     """(shapes drawn, [(M, N, K) whose pick under ``other`` (and the planner ``consts``) differs from the one
     under ``prof``]); with ``swap_twin``, whose pick planner.SWAP_TWIN's rule (``candidates(swap_twin=True)``)
-    moves; ``pairs``: draw (N, K) from these, M log-uniform (else N and K from DIMS, M uniform)."""
+    moves; ``pairs``: draw (N, K) from these, M log-uniform (else N and K from DIMS, M uniform); ``stages``: a
+    pick that differs in its ring's depth alone counts too."""
     rnd = random.Random(seed)
     out, drawn = [], 0
     lo, hi = math.log(m_range[0]), math.log(m_range[1] + 1)
@@ -92,8 +94,8 @@ def changed(other, m_range: tuple[int, int], count: int, seed: int, tries: int =
         if s in out:
             continue
         with planner_constants(consts or {}):
-            new = pick_key(planner.candidates(*s, profile=other, swap_twin=swap_twin or None)[0])
-        if new != pick_key(planner.candidates(*s, profile=prof)[0]):
+            new = pick_key(planner.candidates(*s, profile=other, swap_twin=swap_twin or None)[0], stages)
+        if new != pick_key(planner.candidates(*s, profile=prof)[0], stages):
             out.append(s)
     return drawn, out
 
@@ -107,6 +109,7 @@ def main() -> None:
     p.add_argument("--fresh", action="store_true", help="N, K of fresh_draw.py's held-out families")
     p.add_argument("--swap-twin", action="store_true", help="the shapes whose pick planner.SWAP_TWIN moves "
                    "(then time them with engine_broad.py --lean --swap-twin)")
+    p.add_argument("--stages", action="store_true", help="count a pick whose ring depth alone differs")
     p.add_argument("--m", default="65,3000", help="M's range, lo,hi")
     p.add_argument("--count", type=int, default=36)
     p.add_argument("--seed", type=int, default=0)
@@ -118,7 +121,8 @@ def main() -> None:
         p.error("--base takes device-profile fields only")
     other, consts = constants(args.set, base)
     drawn, shapes = changed(other, tuple(map(int, args.m.split(","))), args.count, args.seed, prof=base,
-                            swap_twin=args.swap_twin, consts=consts, pairs=fresh_pairs() if args.fresh else None)
+                            swap_twin=args.swap_twin, consts=consts, pairs=fresh_pairs() if args.fresh else None,
+                            stages=args.stages)
     print(f"{len(shapes)} of {drawn} drawn shapes change pick")
     print(";".join(f"{m},{n},{k}" for m, n, k in shapes))
 

@@ -33,6 +33,11 @@
 #   waves   planner.SWAP_PREFER_WAVES_MARGIN's held-out draw (changed_picks.py --set SWAP_PREFER_WAVES_MARGIN=1.35
 #           --m 1,32: seed 5713 on an H200, 5711 with --base stream_k_offered=0 on an H100 (5701, 5704: before the K cut; 5711 held the cut), or WV_SEED / WV_COUNT):
 #           the pick beside the swapped one the wide margin ran ("alt"), WV_PASSES passes; waves_heldout.jsonl
+#   rings   planner.ring_stages' held-out draw (changed_picks.py --set DEEP_RING_STAGES=9 --stages --m 33,192, RG_SEED
+#           (5901) / RG_COUNT): the pick beside the 9-stage ring it replaced ("alt"), RG_PASSES passes; rings_heldout.jsonl;
+#           then the deep rings' GPU test (test_engine2_gpu.py -k deep_rings)
+#   l2f     tile64_l2_factor 1.25's held-out draw (changed_picks.py --set tile64_l2_factor=1.25 --m 65,3000, LF_SEED
+#           (5801) / LF_COUNT): the pick beside the one at 1.25 ("alt"), LF_PASSES passes; l2f_heldout.jsonl
 #
 # The SM clock is read before and after (env.txt); every record also carries the clock it ran at.
 set -uo pipefail
@@ -48,6 +53,18 @@ lean_passes() {
     timeout "$limit" python3 benchmarks/engine_broad.py --lean "$@" --shapes "$shapes" --out "$OUT/$records" \
       --budget-s "$budget" 2>&1 | tail -6
   done
+}
+# heldout SEED COUNT PASSES LIMIT BUDGET RECORDS M CHANGE [changed_picks.py options]: the shapes of M's range whose
+# pick the planner CHANGE (NAME=VALUE) moves, each pick timed beside the pick under CHANGE ("alt"), PASSES runs;
+# an H100 plans without stream-K on both sides (engine.plan_profile).
+heldout() {
+  local seed=$1 count=$2 passes=$3 limit=$4 budget=$5 records=$6 m=$7 change=$8 base=""
+  shift 8
+  case $(nvidia-smi --query-gpu=name --format=csv,noheader) in *H100*) base="--base stream_k_offered=0" ;; esac
+  # shellcheck disable=SC2086
+  shapes=$(python3 benchmarks/changed_picks.py $base --set "$change" "$@" --m "$m" --count "$count" --seed "$seed" \
+             | tail -1)
+  lean_passes "$passes" "$limit" "$budget" "$records" "$shapes" --alt "$change"
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv | tee "$OUT/env.txt"
 for s in ${STEPS:-}; do
@@ -147,7 +164,13 @@ for s in ${STEPS:-}; do
              --alt SWAP_PREFER_WAVES_MARGIN=1.35 ;;
     fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
            lean_passes 1 "${FR_T:-200}" "${FR_BUDGET:-170}" fresh.jsonl "$shapes" --decode-beside ;;
-    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany span waves fresh)" ;;
+    rings) heldout "${RG_SEED:-5901}" "${RG_COUNT:-40}" "${RG_PASSES:-2}" "${RG_T:-200}" "${RG_BUDGET:-170}" \
+             rings_heldout.jsonl 33,192 DEEP_RING_STAGES=9 --stages
+           timeout "${RG_TEST_T:-200}" python3 -m pytest -q tests/test_engine2_gpu.py -k deep_rings 2>&1 \
+             | tee "$OUT/pytest_rings.txt" | tail -4 ;;
+    l2f) heldout "${LF_SEED:-5801}" "${LF_COUNT:-52}" "${LF_PASSES:-1}" "${LF_T:-250}" "${LF_BUDGET:-220}" \
+           l2f_heldout.jsonl 65,3000 tile64_l2_factor=1.25 ;;
+    *) echo "unknown step $s (known: gt et gsan eh ed suite varx fit gsuite broad fuzz clprobe skorder cpplans hostprof twin evict padany span waves fresh rings l2f)" ;;
   esac
 done
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv | tee -a "$OUT/env.txt"

@@ -86,6 +86,12 @@ def _representative():
                  if (c.bm, c.bn, c.schedule, c.mcast, c.swap_ab) == (64, bn, "data_parallel", 1, False))
         p = dataclasses.replace(p, col_split=True, stages=planner.stages_for(64, bn, "data_parallel", p.dtype, True))
         seen.setdefault(p.name_expression, p)
+    # Deeper rings (planner.ring_stages): 64-row data-parallel plans of one wave over few rows of tiles.
+    for shape, bn, kw in (((128, 5120, 5120), 80, {}), ((100, 3001, 4096), 64, {
+            "out_dtype": "fp32", "has_c": True, "activation": "gelu", "bias_dtype": "bf16"})):
+        p = next(c for c in planner.candidates(*shape, **kw)
+                 if (c.bm, c.bn, c.schedule, c.mcast, c.swap_ab) == (64, bn, "data_parallel", 1, False))
+        seen.setdefault(p.name_expression, p)
     return list(seen.values())
 
 
@@ -101,6 +107,7 @@ def test_representative_set_covers_the_space():
     assert any(p.direct for p in ps) and any(p.a_mn and p.b_mn for p in ps) and any(p.dtype == "fp16" for p in ps)
     assert {p.mcast for p in ps} == {1, 2} and {p.prefetch > 0 for p in ps} == {False, True}
     assert {p.col_split for p in ps} == {False, True}
+    assert max(p.stages for p in ps) == planner.DEEP_RING_STAGES
 
 
 def _every_choice():

@@ -182,6 +182,27 @@ def test_evict_first_weight_loads_change_no_bit(shape):
     assert torch.isnan(frame[p.M:]).all() and torch.isnan(frame[:, p.N:]).all()
 
 
+@pytest.mark.parametrize("shape, bn, kw", [
+    ((128, 4096, 4096), 64, {}), ((128, 5120, 5120), 80, {}), ((160, 2048, 4096), 48, {}),
+    ((77, 5120, 5120), 96, {}),  # ragged M: 10 stages of the 64 x 96 tile
+    ((100, 3001, 4096), 64, {"out_dtype": "fp32", "has_c": True, "bias_dtype": "fp32", "activation": "gelu"}),
+    ((150, 2048, 4096), 64, {"dtype": "fp16", "a_mn": True, "b_mn": True}),
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else None)
+def test_deep_rings_match_the_shallow_ring_bit_for_bit(shape, bn, kw):
+    # planner.ring_stages: a 64-row data-parallel plan of one wave over few rows of tiles runs a deeper ring
+    # (up to DEEP_RING_STAGES). The same plan at stages_for's depth gives the same bits (the k-steps are
+    # accumulated in the same order), and both match float64 with the frame left NaN.
+    p = _pick(*shape, 64, bn, "data_parallel", **kw)
+    shallow = planner.stages_for(64, bn, "data_parallel", p.dtype)
+    assert p.stages > shallow and p.smem_bytes <= planner.SMEM_LIMIT, p
+    beta = 0.5 if p.has_c else 0.0
+    out, frame, ref = _run_case(p, alpha=0.75, beta=beta, seed=7)
+    base, _, _ = _run_case(dataclasses.replace(p, stages=shallow), alpha=0.75, beta=beta, seed=7)
+    assert torch.equal(out, base)
+    assert rel_error(out, ref) <= 1e-2 and not torch.isnan(out).any()
+    assert torch.isnan(frame[p.M:]).all() and torch.isnan(frame[:, p.N:]).all()
+
+
 def test_model_plan_runs_through_gemm():
     a = torch.randn(2040, 3584, device="cuda").bfloat16()
     w = torch.randn(3584, 3584, device="cuda").bfloat16()

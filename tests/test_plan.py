@@ -418,7 +418,47 @@ def test_rings_past_the_credited_depth_buy_nothing():
         t = {q: plan_cost.predict_s(M, N, K, bm=bm, bn=bn, schedule="data_parallel", stages=q, prof=prof, floor=False)
              for q in (5, 9, 13, 16)}
         assert t[9] == t[13] == t[16] and t[5] >= t[9], t
-    assert prof.ring_credit_stages == planner.MAX_STAGES  # every candidate is priced within the credited depth
+    assert prof.ring_credit_stages == planner.MAX_STAGES  # stages_for's rings are priced within the credited depth
+    deep = planner.candidates(128, 4096, 4096)[0]  # planner.ring_stages: deeper, priced as the ring at 9
+    assert (deep.bm, deep.bn, deep.schedule, deep.stages) == (64, 64, "data_parallel", planner.DEEP_RING_STAGES)
+    assert deep.predicted_s == plan_cost.predict_s(128, 4096, 4096, bm=64, bn=64, schedule="data_parallel", stages=9,
+                                                   prof=prof, out_bytes=2)
+
+
+@pytest.mark.parametrize("M, N, K, bn, stages", [
+    (128, 4096, 4096, 64, 11), (128, 5120, 5120, 80, 11), (160, 2048, 4096, 48, 11), (77, 5120, 5120, 96, 10),
+    (192, 2048, 4096, 64, 11),  # three rows of tiles, 96 tiles: one wave
+    (193, 2048, 4096, 64, 9),  # four rows
+    (128, 8192, 4096, 64, 9),  # 256 tiles: two waves
+    (128, 4096, 2047, 64, 9),  # under DEEP_RING_MIN_K
+    (128, 4096, 4096, 256, 5),  # 64 x 256: no deeper ring fits
+])
+def test_few_rows_of_one_wave_run_the_deeper_ring(M, N, K, bn, stages):
+    """``planner.ring_stages``: the plain 64-row data-parallel plans of one wave over at most three rows of
+    tiles and K >= 2048 (stages_probe.jsonl: +1.5-4.6% at 11-12 stages there, within 1% over more rows)
+    run the deepest ring up to DEEP_RING_STAGES that fits; other plans keep ``stages_for``'s."""
+    cands = planner.candidates(M, N, K, swap_ab=False)
+    p = next(c for c in cands if (c.bm, c.bn, c.schedule, c.mcast) == (64, bn, "data_parallel", 1))
+    assert p.stages == stages and p.smem_bytes <= planner.SMEM_LIMIT, p
+    if stages > planner.MAX_STAGES:
+        assert planner.smem_bytes(64, bn, stages + 1, "data_parallel") > planner.SMEM_LIMIT or \
+            stages == planner.DEEP_RING_STAGES
+    for c in cands:  # split, streamed, 128- and 256-row plans keep stages_for's ring
+        if c.bm != 64 or c.schedule != "data_parallel":
+            assert c.stages == planner.stages_for(c.bm, c.bn, c.schedule, c.dtype, c.col_split), c
+    swapped = [c for c in planner.candidates(M, N, K) if c.swap_ab]
+    assert all(c.stages <= planner.MAX_STAGES for c in swapped)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import changed_picks
+    finally:
+        sys.path.pop(0)
+    with changed_picks.planner_constants({"DEEP_RING_STAGES": planner.MAX_STAGES}):  # the rule off
+        assert all(c.stages <= planner.MAX_STAGES for c in planner.candidates(M, N, K))
+    # changed_picks.py --stages: the held-out draw of the rule counts a pick that differs in depth alone
+    changes = changed_picks.pick_key(p, True) != changed_picks.pick_key(dataclasses.replace(p, stages=9), True)
+    assert changes == (stages != 9) and changed_picks.pick_key(p) == changed_picks.pick_key(
+        dataclasses.replace(p, stages=9))
 
 
 def test_model_prices_h11_records_within_its_fitted_factor():

@@ -25,6 +25,19 @@ SOURCE = "engine/gemm.cu"
 KERNEL = "engine_gemm"
 BK = 64
 MAX_STAGES = 9
+# Deeper rings (``ring_stages``): a plain 64-row data-parallel plan of one wave over at most DEEP_RING_MAX_ROWS
+# rows of tiles and a K of DEEP_RING_MIN_K or more runs up to DEEP_RING_STAGES stages where they fit. Its CTAs
+# each stream a weight panel that at most three CTAs read, over one wave: the loads' latency sets the pace and
+# more bytes in flight buy time. Measured (H200, stages_probe.jsonl, sessions 13 and 27, the same plan at 9
+# and deeper): 128x4096x4096 64 x 64 1.010 -> 1.056x torch.mm at 11 stages (0.995 -> 1.040 at 12),
+# 128x5120x5120 64 x 80 0.984 -> 1.029, 160x2048x4096 64 x 48 0.947 -> 0.962; over four rows of tiles or
+# more (200x1024x2048, 256x2560x9728, 512x1024x4096 / 8192, 640x1024x5120) within 1%, and slower on split-K
+# plans and on swapped weight streams of several waves (32x14336x4096 64 x 32 0.977 -> 0.964 at 12). The
+# model credits no depth past ``ring_credit_stages`` (9), so a deeper plan is priced as at 9 and ranks the
+# same; DEEP_RING_STAGES = MAX_STAGES turns the rule off.
+DEEP_RING_STAGES = 11
+DEEP_RING_MAX_ROWS = 3
+DEEP_RING_MIN_K = 2048
 SMEM_LIMIT = 227 * 1024 - 256  # dynamic shared memory per block, less the ring's static barriers
 SLAB_BYTES = 64 * 128  # one output piece: 64 rows x 128 bytes
 MAX_CLUSTER = 8  # split-K CTAs of a tile form one cluster; 8 is the portable limit
@@ -546,6 +559,20 @@ def stages_for(bm: int, bn: int, schedule: str, dtype: str = "bf16", col_split: 
     return 0
 
 
+def ring_stages(bm: int, bn: int, schedule: str, dtype: str, col_split: bool, swapped: bool, pm: int, pn: int,
+                K: int, prof: DeviceProfile) -> int:
+    """The ring of a plan for the kernel's pm x pn x K problem: ``stages_for``'s, or for a plain 64-row
+    data-parallel tile of one wave over at most DEEP_RING_MAX_ROWS rows of tiles and K >= DEEP_RING_MIN_K
+    the deepest up to DEEP_RING_STAGES that fits (the rule at DEEP_RING_STAGES)."""
+    q = stages_for(bm, bn, schedule, dtype, col_split)
+    rows = math.ceil(pm / bm)
+    if (swapped or col_split or bm != 64 or schedule != "data_parallel" or K < DEEP_RING_MIN_K
+            or rows > DEEP_RING_MAX_ROWS or rows * math.ceil(pn / bn) > prof.sm_count):
+        return q
+    return max([q] + [s for s in range(q + 1, DEEP_RING_STAGES + 1)
+                      if smem_bytes(bm, bn, s, schedule, dtype) <= SMEM_LIMIT])
+
+
 def heavy_epilogue(out_dtype: str, bias_dtype, has_c: bool, activation, direct: bool) -> bool:
     """Epilogues that hold more registers than a 16-bit TMA-stored plain/bias/relu one."""
     return out_dtype == "fp32" or has_c or direct or activation in ("gelu", "gelu_tanh", "silu")
@@ -673,7 +700,7 @@ def candidates(M: int, N: int, K: int, *, dtype=None, out_dtype=None, profile: D
         mc = mis[1]
     twin = (SWAP_TWIN if swap_twin is None else swap_twin) and swap and M >= SWAP_TWIN_MIN_M
     key = (M, N, K, dt, odt, bdt, has_c, activation, a_mn, b_mn, direct, id(prof), offered, swap, mc, mis, twin,
-           SWAP_PAD_ANY, SWAP_PAD_SPAN, SWAP_PAD_SPAN_MIN_K)
+           SWAP_PAD_ANY, SWAP_PAD_SPAN, SWAP_PAD_SPAN_MIN_K, DEEP_RING_STAGES)
     hit = _CACHE.get(key)
     if hit is None or hit[0] is not prof:  # (a profile's dict field makes it unhashable: keyed by identity)
         if len(_CACHE) > 4096:
@@ -892,7 +919,7 @@ def _tile_plans(swapped, pm, pn, K, bm, bn, dt, odt, bdt, has_c, activation, a_m
             # lost 9% (6 of 7 slower; its smaller tiles pay the misaligned sectors more often).
             continue
         split = COL_SPLIT_OFFERED and col_split_problem(bm, bn, sched, kb_mn, swapped) is None
-        stages = stages_for(bm, bn, sched, dt, split)
+        stages = ring_stages(bm, bn, sched, dt, split, swapped, pm, pn, K, prof)
         t = plan_cost.predict_s(pm, pn, K, bm=bm, bn=bn, schedule=sched, stages=stages, splits=splits,
                                 sk_tiles=sk_tiles, sk_ctas=sk_ctas, prof=prof, dtype=dt, out_bytes=out_bytes,
                                 direct=direct, misaligned=misaligned, col_split=split)
