@@ -5,7 +5,7 @@
     PYTHONPATH=src python3 benchmarks/changed_picks.py --set SWAP_PAD_SPAN=none --fresh --m 129,4096 --seed 5501
     PYTHONPATH=src python3 benchmarks/changed_picks.py --base stream_k_offered=0 \
         --set SWAP_PREFER_WAVES_MARGIN=1.35 --m 1,32 --seed 5701
-    PYTHONPATH=src python3 benchmarks/changed_picks.py --set DEEP_RING_STAGES=9 --stages --m 33,192 --seed 5901
+    PYTHONPATH=src python3 benchmarks/changed_picks.py --set DEEP_RING_STAGES=9 --stages --m 1,192 --seed 5901
 
 Draws M uniformly from the --m range (inclusive) and N, K from common model dimensions (``--fresh``: the
 projections of fresh_draw.py's held-out model families and vocabulary heads, M log-uniform), and keeps the

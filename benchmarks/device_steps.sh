@@ -33,7 +33,7 @@
 #   waves   planner.SWAP_PREFER_WAVES_MARGIN's held-out draw (changed_picks.py --set SWAP_PREFER_WAVES_MARGIN=1.35
 #           --m 1,32: seed 5713 on an H200, 5711 with --base stream_k_offered=0 on an H100 (5701, 5704: before the K cut; 5711 held the cut), or WV_SEED / WV_COUNT):
 #           the pick beside the swapped one the wide margin ran ("alt"), WV_PASSES passes; waves_heldout.jsonl
-#   rings   planner.ring_stages' held-out draw (changed_picks.py --set DEEP_RING_STAGES=9 --stages --m 33,192, RG_SEED
+#   rings   planner.ring_stages' held-out draw (changed_picks.py --set DEEP_RING_STAGES=9 --stages --m 1,192, RG_SEED
 #           (5901) / RG_COUNT): the pick beside the 9-stage ring it replaced ("alt"), RG_PASSES passes; rings_heldout.jsonl;
 #           then the deep rings' GPU test (test_engine2_gpu.py -k deep_rings)
 #   l2f     tile64_l2_factor 1.25's held-out draw (changed_picks.py --set tile64_l2_factor=1.25 --m 65,3000, LF_SEED
@@ -165,7 +165,7 @@ for s in ${STEPS:-}; do
     fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
            lean_passes 1 "${FR_T:-200}" "${FR_BUDGET:-170}" fresh.jsonl "$shapes" --decode-beside ;;
     rings) heldout "${RG_SEED:-5901}" "${RG_COUNT:-40}" "${RG_PASSES:-2}" "${RG_T:-200}" "${RG_BUDGET:-170}" \
-             rings_heldout.jsonl 33,192 DEEP_RING_STAGES=9 --stages
+             rings_heldout.jsonl 1,192 DEEP_RING_STAGES=9 --stages
            timeout "${RG_TEST_T:-200}" python3 -m pytest -q tests/test_engine2_gpu.py -k deep_rings 2>&1 \
              | tee "$OUT/pytest_rings.txt" | tail -4 ;;
     l2f) heldout "${LF_SEED:-5801}" "${LF_COUNT:-52}" "${LF_PASSES:-1}" "${LF_T:-250}" "${LF_BUDGET:-220}" \
