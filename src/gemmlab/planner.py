@@ -343,8 +343,8 @@ class Plan(_Tiling):
     Chosen by the planner: ``bm`` x ``bn`` tile, ``schedule``, ``splits`` (split-K CTAs per tile, one
     cluster; global split-K: CTAs per streamed tile, no cluster), ``sk_tiles`` / ``sk_ctas`` (stream-K and
     global split-K: the last sk_tiles tiles' k-steps spread over CTAs 0 .. sk_ctas - 1; global split-K has
-    sk_ctas = splits x sk_tiles, so each of those CTAs runs one k-range of one tile), ``stages`` (ring depth: as many as fit), ``grid`` (CTAs). Fixed by the problem:
-    dtypes, MN-major operands, epilogue (bias dtype or None, beta * C, activation), ``direct`` (output rows
+    sk_ctas = splits x sk_tiles, so each of those CTAs runs one k-range of one tile), ``stages`` (ring depth: ``ring_stages``), ``grid`` (CTAs). Fixed by
+    the problem: dtypes, MN-major operands, epilogue (bias dtype or None, beta * C, activation), ``direct`` (output rows
     not 16-byte aligned: threads store). ``predicted_s``: the cycle model's time."""
 
     M: int
