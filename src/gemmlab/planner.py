@@ -25,17 +25,21 @@ SOURCE = "engine/gemm.cu"
 KERNEL = "engine_gemm"
 BK = 64
 MAX_STAGES = 9
-# Deeper rings (``ring_stages``): a plain 64-row data-parallel plan of one wave over at most DEEP_RING_MAX_ROWS
-# rows of tiles and a K of DEEP_RING_MIN_K or more runs up to DEEP_RING_STAGES stages where they fit. Its CTAs
-# each stream a weight panel that at most three CTAs read, over one wave: the loads' latency sets the pace and
-# more bytes in flight buy time. Measured (H200, stages_probe.jsonl, sessions 13 and 27, the same plan at 9
-# and deeper): 128x4096x4096 64 x 64 1.010 -> 1.056x torch.mm at 11 stages (0.995 -> 1.040 at 12),
-# 128x5120x5120 64 x 80 0.984 -> 1.029, 160x2048x4096 64 x 48 0.947 -> 0.962; over four rows of tiles or
-# more (200x1024x2048, 256x2560x9728, 512x1024x4096 / 8192, 640x1024x5120) within 1%, and slower on split-K
-# plans and on swapped weight streams of several waves (32x14336x4096 64 x 32 0.977 -> 0.964 at 12). The
-# model credits no depth past ``ring_credit_stages`` (9), so a deeper plan is priced as at 9 and ranks the
-# same; DEEP_RING_STAGES = MAX_STAGES turns the rule off.
+# Deeper rings (``ring_stages``): a plain 64-row data-parallel plan of one wave over DEEP_RING_MIN_ROWS to
+# DEEP_RING_MAX_ROWS rows of tiles and a K of DEEP_RING_MIN_K or more runs up to DEEP_RING_STAGES stages where
+# they fit. Its CTAs each stream a weight panel that two or three CTAs read, over one wave: more bytes in
+# flight buy time. Measured (H200, stages_probe.jsonl, sessions 13 and 27, the same plan at 9 and deeper):
+# 128x4096x4096 64 x 64 1.010 -> 1.056x torch.mm at 11 stages (0.995 -> 1.040 at 12), 128x5120x5120 64 x 80
+# 0.984 -> 1.029, 160x2048x4096 64 x 48 0.947 -> 0.962; over four rows of tiles or more (200x1024x2048,
+# 256x2560x9728, 512x1024x4096 / 8192, 640x1024x5120) within 1%, and slower on split-K plans and on swapped
+# weight streams of several waves (32x14336x4096 64 x 32 0.977 -> 0.964 at 12). Held out (H100, seed 5901, 40
+# random shapes at M 1-192 whose ring the rule deepened, h100_rings_heldout.jsonl, two passes within 0.5%): x1.038
+# over three rows of tiles (7 shapes, 160x2816x6912 x1.062), x1.019 over two (6), but x0.992 over one (27
+# shapes, M 1-64, 60x6912x4608 x0.973: a panel read by one CTA only streams from HBM at the rate 9 stages
+# already reach), hence two rows at least. The model credits no depth past ``ring_credit_stages`` (9), so a
+# deeper plan is priced as at 9 and ranks the same; DEEP_RING_STAGES = MAX_STAGES turns the rule off.
 DEEP_RING_STAGES = 11
+DEEP_RING_MIN_ROWS = 2
 DEEP_RING_MAX_ROWS = 3
 DEEP_RING_MIN_K = 2048
 SMEM_LIMIT = 227 * 1024 - 256  # dynamic shared memory per block, less the ring's static barriers
@@ -562,12 +566,12 @@ def stages_for(bm: int, bn: int, schedule: str, dtype: str = "bf16", col_split: 
 def ring_stages(bm: int, bn: int, schedule: str, dtype: str, col_split: bool, swapped: bool, pm: int, pn: int,
                 K: int, prof: DeviceProfile) -> int:
     """The ring of a plan for the kernel's pm x pn x K problem: ``stages_for``'s, or for a plain 64-row
-    data-parallel tile of one wave over at most DEEP_RING_MAX_ROWS rows of tiles and K >= DEEP_RING_MIN_K
-    the deepest up to DEEP_RING_STAGES that fits (the rule at DEEP_RING_STAGES)."""
+    data-parallel tile of one wave over DEEP_RING_MIN_ROWS to DEEP_RING_MAX_ROWS rows of tiles and K >=
+    DEEP_RING_MIN_K the deepest up to DEEP_RING_STAGES that fits (the rule at DEEP_RING_STAGES)."""
     q = stages_for(bm, bn, schedule, dtype, col_split)
     rows = math.ceil(pm / bm)
     if (swapped or col_split or bm != 64 or schedule != "data_parallel" or K < DEEP_RING_MIN_K
-            or rows > DEEP_RING_MAX_ROWS or rows * math.ceil(pn / bn) > prof.sm_count):
+            or not DEEP_RING_MIN_ROWS <= rows <= DEEP_RING_MAX_ROWS or rows * math.ceil(pn / bn) > prof.sm_count):
         return q
     return max([q] + [s for s in range(q + 1, DEEP_RING_STAGES + 1)
                       if smem_bytes(bm, bn, s, schedule, dtype) <= SMEM_LIMIT])
