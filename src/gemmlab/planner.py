@@ -347,9 +347,10 @@ class Plan(_Tiling):
     Chosen by the planner: ``bm`` x ``bn`` tile, ``schedule``, ``splits`` (split-K CTAs per tile, one
     cluster; global split-K: CTAs per streamed tile, no cluster), ``sk_tiles`` / ``sk_ctas`` (stream-K and
     global split-K: the last sk_tiles tiles' k-steps spread over CTAs 0 .. sk_ctas - 1; global split-K has
-    sk_ctas = splits x sk_tiles, so each of those CTAs runs one k-range of one tile), ``stages`` (ring depth: ``ring_stages``), ``grid`` (CTAs). Fixed by
-    the problem: dtypes, MN-major operands, epilogue (bias dtype or None, beta * C, activation), ``direct`` (output rows
-    not 16-byte aligned: threads store). ``predicted_s``: the cycle model's time."""
+    sk_ctas = splits x sk_tiles, so each of those CTAs runs one k-range of one tile), ``stages`` (ring depth:
+    ``ring_stages``), ``grid`` (CTAs). Fixed by the problem: dtypes, MN-major operands, epilogue (bias dtype or
+    None, beta * C, activation), ``direct`` (output rows not 16-byte aligned: threads store). ``predicted_s``:
+    the cycle model's time."""
 
     M: int
     N: int
@@ -570,8 +571,9 @@ def ring_stages(bm: int, bn: int, schedule: str, dtype: str, col_split: bool, sw
     DEEP_RING_MIN_K the deepest up to DEEP_RING_STAGES that fits (the rule at DEEP_RING_STAGES)."""
     q = stages_for(bm, bn, schedule, dtype, col_split)
     rows = math.ceil(pm / bm)
+    one_wave = rows * math.ceil(pn / bn) <= prof.sm_count
     if (swapped or col_split or bm != 64 or schedule != "data_parallel" or K < DEEP_RING_MIN_K
-            or not DEEP_RING_MIN_ROWS <= rows <= DEEP_RING_MAX_ROWS or rows * math.ceil(pn / bn) > prof.sm_count):
+            or not DEEP_RING_MIN_ROWS <= rows <= DEEP_RING_MAX_ROWS or not one_wave):
         return q
     return max([q] + [s for s in range(q + 1, DEEP_RING_STAGES + 1)
                       if smem_bytes(bm, bn, s, schedule, dtype) <= SMEM_LIMIT])
