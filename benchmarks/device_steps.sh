@@ -153,15 +153,9 @@ for s in ${STEPS:-}; do
     span) shapes=$(python3 benchmarks/changed_picks.py --set SWAP_PAD_SPAN=none --fresh --m 129,4096 \
                      --count "${SP_COUNT:-40}" --seed "${SP_SEED:-5501}" | tail -1)
           lean_passes "${SP_PASSES:-2}" "${SP_T:-200}" "${SP_BUDGET:-170}" span_heldout.jsonl "$shapes" --alt SWAP_PAD_SPAN=none ;;
-    waves) case $(nvidia-smi --query-gpu=name --format=csv,noheader) in
-             *H100*) base="--base stream_k_offered=0" seed=${WV_SEED:-5711} ;;
-             *) base="" seed=${WV_SEED:-5713} ;;
-           esac
-           # shellcheck disable=SC2086
-           shapes=$(python3 benchmarks/changed_picks.py $base --set SWAP_PREFER_WAVES_MARGIN=1.35 --m 1,32 \
-                      --count "${WV_COUNT:-40}" --seed "$seed" | tail -1)
-           lean_passes "${WV_PASSES:-2}" "${WV_T:-200}" "${WV_BUDGET:-170}" waves_heldout.jsonl "$shapes" \
-             --alt SWAP_PREFER_WAVES_MARGIN=1.35 ;;
+    waves) case $(nvidia-smi --query-gpu=name --format=csv,noheader) in *H100*) seed=5711 ;; *) seed=5713 ;; esac
+           heldout "${WV_SEED:-$seed}" "${WV_COUNT:-40}" "${WV_PASSES:-2}" "${WV_T:-200}" "${WV_BUDGET:-170}" \
+             waves_heldout.jsonl 1,32 SWAP_PREFER_WAVES_MARGIN=1.35 ;;
     fresh) shapes=$(python3 benchmarks/fresh_draw.py --seed "${FR_SEED:?set FR_SEED}" --count "${FR_COUNT:-48}" | tail -1)
            lean_passes 1 "${FR_T:-200}" "${FR_BUDGET:-170}" fresh.jsonl "$shapes" --decode-beside ;;
     rings) heldout "${RG_SEED:-5901}" "${RG_COUNT:-40}" "${RG_PASSES:-2}" "${RG_T:-200}" "${RG_BUDGET:-170}" \
