@@ -223,8 +223,9 @@ def test_fitted_launch_passes_what_launch_passes_and_follows_every_address(drive
         launch.run(stream, c["a"], c["b"], _ranges(c), o)
         s, got = L.launches[-1]
         ptr = [g[2] if g[0] == "tmap" else g[1] for g in got]
-        assert s == stream and ptr[0] == c["b"].data_ptr() and ptr[1:9] == [c["a"].data_ptr()] * 8
-        assert ptr[9] == _ranges(c).data_ptr() and ptr[15] == o.data_ptr()
+        slots = grouped.FIT_MAP_SLOTS
+        assert s == stream and ptr[0] == c["b"].data_ptr() and ptr[1:1 + slots] == [c["a"].data_ptr()] * slots
+        assert ptr[1 + slots] == _ranges(c).data_ptr() and ptr[7 + slots] == o.data_ptr()
     before = [m.replaced for m in [launch.map_w, *launch.maps_t]]
     c, o = sets[1]
     launch.run(3, c["a"], c["b"], _ranges(c), o)

@@ -1,5 +1,5 @@
 """The fitted grouped kernel (kernels/engine/gemm_grouped_fit.cu; ``grouped_mm`` takes it at few rows a group)
-without a GPU: the probe's variants (token tiles up to 128 wide in steps of 16, up to 256 in steps of 32; 128 or
+without a GPU: the probe's variants (token tiles up to 128 or 176 wide in steps of 16, up to 256 in steps of 32; 128 or
 256 weight rows a tile; ping-pong consumers of 64 or 128 weight rows; one epilogue a width or one for all)
 compile for sm_90a without spills or local memory, with one k-loop per width: that width's HGMMA, four k16
 steps each, one wgmma fence and the two waits a loop (nothing serialized). As a grouped plan
@@ -33,7 +33,8 @@ TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax},
                          [(128, 128, 5, 16, 128, 0, False), (128, 256, 4, 32, 64, 0, False),
                           (64, 256, 4, 32, 128, 3, False), (256, 128, 4, 16, 64, 0, False),
                           (128, 128, 5, 16, 128, 3, False), (128, 128, 5, 16, 128, 0, True),
-                          (256, 128, 4, 16, 64, 0, True), (128, 128, 5, 16, 128, 3, True)])
+                          (256, 128, 4, 16, 64, 0, True), (128, 128, 5, 16, 128, 3, True),
+                          (128, 176, 5, 16, 128, 3, False)])
 def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, max_g, sched, shared):
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
     ck = compile_kernel("engine/gemm_grouped_fit.cu",
@@ -105,8 +106,12 @@ def test_fitted_launch_arguments_match_the_kernel(shared, schedule, monkeypatch)
     assert launch_arg_types(args) == unsigned(ptx_param_types(grouped.FIT_SOURCE, p.name_expression))
     assert len(grouped.FIT_PARAMS) == len(args)
     assert args[0] == ("tmap", (4 * 48, 64), (128, 64))  # the weights' rows
-    assert args[1:9] == tuple(("tmap", (64, 64), (w, 64)) for w in range(16, 129, 16))  # a box of each width
-    assert args[9] is offs and [int(x) for x in args[10:15]] == [1, 4, 64, 48, 64] and int(args[16]) == 48
+    boxes = tuple(("tmap", (64, 64), (w, 64)) for w in range(16, 129, 16))  # a box of each width,
+    slots = grouped.FIT_MAP_SLOTS  # then the first one's in the slots past 128
+    assert args[1:1 + slots] == boxes + boxes[:1] * (slots - len(boxes))
+    head = 1 + slots
+    assert args[head] is offs and [int(x) for x in args[head + 1:head + 6]] == [1, 4, 64, 48, 64]
+    assert int(args[head + 7]) == 48
 
 
 @pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)

@@ -40,12 +40,14 @@ TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax},
 # of 128 weight rows, each epilogue under the other's k-loop; _shared: one epilogue at WMAX for every width
 # (SHARED_STORE: 2.8-3.7 k SASS instructions against 6-10.7 k with one a width; the tiled kernel's 2.8-3.0 k).
 # Session 31's variants (fit256, fitpp128, _shared) were timed at 0be9b20 (grouped_fit_probe.jsonl); fitpp128_q16
-# led and is planned (grouped.FIT_PINGPONG_OFFERED).
+# led and is planned (grouped.FIT_PINGPONG_OFFERED). fitpp176_q16 (session 60): the same form with token tiles up
+# to 176 wide (11 widths; the kernel holds up to grouped.FIT_MAP_SLOTS), the dense planner's swapped 128 x 176
+# ping-pong per expert that the torch.mm loop's rivals run (docs/worklog.md, session 29).
 VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4, 32, 128, 3, 0),
             "fit_q16_g512": (128, 128, 4, 16, 512, 0, 0), "fit256_q16": (256, 128, 4, 16, 64, 0, 0),
             "fitpp128_q16": (128, 128, 5, 16, 128, 3, 0), "fit_q16_shared": (128, 128, 5, 16, 128, 0, 1),
             "fit256_q16_shared": (256, 128, 4, 16, 64, 0, 1), "fitpp128_q16_shared": (128, 128, 5, 16, 128, 3, 1),
-            "fitpp256_q32_shared": (64, 256, 4, 32, 128, 3, 1)}
+            "fitpp256_q32_shared": (64, 256, 4, 32, 128, 3, 1), "fitpp176_q16": (128, 176, 5, 16, 128, 3, 0)}
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all).
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
 
@@ -65,7 +67,7 @@ def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched, shared):
     b2 = b.reshape(G * N, K)
     map_w = tensor_map_2d(b2, (bm, 64))
     maps_t = [tensor_map_2d(a, (w, 64)) for w in range(q, wmax + 1, q)]
-    maps_t += [maps_t[0]] * (8 - len(maps_t))
+    maps_t += [maps_t[0]] * (grouped.FIT_MAP_SLOTS - len(maps_t))
     smem = 1024 + stages * (bm + wmax) * 64 * 2 + 2 * 2 * 64 * 128
     tiles = sum(-(-int(r) // wmax) for r in (offs[1:] - offs[:-1]).tolist()) * -(-N // bm)
     grid = max(1, min(gpu_info().sm_count, tiles))

@@ -128,6 +128,7 @@ FIT_OFFERED = True
 # end, where the shipped build has one a width (2,840 SASS instructions against 5,968; docs/worklog.md,
 # session 31). Off until timed on the GPU.
 FIT_SHARED_STORE = False
+FIT_MAP_SLOTS = 12  # the kernel's token maps (tmT1 .. tmT12): widths FIT_Q .. 12 FIT_Q
 FIT_MAX_TILE_ROWS = FIT_WMAX * 0x7FFF  # a group's token tiles, ceil(rows / FIT_WMAX), fit 15 bits of FitTable.shape
 # The fitted form with ping-pong consumers (``schedule="pingpong"``, gemm_traits.cuh's schedule 3): each
 # consumer a whole FIT_BM x W tile in turn, its thread-stored epilogue under the other's k-loop; the same ring,
@@ -1013,7 +1014,9 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     compiled = compile_plan(p)
     if p.fit:  # the weights' rows (a box of bm) and the tokens' rows in a box of each width
         row = 128 // a2.element_size()
-        maps = (_tensor_map(_rows2d(b), (p.bm, row)),) + tuple(_tensor_map(a2, (w, row)) for w in fit_widths())
+        maps_t = tuple(_tensor_map(a2, (w, row)) for w in fit_widths(p.bn))
+        maps_t += (maps_t[0],) * (FIT_MAP_SLOTS - len(maps_t))  # the slots past bn are never read
+        maps = (_tensor_map(_rows2d(b), (p.bm, row)),) + maps_t
         la = p.launch_args()
         args = maps + (ranges, np.int32(lead), np.int32(G), np.int32(rows), np.int32(N), np.int32(K), o2,
                        np.int64(o2.stride(0)))
@@ -1045,9 +1048,10 @@ def launch(p: GroupedPlan, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tenso
     _launch_fn()(compiled, grid=la["grid"], block=la["block"], smem=la["smem"], args=args, cluster=None)
 
 
-def fit_widths() -> tuple[int, ...]:
-    """The fitted form's token-tile widths, one k-loop and one token map each (gemm_grouped_fit.cu)."""
-    return tuple(range(FIT_Q, FIT_WMAX + 1, FIT_Q))
+def fit_widths(wmax: int = FIT_WMAX) -> tuple[int, ...]:
+    """The fitted form's token-tile widths up to ``wmax`` (a plan's ``bn``), one k-loop and one token map each
+    (gemm_grouped_fit.cu)."""
+    return tuple(range(FIT_Q, wmax + 1, FIT_Q))
 
 
 def short_a_rows(bm: int) -> tuple[int, int, int, int]:
@@ -1473,10 +1477,12 @@ class GroupedLaunch:
             L.launch(stream)
 
 
-# The fitted form's parameters (engine_gemm_grouped_fit): the weights' map, a token map a width, then
-# ranges, lead, G, limit, N, K, out, ldo.
-FIT_PARAMS = ("tmap",) * 9 + ("ptr", "i32", "i32", "i32", "i32", "i32", "ptr", "i64")
-_F_RANGES, _F_OUT = 9, 15
+# The fitted form's parameters (engine_gemm_grouped_fit): the weights' map, FIT_MAP_SLOTS token maps (one a
+# width up to the plan's bn; the slots past it are never read and hold the first width's), then ranges, lead,
+# G, limit, N, K, out, ldo.
+FIT_PARAMS = ("tmap",) * (1 + FIT_MAP_SLOTS) + ("ptr", "i32", "i32", "i32", "i32", "i32", "ptr", "i64")
+_F_RANGES = 1 + FIT_MAP_SLOTS
+_F_OUT = _F_RANGES + 6
 
 
 class FitLaunch:
@@ -1493,13 +1499,15 @@ class FitLaunch:
         la = p.launch_args()
         L = self.launcher = Launcher(compile_plan(p), FIT_PARAMS, grid=la["grid"], block=la["block"],
                                      smem=la["smem"], cluster=None, device_index=self.dev, pdl=True)
-        for i, v in ((10, lead), (11, G), (12, a.shape[0]), (13, N), (14, K)):
+        for i, v in enumerate((lead, G, a.shape[0], N, K), _F_RANGES + 1):
             L.set_i32(i, v)
-        L.set_i64(16, _rows2d(out).stride(0))
+        L.set_i64(_F_OUT + 1, _rows2d(out).stride(0))
         b2, row = _rows2d(b), 128 // a.element_size()
         self.map_w = MapSlot(L, 0, b2.data_ptr(), *b2.shape, b2.stride(0), b.dtype, (p.bm, row))
         self.maps_t = [MapSlot(L, 1 + i, a.data_ptr(), *a.shape, a.stride(0), a.dtype, (w, row))
-                       for i, w in enumerate(fit_widths())]
+                       for i, w in enumerate(fit_widths(p.bn))]
+        for i in range(len(self.maps_t), FIT_MAP_SLOTS):  # never read: the first width's (valid) descriptor
+            L.set_map(1 + i, self.maps_t[0].tmap)
 
     def run(self, stream: int, a: torch.Tensor, b: torch.Tensor, ranges: torch.Tensor, out: torch.Tensor,
             scale_a=None, scale_b=None) -> None:

@@ -139,7 +139,7 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
 }
 
 // The token map of width w (a box of w rows): tmT[w / Q - 1].
-#define FIT_MAPS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+#define FIT_MAPS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12)
 
 // SHARED_STORE (grouped.FIT_SHARED_STORE, off until timed): each width keeps its k-loop, but one epilogue at
 // WMAX serves them all, its stores bounded at the token tile's end (c0 + W rows of the group): the kernel
@@ -152,14 +152,16 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
                         const __grid_constant__ CUtensorMap tmT2, const __grid_constant__ CUtensorMap tmT3,
                         const __grid_constant__ CUtensorMap tmT4, const __grid_constant__ CUtensorMap tmT5,
                         const __grid_constant__ CUtensorMap tmT6, const __grid_constant__ CUtensorMap tmT7,
-                        const __grid_constant__ CUtensorMap tmT8, const int* __restrict__ ranges, int lead, int G,
+                        const __grid_constant__ CUtensorMap tmT8, const __grid_constant__ CUtensorMap tmT9,
+                        const __grid_constant__ CUtensorMap tmT10, const __grid_constant__ CUtensorMap tmT11,
+                        const __grid_constant__ CUtensorMap tmT12, const int* __restrict__ ranges, int lead, int G,
                         int limit, int N, int K, typename Tr::TO* __restrict__ Out, long long ldo) {
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, WMAX = Tr::BN, BK = Tr::BK;
     constexpr bool PP = Tr::PING_PONG;
     static_assert(Tr::CONSUMERS == 2 && (PP ? BM <= 128 : BM >= 128) && Tr::TRANS_OUT && Tr::DIRECT &&
-                      WMAX % Q == 0 && WMAX / Q <= 8 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
-                  "fitted grouped: 128 or 256 weight rows (two consumers) or ping-pong 64 or 128, at most 8 widths, "
+                      WMAX % Q == 0 && WMAX / Q <= 12 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
+                  "fitted grouped: 128 or 256 weight rows (two consumers) or ping-pong 64 or 128, at most 12 widths, "
                   "DIRECT transposed stores");
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(FitTable<MAX_G, WMAX, Q>) <=
                       227 * 1024 - 256,
