@@ -129,7 +129,7 @@ def test_fitted_plan_compiles_clean(shared, schedule, monkeypatch):
     assert ("shared store" in p.compiled_name) == shared
     text = sass.disassemble(ck.cubin)
     blocks = 2 if schedule == "pingpong" else 1
-    assert Counter(re.findall(r"HGMMA\.64x(\d+)x16", text)) == {str(w): 4 * blocks for w in grouped.fit_widths()}
+    assert Counter(re.findall(r"HGMMA\.64x(\d+)x16", text)) == {str(w): 4 * blocks for w in grouped.fit_widths(p.bn)}
     assert not re.search(r"\b(LDL|STL)\b", text) and re.search(r"\bUSETMAXREG\b", text)
     assert len(re.findall(r"\bUTMALDG\b", text)) == 2  # the weight's box and the width's token box
 

@@ -171,6 +171,10 @@ FIT_PINGPONG_MIN_ROWS = 128
 FIT_PINGPONG_MIN_ROWS_WIDE = 64  # where N >= 2 K
 FIT_PINGPONG_MIN_K = 2048
 FIT_PINGPONG_ROW_SHARE = 0.96
+# The ping-pong form's widest token tile (its plan's bn; the data-parallel form's is FIT_WMAX): 128, or 176, the
+# width of the dense planner's swapped 128 x 176 ping-pong plan that a loop of dense launches runs per expert
+# (docs/worklog.md, session 29; the kernel compiles clean at 5 stages, 192 spills).
+FIT_PINGPONG_WMAX = 128
 FIT_SCHEDULES = ("data_parallel", "pingpong")
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
@@ -296,10 +300,12 @@ class GroupedPlan(Warpgroups):
                              f"{self.schedule}")
         if self.fit and (self.layout != "contiguous" or self.dtype not in ("bf16", "fp16") or
                          self.out_dtype not in ("bf16", "fp16") or self.b_mn or self.schedule not in FIT_SCHEDULES
-                         or (self.bm, self.bn, self.stages) != (FIT_BM, FIT_WMAX, FIT_STAGES) or not self.direct
+                         or (self.bm, self.bn, self.stages) != (FIT_BM, fit_wmax(self.schedule), FIT_STAGES)
+                         or not self.direct
                          or self.claim):
             raise ValueError(f"the fitted form ({FIT_KERNEL}): contiguous bf16 / fp16 operands, K-major b, 16-bit "
-                             f"output, {FIT_BM} x {FIT_WMAX} data-parallel or ping-pong at {FIT_STAGES} stages, "
+                             f"output, {FIT_BM} x {FIT_WMAX} data-parallel or {FIT_BM} x {FIT_PINGPONG_WMAX} "
+                             f"ping-pong at {FIT_STAGES} stages, "
                              f"direct stores; got {self!r}")
         if self.fit and self.rows > FIT_MAX_TILE_ROWS:
             raise ValueError(f"the fitted form counts a group's token tiles in 15 bits (FitTable): at most "
@@ -525,13 +531,18 @@ def fit_pingpong_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, gr
     return None
 
 
-def fitted_rows(rows_per_group: float) -> float:
+def fit_wmax(schedule: str) -> int:
+    """The fitted form's widest token tile at ``schedule`` (its plan's bn)."""
+    return FIT_PINGPONG_WMAX if schedule == "pingpong" else FIT_WMAX
+
+
+def fitted_rows(rows_per_group: float, wmax: int = FIT_WMAX) -> float:
     """Rows a group the fitted form multiplies on average: its nt token tiles (``tiles_m_per_group`` at
-    FIT_WMAX, uneven) each pad ~FIT_Q / 2 rows (the width rounded up to a multiple of FIT_Q)."""
+    ``wmax``, uneven) each pad ~FIT_Q / 2 rows (the width rounded up to a multiple of FIT_Q)."""
     if rows_per_group <= 0:
         return 0.0
-    nt = tiles_m_per_group(rows_per_group, FIT_WMAX, True)
-    return nt * min(FIT_WMAX, rows_per_group / nt + FIT_Q / 2)
+    nt = tiles_m_per_group(rows_per_group, wmax, True)
+    return nt * min(wmax, rows_per_group / nt + FIT_Q / 2)
 
 
 def fit_pingpong_beats(tiled: GroupedPlan) -> bool:
@@ -539,18 +550,18 @@ def fit_pingpong_beats(tiled: GroupedPlan) -> bool:
     problem): the pick not stream-K, and its padded rows at least 1 / FIT_PINGPONG_ROW_SHARE the fitted ones."""
     r = tiled.expected_rows
     padded = tiles_m_per_group(r, tiled.bm, tiled.layout == "contiguous") * tiled.bm
-    return tiled.schedule != "stream_k" and fitted_rows(r) <= FIT_PINGPONG_ROW_SHARE * padded
+    return tiled.schedule != "stream_k" and fitted_rows(r, FIT_PINGPONG_WMAX) <= FIT_PINGPONG_ROW_SHARE * padded
 
 
 def _fit_pingpong_price(groups, rows_per_group, N, K, prof, out_bytes) -> tuple[float, float]:
     """(predict_s, busy time) of the ping-pong fitted form: ``_price``'s ping-pong terms on FIT_BM x W tiles, W
     the average fitted width, ``fitted_rows`` multiplied, every epilogue thread-stored. Not fitted to its
     records (FIT_PINGPONG_OFFERED: it prices the form below the measured speed)."""
-    nt = tiles_m_per_group(rows_per_group, FIT_WMAX, True)
+    nt = tiles_m_per_group(rows_per_group, FIT_PINGPONG_WMAX, True)
     tiles = math.ceil(groups * nt * math.ceil(N / FIT_BM))
     if tiles == 0:
         return prof.launch_s, 0.0
-    w = fitted_rows(rows_per_group) / nt
+    w = fitted_rows(rows_per_group, FIT_PINGPONG_WMAX) / nt
     k = math.ceil(K / BK)
     unique = _unique_bytes(groups, rows_per_group, N, K, out_bytes)
     share = min(1.0, unique / max(1.0, tiles * k * (FIT_BM + w) * BK * 2))
@@ -574,8 +585,9 @@ def _fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_by
         t, busy = _fit_pingpong_price(groups, expected_rows, N, K_priced, prof, out_bytes)
     else:
         t = busy = prof.launch_s + _hbm_floor_s(groups, expected_rows, N, K_priced, out_bytes, prof)
-    most = (math.ceil(rows / FIT_WMAX) + groups) * math.ceil(N / FIT_BM)
-    return busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=FIT_BM, bn=FIT_WMAX,
+    wmax = fit_wmax(schedule)
+    most = (math.ceil(rows / wmax) + groups) * math.ceil(N / FIT_BM)
+    return busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=FIT_BM, bn=wmax,
                              stages=FIT_STAGES, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
                              table=table_groups(groups), direct=True, expected_rows=float(expected_rows),
                              predicted_s=t, kernel=FIT_KERNEL, schedule=schedule)
@@ -686,7 +698,7 @@ def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf
     # out changed no ranking on a grid of 150k problems.
     def multiplied(p: GroupedPlan) -> float:
         if p.fit:
-            return fitted_rows(expected_rows) if p.schedule == "pingpong" else max(expected_rows, FIT_Q)
+            return fitted_rows(expected_rows, p.bn) if p.schedule == "pingpong" else max(expected_rows, FIT_Q)
         return tiles_m_per_group(expected_rows, p.bm, layout == "contiguous") * p.bm
 
     rows = {id(p): groups * multiplied(p) for _, p in plans}
