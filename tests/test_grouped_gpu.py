@@ -948,6 +948,27 @@ def test_fitted_form_uneven_groups(G, T, N, K, dtype, shared, schedule, monkeypa
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
+@pytest.mark.parametrize("wmax", [128, 176])
+def test_ping_pong_fitted_form_at_each_widest_tile(wmax, monkeypatch):
+    # grouped.FIT_PINGPONG_WMAX: groups at every width up to 176 (one token tile each), just past it (177: two of
+    # 96) and several tiles (353: three of 128 at 176, 300: three of 112 at 128); the same bits on a second run.
+    monkeypatch.setattr(grouped, "FIT_PINGPONG_WMAX", wmax)
+    sizes = [0, 1, 17, 64, 100, 127, 128, 129, 144, 150, 161, 175, 176, 177, 300, 353, 0, 33]
+    G, T, N, K = len(sizes), sum(sizes), 328, 2112
+    offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    a, b = _operands((T,), G, N, K)
+    p = _fit_plan(G, T, N, K, schedule="pingpong")
+    assert p.bn == wmax and p.name_expression.count(f", {wmax}, 5,") == 1
+    runs = []
+    for _ in range(2):
+        out, frame = _framed((T, N), torch.bfloat16)
+        grouped.run(a, b, offs, out=out, plan=p)
+        _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+        assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+        runs.append(out.clone())
+    assert torch.equal(runs[0].view(torch.int16), runs[1].view(torch.int16))
+
+
 @pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)
 @pytest.mark.parametrize("shared", [False, True])
 def test_fitted_form_at_every_width_and_group_edge(shared, schedule, monkeypatch):
