@@ -985,11 +985,17 @@ def test_fitted_form_at_every_width_and_group_edge(shared, schedule, monkeypatch
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
-@pytest.mark.parametrize("schedule,G,T,N,K", [("data_parallel", 64, 512, 1024, 512),  # 8 rows a group
-                                              ("pingpong", 8, 2048, 1000, 2048)])  # 256 rows a group
-def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors(schedule, G, T, N, K):
+@pytest.mark.parametrize("schedule,G,T,N,K,wmax", [("data_parallel", 64, 512, 1024, 512, None),  # 8 rows a group
+                                                   ("pingpong", 8, 2048, 1000, 2048, 128),  # 256 rows a group
+                                                   ("pingpong", 8, 2048, 1000, 2048, 176)])
+def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors(schedule, G, T, N, K, wmax, monkeypatch,
+                                                                         request):
+    if wmax is not None:  # grouped.FIT_PINGPONG_WMAX: the ping-pong form's widest token tile (prepared calls
+        monkeypatch.setattr(grouped, "FIT_PINGPONG_WMAX", wmax)  # made under another width are dropped)
+        grouped.clear_prepared_calls()
+        request.addfinalizer(grouped.clear_prepared_calls)
     p = grouped.plan("contiguous", G, T, N, K)
-    assert p.fit and p.schedule == schedule  # what grouped_mm runs here
+    assert p.fit and p.schedule == schedule and (wmax is None or p.bn == wmax)  # what grouped_mm runs here
     offs = _replays_with_new_offsets(G, T, N, K)
     for seed in (4, 5):  # the prepared launch's descriptors follow new tensors
         a, b = _operands((T,), G, N, K, seed=seed)
