@@ -106,8 +106,8 @@ def test_fitted_launch_arguments_match_the_kernel(shared, schedule, monkeypatch)
     assert launch_arg_types(args) == unsigned(ptx_param_types(grouped.FIT_SOURCE, p.name_expression))
     assert len(grouped.FIT_PARAMS) == len(args)
     assert args[0] == ("tmap", (4 * 48, 64), (128, 64))  # the weights' rows
-    boxes = tuple(("tmap", (64, 64), (w, 64)) for w in range(16, 129, 16))  # a box of each width,
-    slots = grouped.FIT_MAP_SLOTS  # then the first one's in the slots past 128
+    boxes = tuple(("tmap", (64, 64), (w, 64)) for w in range(16, p.bn + 1, 16))  # a box of each width,
+    slots = grouped.FIT_MAP_SLOTS  # then the first one's in the slots past bn
     assert args[1:1 + slots] == boxes + boxes[:1] * (slots - len(boxes))
     head = 1 + slots
     assert args[head] is offs and [int(x) for x in args[head + 1:head + 6]] == [1, 4, 64, 48, 64]
@@ -151,17 +151,19 @@ def _probe_records() -> dict:
 
 
 def test_ping_pong_fitted_plan_is_the_measured_variant():
-    """The plan compiles the probe's fitpp128_q16 (benchmarks/probes/probe_grouped_fit.py), the variant the
-    records time, and says what it is; the data-parallel form's name is the one it shipped with."""
+    """The plan compiles the probe's fitpp<W>_q16 (benchmarks/probes/probe_grouped_fit.py; W =
+    FIT_PINGPONG_WMAX: fitpp128_q16 or fitpp176_q16), the variant the records time, and says what it is; the
+    data-parallel form's name is the one it shipped with."""
     p = grouped.plan("contiguous", 8, 4096, 28672, 4096)
-    assert p.fit and p.schedule == "pingpong" and p.consumers == 2 and p.threads == 384
-    probe_traits = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 128, 128, 5, false, false, false, false, "
-                    "0, true, 3, true>")
-    assert p.name_expression == f"engine_gemm_grouped_fit<{probe_traits}, 128, 16>"
-    assert p.smem_bytes == 1024 + 5 * (128 + 128) * 64 * 2 + 2 * 2 * 64 * 128  # the probe's launch
-    assert "token tiles fitted per group (16..128 wide), ping-pong" in repr(p) and p.direct and p.table == 128
+    w = grouped.FIT_PINGPONG_WMAX
+    assert p.fit and p.schedule == "pingpong" and p.consumers == 2 and p.threads == 384 and p.bn == w
+    traits = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 128, {w}, 5, false, false, false, false, "
+              "0, true, {s}, true>")
+    assert p.name_expression == f"engine_gemm_grouped_fit<{traits.format(w=w, s=3)}, 128, 16>"
+    assert p.smem_bytes == 1024 + 5 * (128 + w) * 64 * 2 + 2 * 2 * 64 * 128  # the probe's launch
+    assert f"token tiles fitted per group (16..{w} wide), ping-pong" in repr(p) and p.direct and p.table == 128
     dp = _fitted()
-    assert dp.name_expression == f"engine_gemm_grouped_fit<{probe_traits.replace(' 3, true>', ' 0, true>')}, 128, 16>"
+    assert dp.name_expression == f"engine_gemm_grouped_fit<{traits.format(w=128, s=0)}, 128, 16>"
     assert "ping-pong" not in repr(dp) and dp.compiled_name != p.compiled_name
 
 
