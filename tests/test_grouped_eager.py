@@ -209,7 +209,7 @@ def test_fitted_launch_passes_what_launch_passes_and_follows_every_address(drive
     c0 = _case("bf16", "contiguous", T=40)
     p, prob, out = _planned(c0)
     assert p.fit
-    p = dataclasses.replace(p, schedule=schedule, bn=grouped.fit_wmax(schedule))
+    p = dataclasses.replace(p, schedule=schedule, bn=grouped.fit_wmax(schedule, p.K))
     grouped.launch(p, c0["a"], c0["b"], _ranges(c0), prob.lead, out)
     want = fakes.as_params(driver.captured["args"])
     launch = grouped.FitLaunch(p, c0["a"], c0["b"], prob.lead, out)

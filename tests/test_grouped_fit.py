@@ -151,11 +151,12 @@ def _probe_records() -> dict:
 
 
 def test_ping_pong_fitted_plan_is_the_measured_variant():
-    """The plan compiles the probe's fitpp<W>_q16 (benchmarks/probes/probe_grouped_fit.py; W =
-    FIT_PINGPONG_WMAX: fitpp128_q16 or fitpp176_q16), the variant the records time, and says what it is; the
-    data-parallel form's name is the one it shipped with."""
+    """The plan compiles the probe's fitpp<W>_q16 (benchmarks/probes/probe_grouped_fit.py; W = fit_wmax's
+    176 at K = 4096: fitpp176_q16), the variant the records time, and says what it is; the data-parallel form's
+    name is the one it shipped with."""
     p = grouped.plan("contiguous", 8, 4096, 28672, 4096)
-    w = grouped.FIT_PINGPONG_WMAX
+    w = grouped.fit_wmax("pingpong", 4096)
+    assert w == 176
     assert p.fit and p.schedule == "pingpong" and p.consumers == 2 and p.threads == 384 and p.bn == w
     traits = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 128, {w}, 5, false, false, false, false, "
               "0, true, {s}, true>")
@@ -298,3 +299,66 @@ def test_fitted_plan_builds_either_form_anywhere_its_kernel_runs():
                      (("contiguous", 8, 64, 512, 512), {"schedule": "stream_k"})):
         with pytest.raises(UnsupportedProblem):
             grouped.fitted_plan(*args, **kw)
+
+
+# The ping-pong form's widest token tile: 176 from K = FIT_PINGPONG_WIDE_MIN_K on, 128 below -----------------
+
+H100_GROUPED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100_grouped.jsonl"
+WIDTH_SHA = "850ac9f19ec6-wip"  # session 61's runs: the same tree at FIT_PINGPONG_WMAX 176, then 128
+
+
+def test_ping_pong_widest_tile_follows_k():
+    assert grouped.fit_wmax("data_parallel", 16384) == grouped.FIT_WMAX == 128
+    wide = grouped.FIT_PINGPONG_WIDE_MIN_K
+    assert [grouped.fit_wmax("pingpong", k) for k in (1024, 2048, wide - 1, wide, 16384)] == [128] * 3 + [176] * 2
+    # What grouped_mm runs: Mixtral gate/up at T = 4096 (K = 4096) up to 176 wide, OLMoE's (K = 2048) up to 128.
+    mixtral, olmoe = grouped.plan("contiguous", 8, 4096, 28672, 4096), grouped.plan("contiguous", 64, 8192, 2048, 2048)
+    assert (mixtral.fit, mixtral.schedule, mixtral.bn) == (True, "pingpong", 176)
+    assert (olmoe.fit, olmoe.schedule, olmoe.bn) == (True, "pingpong", 128)
+    assert "(16..176 wide)" in repr(mixtral) and "(16..128 wide)" in repr(olmoe)
+
+
+def test_ping_pong_plan_carries_only_a_tested_width():
+    pp = grouped.fitted_plan("contiguous", 8, 2048, 1000, 2048, schedule="pingpong")
+    for w in grouped.FIT_PINGPONG_WIDTHS:  # either width at any K, for probes and tests
+        assert grouped.fitted_plan("contiguous", 8, 2048, 1000, 2048, schedule="pingpong", wmax=w).bn == w
+        assert dataclasses.replace(pp, bn=w).bn == w
+    for w in (112, 144, 160, 192):
+        with pytest.raises(ValueError, match="128 / 176 ping-pong"):
+            dataclasses.replace(pp, bn=w)
+    with pytest.raises(ValueError, match="fitted form"):  # the data-parallel form is 128 wide only
+        dataclasses.replace(_fitted(), bn=176)
+    # The price follows the width: fewer, wider tiles at 512 rows a group.
+    narrow, wide = (grouped.fitted_plan("contiguous", 8, 4096, 28672, 4096, schedule="pingpong", wmax=w)
+                    for w in (128, 176))
+    assert narrow.predicted_s != wide.predicted_s
+
+
+def _width_records() -> dict:
+    """(model, proj, T, K) -> {width: TFLOP/s} of the ping-pong fitted form in WIDTH_SHA's paired runs (the
+    form as ``ours`` where it was the pick, else ``ours_fit_pp``), averaged over the runs at each width."""
+    runs: dict = {}
+    for line in H100_GROUPED.read_text().splitlines():
+        r = json.loads(line)
+        plan = r.get("plan", "")
+        if r["git_sha"] != WIDTH_SHA or "fitted" not in plan or "ping-pong" not in plan:
+            continue
+        if r["bn"] != r["fit_pingpong_wmax"]:
+            continue
+        runs.setdefault((r["model"], r["proj"], r["T"], r["K"]), {}).setdefault(r["bn"], []).append(r["tflops"])
+    return {k: {w: sum(v) / len(v) for w, v in ws.items()} for k, ws in runs.items() if len(ws) == 2}
+
+
+def test_ping_pong_widest_tile_rule_matches_the_paired_runs():
+    """On every shape timed at both widths (H100, session 61) where they differ by more than 1.5%, the rule's
+    width was the faster: 176 at K >= 2560 (Mixtral, DBRX, Mixtral 8x22B, Qwen2-57B), 128 at K <= 2048."""
+    records = _width_records()
+    assert len(records) >= 24
+    apart = 0
+    for (model, proj, T, K), tf in records.items():
+        if abs(tf[176] / tf[128] - 1) <= 0.015:
+            continue
+        apart += 1
+        faster = 176 if tf[176] > tf[128] else 128
+        assert grouped.fit_wmax("pingpong", K) == faster, (model, proj, T, K, tf)
+    assert apart >= 18

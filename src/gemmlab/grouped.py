@@ -171,10 +171,19 @@ FIT_PINGPONG_MIN_ROWS = 128
 FIT_PINGPONG_MIN_ROWS_WIDE = 64  # where N >= 2 K
 FIT_PINGPONG_MIN_K = 2048
 FIT_PINGPONG_ROW_SHARE = 0.96
-# The ping-pong form's widest token tile (its plan's bn; the data-parallel form's is FIT_WMAX): 128, or 176, the
-# width of the dense planner's swapped 128 x 176 ping-pong plan that a loop of dense launches runs per expert
-# (docs/worklog.md, session 29; the kernel compiles clean at 5 stages, 192 spills).
-FIT_PINGPONG_WMAX = 128
+# The ping-pong form's widest token tile (its plan's bn; the data-parallel form's is FIT_WMAX): 176, the width of
+# the dense planner's swapped 128 x 176 ping-pong plan that a loop of dense launches runs per expert
+# (docs/worklog.md, sessions 29 and 61; the kernel compiles clean at 5 stages, 192 spills), where K >=
+# FIT_PINGPONG_WIDE_MIN_K; 128 (FIT_PINGPONG_SHORT_K_WMAX) at shallower K. Measured (H100, session 61, 850ac9f,
+# the form beside itself at 128 in one run; grouped_bench --fitted, h100_grouped.jsonl): at K >= 2560 the
+# 176-wide form ran x1.01-x1.28 the 128-wide one (Mixtral T = 4096 gate/up x1.10, down x1.13; DBRX T = 8192
+# x1.12 / x1.23; Qwen2-57B T = 8192 x1.02 / x1.01; Mixtral 8x22B T = 512, one tile a group either way, x1.01);
+# at K <= 2048 (64-128 experts of 128-270 rows: OLMoE, Qwen1.5-MoE, Qwen3-30B, DeepSeek-V2-Lite) x0.86-0.97.
+# FIT_PINGPONG_WIDTHS: the widths a ping-pong fitted plan may carry (compiled, GPU-tested).
+FIT_PINGPONG_WMAX = 176
+FIT_PINGPONG_SHORT_K_WMAX = 128
+FIT_PINGPONG_WIDE_MIN_K = 2560
+FIT_PINGPONG_WIDTHS = (128, 176)
 FIT_SCHEDULES = ("data_parallel", "pingpong")
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
@@ -300,12 +309,13 @@ class GroupedPlan(Warpgroups):
                              f"{self.schedule}")
         if self.fit and (self.layout != "contiguous" or self.dtype not in ("bf16", "fp16") or
                          self.out_dtype not in ("bf16", "fp16") or self.b_mn or self.schedule not in FIT_SCHEDULES
-                         or (self.bm, self.bn, self.stages) != (FIT_BM, fit_wmax(self.schedule), FIT_STAGES)
+                         or (self.bm, self.stages) != (FIT_BM, FIT_STAGES)
+                         or self.bn not in (FIT_PINGPONG_WIDTHS if self.schedule == "pingpong" else (FIT_WMAX,))
                          or not self.direct
                          or self.claim):
             raise ValueError(f"the fitted form ({FIT_KERNEL}): contiguous bf16 / fp16 operands, K-major b, 16-bit "
-                             f"output, {FIT_BM} x {FIT_WMAX} data-parallel or {FIT_BM} x {FIT_PINGPONG_WMAX} "
-                             f"ping-pong at {FIT_STAGES} stages, "
+                             f"output, {FIT_BM} x {FIT_WMAX} data-parallel or {FIT_BM} x "
+                             f"{' / '.join(map(str, FIT_PINGPONG_WIDTHS))} ping-pong at {FIT_STAGES} stages, "
                              f"direct stores; got {self!r}")
         if self.fit and self.rows > FIT_MAX_TILE_ROWS:
             raise ValueError(f"the fitted form counts a group's token tiles in 15 bits (FitTable): at most "
@@ -531,9 +541,13 @@ def fit_pingpong_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, gr
     return None
 
 
-def fit_wmax(schedule: str) -> int:
-    """The fitted form's widest token tile at ``schedule`` (its plan's bn)."""
-    return FIT_PINGPONG_WMAX if schedule == "pingpong" else FIT_WMAX
+def fit_wmax(schedule: str, K: int) -> int:
+    """The fitted form's widest token tile at ``schedule`` and depth ``K`` (its plan's bn): FIT_WMAX
+    data-parallel; ping-pong, FIT_PINGPONG_WMAX from K = FIT_PINGPONG_WIDE_MIN_K on, else
+    FIT_PINGPONG_SHORT_K_WMAX (never wider than FIT_PINGPONG_WMAX)."""
+    if schedule != "pingpong":
+        return FIT_WMAX
+    return FIT_PINGPONG_WMAX if K >= FIT_PINGPONG_WIDE_MIN_K else min(FIT_PINGPONG_WMAX, FIT_PINGPONG_SHORT_K_WMAX)
 
 
 def fitted_rows(rows_per_group: float, wmax: int = FIT_WMAX) -> float:
@@ -550,18 +564,20 @@ def fit_pingpong_beats(tiled: GroupedPlan) -> bool:
     problem): the pick not stream-K, and its padded rows at least 1 / FIT_PINGPONG_ROW_SHARE the fitted ones."""
     r = tiled.expected_rows
     padded = tiles_m_per_group(r, tiled.bm, tiled.layout == "contiguous") * tiled.bm
-    return tiled.schedule != "stream_k" and fitted_rows(r, FIT_PINGPONG_WMAX) <= FIT_PINGPONG_ROW_SHARE * padded
+    fitted = fitted_rows(r, fit_wmax("pingpong", tiled.K))
+    return tiled.schedule != "stream_k" and fitted <= FIT_PINGPONG_ROW_SHARE * padded
 
 
-def _fit_pingpong_price(groups, rows_per_group, N, K, prof, out_bytes) -> tuple[float, float]:
-    """(predict_s, busy time) of the ping-pong fitted form: ``_price``'s ping-pong terms on FIT_BM x W tiles, W
-    the average fitted width, ``fitted_rows`` multiplied, every epilogue thread-stored. Not fitted to its
-    records (FIT_PINGPONG_OFFERED: it prices the form below the measured speed)."""
-    nt = tiles_m_per_group(rows_per_group, FIT_PINGPONG_WMAX, True)
+def _fit_pingpong_price(groups, rows_per_group, N, K, wmax, prof, out_bytes) -> tuple[float, float]:
+    """(predict_s, busy time) of the ping-pong fitted form with token tiles up to ``wmax`` wide: ``_price``'s
+    ping-pong terms on FIT_BM x W tiles, W the average fitted width, ``fitted_rows`` multiplied, every epilogue
+    thread-stored. Not fitted to its records (FIT_PINGPONG_OFFERED: it prices the form below the measured
+    speed)."""
+    nt = tiles_m_per_group(rows_per_group, wmax, True)
     tiles = math.ceil(groups * nt * math.ceil(N / FIT_BM))
     if tiles == 0:
         return prof.launch_s, 0.0
-    w = fitted_rows(rows_per_group, FIT_PINGPONG_WMAX) / nt
+    w = fitted_rows(rows_per_group, wmax) / nt
     k = math.ceil(K / BK)
     unique = _unique_bytes(groups, rows_per_group, N, K, out_bytes)
     share = min(1.0, unique / max(1.0, tiles * k * (FIT_BM + w) * BK * 2))
@@ -577,15 +593,16 @@ def _fit_pingpong_price(groups, rows_per_group, N, K, prof, out_bytes) -> tuple[
 
 
 def _fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
-            schedule) -> tuple[float, GroupedPlan]:
-    """(busy time, plan) of the fitted form at ``schedule``. Data-parallel: priced at the HBM floor of every
-    plan (each expert's weight read once, A and out), where at its few rows a group the others' prices sit
-    too; ``plan`` takes it by rule (FIT_OFFERED), not price. Ping-pong: ``_fit_pingpong_price``."""
+            schedule, wmax=None) -> tuple[float, GroupedPlan]:
+    """(busy time, plan) of the fitted form at ``schedule``, token tiles up to ``wmax`` wide (default
+    ``fit_wmax``). Data-parallel: priced at the HBM floor of every plan (each expert's weight read once, A and
+    out), where at its few rows a group the others' prices sit too; ``plan`` takes it by rule (FIT_OFFERED),
+    not price. Ping-pong: ``_fit_pingpong_price``."""
+    wmax = fit_wmax(schedule, K) if wmax is None else wmax
     if schedule == "pingpong":
-        t, busy = _fit_pingpong_price(groups, expected_rows, N, K_priced, prof, out_bytes)
+        t, busy = _fit_pingpong_price(groups, expected_rows, N, K_priced, wmax, prof, out_bytes)
     else:
         t = busy = prof.launch_s + _hbm_floor_s(groups, expected_rows, N, K_priced, out_bytes, prof)
-    wmax = fit_wmax(schedule)
     most = (math.ceil(rows / wmax) + groups) * math.ceil(N / FIT_BM)
     return busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=FIT_BM, bn=wmax,
                              stages=FIT_STAGES, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
@@ -607,10 +624,11 @@ def _dtype_names(dtype, out_dtype) -> tuple[str, str]:
 
 def fitted_plan(layout: str, groups: int, rows: int, N: int, K: int, *, schedule: str = "data_parallel",
                 dtype="bf16", out_dtype=None, expected_rows: float | None = None,
-                profile: DeviceProfile | None = None, b_mn: bool = False) -> GroupedPlan:
+                profile: DeviceProfile | None = None, b_mn: bool = False, wmax: int | None = None) -> GroupedPlan:
     """The fitted form at ``schedule`` ("data_parallel" or "pingpong") for any problem its kernel runs
     (``fit_kernel_problem``; UnsupportedProblem else), listed by ``candidates`` or not, priced as there: for
-    probes, benchmarks and tests that run it beside the pick. Arguments as ``candidates``'."""
+    probes, benchmarks and tests that run it beside the pick. ``wmax``: its widest token tile (default
+    ``fit_wmax``'s; ping-pong, one of FIT_PINGPONG_WIDTHS). Other arguments as ``candidates``'."""
     from .planner import _profile
 
     dt, odt = _dtype_names(dtype, out_dtype)
@@ -620,7 +638,7 @@ def fitted_plan(layout: str, groups: int, rows: int, N: int, K: int, *, schedule
                                         f"got {schedule!r}, {groups}, {rows}, {N}, {K}")
     r = rows / groups if expected_rows is None else expected_rows
     return _fitted(layout, groups, rows, N, K, dt, odt, r, K, plan_cost.in_bytes(odt), _profile(profile, None),
-                   schedule)[1]
+                   schedule, wmax)[1]
 
 
 def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
