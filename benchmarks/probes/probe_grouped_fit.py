@@ -47,8 +47,13 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
             "fit_q16_g512": (128, 128, 4, 16, 512, 0, 0), "fit256_q16": (256, 128, 4, 16, 64, 0, 0),
             "fitpp128_q16": (128, 128, 5, 16, 128, 3, 0), "fit_q16_shared": (128, 128, 5, 16, 128, 0, 1),
             "fit256_q16_shared": (256, 128, 4, 16, 64, 0, 1), "fitpp128_q16_shared": (128, 128, 5, 16, 128, 3, 1),
-            "fitpp256_q32_shared": (64, 256, 4, 32, 128, 3, 1), "fitpp176_q16": (128, 176, 5, 16, 128, 3, 0)}
-# PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all).
+            "fitpp256_q32_shared": (64, 256, 4, 32, 128, 3, 1), "fitpp176_q16": (128, 176, 5, 16, 128, 3, 0),
+            "fitpp176_q16_shared": (128, 176, 5, 16, 128, 3, 1)}
+# fitpp176_q16_shared (session 61): one epilogue for every width at 176 (5.3 k SASS lines against 18.3 k), for the
+# 176-wide form's loss at K <= 2048 (docs/worklog.md, session 61: code size or fixed costs a tile).
+# PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all). PROBE_ROUTING=even: every group T / G rows
+# (the remainder one more each on the first groups) instead of grouped_bench's uneven routing, so at up to 128
+# rows a group every width set runs the same token tiles.
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
 
 
@@ -111,7 +116,11 @@ def main() -> None:
     pairs = os.environ.get("PROBE_GROUPED", DEFAULT).split(",")
     todo = [sh for pair in pairs for sh in gb.shapes([pair.split(":")[0]], [int(pair.split(":")[1])])]
     for n, (model, proj, G, N, K, T) in enumerate(todo):
-        offs, sizes = gb.uneven_offsets(G, T, seed=gb.shape_seed(model, proj, T, n))
+        if os.environ.get("PROBE_ROUTING") == "even":
+            sizes = [T // G + (g < T % G) for g in range(G)]
+            offs = torch.tensor([0] + np.cumsum(sizes).tolist(), dtype=torch.int32, device="cuda")
+        else:
+            offs, sizes = gb.uneven_offsets(G, T, seed=gb.shape_seed(model, proj, T, n))
         a = torch.randn(T, K, device="cuda").to(torch.bfloat16)
         b = (torch.randn(G, N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
         outs = {}
@@ -159,6 +168,7 @@ def main() -> None:
                                     "ratio_to_torch_grouped_mm": base / t if t and base else None,
                                     "rel_error": errors[name], "plan": repr(plan) if name == "ours" else name,
                                     "sm_clock_mhz": res.clocks.sm_mhz,
+                                    "routing": os.environ.get("PROBE_ROUTING", "uneven"),
                                     "gpu": info.name, "git_sha": sha}) + "\n")
         print(line, flush=True)
 
