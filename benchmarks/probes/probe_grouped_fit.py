@@ -34,7 +34,8 @@ from gemmlab.timer import time_interleaved  # noqa: E402
 SOURCE = "engine/gemm_grouped_fit.cu"
 TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax}, {stages}, false, false, false, false, 0, "
           "true, {sched}, true>")
-# name: (weight rows a tile, WMAX, stages, Q, MAX_G, schedule: 0 data-parallel, 3 ping-pong, SHARED_STORE).
+# name: (weight rows a tile, WMAX, stages, Q, MAX_G, schedule: 0 data-parallel, 3 ping-pong, store: 0 one epilogue a
+# width, 1 SHARED_STORE, else STORE_STEP).
 # fit256: two consumers of 128 weight rows (each k16 step two wgmmas against one token slab: the L2 bytes per
 # output of the tiled 128 x 256 at W = 128), 4 stages beside a 64-group table; fitpp128: ping-pong consumers
 # of 128 weight rows, each epilogue under the other's k-loop; _shared: one epilogue at WMAX for every width
@@ -48,9 +49,12 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
             "fitpp128_q16": (128, 128, 5, 16, 128, 3, 0), "fit_q16_shared": (128, 128, 5, 16, 128, 0, 1),
             "fit256_q16_shared": (256, 128, 4, 16, 64, 0, 1), "fitpp128_q16_shared": (128, 128, 5, 16, 128, 3, 1),
             "fitpp256_q32_shared": (64, 256, 4, 32, 128, 3, 1), "fitpp176_q16": (128, 176, 5, 16, 128, 3, 0),
-            "fitpp176_q16_shared": (128, 176, 5, 16, 128, 3, 1)}
+            "fitpp176_q16_shared": (128, 176, 5, 16, 128, 3, 1), "fitpp176_q16_s64": (128, 176, 5, 16, 128, 3, 64),
+            "fitpp128_q16_s64": (128, 128, 5, 16, 128, 3, 64)}
 # fitpp176_q16_shared (session 61): one epilogue for every width at 176 (5.3 k SASS lines against 18.3 k), for the
 # 176-wide form's loss at K <= 2048 (docs/worklog.md, session 61: code size or fixed costs a tile).
+# _s64 (the last field 64: the kernel's STORE_STEP): one epilogue a bucket of widths (16..64 stored at 64, 80..128
+# at 128, 144..176 at 176; 6.9 k SASS instructions at 176 against 17.1 k plain and 4.8 k shared).
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all). PROBE_ROUTING=even: every group T / G rows
 # (the remainder one more each on the first groups) instead of grouped_bench's uneven routing, so at up to 128
 # rows a group every width set runs the same token tiles.
@@ -67,7 +71,8 @@ def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched, shared):
     G, N, K = b.shape
     T = a.shape[0]
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
-    ne = f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{', true' if shared else ''}>"
+    store = {0: "", 1: ", true"}.get(shared, f", false, {shared}")
+    ne = f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{store}>"
     k = compile_kernel(SOURCE, ne, arch="sm_90a")
     b2 = b.reshape(G * N, K)
     map_w = tensor_map_2d(b2, (bm, 64))

@@ -146,7 +146,10 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
 // then holds one copy of the epilogue's code instead of one a width (the 8-width builds run 93-168 KB of
 // SASS against the tiled kernel's 44-47 KB). A narrower tile's accumulators past W / 2 are converted but
 // never stored (zeroed once, so they hold values).
-template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false>
+// STORE_STEP (a probe's, session 61; 0: off): the same with one epilogue a STORE_STEP of widths, each at its
+// widest (64: widths 16..64 store at 64, 80..128 at 128, 144..176 at 176): fewer epilogues than one a width,
+// narrower than one at WMAX. SHARED_STORE is STORE_STEP = WMAX.
+template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
                         const __grid_constant__ CUtensorMap tmT2, const __grid_constant__ CUtensorMap tmT3,
@@ -159,6 +162,8 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     using T = typename Tr::T;
     constexpr int BM = Tr::BM, WMAX = Tr::BN, BK = Tr::BK;
     constexpr bool PP = Tr::PING_PONG;
+    constexpr int STEP = SHARED_STORE ? WMAX : STORE_STEP;  // widths a bucket of one epilogue (0: one a width)
+    static_assert(STEP % 16 == 0 && STEP >= 0 && !(SHARED_STORE && STORE_STEP), "store buckets of whole 16 columns");
     static_assert(Tr::CONSUMERS == 2 && (PP ? BM <= 128 : BM >= 128) && Tr::TRANS_OUT && Tr::DIRECT &&
                       WMAX % Q == 0 && WMAX / Q <= 12 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
                   "fitted grouped: 128 or 256 weight rows (two consumers) or ping-pong 64 or 128, at most 12 widths, "
@@ -218,7 +223,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     RingCursor cur;
     int pieces = 0;
     float acc[Tr::MI][WMAX / 2];
-    if constexpr (SHARED_STORE) {
+    if constexpr (STEP > 0) {
 #pragma unroll
         for (int mi = 0; mi < Tr::MI; ++mi)
 #pragma unroll
@@ -239,7 +244,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
         // out of group g: rows row0 .. row0 + rows; this tile's tokens j w .., weight rows (out columns) wt BM ..
         typename Tr::TO* out_g = Out + (long long)gt.row0 * ldo;
         const int c0 = gt.j * gt.w, r0 = gt.wt * BM;
-        if constexpr (SHARED_STORE) {
+        if constexpr (STEP > 0) {
             switch (gt.w / Q) {
 #define FIT_LOOP(i)                                                                          \
     case i:                                                                                  \
@@ -251,7 +256,17 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
             if constexpr (PP) {
                 if (t == 0) turns.pass(consumer);  // the other consumer's k-loop runs under this epilogue
             }
-            store_at<Tr, WMAX>(acc, consumer, t, c0, r0, min(gt.rows, c0 + gt.w), N, out_g, ldo, slabs, pieces);
+            const int bounded = min(gt.rows, c0 + gt.w);
+            switch ((gt.w + STEP - 1) / STEP) {  // bucket i: widths up to i STEP, stored at min(i STEP, WMAX)
+#define FIT_STORE(i)                                                                                         \
+    case i:                                                                                                  \
+        if constexpr (STEP > 0 && (i - 1) * STEP < WMAX)                                                     \
+            store_at<Tr, (i * STEP < WMAX ? i * STEP : WMAX)>(acc, consumer, t, c0, r0, bounded, N, out_g, ldo, \
+                                                              slabs, pieces);                               \
+        break;
+                FIT_MAPS(FIT_STORE)
+#undef FIT_STORE
+            }
             continue;
         }
         switch (gt.w / Q) {
