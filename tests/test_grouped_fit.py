@@ -34,11 +34,13 @@ TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax},
                           (64, 256, 4, 32, 128, 3, False), (256, 128, 4, 16, 64, 0, False),
                           (128, 128, 5, 16, 128, 3, False), (128, 128, 5, 16, 128, 0, True),
                           (256, 128, 4, 16, 64, 0, True), (128, 128, 5, 16, 128, 3, True),
-                          (128, 176, 5, 16, 128, 3, False)])
+                          (128, 176, 5, 16, 128, 3, False), (128, 176, 5, 16, 128, 3, 64)])
 def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, max_g, sched, shared):
+    # shared: False, one epilogue a width; True, SHARED_STORE (one at WMAX); 64, STORE_STEP (one a bucket of widths).
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
-    ck = compile_kernel("engine/gemm_grouped_fit.cu",
-                        f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{', true' if shared else ''}>", arch="sm_90a")
+    store = {False: "", True: ", true"}.get(shared, f", false, {shared}")
+    ck = compile_kernel("engine/gemm_grouped_fit.cu", f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{store}>",
+                        arch="sm_90a")
     assert not ck.resources.spills and ck.resources.stack_frame == 0, ck.resources
     for needle in ("serialized", "C7510", "C7519"):
         assert needle not in ck.log, ck.log
@@ -49,10 +51,12 @@ def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, m
     assert not re.search(r"\b(LDL|STL)\b", text)  # no local memory
     syncs = Counter(re.findall(r"WARPGROUP\.(ARRIVE|DEPBAR)", text))
     assert syncs == {"ARRIVE": len(widths), "DEPBAR": 2 * len(widths)}, syncs
-    # The epilogue's stmatrix x4 (16 columns of a 64-row block each): one epilogue at WMAX (SHARED_STORE), or
-    # one a width.
+    # The epilogue's stmatrix x4 (16 columns of a 64-row block each): one epilogue at WMAX (SHARED_STORE), one
+    # a bucket of STORE_STEP widths at its widest (64 at 176: 64, 128, 176), or one a width.
+    step = wmax if shared is True else (shared or q)
+    stored = sorted({min(-(-w // step) * step, wmax) for w in widths})
     stsm = len(re.findall(r"\bSTSM\b", text))
-    assert stsm == blocks * (wmax // 16 if shared else sum(-(-w // 16) for w in widths)), stsm
+    assert stsm == blocks * sum(w // 16 for w in stored), stsm
 
 
 # The fitted form as a grouped plan (GroupedPlan.fit) ---------------------------------------------------------
