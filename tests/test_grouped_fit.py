@@ -366,3 +366,34 @@ def test_ping_pong_widest_tile_rule_matches_the_paired_runs():
         faster = 176 if tf[176] > tf[128] else 128
         assert grouped.fit_wmax("pingpong", K) == faster, (model, proj, T, K, tf)
     assert apart >= 18
+
+
+def test_store_step_plans_name_the_bucketed_build(monkeypatch):
+    """FIT_PINGPONG_SHORT_K_STORE_STEP: below FIT_PINGPONG_WIDE_MIN_K the ping-pong plan carries the store step
+    (the kernel's STORE_STEP template argument) and says so; deeper K and the data-parallel form keep one
+    epilogue a width; a step on any other plan is refused."""
+    monkeypatch.setattr(grouped, "FIT_PINGPONG_SHORT_K_WMAX", 176)
+    monkeypatch.setattr(grouped, "FIT_PINGPONG_SHORT_K_STORE_STEP", 64)
+    short = grouped.plan("contiguous", 64, 8192, 2048, 2048)  # OLMoE gate/up
+    assert (short.fit, short.schedule, short.bn, short.store_step) == (True, "pingpong", 176, 64)
+    assert short.name_expression.endswith(", 128, 16, false, 64>") and "store step 64" in short.compiled_name
+    assert "(16..176 wide, stored in steps of 64)" in repr(short)
+    deep = grouped.plan("contiguous", 8, 4096, 28672, 4096)
+    assert (deep.bn, deep.store_step) == (176, 0) and deep.name_expression.endswith(", 128, 16>")
+    assert _fitted().store_step == 0
+    with pytest.raises(ValueError, match="store_step"):
+        dataclasses.replace(_fitted(), store_step=64)  # data-parallel
+    with pytest.raises(ValueError, match="store_step"):
+        dataclasses.replace(short, store_step=32)
+    with pytest.raises(ValueError, match="store_step"):
+        dataclasses.replace(grouped.tiled_plan("contiguous", 8, 4096, 28672, 4096), store_step=64)
+
+
+def test_store_step_plan_compiles_clean():
+    p = grouped.fitted_plan("contiguous", 64, 8192, 2048, 2048, schedule="pingpong", wmax=176, store_step=64)
+    ck = grouped.compile_plan(p)
+    assert sass.check(grouped.sass_expect(p), sass.kernel_summary(ck), ck.resources) == []
+    assert not ck.resources.spills and ck.resources.stack_frame == 0, ck.resources
+    text = sass.disassemble(ck.cubin)
+    assert Counter(re.findall(r"HGMMA\.64x(\d+)x16", text)) == {str(w): 8 for w in grouped.fit_widths(176)}
+    assert len(re.findall(r"\bSTSM\b", text)) == 2 * (4 + 8 + 11)  # epilogues at 64, 128 and 176

@@ -925,9 +925,10 @@ def test_fp8_short_a_boxes_at_every_group_size(tile, scale):
 
 # The fitted form (GroupedPlan.fit: gemm_grouped_fit.cu, token tiles fitted per group) -------------------------
 
-def _fit_plan(G, T, N, K, dtype="bf16", schedule="data_parallel", wmax=None):
+def _fit_plan(G, T, N, K, dtype="bf16", schedule="data_parallel", wmax=None, store_step=None):
     """The fitted form at ``schedule`` for any rows (``grouped.fitted_plan``: listed where measured ahead)."""
-    return grouped.fitted_plan("contiguous", G, T, N, K, dtype=dtype, out_dtype=dtype, schedule=schedule, wmax=wmax)
+    return grouped.fitted_plan("contiguous", G, T, N, K, dtype=dtype, out_dtype=dtype, schedule=schedule, wmax=wmax,
+                               store_step=store_step)
 
 
 # Both schedules: data-parallel (listed at few rows a group) and ping-pong consumers (taken at 128 rows a group
@@ -948,17 +949,18 @@ def test_fitted_form_uneven_groups(G, T, N, K, dtype, shared, schedule, monkeypa
     assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
 
 
-@pytest.mark.parametrize("wmax", grouped.FIT_PINGPONG_WIDTHS)
-def test_ping_pong_fitted_form_at_each_widest_tile(wmax):
-    # Each of the ping-pong form's widest tiles (grouped.FIT_PINGPONG_WIDTHS): groups at every width up to 176
-    # (one token tile each), just past it (177: two of 96) and several tiles (353: three of 128 at 176, 300:
-    # three of 112 at 128); the same bits on a second run.
+@pytest.mark.parametrize("wmax,store_step", [(128, 0), (176, 0), (176, 64)])
+def test_ping_pong_fitted_form_at_each_widest_tile(wmax, store_step):
+    # Each of the ping-pong form's widest tiles (grouped.FIT_PINGPONG_WIDTHS), one epilogue a width or a bucket
+    # of widths (store_step 64: stored at 64, 128 or 176 columns, bounded at the tile's end): groups at every
+    # width up to 176 (one token tile each), just past it (177: two of 96) and several tiles (353: three of 128
+    # at 176, 300: three of 112 at 128); the same bits on a second run.
     sizes = [0, 1, 17, 64, 100, 127, 128, 129, 144, 150, 161, 175, 176, 177, 300, 353, 0, 33]
     G, T, N, K = len(sizes), sum(sizes), 328, 2112
     offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     a, b = _operands((T,), G, N, K)
-    p = _fit_plan(G, T, N, K, schedule="pingpong", wmax=wmax)
-    assert p.bn == wmax and p.name_expression.count(f", {wmax}, 5,") == 1
+    p = _fit_plan(G, T, N, K, schedule="pingpong", wmax=wmax, store_step=store_step)
+    assert p.bn == wmax and p.name_expression.count(f", {wmax}, 5,") == 1 and p.store_step == store_step
     runs = []
     for _ in range(2):
         out, frame = _framed((T, N), torch.bfloat16)
@@ -987,12 +989,21 @@ def test_fitted_form_at_every_width_and_group_edge(shared, schedule, monkeypatch
 
 # Ping-pong: 256 rows a group, token tiles up to 128 wide at K = 2048 and up to 176 from K = 2560
 # (grouped.fit_wmax).
-@pytest.mark.parametrize("schedule,G,T,N,K,wmax", [("data_parallel", 64, 512, 1024, 512, 128),  # 8 rows a group
-                                                   ("pingpong", 8, 2048, 1000, 2048, 128),
-                                                   ("pingpong", 8, 2048, 1000, 2560, 176)])
-def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors(schedule, G, T, N, K, wmax):
+# The last case: the store-step build where K is shallow (grouped.FIT_PINGPONG_SHORT_K_*; prepared calls made
+# under the shipped settings are dropped).
+@pytest.mark.parametrize("schedule,G,T,N,K,wmax,step", [("data_parallel", 64, 512, 1024, 512, 128, 0),  # 8 rows
+                                                        ("pingpong", 8, 2048, 1000, 2048, 128, 0),
+                                                        ("pingpong", 8, 2048, 1000, 2560, 176, 0),
+                                                        ("pingpong", 8, 2048, 1000, 2048, 176, 64)])
+def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors(schedule, G, T, N, K, wmax, step,
+                                                                         monkeypatch, request):
+    if step:
+        monkeypatch.setattr(grouped, "FIT_PINGPONG_SHORT_K_WMAX", wmax)
+        monkeypatch.setattr(grouped, "FIT_PINGPONG_SHORT_K_STORE_STEP", step)
+        grouped.clear_prepared_calls()
+        request.addfinalizer(grouped.clear_prepared_calls)
     p = grouped.plan("contiguous", G, T, N, K)
-    assert p.fit and p.schedule == schedule and p.bn == wmax  # what grouped_mm runs here
+    assert p.fit and p.schedule == schedule and (p.bn, p.store_step) == (wmax, step)  # what grouped_mm runs here
     offs = _replays_with_new_offsets(G, T, N, K)
     for seed in (4, 5):  # the prepared launch's descriptors follow new tensors
         a, b = _operands((T,), G, N, K, seed=seed)

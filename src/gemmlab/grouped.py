@@ -180,10 +180,17 @@ FIT_PINGPONG_ROW_SHARE = 0.96
 # x1.12 / x1.23; Qwen2-57B T = 8192 x1.02 / x1.01; Mixtral 8x22B T = 512, one tile a group either way, x1.01);
 # at K <= 2048 (64-128 experts of 128-270 rows: OLMoE, Qwen1.5-MoE, Qwen3-30B, DeepSeek-V2-Lite) x0.86-0.97.
 # FIT_PINGPONG_WIDTHS: the widths a ping-pong fitted plan may carry (compiled, GPU-tested).
+# FIT_STORE_STEPS: a ping-pong fitted plan's epilogues (its store_step): 0, one a width (the shipped builds), or
+# 64, one a bucket of widths stored at the bucket's widest (the kernel's STORE_STEP: 16..64 at 64, 80..128 at
+# 128, 144..176 at 176). FIT_PINGPONG_SHORT_K_STORE_STEP: the store step below FIT_PINGPONG_WIDE_MIN_K (0 as
+# shipped; 64 ran the 176-wide form there about level with or ahead of the plain 128-wide one in two H100 probe
+# runs, docs/worklog.md session 61, not yet through the planner).
 FIT_PINGPONG_WMAX = 176
 FIT_PINGPONG_SHORT_K_WMAX = 128
 FIT_PINGPONG_WIDE_MIN_K = 2560
 FIT_PINGPONG_WIDTHS = (128, 176)
+FIT_STORE_STEPS = (0, 64)
+FIT_PINGPONG_SHORT_K_STORE_STEP = 0
 FIT_SCHEDULES = ("data_parallel", "pingpong")
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
@@ -292,6 +299,7 @@ class GroupedPlan(Warpgroups):
     schedule: str = "data_parallel"
     b_mn: bool = False
     claim: bool = False
+    store_step: int = 0  # the fitted ping-pong form's epilogues (FIT_STORE_STEPS): 0 one a width, else a bucket
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES or (self.schedule != "data_parallel" and self.dtype == "e4m3") or (
@@ -317,6 +325,9 @@ class GroupedPlan(Warpgroups):
                              f"output, {FIT_BM} x {FIT_WMAX} data-parallel or {FIT_BM} x "
                              f"{' / '.join(map(str, FIT_PINGPONG_WIDTHS))} ping-pong at {FIT_STAGES} stages, "
                              f"direct stores; got {self!r}")
+        if self.store_step and (not self.fit or self.schedule != "pingpong" or self.store_step not in FIT_STORE_STEPS):
+            raise ValueError(f"store_step: the fitted form's ping-pong schedule only, one of {FIT_STORE_STEPS}; got "
+                             f"{self.store_step} for {self!r}")
         if self.fit and self.rows > FIT_MAX_TILE_ROWS:
             raise ValueError(f"the fitted form counts a group's token tiles in 15 bits (FitTable): at most "
                              f"{FIT_MAX_TILE_ROWS} rows, got {self.rows}")
@@ -368,7 +379,7 @@ class GroupedPlan(Warpgroups):
     @property
     def name_expression(self) -> str:
         if self.fit:
-            shared = ", true" if FIT_SHARED_STORE else ""
+            shared = ", true" if FIT_SHARED_STORE else (f", false, {self.store_step}" if self.store_step else "")
             return f"{FIT_KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {self.table}, {FIT_Q}{shared}>"
         traits = "Fp8GemmTraits" if self.dtype == "e4m3" else "GemmTraits"
         return (f"{self.kernel}<{traits}<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}, "
@@ -377,13 +388,15 @@ class GroupedPlan(Warpgroups):
     @property
     def compiled_name(self) -> str:
         if self.fit:
-            shared = ", shared store" if FIT_SHARED_STORE else ""
+            shared = (", shared store" if FIT_SHARED_STORE else
+                      (f", store step {self.store_step}" if self.store_step else ""))
             return f"engine.gemm_grouped_fit[{', '.join(self.template_args())}, {self.table}, {FIT_Q}{shared}]"
         name = "engine.gemm_grouped_fp8" if self.dtype == "e4m3" else "engine.gemm_grouped"
         return f"{name}[{', '.join(self.template_args())}, {self.layout}, {self.table}{', claim' if self.claim else ''}]"
 
     def __repr__(self) -> str:
-        tiles = (f"{self.bm} weight rows x token tiles fitted per group ({FIT_Q}..{self.bn} wide)"
+        tiles = (f"{self.bm} weight rows x token tiles fitted per group ({FIT_Q}..{self.bn} wide"
+                 f"{f', stored in steps of {self.store_step}' if self.store_step else ''})"
                  f"{_SCHEDULE_NOTE[self.schedule]}" if self.fit else
                  f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}{', claimed' if self.claim else ''}")
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
@@ -541,6 +554,12 @@ def fit_pingpong_problem(layout: str, dtype: str, out_dtype: str, b_mn: bool, gr
     return None
 
 
+def fit_store_step(schedule: str, K: int) -> int:
+    """The fitted form's store step at ``schedule`` and depth ``K`` (its plan's store_step): ping-pong below
+    FIT_PINGPONG_WIDE_MIN_K, FIT_PINGPONG_SHORT_K_STORE_STEP; else 0 (one epilogue a width)."""
+    return FIT_PINGPONG_SHORT_K_STORE_STEP if schedule == "pingpong" and K < FIT_PINGPONG_WIDE_MIN_K else 0
+
+
 def fit_wmax(schedule: str, K: int) -> int:
     """The fitted form's widest token tile at ``schedule`` and depth ``K`` (its plan's bn): FIT_WMAX
     data-parallel; ping-pong, FIT_PINGPONG_WMAX from K = FIT_PINGPONG_WIDE_MIN_K on, else
@@ -593,12 +612,13 @@ def _fit_pingpong_price(groups, rows_per_group, N, K, wmax, prof, out_bytes) -> 
 
 
 def _fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
-            schedule, wmax=None) -> tuple[float, GroupedPlan]:
+            schedule, wmax=None, store_step=None) -> tuple[float, GroupedPlan]:
     """(busy time, plan) of the fitted form at ``schedule``, token tiles up to ``wmax`` wide (default
-    ``fit_wmax``). Data-parallel: priced at the HBM floor of every plan (each expert's weight read once, A and
+    ``fit_wmax``), epilogues at ``store_step`` (default ``fit_store_step``; not priced). Data-parallel: priced at the HBM floor of every plan (each expert's weight read once, A and
     out), where at its few rows a group the others' prices sit too; ``plan`` takes it by rule (FIT_OFFERED),
     not price. Ping-pong: ``_fit_pingpong_price``."""
     wmax = fit_wmax(schedule, K) if wmax is None else wmax
+    store_step = fit_store_step(schedule, K) if store_step is None else store_step
     if schedule == "pingpong":
         t, busy = _fit_pingpong_price(groups, expected_rows, N, K_priced, wmax, prof, out_bytes)
     else:
@@ -607,7 +627,7 @@ def _fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_by
     return busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=FIT_BM, bn=wmax,
                              stages=FIT_STAGES, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
                              table=table_groups(groups), direct=True, expected_rows=float(expected_rows),
-                             predicted_s=t, kernel=FIT_KERNEL, schedule=schedule)
+                             predicted_s=t, kernel=FIT_KERNEL, schedule=schedule, store_step=store_step)
 
 
 def _dtype_names(dtype, out_dtype) -> tuple[str, str]:
@@ -624,11 +644,13 @@ def _dtype_names(dtype, out_dtype) -> tuple[str, str]:
 
 def fitted_plan(layout: str, groups: int, rows: int, N: int, K: int, *, schedule: str = "data_parallel",
                 dtype="bf16", out_dtype=None, expected_rows: float | None = None,
-                profile: DeviceProfile | None = None, b_mn: bool = False, wmax: int | None = None) -> GroupedPlan:
+                profile: DeviceProfile | None = None, b_mn: bool = False, wmax: int | None = None,
+                store_step: int | None = None) -> GroupedPlan:
     """The fitted form at ``schedule`` ("data_parallel" or "pingpong") for any problem its kernel runs
     (``fit_kernel_problem``; UnsupportedProblem else), listed by ``candidates`` or not, priced as there: for
     probes, benchmarks and tests that run it beside the pick. ``wmax``: its widest token tile (default
-    ``fit_wmax``'s; ping-pong, one of FIT_PINGPONG_WIDTHS). Other arguments as ``candidates``'."""
+    ``fit_wmax``'s; ping-pong, one of FIT_PINGPONG_WIDTHS), ``store_step`` its epilogues (default
+    ``fit_store_step``'s; ping-pong, one of FIT_STORE_STEPS). Other arguments as ``candidates``'."""
     from .planner import _profile
 
     dt, odt = _dtype_names(dtype, out_dtype)
@@ -638,7 +660,7 @@ def fitted_plan(layout: str, groups: int, rows: int, N: int, K: int, *, schedule
                                         f"got {schedule!r}, {groups}, {rows}, {N}, {K}")
     r = rows / groups if expected_rows is None else expected_rows
     return _fitted(layout, groups, rows, N, K, dt, odt, r, K, plan_cost.in_bytes(odt), _profile(profile, None),
-                   schedule, wmax)[1]
+                   schedule, wmax, store_step)[1]
 
 
 def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
