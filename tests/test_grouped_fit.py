@@ -311,15 +311,19 @@ H100_GROUPED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / 
 WIDTH_SHA = "850ac9f19ec6-wip"  # session 61's runs: the same tree at FIT_PINGPONG_WMAX 176, then 128
 
 
-def test_ping_pong_widest_tile_follows_k():
+def test_ping_pong_widest_tile_and_store_step_follow_k():
     assert grouped.fit_wmax("data_parallel", 16384) == grouped.FIT_WMAX == 128
+    assert grouped.fit_store_step("data_parallel", 1024) == 0
     wide = grouped.FIT_PINGPONG_WIDE_MIN_K
-    assert [grouped.fit_wmax("pingpong", k) for k in (1024, 2048, wide - 1, wide, 16384)] == [128] * 3 + [176] * 2
-    # What grouped_mm runs: Mixtral gate/up at T = 4096 (K = 4096) up to 176 wide, OLMoE's (K = 2048) up to 128.
+    ks = (1024, 2048, wide - 1, wide, 16384)
+    assert [grouped.fit_wmax("pingpong", k) for k in ks] == [176] * 5
+    assert [grouped.fit_store_step("pingpong", k) for k in ks] == [64] * 3 + [0] * 2
+    # What grouped_mm runs: Mixtral gate/up at T = 4096 (K = 4096) up to 176 wide, one epilogue a width; OLMoE's
+    # (K = 2048) up to 176 wide, stored in steps of 64.
     mixtral, olmoe = grouped.plan("contiguous", 8, 4096, 28672, 4096), grouped.plan("contiguous", 64, 8192, 2048, 2048)
-    assert (mixtral.fit, mixtral.schedule, mixtral.bn) == (True, "pingpong", 176)
-    assert (olmoe.fit, olmoe.schedule, olmoe.bn) == (True, "pingpong", 128)
-    assert "(16..176 wide)" in repr(mixtral) and "(16..128 wide)" in repr(olmoe)
+    assert (mixtral.fit, mixtral.schedule, mixtral.bn, mixtral.store_step) == (True, "pingpong", 176, 0)
+    assert (olmoe.fit, olmoe.schedule, olmoe.bn, olmoe.store_step) == (True, "pingpong", 176, 64)
+    assert "(16..176 wide)" in repr(mixtral) and "(16..176 wide, stored in steps of 64)" in repr(olmoe)
 
 
 def test_ping_pong_plan_carries_only_a_tested_width():
@@ -354,8 +358,9 @@ def _width_records() -> dict:
 
 
 def test_ping_pong_widest_tile_rule_matches_the_paired_runs():
-    """On every shape timed at both widths (H100, session 61) where they differ by more than 1.5%, the rule's
-    width was the faster: 176 at K >= 2560 (Mixtral, DBRX, Mixtral 8x22B, Qwen2-57B), 128 at K <= 2048."""
+    """On every shape timed at both widths with one epilogue a width (H100, session 61) where they differ by
+    more than 1.5%: at K >= 2560 (Mixtral, DBRX, Mixtral 8x22B, Qwen2-57B) 176 was the faster, and the planner
+    runs that build; at K <= 2048 128 was, which is why the planner's 176-wide form there stores in steps."""
     records = _width_records()
     assert len(records) >= 24
     apart = 0
@@ -364,16 +369,41 @@ def test_ping_pong_widest_tile_rule_matches_the_paired_runs():
             continue
         apart += 1
         faster = 176 if tf[176] > tf[128] else 128
-        assert grouped.fit_wmax("pingpong", K) == faster, (model, proj, T, K, tf)
+        assert faster == (176 if K >= grouped.FIT_PINGPONG_WIDE_MIN_K else 128), (model, proj, T, K, tf)
+        if faster == 176:
+            assert (grouped.fit_wmax("pingpong", K), grouped.fit_store_step("pingpong", K)) == (176, 0)
+        else:
+            assert grouped.fit_store_step("pingpong", K) > 0
     assert apart >= 18
 
 
-def test_store_step_plans_name_the_bucketed_build(monkeypatch):
+def test_short_k_store_step_was_faster_through_the_planner():
+    """The paired planner run (H100, e211c3f: short K at 128 wide with one epilogue a width, then 176 wide in
+    steps of 64): every shape whose pick the switch moved ran faster (x1.016-x1.072), and the planner now picks
+    what ran then; the shapes it did not move ran within 2%."""
+    runs: dict = {}
+    for line in H100_GROUPED.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("git_sha") == "e211c3f0df0f" and r["candidate"] == "ours" and "short_k_store_step" in r:
+            runs.setdefault((r["model"], r["proj"], r["groups"], r["T"], r["N"], r["K"]), {})[r["short_k_store_step"]] = r
+    assert len(runs) == 14
+    moved = 0
+    for (model, proj, G, T, N, K), by in runs.items():
+        before, after = by[0], by[64]
+        p = grouped.plan("contiguous", G, T, N, K)
+        assert (p.bm, p.bn, p.fit) == (after["bm"], after["bn"], "fitted" in after["plan"])
+        if before["plan"] != after["plan"]:
+            moved += 1
+            assert p.store_step == 64 and after["ratio"] > 1.01 * before["ratio"], (model, proj, T)
+        else:
+            assert abs(after["ratio"] / before["ratio"] - 1) < 0.02, (model, proj, T)
+    assert moved == 7
+
+
+def test_store_step_plans_name_the_bucketed_build():
     """FIT_PINGPONG_SHORT_K_STORE_STEP: below FIT_PINGPONG_WIDE_MIN_K the ping-pong plan carries the store step
     (the kernel's STORE_STEP template argument) and says so; deeper K and the data-parallel form keep one
     epilogue a width; a step on any other plan is refused."""
-    monkeypatch.setattr(grouped, "FIT_PINGPONG_SHORT_K_WMAX", 176)
-    monkeypatch.setattr(grouped, "FIT_PINGPONG_SHORT_K_STORE_STEP", 64)
     short = grouped.plan("contiguous", 64, 8192, 2048, 2048)  # OLMoE gate/up
     assert (short.fit, short.schedule, short.bn, short.store_step) == (True, "pingpong", 176, 64)
     assert short.name_expression.endswith(", 128, 16, false, 64>") and "store step 64" in short.compiled_name

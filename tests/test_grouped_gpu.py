@@ -989,15 +989,16 @@ def test_fitted_form_at_every_width_and_group_edge(shared, schedule, monkeypatch
 
 # Ping-pong: 256 rows a group, token tiles up to 128 wide at K = 2048 and up to 176 from K = 2560
 # (grouped.fit_wmax).
-# The last case: the store-step build where K is shallow (grouped.FIT_PINGPONG_SHORT_K_*; prepared calls made
-# under the shipped settings are dropped).
+# Shallow K: the ping-pong form as shipped (176 wide, stores in steps of 64) and as before session 61's switch
+# (128 wide, one epilogue a width; grouped.FIT_PINGPONG_SHORT_K_*, set for the case: prepared calls made under
+# other settings are dropped).
 @pytest.mark.parametrize("schedule,G,T,N,K,wmax,step", [("data_parallel", 64, 512, 1024, 512, 128, 0),  # 8 rows
                                                         ("pingpong", 8, 2048, 1000, 2048, 128, 0),
                                                         ("pingpong", 8, 2048, 1000, 2560, 176, 0),
                                                         ("pingpong", 8, 2048, 1000, 2048, 176, 64)])
 def test_fitted_form_through_grouped_mm_in_a_graph_and_with_fresh_tensors(schedule, G, T, N, K, wmax, step,
                                                                          monkeypatch, request):
-    if step:
+    if schedule == "pingpong" and K < grouped.FIT_PINGPONG_WIDE_MIN_K:
         monkeypatch.setattr(grouped, "FIT_PINGPONG_SHORT_K_WMAX", wmax)
         monkeypatch.setattr(grouped, "FIT_PINGPONG_SHORT_K_STORE_STEP", step)
         grouped.clear_prepared_calls()

@@ -174,23 +174,29 @@ FIT_PINGPONG_ROW_SHARE = 0.96
 # The ping-pong form's widest token tile (its plan's bn; the data-parallel form's is FIT_WMAX): 176, the width of
 # the dense planner's swapped 128 x 176 ping-pong plan that a loop of dense launches runs per expert
 # (docs/worklog.md, sessions 29 and 61; the kernel compiles clean at 5 stages, 192 spills), where K >=
-# FIT_PINGPONG_WIDE_MIN_K; 128 (FIT_PINGPONG_SHORT_K_WMAX) at shallower K. Measured (H100, session 61, 850ac9f,
+# FIT_PINGPONG_WIDE_MIN_K; at shallower K, FIT_PINGPONG_SHORT_K_WMAX (176 as well, with its epilogues in steps of
+# FIT_PINGPONG_SHORT_K_STORE_STEP = 64; below). Measured (H100, session 61, 850ac9f,
 # the form beside itself at 128 in one run; grouped_bench --fitted, h100_grouped.jsonl): at K >= 2560 the
 # 176-wide form ran x1.01-x1.28 the 128-wide one (Mixtral T = 4096 gate/up x1.10, down x1.13; DBRX T = 8192
 # x1.12 / x1.23; Qwen2-57B T = 8192 x1.02 / x1.01; Mixtral 8x22B T = 512, one tile a group either way, x1.01);
-# at K <= 2048 (64-128 experts of 128-270 rows: OLMoE, Qwen1.5-MoE, Qwen3-30B, DeepSeek-V2-Lite) x0.86-0.97.
+# at K <= 2048 (64-128 experts of 128-270 rows: OLMoE, Qwen1.5-MoE, Qwen3-30B, DeepSeek-V2-Lite) x0.86-0.97: one
+# epilogue a width, eleven of them, under tiles of many widths on one SM (the probes: with every group under 128
+# rows the two builds ran level). Fewer epilogues fix that:
 # FIT_PINGPONG_WIDTHS: the widths a ping-pong fitted plan may carry (compiled, GPU-tested).
-# FIT_STORE_STEPS: a ping-pong fitted plan's epilogues (its store_step): 0, one a width (the shipped builds), or
-# 64, one a bucket of widths stored at the bucket's widest (the kernel's STORE_STEP: 16..64 at 64, 80..128 at
-# 128, 144..176 at 176). FIT_PINGPONG_SHORT_K_STORE_STEP: the store step below FIT_PINGPONG_WIDE_MIN_K (0 as
-# shipped; 64 ran the 176-wide form there about level with or ahead of the plain 128-wide one in two H100 probe
-# runs, docs/worklog.md session 61, not yet through the planner).
+# FIT_STORE_STEPS: a ping-pong fitted plan's epilogues (its store_step): 0, one a width, or 64, one a bucket of
+# widths stored at the bucket's widest (the kernel's STORE_STEP: 16..64 at 64, 80..128 at 128, 144..176 at 176).
+# Below FIT_PINGPONG_WIDE_MIN_K the form runs 176 wide in steps of 64: in the planner (H100, e211c3f, the same
+# call with and without; h100_grouped.jsonl, short_k_store_step) the 7 suite shapes it moves (gate/ups of
+# 128-273 rows a group at K = 2048: OLMoE, Qwen1.5-MoE, DeepSeek-V2-Lite at T = 8192 and 16384, Qwen3-30B at 16384)
+# ran x1.016-x1.072 the 128-wide pick with one epilogue a width (OLMoE T = 8192 x1.037), the 7 others within
+# 1.3%. At K >= 2560 the plain 176 build ran 2-4% ahead of the stepped one in two probe runs (within noise), so
+# it keeps one epilogue a width there.
 FIT_PINGPONG_WMAX = 176
-FIT_PINGPONG_SHORT_K_WMAX = 128
+FIT_PINGPONG_SHORT_K_WMAX = 176
 FIT_PINGPONG_WIDE_MIN_K = 2560
 FIT_PINGPONG_WIDTHS = (128, 176)
 FIT_STORE_STEPS = (0, 64)
-FIT_PINGPONG_SHORT_K_STORE_STEP = 0
+FIT_PINGPONG_SHORT_K_STORE_STEP = 64
 FIT_SCHEDULES = ("data_parallel", "pingpong")
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
