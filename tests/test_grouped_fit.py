@@ -385,7 +385,8 @@ def test_short_k_store_step_was_faster_through_the_planner():
     for line in H100_GROUPED.read_text().splitlines():
         r = json.loads(line)
         if r.get("git_sha") == "e211c3f0df0f" and r["candidate"] == "ours" and "short_k_store_step" in r:
-            runs.setdefault((r["model"], r["proj"], r["groups"], r["T"], r["N"], r["K"]), {})[r["short_k_store_step"]] = r
+            shape = (r["model"], r["proj"], r["groups"], r["T"], r["N"], r["K"])
+            runs.setdefault(shape, {})[r["short_k_store_step"]] = r
     assert len(runs) == 14
     moved = 0
     for (model, proj, G, T, N, K), by in runs.items():

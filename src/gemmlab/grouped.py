@@ -173,24 +173,23 @@ FIT_PINGPONG_MIN_K = 2048
 FIT_PINGPONG_ROW_SHARE = 0.96
 # The ping-pong form's widest token tile (its plan's bn; the data-parallel form's is FIT_WMAX): 176, the width of
 # the dense planner's swapped 128 x 176 ping-pong plan that a loop of dense launches runs per expert
-# (docs/worklog.md, sessions 29 and 61; the kernel compiles clean at 5 stages, 192 spills), where K >=
-# FIT_PINGPONG_WIDE_MIN_K; at shallower K, FIT_PINGPONG_SHORT_K_WMAX (176 as well, with its epilogues in steps of
-# FIT_PINGPONG_SHORT_K_STORE_STEP = 64; below). Measured (H100, session 61, 850ac9f,
-# the form beside itself at 128 in one run; grouped_bench --fitted, h100_grouped.jsonl): at K >= 2560 the
-# 176-wide form ran x1.01-x1.28 the 128-wide one (Mixtral T = 4096 gate/up x1.10, down x1.13; DBRX T = 8192
-# x1.12 / x1.23; Qwen2-57B T = 8192 x1.02 / x1.01; Mixtral 8x22B T = 512, one tile a group either way, x1.01);
-# at K <= 2048 (64-128 experts of 128-270 rows: OLMoE, Qwen1.5-MoE, Qwen3-30B, DeepSeek-V2-Lite) x0.86-0.97: one
-# epilogue a width, eleven of them, under tiles of many widths on one SM (the probes: with every group under 128
-# rows the two builds ran level). Fewer epilogues fix that:
-# FIT_PINGPONG_WIDTHS: the widths a ping-pong fitted plan may carry (compiled, GPU-tested).
-# FIT_STORE_STEPS: a ping-pong fitted plan's epilogues (its store_step): 0, one a width, or 64, one a bucket of
-# widths stored at the bucket's widest (the kernel's STORE_STEP: 16..64 at 64, 80..128 at 128, 144..176 at 176).
-# Below FIT_PINGPONG_WIDE_MIN_K the form runs 176 wide in steps of 64: in the planner (H100, e211c3f, the same
-# call with and without; h100_grouped.jsonl, short_k_store_step) the 7 suite shapes it moves (gate/ups of
-# 128-273 rows a group at K = 2048: OLMoE, Qwen1.5-MoE, DeepSeek-V2-Lite at T = 8192 and 16384, Qwen3-30B at 16384)
-# ran x1.016-x1.072 the 128-wide pick with one epilogue a width (OLMoE T = 8192 x1.037), the 7 others within
-# 1.3%. At K >= 2560 the plain 176 build ran 2-4% ahead of the stepped one in two probe runs (within noise), so
-# it keeps one epilogue a width there.
+# (docs/worklog.md, sessions 29 and 61; the kernel compiles clean at 5 stages, 192 spills); FIT_PINGPONG_WIDTHS,
+# the widths a ping-pong fitted plan may carry (compiled, GPU-tested). Its epilogues (the plan's store_step,
+# FIT_STORE_STEPS): 0, one a width, from K = FIT_PINGPONG_WIDE_MIN_K on; below, FIT_PINGPONG_SHORT_K_STORE_STEP =
+# 64, one a bucket of widths stored at the bucket's widest (the kernel's STORE_STEP: 16..64 at 64, 80..128 at 128,
+# 144..176 at 176), at FIT_PINGPONG_SHORT_K_WMAX wide (176 too). Measured on an H100 (session 61;
+# h100_grouped.jsonl), each comparison in one call:
+# - 176 against 128, one epilogue a width each (850ac9f, grouped_bench --fitted): at K >= 2560 x1.01-x1.28
+#   (Mixtral T = 4096 gate/up x1.10, down x1.13; DBRX T = 8192 x1.12 / x1.23; Qwen2-57B T = 8192 x1.02 / x1.01);
+#   at K <= 2048 (64-128 experts of 128-270 rows: OLMoE, Qwen1.5-MoE, Qwen3-30B, DeepSeek-V2-Lite) x0.86-0.97.
+#   With every group under 128 rows the two builds ran level: the loss comes from switching among eleven
+#   epilogues when one SM runs tiles of many widths, which a deep k-loop hides (the probes).
+# - 176 in steps of 64 against 128 with one epilogue a width, through the planner (e211c3f, short_k_store_step):
+#   the 7 suite shapes it moves (gate/ups of 128-273 rows a group at K = 2048: OLMoE, Qwen1.5-MoE,
+#   DeepSeek-V2-Lite at T = 8192 and 16384, Qwen3-30B at 16384) x1.016-x1.072 (OLMoE T = 8192 x1.037), the 7
+#   others within 1.3%.
+# - At K >= 2560 the plain 176 build ran 2-4% ahead of the stepped one in two probe runs (within noise): deep K
+#   keeps one epilogue a width.
 FIT_PINGPONG_WMAX = 176
 FIT_PINGPONG_SHORT_K_WMAX = 176
 FIT_PINGPONG_WIDE_MIN_K = 2560
@@ -620,9 +619,10 @@ def _fit_pingpong_price(groups, rows_per_group, N, K, wmax, prof, out_bytes) -> 
 def _fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
             schedule, wmax=None, store_step=None) -> tuple[float, GroupedPlan]:
     """(busy time, plan) of the fitted form at ``schedule``, token tiles up to ``wmax`` wide (default
-    ``fit_wmax``), epilogues at ``store_step`` (default ``fit_store_step``; not priced). Data-parallel: priced at the HBM floor of every plan (each expert's weight read once, A and
-    out), where at its few rows a group the others' prices sit too; ``plan`` takes it by rule (FIT_OFFERED),
-    not price. Ping-pong: ``_fit_pingpong_price``."""
+    ``fit_wmax``), epilogues at ``store_step`` (default ``fit_store_step``; not priced). Data-parallel: priced
+    at the HBM floor of every plan (each expert's weight read once, A and out), where at its few rows a group
+    the others' prices sit too; ``plan`` takes it by rule (FIT_OFFERED), not price. Ping-pong:
+    ``_fit_pingpong_price``."""
     wmax = fit_wmax(schedule, K) if wmax is None else wmax
     store_step = fit_store_step(schedule, K) if store_step is None else store_step
     if schedule == "pingpong":
