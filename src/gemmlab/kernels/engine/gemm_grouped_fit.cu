@@ -12,7 +12,7 @@
 // rows a group, where each expert's weight streams once, it measured faster, and the planner takes it
 // there (docs/worklog.md, session 30).
 // Each width has its own k-loop (the wgmma's n is fixed per instruction) and its own epilogue (or, with
-// SHARED_STORE, one epilogue at WMAX for all: below); the ring's slots hold WMAX token rows, a narrower
+// SHARED_STORE, one epilogue at WMAX for all; with STORE_STEP, one a bucket of widths: below); the ring's slots hold WMAX token rows, a narrower
 // tile fills the first W of them through a box of W rows (one token map a width). Stores are the dense
 // engine's transposed DIRECT stores, bounded by the group's rows and N (epilogue_store.cuh): tokens past
 // the group's end belong to the next group and are never stored.
@@ -146,9 +146,11 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
 // then holds one copy of the epilogue's code instead of one a width (the 8-width builds run 93-168 KB of
 // SASS against the tiled kernel's 44-47 KB). A narrower tile's accumulators past W / 2 are converted but
 // never stored (zeroed once, so they hold values).
-// STORE_STEP (a probe's, session 61; 0: off): the same with one epilogue a STORE_STEP of widths, each at its
-// widest (64: widths 16..64 store at 64, 80..128 at 128, 144..176 at 176): fewer epilogues than one a width,
-// narrower than one at WMAX. SHARED_STORE is STORE_STEP = WMAX.
+// STORE_STEP (0: off; the plan's store_step, grouped.fit_store_step: 64 for the ping-pong form below K = 2560,
+// session 61): the same with one epilogue a STORE_STEP of widths, each at its widest (64: widths 16..64 store
+// at 64, 80..128 at 128, 144..176 at 176): fewer epilogues than one a width, narrower than one at WMAX. Eleven
+// epilogues, one a width, lost 6-15% at shallow K where one SM runs tiles of many widths (the epilogues'
+// code, switched among; a deep k-loop hides it). SHARED_STORE is STORE_STEP = WMAX.
 template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
