@@ -34,7 +34,8 @@ TRAITS = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, {bm}, {wmax},
                           (64, 256, 4, 32, 128, 3, False), (256, 128, 4, 16, 64, 0, False),
                           (128, 128, 5, 16, 128, 3, False), (128, 128, 5, 16, 128, 0, True),
                           (256, 128, 4, 16, 64, 0, True), (128, 128, 5, 16, 128, 3, True),
-                          (128, 176, 5, 16, 128, 3, False), (128, 176, 5, 16, 128, 3, 64)])
+                          (128, 176, 5, 16, 128, 3, False), (128, 176, 5, 16, 128, 3, 64),
+                          (128, 128, 5, 16, 128, 0, 64)])
 def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, max_g, sched, shared):
     # shared: False, one epilogue a width; True, SHARED_STORE (one at WMAX); 64, STORE_STEP (one a bucket of widths).
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
