@@ -23,42 +23,99 @@
 #include "common/mainloop.cuh"
 #include "common/epilogue_store.cuh"
 
+// LIGHT > 0 (a probe's option, off as shipped): groups of 1 .. LIGHT rows form the light class, whose tiles
+// stream their weight once with little to multiply (HBM-bound), the others the heavy class (MMA-bound). In
+// group order a wave of CTAs runs the light groups' tiles together (the tensor cores wait on HBM) and the
+// heavy groups' together (HBM mostly idle). With LIGHT the table holds the light groups first, then the heavy
+// ones (each class in group order, gid the group of a slot), and locate spreads the light class's tiles
+// evenly among the heavy class's: index t is light where floor((t + 1) L / T) > floor(t L / T) (L light
+// tiles of T), so every wave mixes the two. A class keeps its own order: a heavy weight tile's token tiles
+// still run side by side. FitOrder<0> is empty, so the shipped table is unchanged.
+template <int MAX_G>
+struct FitOrder {
+    int gid[MAX_G];   // the group of each slot
+    int light_tiles;  // tiles of the light class (slots first .. first[light groups])
+};
+template <>
+struct FitOrder<0> {};
+
 // Per group: first tile index, first row, rows, token tiles and their width.
-template <int MAX_G, int WMAX, int Q>
-struct FitTable {
+template <int MAX_G, int WMAX, int Q, int LIGHT = 0>
+struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
     int first[MAX_G + 1];
     int start[MAX_G];
     int rows[MAX_G];
     int shape[MAX_G];  // nt << 16 | W
 
+    // A group's nt = ceil(rows / WMAX) token tiles, each of width w: its share of the rows, rounded up to Q.
+    __device__ __forceinline__ static int2 fit(int r) {
+        const int nt = (r + WMAX - 1) / WMAX;
+        return make_int2(nt, nt ? ((r + nt - 1) / nt + Q - 1) / Q * Q : Q);
+    }
+
     // Warp 0 only, then __syncthreads(). Contiguous offsets: lead = 1, G + 1 boundaries; lead = 0, G ends.
     __device__ __forceinline__ void build(const int* __restrict__ ranges, int lead, int G, int limit, int tiles_w,
                                           int lane) {
-        // A group's nt = ceil(rows / WMAX) token tiles, each of width w: its share of the rows, rounded up to Q.
-        int nt = 0, w = 0;  // this lane's group's
-        const int total = scan_groups<GROUPS_CONTIGUOUS>(
-            ranges, lead, G, limit, lane,
-            [&](int r) {
-                nt = (r + WMAX - 1) / WMAX;
-                w = nt ? ((r + nt - 1) / nt + Q - 1) / Q * Q : Q;
-                return nt * tiles_w;
-            },
-            [&](int g, int f, int s, int r) {
-                first[g] = f;
-                start[g] = s;
-                rows[g] = r;
-                shape[g] = nt << 16 | w;
-            });
-        if (lane == 0) first[G] = total;
+        if constexpr (LIGHT == 0) {
+            int2 s = make_int2(0, 0);  // this lane's group's (nt, w)
+            const int total = scan_groups<GROUPS_CONTIGUOUS>(
+                ranges, lead, G, limit, lane,
+                [&](int r) {
+                    s = fit(r);
+                    return s.x * tiles_w;
+                },
+                [&](int g, int f, int st, int r) {
+                    first[g] = f;
+                    start[g] = st;
+                    rows[g] = r;
+                    shape[g] = s.x << 16 | s.y;
+                });
+            if (lane == 0) first[G] = total;
+        } else {
+            // Two passes of scan_groups' warp scan, the light class then the heavy: each group's slot is its
+            // class's groups before it (a ballot), its first tile its class's tiles before it.
+            int tiles_before = 0, slots_before = 0;
+            for (int pass = 0; pass < 2; ++pass) {
+                for (int base = 0; base < G; base += 32) {
+                    const int g = base + lane;
+                    const int2 sr = g < G ? group_range<GROUPS_CONTIGUOUS>(ranges, lead, g, limit) : make_int2(0, 0);
+                    const bool here = g < G && ((sr.y >= 1 && sr.y <= LIGHT) == (pass == 0));
+                    const int2 s = fit(sr.y);
+                    const int tiles = here ? s.x * tiles_w : 0;
+                    const int x = warp_inclusive_sum(tiles, lane);
+                    const unsigned in = __ballot_sync(0xffffffffu, here);
+                    if (here) {
+                        const int slot = slots_before + __popc(in & ((1u << lane) - 1u));
+                        first[slot] = tiles_before + x - tiles;
+                        start[slot] = sr.x;
+                        rows[slot] = sr.y;
+                        shape[slot] = s.x << 16 | s.y;
+                        this->gid[slot] = g;
+                    }
+                    tiles_before += __shfl_sync(0xffffffffu, x, 31);
+                    slots_before += __popc(in);
+                }
+                if (pass == 0 && lane == 0) this->light_tiles = tiles_before;
+            }
+            if (lane == 0) first[G] = tiles_before;
+        }
     }
 
     struct Tile {
         int row0, rows, g, wt, j, w;  // group's first row and rows, group, weight tile, token tile, width
     };
     __device__ __forceinline__ Tile locate(int t, int G) const {
+        if constexpr (LIGHT > 0) {  // the scheduler's index t -> the table's: the classes interleaved
+            const int total = first[G], L = this->light_tiles;
+            const long long a = (long long)t * L;
+            const int il = int(a / total);  // light tiles before t
+            t = (a + L) / total > il ? il : L + (t - il);
+        }
         const int lo = group_of(first, G, t);
         const int nt = shape[lo] >> 16, local = t - first[lo];
-        return Tile{start[lo], rows[lo], lo, local / nt, local % nt, shape[lo] & 0xffff};
+        int g = lo;
+        if constexpr (LIGHT > 0) g = this->gid[lo];
+        return Tile{start[lo], rows[lo], g, local / nt, local % nt, shape[lo] & 0xffff};
     }
 };
 
@@ -151,7 +208,7 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
 // at 64, 80..128 at 128, 144..176 at 176): fewer epilogues than one a width, narrower than one at WMAX. Eleven
 // epilogues, one a width, lost 6-15% at shallow K where one SM runs tiles of many widths (the epilogues'
 // code, switched among; a deep k-loop hides it). SHARED_STORE is STORE_STEP = WMAX.
-template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0>
+template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0, int LIGHT = 0>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
                         const __grid_constant__ CUtensorMap tmT2, const __grid_constant__ CUtensorMap tmT3,
@@ -170,7 +227,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
                       WMAX % Q == 0 && WMAX / Q <= 12 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
                   "fitted grouped: 128 or 256 weight rows (two consumers) or ping-pong 64 or 128, at most 12 widths, "
                   "DIRECT transposed stores");
-    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(FitTable<MAX_G, WMAX, Q>) <=
+    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(FitTable<MAX_G, WMAX, Q, LIGHT>) <=
                       227 * 1024 - 256,
                   "shared memory (with the group table)");
     extern __shared__ unsigned char smem_raw[];
@@ -178,7 +235,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     T* sB = sA + Tr::STAGES * BM * BK;
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * WMAX * BK);
     __shared__ Ring<Tr::STAGES> ring;
-    __shared__ FitTable<MAX_G, WMAX, Q> groups;
+    __shared__ FitTable<MAX_G, WMAX, Q, LIGHT> groups;
     __shared__ Turns turns;  // PINGPONG only
 
     const int wg = warpgroup_index(), t = threadIdx.x % 128;
