@@ -64,7 +64,10 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
 # (FitTable's interleaved order), so a wave runs both kinds at once instead of one after the other.
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all). PROBE_ROUTING=even: every group T / G rows
 # (the remainder one more each on the first groups) instead of grouped_bench's uneven routing, so at up to 128
-# rows a group every width set runs the same token tiles.
+# rows a group every width set runs the same token tiles. PROBE_SPLIT_LIGHT=L: each variant also as <name>_heavy
+# (the groups of more than L rows alone: the others emptied) and <name>_light (only those of 1 .. L rows), timed
+# beside the whole: whether the light groups' HBM-bound tiles cost their own time (whole ~ heavy + light) or
+# run under the others' (whole ~ heavy).
 DEFAULT = "qwen2_57b:8192,olmoe:8192,qwen3_30b:8192,dsv2lite:4096,qwen_moe:16384,dsv3:4096,mixtral:4096,dbrx:8192"
 
 
@@ -155,26 +158,40 @@ def main() -> None:
         for name, v in chosen().items():
             if G <= v[4] and (v[4] < 512 or G > 128):  # the 512-group table only where 128 is too small
                 runs[name] = fit_runner(a, b, offs, *v)
+        checks = {name: (ref, T) for name in runs}  # each run's reference and rows
+        split = int(os.environ.get("PROBE_SPLIT_LIGHT", "0"))
+        for part in ("heavy", "light") if split else ():  # the same groups' rows, the other class's emptied
+            ps = [s if (s > split) == (part == "heavy") else 0 for s in sizes]
+            if not sum(ps):
+                continue
+            offs_p = torch.tensor([0] + np.cumsum(ps).tolist(), dtype=torch.int32, device="cuda")
+            a_p = a[:sum(ps)]
+            ref_p = grouped.reference_grouped_mm(a_p, b, offs_p, dtype=torch.float32)
+            for name, v in chosen().items():
+                if G <= v[4] and (v[4] < 512 or G > 128):
+                    runs[f"{name}_{part}"] = fit_runner(a_p, b, offs_p, *v)
+                    checks[f"{name}_{part}"] = (ref_p, sum(ps))
         errors, cands = {}, {}
         for name, fn in runs.items():
-            o = torch.full((T, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            ref_n, rows_n = checks[name]
+            o = torch.full((rows_n, N), float("nan"), device="cuda", dtype=torch.bfloat16)
             try:
                 fn(o)
                 torch.cuda.synchronize()
-                errors[name] = rel_error(o.double(), ref.double())
+                errors[name] = rel_error(o.double(), ref_n.double())
             except Exception as e:  # noqa: BLE001
                 errors[name] = f"{type(e).__name__}: {e}"[:300]
-            outs[name] = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
+            outs[name] = torch.empty(rows_n, N, device="cuda", dtype=torch.bfloat16)
             if isinstance(errors[name], float) and errors[name] <= 1e-2:  # (torch timed without the check's copy)
                 cands[name] = ((lambda i: torch._grouped_mm(a, b.transpose(-2, -1), ends)) if name == "torch_grouped_mm"
                                else (lambda f, o: (lambda i: f(o)))(fn, outs[name]))
         res = time_interleaved(cands, 1, rounds=9)
         times = {k: t.median_ms for k, t in res.timings.items()}
-        flop = 2.0 * T * N * K
         line = f"[{n + 1}/{len(todo)}] {model} {proj} G={G} T={T}"
         with open(out_path, "a") as f:
             for name in runs:
                 t = times.get(name)
+                flop = 2.0 * checks[name][1] * N * K
                 base = times.get("torch_grouped_mm")
                 line += f"  {name} " + (f"{flop / t / 1e9:.0f} ({base / t:.3f}x)" if t and base else str(errors[name])[:60])
                 f.write(json.dumps({"probe": "grouped_fit", "model": model, "proj": proj, "groups": G, "N": N, "K": K,
@@ -182,7 +199,8 @@ def main() -> None:
                                     "ratio_to_torch_grouped_mm": base / t if t and base else None,
                                     "rel_error": errors[name], "plan": repr(plan) if name == "ours" else name,
                                     "sm_clock_mhz": res.clocks.sm_mhz,
-                                    "routing": os.environ.get("PROBE_ROUTING", "uneven"),
+                                    "routing": os.environ.get("PROBE_ROUTING", "uneven"), "rows": checks[name][1],
+                                    "split_light": split,
                                     "gpu": info.name, "git_sha": sha}) + "\n")
         print(line, flush=True)
 
