@@ -53,7 +53,10 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
             "fitpp128_q16_s64": (128, 128, 5, 16, 128, 3, 64), "fit_q16_s64": (128, 128, 5, 16, 128, 0, 64),
             "fitpp176_q16_l64": (128, 176, 5, 16, 128, 3, 0, 64), "fitpp176_q16_l128": (128, 176, 5, 16, 128, 3, 0, 128),
             "fitpp176_q16_s64_l64": (128, 176, 5, 16, 128, 3, 64, 64),
-            "fitpp176_q16_s64_l128": (128, 176, 5, 16, 128, 3, 64, 128)}
+            "fitpp176_q16_s64_l128": (128, 176, 5, 16, 128, 3, 64, 128),
+            "fitpp176_q16_s64_p64c25": (128, 176, 5, 16, 128, 3, 64, 64, 25),
+            "fitpp176_q16_s64_p64c50": (128, 176, 5, 16, 128, 3, 64, 64, 50),
+            "fitpp176_q16_p64c50": (128, 176, 5, 16, 128, 3, 0, 64, 50)}
 # fitpp176_q16_shared (session 61): one epilogue for every width at 176 (5.3 k SASS lines against 18.3 k), for the
 # 176-wide form's loss at K <= 2048 (docs/worklog.md, session 61: code size or fixed costs a tile).
 # _s64 (the last field 64: the kernel's STORE_STEP): one epilogue a bucket of widths (16..64 stored at 64, 80..128
@@ -61,7 +64,9 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
 # the data-parallel form (few rows a group) in steps of 64 (timed in session 62: within 1.5% of fit_q16).
 # _l64 / _l128 (an eighth field: the kernel's LIGHT, session 62): groups of 1 .. LIGHT rows (HBM-bound: their
 # weight streams once under little MMA) as a class of their own, its tiles spread evenly among the others'
-# (FitTable's interleaved order), so a wave runs both kinds at once instead of one after the other.
+# (FitTable's interleaved order), so a wave runs both kinds at once instead of one after the other (measured
+# slower: 0.94-0.96x). _p64c25 / _p64c50 (a ninth field: LIGHT_COST): the light class on CTAs of its own instead,
+# as many as a light tile's cost (25 / 50% of a heavy tile's) gives it, its weight loads evict-first.
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all). PROBE_ROUTING=even: every group T / G rows
 # (the remainder one more each on the first groups) instead of grouped_bench's uneven routing, so at up to 128
 # rows a group every width set runs the same token tiles. PROBE_SPLIT_LIGHT=L: each variant also as <name>_heavy
@@ -76,7 +81,7 @@ def chosen() -> dict:
     return VARIANTS if not names else {n: VARIANTS[n] for n in names.split(",")}
 
 
-def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched, shared, light=0):
+def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched, shared, light=0, light_cost=0):
     """A launcher of the draft for these operands (maps built once)."""
     G, N, K = b.shape
     T = a.shape[0]
@@ -84,6 +89,7 @@ def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched, shared, light=0):
     store = {0: "", 1: ", true"}.get(shared, f", false, {shared}")
     if light:
         store = f", {'true' if shared == 1 else 'false'}, {0 if shared == 1 else shared}, {light}"
+        store += f", {light_cost}" if light_cost else ""
     ne = f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{store}>"
     k = compile_kernel(SOURCE, ne, arch="sm_90a")
     b2 = b.reshape(G * N, K)

@@ -31,6 +31,10 @@
 // evenly among the heavy class's: index t is light where floor((t + 1) L / T) > floor(t L / T) (L light
 // tiles of T), so every wave mixes the two. A class keeps its own order: a heavy weight tile's token tiles
 // still run side by side. FitOrder<0> is empty, so the shipped table is unchanged.
+// LIGHT_COST > 0 (with LIGHT; the other probe form): the classes on CTAs of their own instead. The first s
+// CTAs walk the light tiles, the others the heavy ones, s = grid x L c / (L c + H) rounded (at least one
+// CTA each where both classes have tiles), c = LIGHT_COST / 100 the cost of a light tile in heavy tiles; the
+// light CTAs load the weight evict-first (read once). Each CTA's ring then holds one class.
 template <int MAX_G>
 struct FitOrder {
     int gid[MAX_G];   // the group of each slot
@@ -104,8 +108,11 @@ struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
     struct Tile {
         int row0, rows, g, wt, j, w;  // group's first row and rows, group, weight tile, token tile, width
     };
+    // SPREAD (LIGHT only): t is the scheduler's index, mapped to the table's with the classes interleaved;
+    // else t is the table's index.
+    template <bool SPREAD = true>
     __device__ __forceinline__ Tile locate(int t, int G) const {
-        if constexpr (LIGHT > 0) {  // the scheduler's index t -> the table's: the classes interleaved
+        if constexpr (LIGHT > 0 && SPREAD) {  // the scheduler's index t -> the table's: the classes interleaved
             const int total = first[G], L = this->light_tiles;
             const long long a = (long long)t * L;
             const int il = int(a / total);  // light tiles before t
@@ -208,7 +215,8 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
 // at 64, 80..128 at 128, 144..176 at 176): fewer epilogues than one a width, narrower than one at WMAX. Eleven
 // epilogues, one a width, lost 6-15% at shallow K where one SM runs tiles of many widths (the epilogues'
 // code, switched among; a deep k-loop hides it). SHARED_STORE is STORE_STEP = WMAX.
-template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0, int LIGHT = 0>
+template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0, int LIGHT = 0,
+          int LIGHT_COST = 0>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
                         const __grid_constant__ CUtensorMap tmT2, const __grid_constant__ CUtensorMap tmT3,
@@ -249,6 +257,27 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     }
     __syncthreads();
     const int total = groups.first[G];
+    // This CTA's tiles: first(), first() + step(), .. below end(): the scheduler's order (blockIdx.x in
+    // strides of the grid), or with LIGHT_COST the table's, one class's.
+    constexpr bool PART = LIGHT > 0 && LIGHT_COST > 0;
+    int t0 = 0, t_end = 0, stride = 0;
+    bool light_cta = false;
+    if constexpr (PART) {
+        t0 = blockIdx.x, t_end = total, stride = gridDim.x;
+        const int L = groups.light_tiles, H = total - L;
+        if (L > 0 && H > 0 && gridDim.x > 1) {
+            const long long lc = (long long)L * LIGHT_COST;
+            const int s = min(max(int((2LL * gridDim.x * lc + lc + 100LL * H) / (2 * (lc + 100LL * H))), 1),
+                              (int)gridDim.x - 1);
+            light_cta = (int)blockIdx.x < s;
+            if (light_cta) t_end = L, stride = s;
+            else t0 = L + blockIdx.x - s, stride = gridDim.x - s;
+        }
+    }
+    auto first = [&] { if constexpr (PART) return t0; else return (int)blockIdx.x; };
+    auto end = [&] { if constexpr (PART) return t_end; else return total; };
+    auto step = [&] { if constexpr (PART) return stride; else return (int)gridDim.x; };
+    constexpr bool SPREAD = LIGHT_COST == 0;
 
     if (wg == 0) {
         setmaxnreg_dec<40>();
@@ -256,8 +285,9 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
             RingCursor cur;
             using H = L2Hints<true>;  // the weight is A here
             const u64 pw = l2_policy<H::A>(), pt = l2_policy<H::B>();
-            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-                const auto gt = groups.locate(tile, G);
+            const u64 pw_first = PART ? l2_policy<L2_FIRST>() : pw;  // PART: the light CTAs' weight loads
+            for (int tile = first(); tile < end(); tile += step()) {
+                const auto gt = groups.template locate<SPREAD>(tile, G);
                 const int w_row = gt.g * N + gt.wt * BM, t_row = gt.row0 + gt.j * gt.w;
                 const CUtensorMap* tm = &tmT1;
 #define FIT_PICK(i) \
@@ -267,7 +297,10 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
                 const u32 bytes = u32(BM + gt.w) * BK * sizeof(T);
                 for (int kt = 0; kt < k_iters; ++kt) {
                     u64* bar = ring.acquire(cur, bytes);
-                    tma_load_2d<H::A>(sA + cur.stage * BM * BK, &tmW, bar, kt * BK, w_row, pw);
+                    if (PART && light_cta)  // read once: evict-first
+                        tma_load_2d<L2_FIRST>(sA + cur.stage * BM * BK, &tmW, bar, kt * BK, w_row, pw_first);
+                    else
+                        tma_load_2d<H::A>(sA + cur.stage * BM * BK, &tmW, bar, kt * BK, w_row, pw);
                     tma_load_2d<H::B>(sB + cur.stage * WMAX * BK, tm, bar, kt * BK, t_row, pt);
                     cur.template advance<Tr::STAGES>();
                 }
@@ -290,7 +323,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     }
     int unit = 0;  // PINGPONG: this CTA's tiles go to consumer 0, 1, 0, 1, ...
     u32 turn_parity = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    for (int tile = first(); tile < end(); tile += step()) {
         if constexpr (PP) {
             if ((unit & 1) != consumer) {  // the other consumer's tile: step over its k-steps in the ring
                 ++unit;
@@ -299,7 +332,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
             }
             if (unit++ > 0) turns.wait(consumer, turn_parity);
         }
-        const auto gt = groups.locate(tile, G);
+        const auto gt = groups.template locate<SPREAD>(tile, G);
         // out of group g: rows row0 .. row0 + rows; this tile's tokens j w .., weight rows (out columns) wt BM ..
         typename Tr::TO* out_g = Out + (long long)gt.row0 * ldo;
         const int c0 = gt.j * gt.w, r0 = gt.wt * BM;
