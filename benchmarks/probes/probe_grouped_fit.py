@@ -69,7 +69,7 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
 # as many as a light tile's cost (25 / 50% of a heavy tile's) gives it, its weight loads evict-first.
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all). PROBE_ROUTING=even: every group T / G rows
 # (the remainder one more each on the first groups) instead of grouped_bench's uneven routing, so at up to 128
-# rows a group every width set runs the same token tiles. PROBE_SPLIT_LIGHT=L: each variant also as <name>_heavy
+# rows a group every width set runs the same token tiles. PROBE_SPLIT_LIGHT=L: the first variant also as <name>_heavy
 # (the groups of more than L rows alone: the others emptied) and <name>_light (only those of 1 .. L rows), timed
 # beside the whole: whether the light groups' HBM-bound tiles cost their own time (whole ~ heavy + light) or
 # run under the others' (whole ~ heavy).
