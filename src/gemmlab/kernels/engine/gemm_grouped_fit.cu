@@ -31,10 +31,13 @@
 // evenly among the heavy class's: index t is light where floor((t + 1) L / T) > floor(t L / T) (L light
 // tiles of T), so every wave mixes the two. A class keeps its own order: a heavy weight tile's token tiles
 // still run side by side. FitOrder<0> is empty, so the shipped table is unchanged.
-// LIGHT_COST > 0 (with LIGHT; the other probe form): the classes on CTAs of their own instead. The first s
-// CTAs walk the light tiles, the others the heavy ones, s = grid x L c / (L c + H) rounded (at least one
-// CTA each where both classes have tiles), c = LIGHT_COST / 100 the cost of a light tile in heavy tiles; the
-// light CTAs load the weight evict-first (read once). Each CTA's ring then holds one class.
+// LIGHT_COST (with LIGHT; the other probe forms), where the light class runs:
+//   0   spread among the heavy tiles (above);
+//   -1  first: the table's order, the light class's tiles before the heavy class's (one phase each);
+//   -2  last: the heavy class first in the table, the light tiles after (filling the heavy tiles' last wave);
+//   > 0 on CTAs of their own: the first s CTAs walk the light tiles, the others the heavy ones, s = grid x
+//       L c / (L c + H) rounded (at least one CTA each where both classes have tiles), c = LIGHT_COST / 100
+//       the cost of a light tile in heavy tiles; the light CTAs load the weight evict-first (read once).
 template <int MAX_G>
 struct FitOrder {
     int gid[MAX_G];   // the group of each slot
@@ -44,7 +47,7 @@ template <>
 struct FitOrder<0> {};
 
 // Per group: first tile index, first row, rows, token tiles and their width.
-template <int MAX_G, int WMAX, int Q, int LIGHT = 0>
+template <int MAX_G, int WMAX, int Q, int LIGHT = 0, bool HEAVY_FIRST = false>
 struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
     int first[MAX_G + 1];
     int start[MAX_G];
@@ -83,7 +86,7 @@ struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
                 for (int base = 0; base < G; base += 32) {
                     const int g = base + lane;
                     const int2 sr = g < G ? group_range<GROUPS_CONTIGUOUS>(ranges, lead, g, limit) : make_int2(0, 0);
-                    const bool here = g < G && ((sr.y >= 1 && sr.y <= LIGHT) == (pass == 0));
+                    const bool here = g < G && ((sr.y >= 1 && sr.y <= LIGHT) == ((pass == 0) != HEAVY_FIRST));
                     const int2 s = fit(sr.y);
                     const int tiles = here ? s.x * tiles_w : 0;
                     const int x = warp_inclusive_sum(tiles, lane);
@@ -99,7 +102,7 @@ struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
                     tiles_before += __shfl_sync(0xffffffffu, x, 31);
                     slots_before += __popc(in);
                 }
-                if (pass == 0 && lane == 0) this->light_tiles = tiles_before;
+                if (pass == 0 && lane == 0) this->light_tiles = tiles_before;  // (HEAVY_FIRST: the heavy tiles)
             }
             if (lane == 0) first[G] = tiles_before;
         }
@@ -235,7 +238,8 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
                       WMAX % Q == 0 && WMAX / Q <= 12 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
                   "fitted grouped: 128 or 256 weight rows (two consumers) or ping-pong 64 or 128, at most 12 widths, "
                   "DIRECT transposed stores");
-    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(FitTable<MAX_G, WMAX, Q, LIGHT>) <=
+    using Table = FitTable<MAX_G, WMAX, Q, LIGHT, LIGHT_COST == -2>;
+    static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(Table) <=
                       227 * 1024 - 256,
                   "shared memory (with the group table)");
     extern __shared__ unsigned char smem_raw[];
@@ -243,7 +247,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     T* sB = sA + Tr::STAGES * BM * BK;
     unsigned char* sC = reinterpret_cast<unsigned char*>(sB + Tr::STAGES * WMAX * BK);
     __shared__ Ring<Tr::STAGES> ring;
-    __shared__ FitTable<MAX_G, WMAX, Q, LIGHT> groups;
+    __shared__ Table groups;
     __shared__ Turns turns;  // PINGPONG only
 
     const int wg = warpgroup_index(), t = threadIdx.x % 128;
@@ -277,7 +281,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     auto first = [&] { if constexpr (PART) return t0; else return (int)blockIdx.x; };
     auto end = [&] { if constexpr (PART) return t_end; else return total; };
     auto step = [&] { if constexpr (PART) return stride; else return (int)gridDim.x; };
-    constexpr bool SPREAD = LIGHT_COST == 0;
+    constexpr bool SPREAD = LIGHT_COST == 0;  // (-1, -2: the table's order as it stands)
 
     if (wg == 0) {
         setmaxnreg_dec<40>();
