@@ -41,11 +41,11 @@ def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, m
 
 
 @pytest.mark.parametrize("shared,light,cost", [(False, 64, 0), (64, 128, 0), (64, 64, 50), (False, 64, -2),
-                                               (64, 64, -1)])
+                                               (64, 64, -1), (64, 64, -3)])
 def test_fitted_grouped_draft_with_a_light_class_compiles_clean(shared, light, cost):
     # LIGHT (session 62's probe option): the light groups' tiles interleaved among the others' (cost 0), or on
-    # CTAs of their own (LIGHT_COST > 0), or as a phase of their own after (-2) or before (-1) the others; the
-    # k-loops and epilogues as without it.
+    # CTAs of their own (LIGHT_COST > 0), or as a phase of their own after (-2) or before (-1) the others, or
+    # every group by width (-3); the k-loops and epilogues as without it.
     _check_draft(128, 176, 5, 16, 128, 3, shared, light, cost)
 
 

@@ -35,6 +35,7 @@
 //   0   spread among the heavy tiles (above);
 //   -1  first: the table's order, the light class's tiles before the heavy class's (one phase each);
 //   -2  last: the heavy class first in the table, the light tiles after (filling the heavy tiles' last wave);
+//   -3  every group by its token tiles' width, the widest first (so the last wave holds the narrowest);
 //   > 0 on CTAs of their own: the first s CTAs walk the light tiles, the others the heavy ones, s = grid x
 //       L c / (L c + H) rounded (at least one CTA each where both classes have tiles), c = LIGHT_COST / 100
 //       the cost of a light tile in heavy tiles; the light CTAs load the weight evict-first (read once).
@@ -47,7 +48,10 @@ template <>
 struct FitOrder<0> {};
 
 // Per group: first tile index, first row, rows, token tiles and their width.
-template <int MAX_G, int WMAX, int Q, int LIGHT = 0, bool HEAVY_FIRST = false>
+// ORDER (with LIGHT): the classes' order in the table: LIGHT_FIRST, HEAVY_FIRST, or WIDEST_FIRST (groups by
+// their token tiles' width, the widest first, then the empty ones; LIGHT only switches the order on).
+enum FitClassOrder { LIGHT_FIRST = 0, HEAVY_FIRST = 1, WIDEST_FIRST = 2 };
+template <int MAX_G, int WMAX, int Q, int LIGHT = 0, int ORDER = LIGHT_FIRST>
 struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
     int first[MAX_G + 1];
     int start[MAX_G];
@@ -79,15 +83,20 @@ struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
                 });
             if (lane == 0) first[G] = total;
         } else {
-            // Two passes of scan_groups' warp scan, the light class then the heavy: each group's slot is its
-            // class's groups before it (a ballot), its first tile its class's tiles before it.
+            // A pass of scan_groups' warp scan a class (two: light and heavy; WIDEST_FIRST: one a width, then
+            // the empty groups): each group's slot is the groups of the classes before it and of its own class
+            // before it (a ballot), its first tile likewise.
+            constexpr int PASSES = ORDER == WIDEST_FIRST ? WMAX / Q + 1 : 2;
             int tiles_before = 0, slots_before = 0;
-            for (int pass = 0; pass < 2; ++pass) {
+            for (int pass = 0; pass < PASSES; ++pass) {
                 for (int base = 0; base < G; base += 32) {
                     const int g = base + lane;
                     const int2 sr = g < G ? group_range<GROUPS_CONTIGUOUS>(ranges, lead, g, limit) : make_int2(0, 0);
-                    const bool here = g < G && ((sr.y >= 1 && sr.y <= LIGHT) == ((pass == 0) != HEAVY_FIRST));
                     const int2 s = fit(sr.y);
+                    bool here = (sr.y >= 1 && sr.y <= LIGHT) == ((pass == 0) != (ORDER == HEAVY_FIRST));
+                    if constexpr (ORDER == WIDEST_FIRST)
+                        here = pass < WMAX / Q ? sr.y >= 1 && s.y == WMAX - pass * Q : sr.y == 0;
+                    here = here && g < G;
                     const int tiles = here ? s.x * tiles_w : 0;
                     const int x = warp_inclusive_sum(tiles, lane);
                     const unsigned in = __ballot_sync(0xffffffffu, here);
@@ -238,7 +247,8 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
                       WMAX % Q == 0 && WMAX / Q <= 12 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
                   "fitted grouped: 128 or 256 weight rows (two consumers) or ping-pong 64 or 128, at most 12 widths, "
                   "DIRECT transposed stores");
-    using Table = FitTable<MAX_G, WMAX, Q, LIGHT, LIGHT_COST == -2>;
+    using Table = FitTable<MAX_G, WMAX, Q, LIGHT, LIGHT_COST == -2 ? HEAVY_FIRST : LIGHT_COST == -3 ? WIDEST_FIRST
+                                                                                                   : LIGHT_FIRST>;
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(Table) <=
                       227 * 1024 - 256,
                   "shared memory (with the group table)");
