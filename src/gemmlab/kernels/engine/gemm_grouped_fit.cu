@@ -291,7 +291,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     auto first = [&] { if constexpr (PART) return t0; else return (int)blockIdx.x; };
     auto end = [&] { if constexpr (PART) return t_end; else return total; };
     auto step = [&] { if constexpr (PART) return stride; else return (int)gridDim.x; };
-    constexpr bool SPREAD = LIGHT_COST == 0;  // (-1, -2: the table's order as it stands)
+    constexpr bool SPREAD = LIGHT_COST == 0;  // (-1, -2, -3: the table's order as it stands)
 
     if (wg == 0) {
         setmaxnreg_dec<40>();
