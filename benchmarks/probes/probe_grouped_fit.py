@@ -73,7 +73,7 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
 # (FitTable's interleaved order), so a wave runs both kinds at once instead of one after the other (measured
 # slower: 0.94-0.96x). _p64c25 / _p64c50 (a ninth field: LIGHT_COST): the light class on CTAs of its own instead,
 # as many as a light tile's cost (25 / 50% of a heavy tile's) gives it, its weight loads evict-first (measured
-# slower: 0.43-0.88x; with PROBE_SPLIT_LIGHT, the light groups cost 0.6-2.0x their time alone inside the whole
+# slower: 0.35-1.04x; with PROBE_SPLIT_LIGHT, the light groups cost 0.6-2.0x their time alone inside the whole
 # launch). _last64 / _first64 (LIGHT_COST -2 / -1): the light class as one phase after / before the heavy one.
 # _wide (LIGHT_COST -3): every group by its token tiles' width, the widest first (the last wave the narrowest).
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all). PROBE_ROUTING=even: every group T / G rows
