@@ -40,22 +40,23 @@ def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, m
     _check_draft(bm, wmax, stages, q, max_g, sched, shared)
 
 
-@pytest.mark.parametrize("shared,light,cost", [(False, 64, 0), (64, 128, 0), (64, 64, 50), (False, 64, -2),
-                                               (64, 64, -1), (64, 64, -3)])
-def test_fitted_grouped_draft_with_a_light_class_compiles_clean(shared, light, cost):
+@pytest.mark.parametrize("shared,light,cost,widest", [(False, 64, 0, False), (64, 128, 0, False),
+                                                      (64, 64, 50, False), (False, 64, -2, False),
+                                                      (64, 64, -1, False), (False, 0, 0, True), (64, 0, 0, True)])
+def test_fitted_grouped_draft_with_a_light_class_compiles_clean(shared, light, cost, widest):
     # LIGHT (session 62's probe option): the light groups' tiles interleaved among the others' (cost 0), or on
-    # CTAs of their own (LIGHT_COST > 0), or as a phase of their own after (-2) or before (-1) the others, or
-    # every group by width (-3); the k-loops and epilogues as without it.
-    _check_draft(128, 176, 5, 16, 128, 3, shared, light, cost)
+    # CTAs of their own (LIGHT_COST > 0), or as a phase of their own after (-2) or before (-1) the others; or
+    # WIDEST_FIRST, every group by width; the k-loops and epilogues as without them.
+    _check_draft(128, 176, 5, 16, 128, 3, shared, light, cost, widest)
 
 
-def _check_draft(bm, wmax, stages, q, max_g, sched, shared, light=0, cost=0):
+def _check_draft(bm, wmax, stages, q, max_g, sched, shared, light=0, cost=0, widest=False):
     # shared: False, one epilogue a width; True, SHARED_STORE (one at WMAX); 64, STORE_STEP (one a bucket of widths).
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
     store = {False: "", True: ", true"}.get(shared, f", false, {shared}")
-    if light:
-        store = f", {'true' if shared is True else 'false'}, {0 if shared in (False, True) else shared}, {light}"
-        store += f", {cost}" if cost else ""
+    if light or widest:
+        store = (f", {'true' if shared is True else 'false'}, {0 if shared in (False, True) else shared}, "
+                 f"{'true' if widest else 'false'}, {light}, {cost}")
     ck = compile_kernel("engine/gemm_grouped_fit.cu", f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{store}>",
                         arch="sm_90a")
     assert not ck.resources.spills and ck.resources.stack_frame == 0, ck.resources

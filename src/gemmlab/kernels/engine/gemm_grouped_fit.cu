@@ -23,6 +23,11 @@
 #include "common/mainloop.cuh"
 #include "common/epilogue_store.cuh"
 
+// WIDEST_FIRST (the plan's widest_first, grouped.fit_widest_first): the table holds the groups by their token
+// tiles' width, the widest first (groups of one width in group order, the empty ones last), gid the group of a
+// slot. The scheduler hands the tiles out in table order, so the last wave runs the narrowest tiles: longest
+// first, as in list scheduling, where group order may leave one wide group's tiles alone at the end. A group's
+// tiles stay together in either order.
 // LIGHT > 0 (a probe's option, off as shipped): groups of 1 .. LIGHT rows form the light class, whose tiles
 // stream their weight once with little to multiply (HBM-bound), the others the heavy class (MMA-bound). In
 // group order a wave of CTAs runs the light groups' tiles together (the tensor cores wait on HBM) and the
@@ -30,12 +35,11 @@
 // ones (each class in group order, gid the group of a slot), and locate spreads the light class's tiles
 // evenly among the heavy class's: index t is light where floor((t + 1) L / T) > floor(t L / T) (L light
 // tiles of T), so every wave mixes the two. A class keeps its own order: a heavy weight tile's token tiles
-// still run side by side. FitOrder<0> is empty, so the shipped table is unchanged.
+// still run side by side. FitOrder<0> is empty, so the group-order table is unchanged.
 // LIGHT_COST (with LIGHT; the other probe forms), where the light class runs:
 //   0   spread among the heavy tiles (above);
 //   -1  first: the table's order, the light class's tiles before the heavy class's (one phase each);
 //   -2  last: the heavy class first in the table, the light tiles after (filling the heavy tiles' last wave);
-//   -3  every group by its token tiles' width, the widest first (so the last wave holds the narrowest);
 //   > 0 on CTAs of their own: the first s CTAs walk the light tiles, the others the heavy ones, s = grid x
 //       L c / (L c + H) rounded (at least one CTA each where both classes have tiles), c = LIGHT_COST / 100
 //       the cost of a light tile in heavy tiles; the light CTAs load the weight evict-first (read once).
@@ -48,11 +52,11 @@ template <>
 struct FitOrder<0> {};
 
 // Per group: first tile index, first row, rows, token tiles and their width.
-// ORDER (with LIGHT): the classes' order in the table: LIGHT_FIRST, HEAVY_FIRST, or WIDEST_FIRST (groups by
-// their token tiles' width, the widest first, then the empty ones; LIGHT only switches the order on).
-enum FitClassOrder { LIGHT_FIRST = 0, HEAVY_FIRST = 1, WIDEST_FIRST = 2 };
-template <int MAX_G, int WMAX, int Q, int LIGHT = 0, int ORDER = LIGHT_FIRST>
-struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
+// ORDER (with LIGHT): the classes' order in the table: LIGHT_FIRST or HEAVY_FIRST.
+enum FitClassOrder { LIGHT_FIRST = 0, HEAVY_FIRST = 1 };
+template <int MAX_G, int WMAX, int Q, bool WIDEST = false, int LIGHT = 0, int ORDER = LIGHT_FIRST>
+struct FitTable : FitOrder<WIDEST || LIGHT ? MAX_G : 0> {
+    static_assert(!(WIDEST && LIGHT), "one table order: widest first or a light class");
     int first[MAX_G + 1];
     int start[MAX_G];
     int rows[MAX_G];
@@ -67,7 +71,9 @@ struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
     // Warp 0 only, then __syncthreads(). Contiguous offsets: lead = 1, G + 1 boundaries; lead = 0, G ends.
     __device__ __forceinline__ void build(const int* __restrict__ ranges, int lead, int G, int limit, int tiles_w,
                                           int lane) {
-        if constexpr (LIGHT == 0) {
+        if constexpr (WIDEST) {
+            build_widest(ranges, lead, G, limit, tiles_w, lane);
+        } else if constexpr (LIGHT == 0) {
             int2 s = make_int2(0, 0);  // this lane's group's (nt, w)
             const int total = scan_groups<GROUPS_CONTIGUOUS>(
                 ranges, lead, G, limit, lane,
@@ -83,20 +89,16 @@ struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
                 });
             if (lane == 0) first[G] = total;
         } else {
-            // A pass of scan_groups' warp scan a class (two: light and heavy; WIDEST_FIRST: one a width, then
-            // the empty groups): each group's slot is the groups of the classes before it and of its own class
-            // before it (a ballot), its first tile likewise.
-            constexpr int PASSES = ORDER == WIDEST_FIRST ? WMAX / Q + 1 : 2;
+            // A pass of scan_groups' warp scan a class (light and heavy): each group's slot is the groups of
+            // the class before it and of its own class before it (a ballot), its first tile likewise.
             int tiles_before = 0, slots_before = 0;
-            for (int pass = 0; pass < PASSES; ++pass) {
+            for (int pass = 0; pass < 2; ++pass) {
                 for (int base = 0; base < G; base += 32) {
                     const int g = base + lane;
                     const int2 sr = g < G ? group_range<GROUPS_CONTIGUOUS>(ranges, lead, g, limit) : make_int2(0, 0);
                     const int2 s = fit(sr.y);
-                    bool here = (sr.y >= 1 && sr.y <= LIGHT) == ((pass == 0) != (ORDER == HEAVY_FIRST));
-                    if constexpr (ORDER == WIDEST_FIRST)
-                        here = pass < WMAX / Q ? sr.y >= 1 && s.y == WMAX - pass * Q : sr.y == 0;
-                    here = here && g < G;
+                    const bool here = g < G &&
+                                      (sr.y >= 1 && sr.y <= LIGHT) == ((pass == 0) != (ORDER == HEAVY_FIRST));
                     const int tiles = here ? s.x * tiles_w : 0;
                     const int x = warp_inclusive_sum(tiles, lane);
                     const unsigned in = __ballot_sync(0xffffffffu, here);
@@ -117,6 +119,61 @@ struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
         }
     }
 
+    // WIDEST's table in three sweeps of the groups, 32 at a time, each group's range read once:
+    // (1) its width class c (0 the widest, WMAX / Q - 1 the narrowest, WMAX / Q empty; NC classes) and its rank
+    //     among the class's groups before it: those of the earlier sweeps' bases (class c's count so far, which
+    //     lane c keeps) and of its own base below it (__match_any_sync);
+    // (2) its slot, the groups of the classes before c (lane c's exclusive scan of the counts) plus its rank:
+    //     its entries there, its tile count in first[];
+    // (3) first[] scanned in slot order (scan_groups' warp scan).
+    // Counts and starts live one a lane and are read through shuffles: an array indexed by c would be local memory.
+    __device__ __forceinline__ void build_widest(const int* __restrict__ ranges, int lead, int G, int limit,
+                                                 int tiles_w, int lane) {
+        constexpr int NC = WMAX / Q + 1, PER = (MAX_G + 31) / 32;
+        static_assert(NC <= 32, "a class a lane");
+        const unsigned below = (1u << lane) - 1u;
+        int count = 0;  // lane c < NC: class c's groups so far
+        int cls[PER], rank[PER];
+        int2 sr[PER], s[PER];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int g = 32 * i + lane;
+            sr[i] = g < G ? group_range<GROUPS_CONTIGUOUS>(ranges, lead, g, limit) : make_int2(0, 0);
+            s[i] = fit(sr[i].y);
+            cls[i] = g >= G ? NC : sr[i].y >= 1 ? (WMAX - s[i].y) / Q : NC - 1;  // (NC: past G, no class)
+            const unsigned same = __match_any_sync(0xffffffffu, cls[i]);
+            rank[i] = __shfl_sync(0xffffffffu, count, cls[i] & 31) + __popc(same & below);
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const unsigned in = __ballot_sync(0xffffffffu, cls[i] == c);
+                if (lane == c) count += __popc(in);
+            }
+        }
+        const int counted = lane < NC ? count : 0;
+        const int starts = warp_inclusive_sum(counted, lane) - counted;  // lane c: class c's first slot
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            const int slot = __shfl_sync(0xffffffffu, starts, cls[i] & 31) + rank[i];
+            if (cls[i] < NC) {
+                first[slot] = s[i].x * tiles_w;
+                start[slot] = sr[i].x;
+                rows[slot] = sr[i].y;
+                shape[slot] = s[i].x << 16 | s[i].y;
+                this->gid[slot] = 32 * i + lane;
+            }
+        }
+        __syncwarp();
+        int carry = 0;
+        for (int base = 0; base < G; base += 32) {
+            const int slot = base + lane;
+            const int tiles = slot < G ? first[slot] : 0;
+            const int x = warp_inclusive_sum(tiles, lane);
+            if (slot < G) first[slot] = carry + x - tiles;
+            carry += __shfl_sync(0xffffffffu, x, 31);
+        }
+        if (lane == 0) first[G] = carry;
+    }
+
     struct Tile {
         int row0, rows, g, wt, j, w;  // group's first row and rows, group, weight tile, token tile, width
     };
@@ -133,7 +190,7 @@ struct FitTable : FitOrder<LIGHT ? MAX_G : 0> {
         const int lo = group_of(first, G, t);
         const int nt = shape[lo] >> 16, local = t - first[lo];
         int g = lo;
-        if constexpr (LIGHT > 0) g = this->gid[lo];
+        if constexpr (WIDEST || LIGHT > 0) g = this->gid[lo];
         return Tile{start[lo], rows[lo], g, local / nt, local % nt, shape[lo] & 0xffff};
     }
 };
@@ -227,8 +284,8 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
 // at 64, 80..128 at 128, 144..176 at 176): fewer epilogues than one a width, narrower than one at WMAX. Eleven
 // epilogues, one a width, lost 6-15% at shallow K where one SM runs tiles of many widths (the epilogues'
 // code, switched among; a deep k-loop hides it). SHARED_STORE is STORE_STEP = WMAX.
-template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0, int LIGHT = 0,
-          int LIGHT_COST = 0>
+template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0, bool WIDEST_FIRST = false,
+          int LIGHT = 0, int LIGHT_COST = 0>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
                         const __grid_constant__ CUtensorMap tmT2, const __grid_constant__ CUtensorMap tmT3,
@@ -247,8 +304,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
                       WMAX % Q == 0 && WMAX / Q <= 12 && (Tr::SCHEDULE == DATA_PARALLEL || PP),
                   "fitted grouped: 128 or 256 weight rows (two consumers) or ping-pong 64 or 128, at most 12 widths, "
                   "DIRECT transposed stores");
-    using Table = FitTable<MAX_G, WMAX, Q, LIGHT, LIGHT_COST == -2 ? HEAVY_FIRST : LIGHT_COST == -3 ? WIDEST_FIRST
-                                                                                                   : LIGHT_FIRST>;
+    using Table = FitTable<MAX_G, WMAX, Q, WIDEST_FIRST, LIGHT, LIGHT_COST == -2 ? HEAVY_FIRST : LIGHT_FIRST>;
     static_assert(1024 + Tr::STAGES * Tr::STAGE_BYTES + Tr::SLABS_BYTES + sizeof(Table) <=
                       227 * 1024 - 256,
                   "shared memory (with the group table)");
@@ -291,7 +347,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     auto first = [&] { if constexpr (PART) return t0; else return (int)blockIdx.x; };
     auto end = [&] { if constexpr (PART) return t_end; else return total; };
     auto step = [&] { if constexpr (PART) return stride; else return (int)gridDim.x; };
-    constexpr bool SPREAD = LIGHT_COST == 0;  // (-1, -2, -3: the table's order as it stands)
+    constexpr bool SPREAD = LIGHT_COST == 0;  // (-1, -2: the table's order as it stands)
 
     if (wg == 0) {
         setmaxnreg_dec<40>();
