@@ -182,9 +182,12 @@ def test_ping_pong_fitted_plan_is_the_measured_variant():
     assert p.fit and p.schedule == "pingpong" and p.consumers == 2 and p.threads == 384 and p.bn == w
     traits = ("GemmTraits<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, 128, {w}, 5, false, false, false, false, "
               "0, true, {s}, true>")
-    assert p.name_expression == f"engine_gemm_grouped_fit<{traits.format(w=w, s=3)}, 128, 16>"
+    wide = ", false, 0, true" if grouped.fit_widest_first("pingpong", 8) else ""  # the probe's _wide at 8 groups
+    assert p.widest_first == bool(wide)
+    assert p.name_expression == f"engine_gemm_grouped_fit<{traits.format(w=w, s=3)}, 128, 16{wide}>"
     assert p.smem_bytes == 1024 + 5 * (128 + w) * 64 * 2 + 2 * 2 * 64 * 128  # the probe's launch
-    assert f"token tiles fitted per group (16..{w} wide), ping-pong" in repr(p) and p.direct and p.table == 128
+    assert (f"token tiles fitted per group (16..{w} wide{', widest groups first' if wide else ''}), ping-pong"
+            in repr(p) and p.direct and p.table == 128)
     dp = _fitted()
     assert dp.name_expression == f"engine_gemm_grouped_fit<{traits.format(w=128, s=0)}, 128, 16>"
     assert "ping-pong" not in repr(dp) and dp.compiled_name != p.compiled_name
@@ -341,7 +344,7 @@ def test_ping_pong_widest_tile_and_store_step_follow_k():
     mixtral, olmoe = grouped.plan("contiguous", 8, 4096, 28672, 4096), grouped.plan("contiguous", 64, 8192, 2048, 2048)
     assert (mixtral.fit, mixtral.schedule, mixtral.bn, mixtral.store_step) == (True, "pingpong", 176, 0)
     assert (olmoe.fit, olmoe.schedule, olmoe.bn, olmoe.store_step) == (True, "pingpong", 176, 64)
-    assert "(16..176 wide)" in repr(mixtral) and "(16..176 wide, stored in steps of 64)" in repr(olmoe)
+    assert "(16..176 wide" in repr(mixtral) and "(16..176 wide, stored in steps of 64)" in repr(olmoe)
 
 
 def test_ping_pong_plan_carries_only_a_tested_width():
@@ -428,7 +431,8 @@ def test_store_step_plans_name_the_bucketed_build():
     assert short.name_expression.endswith(", 128, 16, false, 64>") and "store step 64" in short.compiled_name
     assert "(16..176 wide, stored in steps of 64)" in repr(short)
     deep = grouped.plan("contiguous", 8, 4096, 28672, 4096)
-    assert (deep.bn, deep.store_step) == (176, 0) and deep.name_expression.endswith(", 128, 16>")
+    wide = ", false, 0, true" if deep.widest_first else ""  # WIDEST_FIRST's argument after STORE_STEP's
+    assert (deep.bn, deep.store_step) == (176, 0) and deep.name_expression.endswith(f", 128, 16{wide}>")
     assert _fitted().store_step == 0
     with pytest.raises(ValueError, match="store_step"):
         dataclasses.replace(_fitted(), store_step=64)  # data-parallel

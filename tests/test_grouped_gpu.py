@@ -971,6 +971,33 @@ def test_ping_pong_fitted_form_at_each_widest_tile(wmax, store_step):
     assert torch.equal(runs[0].view(torch.int16), runs[1].view(torch.int16))
 
 
+@pytest.mark.parametrize("G", [18, 77])
+@pytest.mark.parametrize("store_step", [0, 64])
+def test_widest_first_table_runs_every_tile_once(G, store_step):
+    # The ping-pong fitted form with its tiles by token width, widest first (the plan's widest_first: the
+    # kernel's three-sweep table, ranks across 32-group sweeps at 77 groups): every width, empty groups among
+    # them, against the reference on NaN-poisoned outputs, and bit for bit the group-order build's output
+    # (the same tiles, only their order differs).
+    gen = torch.Generator().manual_seed(G + store_step)
+    sizes = [0, 1, 17, 64, 100, 127, 128, 129, 144, 150, 161, 175, 176, 177, 300, 353, 0, 33]
+    sizes = (sizes + torch.randint(0, 400, (G,), generator=gen).tolist())[:G]
+    sizes[G // 2] = 0
+    T, N, K = sum(sizes), 328, 2112
+    offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    a, b = _operands((T,), G, N, K, seed=G)
+    outs = []
+    for widest in (True, False):
+        p = grouped.fitted_plan("contiguous", G, T, N, K, schedule="pingpong", wmax=176, store_step=store_step,
+                                widest_first=widest)
+        assert p.widest_first == widest and p.name_expression.endswith(", true>") == widest
+        out, frame = _framed((T, N), torch.bfloat16)
+        grouped.run(a, b, offs, out=out, plan=p)
+        _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+        assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
+        outs.append(out.clone())
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
 @pytest.mark.parametrize("schedule", grouped.FIT_SCHEDULES)
 @pytest.mark.parametrize("shared", [False, True])
 def test_fitted_form_at_every_width_and_group_edge(shared, schedule, monkeypatch):

@@ -197,6 +197,11 @@ FIT_PINGPONG_WIDTHS = (128, 176)
 FIT_STORE_STEPS = (0, 64)
 FIT_PINGPONG_SHORT_K_STORE_STEP = 64
 FIT_SCHEDULES = ("data_parallel", "pingpong")
+# The ping-pong fitted form's tile order (the plan's widest_first, the kernel's WIDEST_FIRST): the groups by their
+# token tiles' width, the widest first, so the last wave runs the narrowest tiles; up to
+# FIT_WIDEST_FIRST_MAX_GROUPS groups (fit_widest_first). Measured on an H100 (session 63, probe_grouped_fit.py
+# _wide against the same build in group order; docs/worklog.md): see fit_widest_first.
+FIT_WIDEST_FIRST_MAX_GROUPS = 16
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
 _CTYPE = {"bf16": "__nv_bfloat16", "fp16": "__half", "fp32": "float"}
@@ -305,6 +310,7 @@ class GroupedPlan(Warpgroups):
     b_mn: bool = False
     claim: bool = False
     store_step: int = 0  # the fitted ping-pong form's epilogues (FIT_STORE_STEPS): 0 one a width, else a bucket
+    widest_first: bool = False  # the fitted form's tiles by token width, widest first (fit_widest_first)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES or (self.schedule != "data_parallel" and self.dtype == "e4m3") or (
@@ -333,6 +339,8 @@ class GroupedPlan(Warpgroups):
         if self.store_step and (not self.fit or self.schedule != "pingpong" or self.store_step not in FIT_STORE_STEPS):
             raise ValueError(f"store_step: the fitted form's ping-pong schedule only, one of {FIT_STORE_STEPS}; got "
                              f"{self.store_step} for {self!r}")
+        if self.widest_first and not self.fit:
+            raise ValueError(f"widest_first: the fitted form's table order only; got {self!r}")
         if self.fit and self.rows > FIT_MAX_TILE_ROWS:
             raise ValueError(f"the fitted form counts a group's token tiles in 15 bits (FitTable): at most "
                              f"{FIT_MAX_TILE_ROWS} rows, got {self.rows}")
@@ -385,6 +393,8 @@ class GroupedPlan(Warpgroups):
     def name_expression(self) -> str:
         if self.fit:
             shared = ", true" if FIT_SHARED_STORE else (f", false, {self.store_step}" if self.store_step else "")
+            if self.widest_first:  # <.., SHARED_STORE, STORE_STEP, WIDEST_FIRST>
+                shared = f", {cpp_bool(FIT_SHARED_STORE)}, {0 if FIT_SHARED_STORE else self.store_step}, true"
             return f"{FIT_KERNEL}<GemmTraits<{', '.join(self.template_args())}>, {self.table}, {FIT_Q}{shared}>"
         traits = "Fp8GemmTraits" if self.dtype == "e4m3" else "GemmTraits"
         return (f"{self.kernel}<{traits}<{', '.join(self.template_args())}>, {LAYOUTS.index(self.layout)}, "
@@ -395,13 +405,15 @@ class GroupedPlan(Warpgroups):
         if self.fit:
             shared = (", shared store" if FIT_SHARED_STORE else
                       (f", store step {self.store_step}" if self.store_step else ""))
+            shared += ", widest first" if self.widest_first else ""
             return f"engine.gemm_grouped_fit[{', '.join(self.template_args())}, {self.table}, {FIT_Q}{shared}]"
         name = "engine.gemm_grouped_fp8" if self.dtype == "e4m3" else "engine.gemm_grouped"
         return f"{name}[{', '.join(self.template_args())}, {self.layout}, {self.table}{', claim' if self.claim else ''}]"
 
     def __repr__(self) -> str:
         tiles = (f"{self.bm} weight rows x token tiles fitted per group ({FIT_Q}..{self.bn} wide"
-                 f"{f', stored in steps of {self.store_step}' if self.store_step else ''})"
+                 f"{f', stored in steps of {self.store_step}' if self.store_step else ''}"
+                 f"{', widest groups first' if self.widest_first else ''})"
                  f"{_SCHEDULE_NOTE[self.schedule]}" if self.fit else
                  f"{self.bm}x{self.bn} tiles{_SCHEDULE_NOTE[self.schedule]}{', claimed' if self.claim else ''}")
         return (f"GroupedPlan({self.layout}: {self.groups} groups x {self.rows} rows, N={self.N}, K={self.K}, "
@@ -565,6 +577,12 @@ def fit_store_step(schedule: str, K: int) -> int:
     return FIT_PINGPONG_SHORT_K_STORE_STEP if schedule == "pingpong" and K < FIT_PINGPONG_WIDE_MIN_K else 0
 
 
+def fit_widest_first(schedule: str, groups: int) -> bool:
+    """Whether the fitted form at ``schedule`` orders its tiles by token width, widest first (its plan's
+    widest_first): ping-pong, up to FIT_WIDEST_FIRST_MAX_GROUPS groups."""
+    return schedule == "pingpong" and groups <= FIT_WIDEST_FIRST_MAX_GROUPS
+
+
 def fit_wmax(schedule: str, K: int) -> int:
     """The fitted form's widest token tile at ``schedule`` and depth ``K`` (its plan's bn): FIT_WMAX
     data-parallel; ping-pong, FIT_PINGPONG_WMAX from K = FIT_PINGPONG_WIDE_MIN_K on, else
@@ -617,14 +635,16 @@ def _fit_pingpong_price(groups, rows_per_group, N, K, wmax, prof, out_bytes) -> 
 
 
 def _fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_bytes, prof,
-            schedule, wmax=None, store_step=None) -> tuple[float, GroupedPlan]:
+            schedule, wmax=None, store_step=None, widest_first=None) -> tuple[float, GroupedPlan]:
     """(busy time, plan) of the fitted form at ``schedule``, token tiles up to ``wmax`` wide (default
-    ``fit_wmax``), epilogues at ``store_step`` (default ``fit_store_step``; not priced). Data-parallel: priced
+    ``fit_wmax``), epilogues at ``store_step`` (default ``fit_store_step``; not priced), tiles widest first
+    where ``widest_first`` (default ``fit_widest_first``; not priced). Data-parallel: priced
     at the HBM floor of every plan (each expert's weight read once, A and out), where at its few rows a group
     the others' prices sit too; ``plan`` takes it by rule (FIT_OFFERED), not price. Ping-pong:
     ``_fit_pingpong_price``."""
     wmax = fit_wmax(schedule, K) if wmax is None else wmax
     store_step = fit_store_step(schedule, K) if store_step is None else store_step
+    widest_first = fit_widest_first(schedule, groups) if widest_first is None else widest_first
     if schedule == "pingpong":
         t, busy = _fit_pingpong_price(groups, expected_rows, N, K_priced, wmax, prof, out_bytes)
     else:
@@ -633,7 +653,8 @@ def _fitted(layout, groups, rows, N, K, dt, odt, expected_rows, K_priced, out_by
     return busy, GroupedPlan(layout=layout, groups=groups, rows=rows, N=N, K=K, bm=FIT_BM, bn=wmax,
                              stages=FIT_STAGES, grid=min(prof.sm_count, most), dtype=dt, out_dtype=odt,
                              table=table_groups(groups), direct=True, expected_rows=float(expected_rows),
-                             predicted_s=t, kernel=FIT_KERNEL, schedule=schedule, store_step=store_step)
+                             predicted_s=t, kernel=FIT_KERNEL, schedule=schedule, store_step=store_step,
+                             widest_first=widest_first)
 
 
 def _dtype_names(dtype, out_dtype) -> tuple[str, str]:
@@ -651,12 +672,13 @@ def _dtype_names(dtype, out_dtype) -> tuple[str, str]:
 def fitted_plan(layout: str, groups: int, rows: int, N: int, K: int, *, schedule: str = "data_parallel",
                 dtype="bf16", out_dtype=None, expected_rows: float | None = None,
                 profile: DeviceProfile | None = None, b_mn: bool = False, wmax: int | None = None,
-                store_step: int | None = None) -> GroupedPlan:
+                store_step: int | None = None, widest_first: bool | None = None) -> GroupedPlan:
     """The fitted form at ``schedule`` ("data_parallel" or "pingpong") for any problem its kernel runs
     (``fit_kernel_problem``; UnsupportedProblem else), listed by ``candidates`` or not, priced as there: for
     probes, benchmarks and tests that run it beside the pick. ``wmax``: its widest token tile (default
     ``fit_wmax``'s; ping-pong, one of FIT_PINGPONG_WIDTHS), ``store_step`` its epilogues (default
-    ``fit_store_step``'s; ping-pong, one of FIT_STORE_STEPS). Other arguments as ``candidates``'."""
+    ``fit_store_step``'s; ping-pong, one of FIT_STORE_STEPS), ``widest_first`` its tile order (default
+    ``fit_widest_first``'s). Other arguments as ``candidates``'."""
     from .planner import _profile
 
     dt, odt = _dtype_names(dtype, out_dtype)
@@ -666,7 +688,7 @@ def fitted_plan(layout: str, groups: int, rows: int, N: int, K: int, *, schedule
                                         f"got {schedule!r}, {groups}, {rows}, {N}, {K}")
     r = rows / groups if expected_rows is None else expected_rows
     return _fitted(layout, groups, rows, N, K, dt, odt, r, K, plan_cost.in_bytes(odt), _profile(profile, None),
-                   schedule, wmax, store_step)[1]
+                   schedule, wmax, store_step, widest_first)[1]
 
 
 def candidates(layout: str, groups: int, rows: int, N: int, K: int, *, dtype="bf16", out_dtype=None,
