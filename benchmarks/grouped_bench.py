@@ -20,7 +20,8 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
   fitted form (``grouped.FIT_KERNEL``; data-parallel / ping-pong consumers) where listed, ``ours_<bm>x<bn>_sk``
   its stream-K plan (bf16 / fp16), so the planner's pick can be checked
   against measurement, and ``ours_no_panel`` where the picked plan's panels split the tallest group:
-  the same plan walking each group plain m-fastest; ``--no-panel`` adds only that one); with ``--fitted`` (cheaper), only the picks' rivals of
+  the same plan walking each group plain m-fastest; ``--no-panel`` adds only that one; ``--group-order``
+  adds ``ours_group_order`` where the pick orders its tiles widest first: the same plan in group order); with ``--fitted`` (cheaper), only the picks' rivals of
   the other kernel: ``ours_fit`` / ``ours_fit_pp`` (``grouped.fitted_plan``: either schedule wherever the
   fitted kernel runs the problem, listed or not) unless picked, and ``ours_tiled`` (``grouped.tiled_plan``:
   the tiled kernel's pick) where the pick is a fitted form;
@@ -134,6 +135,9 @@ def main() -> None:
                     help="also time ours_no_panel (as --all-tiles does) where the pick's panels split the tallest group")
     ap.add_argument("--claim", action="store_true",
                     help="also time the pick with its tiles in claim order (GroupedPlan.claim), as ours_claim")
+    ap.add_argument("--group-order", action="store_true",
+                    help="also time ours_group_order where the pick orders its tiles widest first "
+                         "(GroupedPlan.widest_first): the same plan in group order")
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="HBM peak for the roofline (H200: 4.8 TB/s)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989 TFLOP/s)")
     ap.add_argument("--rounds", type=int, default=15)
@@ -177,6 +181,8 @@ def main() -> None:
                     plans[f"ours_fit{SUFFIX[c.schedule]}" if c.fit else f"ours_{c.bm}x{c.bn}{SUFFIX[c.schedule]}"] = c
         if (args.all_tiles or args.no_panel) and not plan.fit and max(sizes) > plan.panel * plan.bm:
             plans["ours_no_panel"] = dataclasses.replace(plan, panel=1 << 30)  # the tallest group is walked in panels
+        if args.group_order and plan.widest_first:
+            plans["ours_group_order"] = dataclasses.replace(plan, widest_first=False)
         if args.fitted:
             prof = grouped_profile(s0["a"])
             if grouped.fit_kernel_problem("contiguous", "bf16", "bf16", False, G, T) is None:
