@@ -961,14 +961,21 @@ def test_ping_pong_fitted_form_at_each_widest_tile(wmax, store_step):
     a, b = _operands((T,), G, N, K)
     p = _fit_plan(G, T, N, K, schedule="pingpong", wmax=wmax, store_step=store_step)
     assert p.bn == wmax and p.name_expression.count(f", {wmax}, 5,") == 1 and p.store_step == store_step
-    runs = []
-    for _ in range(2):
+    runs = _checked_runs(a, b, offs, [p, p])
+    assert torch.equal(runs[0].view(torch.int16), runs[1].view(torch.int16))
+
+
+def _checked_runs(a, b, offs, plans) -> list:
+    """Each bf16 plan's output on NaN-framed outputs, checked against the reference, the frame untouched."""
+    (T, _), N = a.shape, b.shape[1]
+    ref, runs = grouped.reference_grouped_mm(a, b, offs), []
+    for p in plans:
         out, frame = _framed((T, N), torch.bfloat16)
         grouped.run(a, b, offs, out=out, plan=p)
-        _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
+        _check(out, ref, "bf16")
         assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
         runs.append(out.clone())
-    assert torch.equal(runs[0].view(torch.int16), runs[1].view(torch.int16))
+    return runs
 
 
 @pytest.mark.parametrize("G", [18, 77])
@@ -985,16 +992,10 @@ def test_widest_first_table_runs_every_tile_once(G, store_step):
     T, N, K = sum(sizes), 328, 2112
     offs = torch.tensor([0] + torch.tensor(sizes).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     a, b = _operands((T,), G, N, K, seed=G)
-    outs = []
-    for widest in (True, False):
-        p = grouped.fitted_plan("contiguous", G, T, N, K, schedule="pingpong", wmax=176, store_step=store_step,
-                                widest_first=widest)
-        assert p.widest_first == widest and p.name_expression.endswith(", true>") == widest
-        out, frame = _framed((T, N), torch.bfloat16)
-        grouped.run(a, b, offs, out=out, plan=p)
-        _check(out, grouped.reference_grouped_mm(a, b, offs), "bf16")
-        assert torch.isnan(frame[T:]).all() and torch.isnan(frame[:, N:]).all()
-        outs.append(out.clone())
+    plans = [grouped.fitted_plan("contiguous", G, T, N, K, schedule="pingpong", wmax=176, store_step=store_step,
+                                 widest_first=widest) for widest in (True, False)]
+    assert [(p.widest_first, p.name_expression.endswith(", true>")) for p in plans] == [(True, True), (False, False)]
+    outs = _checked_runs(a, b, offs, plans)
     assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
 
 
