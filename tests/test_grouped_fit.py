@@ -40,23 +40,26 @@ def test_fitted_grouped_draft_compiles_one_loop_per_width(bm, wmax, stages, q, m
     _check_draft(bm, wmax, stages, q, max_g, sched, shared)
 
 
-@pytest.mark.parametrize("shared,light,cost,widest", [(False, 64, 0, False), (64, 128, 0, False),
-                                                      (64, 64, 50, False), (False, 64, -2, False),
-                                                      (64, 64, -1, False), (False, 0, 0, True), (64, 0, 0, True)])
-def test_fitted_grouped_draft_with_a_light_class_compiles_clean(shared, light, cost, widest):
+@pytest.mark.parametrize("shared,light,cost,widest,claim", [(False, 64, 0, False, False), (64, 128, 0, False, False),
+                                                            (64, 64, 50, False, False), (False, 64, -2, False, False),
+                                                            (64, 64, -1, False, False), (False, 0, 0, True, False),
+                                                            (64, 0, 0, True, False), (False, 0, 0, True, True),
+                                                            (False, 0, 0, False, True)])
+def test_fitted_grouped_draft_with_a_light_class_compiles_clean(shared, light, cost, widest, claim):
     # LIGHT (session 62's probe option): the light groups' tiles interleaved among the others' (cost 0), or on
     # CTAs of their own (LIGHT_COST > 0), or as a phase of their own after (-2) or before (-1) the others; or
-    # WIDEST_FIRST, every group by width; the k-loops and epilogues as without them.
-    _check_draft(128, 176, 5, 16, 128, 3, shared, light, cost, widest)
+    # WIDEST_FIRST, every group by width; CLAIM (a probe's), tiles claimed from a counter; the k-loops and
+    # epilogues as without them.
+    _check_draft(128, 176, 5, 16, 128, 3, shared, light, cost, widest, claim)
 
 
-def _check_draft(bm, wmax, stages, q, max_g, sched, shared, light=0, cost=0, widest=False):
+def _check_draft(bm, wmax, stages, q, max_g, sched, shared, light=0, cost=0, widest=False, claim=False):
     # shared: False, one epilogue a width; True, SHARED_STORE (one at WMAX); 64, STORE_STEP (one a bucket of widths).
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
     store = {False: "", True: ", true"}.get(shared, f", false, {shared}")
-    if light or widest:
+    if light or widest or claim:
         store = (f", {'true' if shared is True else 'false'}, {0 if shared in (False, True) else shared}, "
-                 f"{'true' if widest else 'false'}, {light}, {cost}")
+                 f"{'true' if widest else 'false'}, {light}, {cost}{', true' if claim else ''}")
     ck = compile_kernel("engine/gemm_grouped_fit.cu", f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{store}>",
                         arch="sm_90a")
     assert not ck.resources.spills and ck.resources.stack_frame == 0, ck.resources

@@ -62,7 +62,9 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
             "fitpp176_q16_last128": (128, 176, 5, 16, 128, 3, 0, 128, -2),
             "fitpp176_q16_first64": (128, 176, 5, 16, 128, 3, 0, 64, -1),
             "fitpp176_q16_wide": (128, 176, 5, 16, 128, 3, 0, 0, 0, True),
-            "fitpp176_q16_s64_wide": (128, 176, 5, 16, 128, 3, 64, 0, 0, True)}
+            "fitpp176_q16_s64_wide": (128, 176, 5, 16, 128, 3, 64, 0, 0, True),
+            "fitpp176_q16_wide_claim": (128, 176, 5, 16, 128, 3, 0, 0, 0, True, True),
+            "fitpp176_q16_claim": (128, 176, 5, 16, 128, 3, 0, 0, 0, False, True)}
 # fitpp176_q16_shared (session 61): one epilogue for every width at 176 (5.3 k SASS lines against 18.3 k), for the
 # 176-wide form's loss at K <= 2048 (docs/worklog.md, session 61: code size or fixed costs a tile).
 # _s64 (the last field 64: the kernel's STORE_STEP): one epilogue a bucket of widths (16..64 stored at 64, 80..128
@@ -77,6 +79,8 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
 # launch). _last64 / _first64 (LIGHT_COST -2 / -1): the light class as one phase after / before the heavy one.
 # _wide (a tenth field: WIDEST_FIRST; session 62 as LIGHT_COST -3, one warp scan a width; session 63 the kernel's
 # three-sweep table): every group by its token tiles' width, the widest first (the last wave the narrowest).
+# _claim (an eleventh field: CLAIM, session 63): each CTA's tiles after its first claimed from a counter (the
+# kernel's module global), so the tiles in flight stay consecutive; with _wide, longest-first list scheduling.
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all). PROBE_ROUTING=even: every group T / G rows
 # (the remainder one more each on the first groups) instead of grouped_bench's uneven routing, so at up to 128
 # rows a group every width set runs the same token tiles. PROBE_SPLIT_LIGHT=L: the first variant also as <name>_heavy
@@ -91,15 +95,16 @@ def chosen() -> dict:
     return VARIANTS if not names else {n: VARIANTS[n] for n in names.split(",")}
 
 
-def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched, shared, light=0, light_cost=0, widest=False):
+def fit_runner(a, b, offs, bm, wmax, stages, q, max_g, sched, shared, light=0, light_cost=0, widest=False,
+               claim=False):
     """A launcher of the draft for these operands (maps built once)."""
     G, N, K = b.shape
     T = a.shape[0]
     traits = TRAITS.format(bm=bm, wmax=wmax, stages=stages, sched=sched)
     store = {0: "", 1: ", true"}.get(shared, f", false, {shared}")
-    if light or widest:
+    if light or widest or claim:
         store = (f", {'true' if shared == 1 else 'false'}, {0 if shared == 1 else shared}, "
-                 f"{'true' if widest else 'false'}, {light}, {light_cost}")
+                 f"{'true' if widest else 'false'}, {light}, {light_cost}{', true' if claim else ''}")
     ne = f"engine_gemm_grouped_fit<{traits}, {max_g}, {q}{store}>"
     k = compile_kernel(SOURCE, ne, arch="sm_90a")
     b2 = b.reshape(G * N, K)

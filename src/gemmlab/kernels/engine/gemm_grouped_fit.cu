@@ -22,6 +22,7 @@
 #include "common/group_scheduler.cuh"
 #include "common/mainloop.cuh"
 #include "common/epilogue_store.cuh"
+#include "common/claimed_tiles.cuh"
 
 // WIDEST_FIRST (the plan's widest_first, grouped.fit_widest_first): the table holds the groups by their token
 // tiles' width, the widest first (groups of one width in group order, the empty ones last), gid the group of a
@@ -284,8 +285,15 @@ __device__ __forceinline__ void tile_at(Ring<Tr::STAGES>& ring, RingCursor& cur,
 // at 64, 80..128 at 128, 144..176 at 176): fewer epilogues than one a width, narrower than one at WMAX. Eleven
 // epilogues, one a width, lost 6-15% at shallow K where one SM runs tiles of many widths (the epilogues'
 // code, switched among; a deep k-loop hides it). SHARED_STORE is STORE_STEP = WMAX.
+// CLAIM (a probe's option, off as shipped): each CTA's tiles after its first are claimed from a counter
+// (ClaimedTiles, claimed_tiles.cuh), so the tiles in flight stay consecutive however unevenly the widths run:
+// with WIDEST_FIRST, list scheduling's longest-first rule itself. The counter is this module's global
+// fit_claims (zero when loaded, set back to zero by the last CTA of each launch), not a kernel argument: one
+// launch of a build at a time, as the probe runs them.
+__device__ int fit_claims[2];
+
 template <class Tr, int MAX_G, int Q, bool SHARED_STORE = false, int STORE_STEP = 0, bool WIDEST_FIRST = false,
-          int LIGHT = 0, int LIGHT_COST = 0>
+          int LIGHT = 0, int LIGHT_COST = 0, bool CLAIM = false>
 __global__ void __launch_bounds__(Tr::THREADS, 1)
 engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmT1,
                         const __grid_constant__ CUtensorMap tmT2, const __grid_constant__ CUtensorMap tmT3,
@@ -315,6 +323,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     __shared__ Ring<Tr::STAGES> ring;
     __shared__ Table groups;
     __shared__ Turns turns;  // PINGPONG only
+    __shared__ TileQueue queue;  // CLAIM only
 
     const int wg = warpgroup_index(), t = threadIdx.x % 128;
     const int tiles_w = (N + BM - 1) / BM, k_iters = (K + BK - 1) / BK;
@@ -324,12 +333,14 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     if (threadIdx.x == 0) {
         ring.init(Tr::SLOT_READERS);
         if constexpr (PP) turns.init();
+        if constexpr (CLAIM) queue.init(Tr::CONSUMERS * 128);
     }
     __syncthreads();
     const int total = groups.first[G];
     // This CTA's tiles: first(), first() + step(), .. below end(): the scheduler's order (blockIdx.x in
     // strides of the grid), or with LIGHT_COST the table's, one class's.
     constexpr bool PART = LIGHT > 0 && LIGHT_COST > 0;
+    static_assert(!(CLAIM && PART), "claimed tiles: one order for all CTAs");
     int t0 = 0, t_end = 0, stride = 0;
     bool light_cta = false;
     if constexpr (PART) {
@@ -348,6 +359,16 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     auto end = [&] { if constexpr (PART) return t_end; else return total; };
     auto step = [&] { if constexpr (PART) return stride; else return (int)gridDim.x; };
     constexpr bool SPREAD = LIGHT_COST == 0;  // (-1, -2: the table's order as it stands)
+    // CLAIM: the walk's tiles from the queue (-1 past this CTA's last), which the producer fills and every
+    // consumer thread reads; else first(), first() + step(), .. below end().
+    ClaimedTiles claimed(&queue, fit_claims, total, k_iters, wg == 0);
+    auto claim = [&] {
+        WorkUnit u;
+        return claimed.next(u) ? u.tile : -1;
+    };
+    auto start = [&] { if constexpr (CLAIM) return claim(); else return first(); };
+    auto more = [&](int tile) { if constexpr (CLAIM) return tile >= 0; else return tile < end(); };
+    auto after = [&](int tile) { if constexpr (CLAIM) return claim(); else return tile + step(); };
 
     if (wg == 0) {
         setmaxnreg_dec<40>();
@@ -356,7 +377,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
             using H = L2Hints<true>;  // the weight is A here
             const u64 pw = l2_policy<H::A>(), pt = l2_policy<H::B>();
             const u64 pw_first = PART ? l2_policy<L2_FIRST>() : pw;  // PART: the light CTAs' weight loads
-            for (int tile = first(); tile < end(); tile += step()) {
+            for (int tile = start(); more(tile); tile = after(tile)) {
                 const auto gt = groups.template locate<SPREAD>(tile, G);
                 const int w_row = gt.g * N + gt.wt * BM, t_row = gt.row0 + gt.j * gt.w;
                 const CUtensorMap* tm = &tmT1;
@@ -393,7 +414,7 @@ engine_gemm_grouped_fit(const __grid_constant__ CUtensorMap tmW, const __grid_co
     }
     int unit = 0;  // PINGPONG: this CTA's tiles go to consumer 0, 1, 0, 1, ...
     u32 turn_parity = 0;
-    for (int tile = first(); tile < end(); tile += step()) {
+    for (int tile = start(); more(tile); tile = after(tile)) {
         if constexpr (PP) {
             if ((unit & 1) != consumer) {  // the other consumer's tile: step over its k-steps in the ring
                 ++unit;
