@@ -21,7 +21,9 @@ at a number of routed token-rows T (tokens x top-k), split over the experts unev
   its stream-K plan (bf16 / fp16), so the planner's pick can be checked
   against measurement, and ``ours_no_panel`` where the picked plan's panels split the tallest group:
   the same plan walking each group plain m-fastest; ``--no-panel`` adds only that one; ``--group-order``
-  adds ``ours_group_order`` where the pick orders its tiles widest first: the same plan in group order); with ``--fitted`` (cheaper), only the picks' rivals of
+  adds ``ours_group_order`` where the pick orders its tiles widest first: the same plan in group order, and
+  ``ours_widest_first`` where the pick is the ping-pong fitted form in group order: the same plan widest
+  first); with ``--fitted`` (cheaper), only the picks' rivals of
   the other kernel: ``ours_fit`` / ``ours_fit_pp`` (``grouped.fitted_plan``: either schedule wherever the
   fitted kernel runs the problem, listed or not) unless picked, and ``ours_tiled`` (``grouped.tiled_plan``:
   the tiled kernel's pick) where the pick is a fitted form;
@@ -137,7 +139,8 @@ def main() -> None:
                     help="also time the pick with its tiles in claim order (GroupedPlan.claim), as ours_claim")
     ap.add_argument("--group-order", action="store_true",
                     help="also time ours_group_order where the pick orders its tiles widest first "
-                         "(GroupedPlan.widest_first): the same plan in group order")
+                         "(GroupedPlan.widest_first): the same plan in group order; and ours_widest_first where "
+                         "the pick is the ping-pong fitted form in group order: the same plan widest first")
     ap.add_argument("--peak-tbs", type=float, default=4.8, help="HBM peak for the roofline (H200: 4.8 TB/s)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="dense bf16 peak (H200: 989 TFLOP/s)")
     ap.add_argument("--rounds", type=int, default=15)
@@ -183,6 +186,8 @@ def main() -> None:
             plans["ours_no_panel"] = dataclasses.replace(plan, panel=1 << 30)  # the tallest group is walked in panels
         if args.group_order and plan.widest_first:
             plans["ours_group_order"] = dataclasses.replace(plan, widest_first=False)
+        elif args.group_order and plan.fit and plan.schedule == "pingpong":
+            plans["ours_widest_first"] = dataclasses.replace(plan, widest_first=True)
         if args.fitted:
             prof = grouped_profile(s0["a"])
             if grouped.fit_kernel_problem("contiguous", "bf16", "bf16", False, G, T) is None:
