@@ -70,8 +70,11 @@ def main() -> None:
         if grouped.fit_kernel_problem(layout, dt, "bf16", b_mn, G, rows) is None:
             # the fitted form, both schedules (listed elsewhere: few rows a group; ping-pong, many): any rows
             cands += [grouped.fitted_plan(layout, G, rows, N, K, schedule=s, **kw) for s in grouped.FIT_SCHEDULES]
+            # and ping-pong in both tile orders (widest first: the kernel's WIDEST_FIRST table)
+            cands += [grouped.fitted_plan(layout, G, rows, N, K, schedule="pingpong", widest_first=w, **kw)
+                      for w in (False, True)]
         for c in cands:
-            key = (c.bm, c.bn, c.schedule, c.fit)
+            key = (c.bm, c.bn, c.schedule, c.fit, c.widest_first)
             if key in seen:
                 continue
             seen.add(key)
