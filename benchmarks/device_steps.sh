@@ -4,7 +4,7 @@
 # GEMMLAB_GIT_SHA (write `git rev-parse --short=12 HEAD` to .wt/sha before the call, or set it).
 #
 #   gt      grouped GPU tests (bf16; GT_K selects)                 et     GPU test files (ET_FILES)
-#   gsan    compute-sanitizer memcheck + racecheck, grouped        eh     grouped eager host cost
+#   gsan    compute-sanitizer memcheck + racecheck, grouped (GSAN_ARGS)eh     grouped eager host cost
 #   ed      dense eager host cost (eager_host.py; ED_ARGS)      suite  gemmlab bench --suite matmul-NAME (SUITES)
 #   varx    probe_variants.py per pick=variants (VARX)             fit    probe_grouped_fit.py (PROBE_* env)
 #   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (BR_ARGS; the broad set)
@@ -80,7 +80,7 @@ for s in ${STEPS:-}; do
             # shellcheck disable=SC2046
             timeout "${GSAN_T:-200}" compute-sanitizer --tool "$tool" --report-api-errors no \
               $([ "$tool" = memcheck ] && echo --leak-check no) --print-limit 20 \
-              python3 benchmarks/grouped_sanitize.py --only "${GSAN_ONLY:-bf16}" 2>&1 | tee -a "$OUT/grouped_sanitizer.txt" | tail -6
+              python3 benchmarks/grouped_sanitize.py --only "${GSAN_ONLY:-bf16}" ${GSAN_ARGS:-} 2>&1 | tee -a "$OUT/grouped_sanitizer.txt" | tail -6
           done ;;
     eh) timeout "${EH_T:-200}" python3 benchmarks/eager_host.py --grouped --no-calls --out "$OUT/eager.jsonl" 2>&1 \
           | tee "$OUT/eager_grouped.txt" | tail -40 ;;

@@ -54,6 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default=None, help="comma-separated case names (bf16, bf16 MN-major b, bf16 masked, "
                                                  "e4m3 tensor, e4m3 block)")
+    ap.add_argument("--fit-only", action="store_true", help="only the fitted form's plans")
     args = ap.parse_args()
     only = None if args.only is None else set(args.only.split(","))
     grouped.MN_MAJOR_B_OFFERED = True
@@ -65,7 +66,7 @@ def main() -> None:
         G, N, K = b.shape
         rows = a.shape[1] if counts is not None else a.shape[0]
         seen = set()
-        cands = grouped.candidates(layout, G, rows, N, K, **kw)
+        cands = [] if args.fit_only else grouped.candidates(layout, G, rows, N, K, **kw)
         dt, b_mn = kw.get("dtype", "bf16"), kw.get("b_mn", False)
         if grouped.fit_kernel_problem(layout, dt, "bf16", b_mn, G, rows) is None:
             # the fitted form, both schedules (listed elsewhere: few rows a group; ping-pong, many): any rows
