@@ -4,7 +4,8 @@
 # GEMMLAB_GIT_SHA (write `git rev-parse --short=12 HEAD` to .wt/sha before the call, or set it).
 #
 #   gt      grouped GPU tests (bf16; GT_K selects)                 et     GPU test files (ET_FILES)
-#   gsan    compute-sanitizer memcheck + racecheck, grouped (GSAN_ARGS)eh     grouped eager host cost
+#   gsan    compute-sanitizer memcheck + racecheck, grouped         eh     grouped eager host cost
+#           (GSAN_ONLY cases, GSAN_ARGS: e.g. --fit-only)
 #   ed      dense eager host cost (eager_host.py; ED_ARGS)      suite  gemmlab bench --suite matmul-NAME (SUITES)
 #   varx    probe_variants.py per pick=variants (VARX)             fit    probe_grouped_fit.py (PROBE_* env)
 #   gsuite  grouped_bench.py (GS_ARGS)                             broad  engine_broad.py (BR_ARGS; the broad set)
@@ -77,7 +78,7 @@ for s in ${STEPS:-}; do
           | tee "$OUT/pytest_engine.txt" | tail -8 ;;
     gsan) for tool in ${GSAN_TOOLS:-memcheck racecheck}; do
             echo "== compute-sanitizer --tool $tool" | tee -a "$OUT/grouped_sanitizer.txt"
-            # shellcheck disable=SC2046
+            # shellcheck disable=SC2046,SC2086
             timeout "${GSAN_T:-200}" compute-sanitizer --tool "$tool" --report-api-errors no \
               $([ "$tool" = memcheck ] && echo --leak-check no) --print-limit 20 \
               python3 benchmarks/grouped_sanitize.py --only "${GSAN_ONLY:-bf16}" ${GSAN_ARGS:-} 2>&1 | tee -a "$OUT/grouped_sanitizer.txt" | tail -6
