@@ -81,6 +81,8 @@ VARIANTS = {"fit_q16": (128, 128, 5, 16, 128, 0, 0), "fitpp256_q32": (64, 256, 4
 # three-sweep table): every group by its token tiles' width, the widest first (the last wave the narrowest).
 # _claim (an eleventh field: CLAIM, session 63): each CTA's tiles after its first claimed from a counter (the
 # kernel's module global), so the tiles in flight stay consecutive; with _wide, longest-first list scheduling.
+# Measured (H100, 3791eb1): x0.975 with _wide at 8-16 experts (DBRX gate/up 481 against 518 TFLOP/s), x1.001 at
+# 64-128: refuted, not offered.
 # PROBE_VARIANTS: a comma-separated subset of VARIANTS (default all). PROBE_ROUTING=even: every group T / G rows
 # (the remainder one more each on the first groups) instead of grouped_bench's uneven routing, so at up to 128
 # rows a group every width set runs the same token tiles. PROBE_SPLIT_LIGHT=L: the first variant also as <name>_heavy

@@ -201,12 +201,14 @@ FIT_SCHEDULES = ("data_parallel", "pingpong")
 # token tiles' width, the widest first, so the last wave runs the narrowest tiles (longest first, as in list
 # scheduling); up to FIT_WIDEST_FIRST_MAX_GROUPS groups (fit_widest_first). Measured on an H100 (session 63,
 # docs/worklog.md), each against the same build in group order in one call:
-# - grouped_bench --group-order (568904b, h100_grouped.jsonl), the 5 suite shapes of 8-16 experts it moves:
-#   Mixtral down T = 4096 x1.17, DBRX down T = 8192 x1.11, Mixtral gate/up T = 4096 x1.04, DBRX gate/up T = 8192
-#   x1.02, Mixtral 8x22B gate/up T = 512 x1.01;
+# - grouped_bench --group-order (568904b and 3791eb1, h100_grouped.jsonl), the 5 suite shapes of 8-16 experts it
+#   moves: Mixtral down T = 4096 x1.17 / x1.15, DBRX down T = 8192 x1.11 / x1.13, Mixtral gate/up T = 4096
+#   x1.04 / x1.03, DBRX gate/up T = 8192 x1.02 / x1.00, Mixtral 8x22B gate/up T = 512 x1.01 / x1.02;
 # - probe_grouped_fit.py _wide (568904b, h100_grouped_fit_probe.jsonl): 8-16 experts x1.035 / x1.032 geomean
-#   (10 shapes, one epilogue a width / steps of 64), 60-128 experts x1.005 / x0.995 (8 shapes, 0.93-1.05:
-#   within the probe's noise), so the rule stays where it gains. Untimed between 17 and 59 groups.
+#   (10 shapes, one epilogue a width / steps of 64), 60-128 experts x1.005 / x0.995 (8 shapes, 0.93-1.05);
+# - at 60-128 experts through the planner (f629657, three passes): OLMoE gate/up T = 8192 x1.06-x1.07 but
+#   Qwen1.5-MoE gate/up T = 16384 x0.94-x0.96, four others x1.00-x1.03: so the rule stays where it gains.
+#   Untimed between 17 and 59 groups.
 FIT_WIDEST_FIRST_MAX_GROUPS = 16
 E4M3 = torch.float8_e4m3fn
 FP8_BLOCK = 128  # block scales: A 1 x 128 (a row's 128 of K), B 128 x 128
